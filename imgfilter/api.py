@@ -1,0 +1,185 @@
+"""The array API: validate arguments, shape images as (H, W, C), call a backend.
+
+NumPy in, NumPy out. Objects with `__cuda_array_interface__` (CuPy, PyTorch, Numba
+device arrays) are filtered on the GPU without host copies and come back as Numba
+device arrays (wrap them with `cupy.asarray` / `torch.as_tensor` as you like).
+Semantics match OpenCV: see `filter2d`, `blur` and `contour`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .backends import get_backend
+from .border import border_code
+from .errors import UsageError
+
+DTYPES = (np.uint8, np.uint16, np.float32)
+CHANNELS = (1, 3, 4)
+METHODS = ("auto", "naive", "padded", "tiled", "separable")
+MAX_KERNEL_SIDE = 255  # general kernels: taps per output grow as side**2
+MAX_BOX_SIDE = 4095  # box filters cost O(side) per output, but bigger is surely a typo
+
+
+def is_device_array(obj: Any) -> bool:
+    """True for objects exposing `__cuda_array_interface__` (CuPy, torch CUDA, Numba)."""
+    return hasattr(obj, "__cuda_array_interface__")
+
+
+def _as_image(img: Any) -> tuple[Any, bool]:
+    """Return (array, is_device) after checking dtype, rank and channel count."""
+    device = is_device_array(img)
+    if device:
+        from numba import cuda
+
+        arr = cuda.as_cuda_array(img)
+        if not arr.is_c_contiguous():
+            raise UsageError("device images must be C-contiguous")
+    else:
+        arr = np.asarray(img)
+    if arr.ndim not in (2, 3):
+        raise UsageError(f"image must be 2-D (H, W) or 3-D (H, W, C), got shape {arr.shape}")
+    if arr.ndim == 3 and arr.shape[2] not in CHANNELS:
+        raise UsageError(f"image must have 1, 3 or 4 channels, got {arr.shape[2]}")
+    if arr.shape[0] < 1 or arr.shape[1] < 1:
+        raise UsageError(f"image is empty (shape {arr.shape})")
+    if np.dtype(arr.dtype) not in [np.dtype(t) for t in DTYPES]:
+        raise UsageError(
+            f"image dtype {np.dtype(arr.dtype)} is not supported; use uint8, uint16 or float32"
+        )
+    if not device:
+        arr = np.ascontiguousarray(arr)
+    return arr, device
+
+
+def _as_3d(arr: Any) -> Any:
+    return arr if arr.ndim == 3 else arr.reshape(arr.shape[0], arr.shape[1], 1)
+
+
+def _check_method(method: str) -> str:
+    method = str(method).lower()
+    if method not in METHODS:
+        raise UsageError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    return method
+
+
+def _resolve_anchor(anchor: tuple[int, int] | None, kh: int, kw: int) -> tuple[int, int]:
+    """OpenCV's anchor is (x, y) with -1 meaning the centre; return (ay, ax)."""
+    ax, ay = (-1, -1) if anchor is None else anchor
+    ax = kw // 2 if ax == -1 else int(ax)
+    ay = kh // 2 if ay == -1 else int(ay)
+    if not (0 <= ax < kw and 0 <= ay < kh):
+        raise UsageError(f"anchor {anchor} lies outside the {kh}x{kw} kernel")
+    return ay, ax
+
+
+def as_kernel(kernel: Any) -> np.ndarray:
+    """Check a correlation kernel and return it as a 2-D float32 array.
+
+    A 1-D kernel is a column (N, 1), as OpenCV reads a 1-D NumPy array.
+    """
+    k = np.asarray(kernel, dtype=np.float64)
+    if k.ndim == 1:
+        k = k.reshape(-1, 1)
+    if k.ndim != 2 or k.size == 0:
+        raise UsageError(f"kernel must be a non-empty 2-D matrix, got shape {k.shape}")
+    if max(k.shape) > MAX_KERNEL_SIDE:
+        raise UsageError(
+            f"kernel {k.shape[0]}x{k.shape[1]} is too large (sides up to {MAX_KERNEL_SIDE})"
+        )
+    if not np.isfinite(k).all():
+        raise UsageError("kernel contains NaN or infinity")
+    return k.astype(np.float32)
+
+
+def box_size(k: int | tuple[int, int]) -> tuple[int, int]:
+    """Return (kh, kw) for `k` (a side, or OpenCV's (width, height)); UsageError if absurd."""
+    kw, kh = (k, k) if np.isscalar(k) else tuple(k)
+    for side in (kw, kh):
+        if int(side) != side or side < 1:
+            raise UsageError(f"kernel size must be a positive integer, got {side}")
+        if side > MAX_BOX_SIDE:
+            raise UsageError(f"kernel size {side} is too large (at most {MAX_BOX_SIDE})")
+    return int(kh), int(kw)
+
+
+def filter2d(
+    img: Any,
+    kernel: Any,
+    *,
+    anchor: tuple[int, int] | None = None,
+    border: str = "reflect101",
+    border_value: float = 0.0,
+    backend: str = "auto",
+    method: str = "auto",
+) -> Any:
+    """Correlate `img` with `kernel`, equal to `cv2.filter2D(img, -1, kernel, ...)`.
+
+    img: (H, W) or (H, W, C) with C in {1, 3, 4}; uint8, uint16 or float32. Every
+    channel (alpha too) is filtered. Output has img's shape and dtype; integer results
+    are rounded half-to-even and saturated. kernel: any 2-D shape up to 255x255, not
+    flipped (correlation). anchor: OpenCV's (x, y), default the centre (kw//2, kh//2).
+    border: reflect101 (default, OpenCV's), reflect, replicate, constant (border_value),
+    wrap. method: the CUDA variant: auto, naive, padded, tiled, separable (rank-1 only).
+    """
+    arr, device = _as_image(img)
+    k = as_kernel(kernel)
+    anchor_yx = _resolve_anchor(anchor, *k.shape)
+    code = border_code(border)
+    method = _check_method(method)
+    be = get_backend(backend, device_input=device)
+    out = be.correlate(_as_3d(arr), k, anchor_yx, code, float(border_value), method)
+    return out.reshape(arr.shape)
+
+
+def blur(
+    img: Any,
+    k: int | tuple[int, int],
+    *,
+    anchor: tuple[int, int] | None = None,
+    border: str = "reflect101",
+    border_value: float = 0.0,
+    backend: str = "auto",
+    method: str = "auto",
+) -> Any:
+    """Normalized box filter, equal to `cv2.blur(img, (k, k))`.
+
+    k: the side of the square box, or OpenCV's (width, height); even sizes are valid
+    (anchor at (k//2, k//2) as in OpenCV). Same image, border, backend rules as
+    `filter2d`; method "auto" uses separable running sums on the GPU.
+    """
+    arr, device = _as_image(img)
+    kh, kw = box_size(k)
+    anchor_yx = _resolve_anchor(anchor, kh, kw)
+    code = border_code(border)
+    method = _check_method(method)
+    be = get_backend(backend, device_input=device)
+    out = be.box(_as_3d(arr), (kh, kw), anchor_yx, code, float(border_value), method)
+    return out.reshape(arr.shape)
+
+
+def contour(
+    img: Any,
+    *,
+    border: str = "reflect101",
+    border_value: float = 0.0,
+    backend: str = "auto",
+    method: str = "auto",
+) -> Any:
+    """Four-direction edge map, OR-merged: returns (H, W) of img's dtype.
+
+    Colour input is converted to gray as `cv2.cvtColor(BGR2GRAY / BGRA2GRAY)`. The
+    kernels [[-1,0,1]]*3, its negation, [[-1,-1,-1],[0,0,0],[1,1,1]] and its negation
+    are applied (3x3, centre anchor, `border`), each response saturated to the dtype,
+    and the four OR-ed bitwise: bit-exact with four cv2.filter2D calls and
+    cv2.bitwise_or. Integer images only (uint8, uint16).
+    """
+    arr, device = _as_image(img)
+    if np.dtype(arr.dtype) == np.float32:
+        raise UsageError("contour needs an integer image (uint8 or uint16), got float32")
+    code = border_code(border)
+    method = _check_method(method)
+    be = get_backend(backend, device_input=device)
+    return be.contour(_as_3d(arr), code, float(border_value), method)

@@ -1,0 +1,91 @@
+"""Backends: the engines behind the array API, picked by name.
+
+A backend is a module object exposing:
+
+    NAME: str                              "cuda" or "cpu"
+    correlate(img, kernel, anchor, border, value, method) -> out
+    box(img, ksize, anchor, border, value, method) -> out
+    contour(img, border, value, method) -> out
+
+Contract shared by every backend (the array API validates before calling):
+- `img` is 3-D (H, W, C), C in {1, 3, 4}, dtype uint8, uint16 or float32, C-contiguous.
+  The CUDA backend also takes device arrays (`__cuda_array_interface__`) and then
+  returns a Numba device array; host arrays come back as host arrays.
+- `kernel` is a 2-D float32 host array (kh, kw); `ksize` is (kh, kw) for a box.
+- `anchor` is (ay, ax), the kernel cell placed on the output pixel (OpenCV's anchor,
+  already resolved: (kh // 2, kw // 2) for the default).
+- `border` is a code from `kernels.border_index`; `value` the constant-border value.
+- `out` has the dtype and shape of `img` (contour: (H, W) of img's dtype, uint8 or
+  uint16), rounded half-to-even and saturated for integer dtypes, as cv2.filter2D does.
+- `method` names a CUDA variant ("auto", "naive", "padded", "tiled", "separable");
+  the CPU backend has one implementation and ignores it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import ModuleType
+
+from ..errors import DeviceError, UsageError
+
+BACKENDS = ("auto", "cuda", "cpu")
+_warned_fallback = False
+
+
+def _cuda_problem() -> str | None:
+    """Why the CUDA backend cannot run here, or None when it can."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        return None
+    from numba import cuda
+
+    if not cuda.is_available():
+        return "no usable NVIDIA GPU was found"
+    try:
+        from numba.cuda.cudadrv.nvvm import NVVM
+
+        NVVM()
+    except Exception:
+        return (
+            "a GPU is present but the CUDA compiler libraries (NVVM) are missing; "
+            "install them with: pip install 'imgfilter[cu12]' (or [cu13] for CUDA 13 drivers)"
+        )
+    return None
+
+
+def get_backend(name: str = "auto", *, device_input: bool = False) -> ModuleType:
+    """Return the backend module for `name` in BACKENDS.
+
+    "auto" picks cuda when a usable GPU (with its compiler libraries) exists, else cpu,
+    saying so once on stderr. Under the CUDA simulator, "auto" picks cpu (the simulator
+    is for tests) unless the input is already a device array.
+    "cuda" without a usable GPU raises DeviceError.
+    """
+    global _warned_fallback
+    name = str(name).lower()
+    if name not in BACKENDS:
+        raise UsageError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    if name == "cpu":
+        if device_input:
+            raise UsageError("device arrays need the cuda backend (or copy them to the host)")
+        from . import cpu
+
+        return cpu
+    simulator = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+    if name == "auto" and simulator and not device_input:
+        from . import cpu
+
+        return cpu
+    problem = _cuda_problem()
+    if problem is None:
+        from . import cuda
+
+        return cuda
+    if name == "cuda" or device_input:
+        raise DeviceError(f"--backend cuda: {problem}")
+    if not _warned_fallback:
+        print(f"imgfilter: {problem}; using the CPU backend", file=sys.stderr)
+        _warned_fallback = True
+    from . import cpu
+
+    return cpu

@@ -1,0 +1,37 @@
+"""One exception family for imgfilter; the CLI maps each class to an exit code.
+
+Exit codes (DESIGN.md): 0 ok, 2 usage, 3 input problem, 4 output problem, 5 device problem.
+Every message is one line that names the problem; no traceback is shown unless `--debug`.
+"""
+
+from __future__ import annotations
+
+
+class ImgFilterError(Exception):
+    """Base class: a problem the user can fix, reported as one line."""
+
+    exit_code = 1
+
+
+class UsageError(ImgFilterError, ValueError):
+    """A bad option or argument value (kernel size, border name, kernel spec...)."""
+
+    exit_code = 2
+
+
+class InputError(ImgFilterError):
+    """An input that is missing, unreadable, corrupt or of an unsupported kind."""
+
+    exit_code = 3
+
+
+class OutputError(ImgFilterError):
+    """An output that cannot be written, or would overwrite something it must not."""
+
+    exit_code = 4
+
+
+class DeviceError(ImgFilterError):
+    """No usable GPU when one was demanded, or the GPU ran out of memory."""
+
+    exit_code = 5

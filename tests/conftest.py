@@ -1,0 +1,47 @@
+"""Test setup: run CUDA kernels on Numba's simulator unless a real GPU is present.
+
+This must run before anything imports numba, which is why it sits in conftest.
+`ON_GPU` is True when a real CUDA device is usable; tests marked `gpu` (full-size
+images, real-hardware behaviour) are skipped without one. Set
+IMGFILTER_TEST_SIMULATOR=1 to force the simulator even on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import pytest
+
+
+def _real_gpu_present() -> bool:
+    """Ask the CUDA driver directly (no numba import) whether a device exists."""
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        count = ctypes.c_int(0)
+        if lib.cuInit(0) != 0:
+            return False
+        return lib.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
+    return False
+
+
+if os.environ.get("IMGFILTER_TEST_SIMULATOR") == "1" or not _real_gpu_present():
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+ON_GPU = os.environ.get("NUMBA_ENABLE_CUDASIM") != "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    if ON_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs a real CUDA GPU (running on the simulator)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def pytest_report_header(config):
+    return "CUDA: real GPU" if ON_GPU else "CUDA: Numba simulator (NUMBA_ENABLE_CUDASIM=1)"
