@@ -58,6 +58,15 @@ def _as_3d(arr: Any) -> Any:
     return arr if arr.ndim == 3 else arr.reshape(arr.shape[0], arr.shape[1], 1)
 
 
+def _cast_value(value: float, dtype) -> float:
+    """The constant-border value as the image's dtype stores it (cv2.copyMakeBorder rule)."""
+    dt = np.dtype(dtype)
+    if dt.kind == "u":
+        info = np.iinfo(dt)
+        return float(min(max(round(float(value)), info.min), info.max))
+    return float(np.float32(value))
+
+
 def _check_method(method: str) -> str:
     method = str(method).lower()
     if method not in METHODS:
@@ -130,7 +139,9 @@ def filter2d(
     code = border_code(border)
     method = _check_method(method)
     be = get_backend(backend, device_input=device)
-    out = be.correlate(_as_3d(arr), k, anchor_yx, code, float(border_value), method)
+    out = be.correlate(
+        _as_3d(arr), k, anchor_yx, code, _cast_value(border_value, arr.dtype), method
+    )
     return out.reshape(arr.shape)
 
 
@@ -156,7 +167,9 @@ def blur(
     code = border_code(border)
     method = _check_method(method)
     be = get_backend(backend, device_input=device)
-    out = be.box(_as_3d(arr), (kh, kw), anchor_yx, code, float(border_value), method)
+    out = be.box(
+        _as_3d(arr), (kh, kw), anchor_yx, code, _cast_value(border_value, arr.dtype), method
+    )
     return out.reshape(arr.shape)
 
 
@@ -182,4 +195,4 @@ def contour(
     code = border_code(border)
     method = _check_method(method)
     be = get_backend(backend, device_input=device)
-    return be.contour(_as_3d(arr), code, float(border_value), method)
+    return be.contour(_as_3d(arr), code, _cast_value(border_value, arr.dtype), method)

@@ -41,8 +41,11 @@ def filter2d(
     ax = kw // 2 if ax == -1 else ax
     ay = kh // 2 if ay == -1 else ay
     name = border_name(border)
-    if name == "reflect101" or name == "reflect" or name == "replicate" or (
-        name == "constant" and border_value == 0
+    if (
+        name == "reflect101"
+        or name == "reflect"
+        or name == "replicate"
+        or (name == "constant" and border_value == 0)
     ):
         return cv2.filter2D(img, -1, k, anchor=(ax, ay), borderType=OPENCV_BORDER[name])
     top, bottom, left, right = ay, kh - 1 - ay, ax, kw - 1 - ax

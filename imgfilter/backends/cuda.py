@@ -1,0 +1,93 @@
+"""The CUDA backend: runs `kernels` on the GPU (or on Numba's simulator in tests).
+
+Host arrays are copied to the device once and the result copied back; device
+arrays (anything with `__cuda_array_interface__`) stay on the device and a Numba
+device array is returned. See `imgfilter.backends` for the shared contract.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from kernels import contour as _contour
+from kernels import conv as _conv
+
+from ..errors import DeviceError, UsageError
+
+NAME = "cuda"
+
+
+def _to_device(img):
+    """(device array, came_from_host)."""
+    if hasattr(img, "__cuda_array_interface__"):
+        return cuda.as_cuda_array(img), False
+    return cuda.to_device(np.ascontiguousarray(img)), True
+
+
+def _finish(out, from_host: bool):
+    return out.copy_to_host() if from_host else out
+
+
+def _resolve_correlation_method(method: str, kh: int, kw: int) -> str:
+    if method == "auto":
+        return "tiled" if _conv.tiled_fits(kh, kw) else "padded"
+    if method == "separable":
+        raise UsageError("method 'separable' applies to box filters (blur) only for now")
+    if method == "tiled" and not _conv.tiled_fits(kh, kw):
+        raise UsageError(
+            f"method 'tiled' needs {_conv.tiled_smem_bytes(kh, kw)} bytes of shared memory "
+            f"for a {kh}x{kw} kernel (limit {_conv.SMEM_LIMIT}); use naive or padded"
+        )
+    return method
+
+
+def _run(fn):
+    """Call fn(), turning CUDA out-of-memory into DeviceError."""
+    try:
+        return fn()
+    except cuda.cudadrv.driver.CudaAPIError as exc:  # pragma: no cover - real GPU only
+        if "OUT_OF_MEMORY" in str(exc) or "2" == str(getattr(exc, "code", "")):
+            raise DeviceError(f"the GPU ran out of memory: {exc}") from exc
+        raise DeviceError(f"CUDA error: {exc}") from exc
+
+
+def correlate(img, kernel, anchor, border, value, method):
+    """cv2.filter2D semantics on the GPU; see imgfilter.backends."""
+    kh, kw = kernel.shape
+    method = _resolve_correlation_method(method, kh, kw)
+
+    def go():
+        dimg, from_host = _to_device(img)
+        weights = cuda.to_device(np.ascontiguousarray(kernel, dtype=np.float32))
+        cval = np.dtype(dimg.dtype).type(value)
+        out = _conv.correlate(dimg, weights, anchor, border, cval, method)
+        return _finish(out, from_host)
+
+    return _run(go)
+
+
+def box(img, ksize, anchor, border, value, method):
+    """cv2.blur semantics on the GPU. auto/separable: row and column sum passes."""
+    kh, kw = ksize
+    if method in ("auto", "separable"):
+
+        def go():
+            dimg, from_host = _to_device(img)
+            out = _conv.box(dimg, ksize, anchor, border, float(value))
+            return _finish(out, from_host)
+
+        return _run(go)
+    weights = np.full((kh, kw), 1.0 / (kh * kw), dtype=np.float32)
+    return correlate(img, weights, anchor, border, value, method)
+
+
+def contour(img, border, value, method):
+    """Fused four-direction contour map; method is ignored (one fused kernel)."""
+
+    def go():
+        dimg, from_host = _to_device(img)
+        out = _contour.contour(dimg, border, int(value))
+        return _finish(out, from_host)
+
+    return _run(go)

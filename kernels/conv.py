@@ -1,0 +1,249 @@
+"""2-D correlation kernels (OpenCV's filter2D semantics) in Numba CUDA.
+
+Images are (H, W, C) device arrays of uint8, uint16 or float32; outputs have the
+input's dtype and shape. Weights are a (kh, kw) float32 device array, not flipped.
+The anchor (ay, ax) is the weight placed on the output pixel. Borders use
+`kernels.border_index` codes; `cval` is the constant-border value, already cast to
+the image's dtype. Accumulation is float32; integer outputs are rounded half to even
+and saturated to [lo, hi] (`is_int`), as cv2.filter2D does.
+
+Variants, all computing the same thing:
+- naive: one thread per output pixel, reads global memory, maps borders per tap.
+- padded: a pad kernel builds the bordered image first; the correlation then has
+  no bounds logic in its inner loop.
+- tiled: a block loads its output tile plus halo (and the weights) into shared
+  memory once; every tap then reads shared memory.
+- separable box: a row pass and a column pass of sums (the normalized box filter).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda, float32
+
+from . import border_index as _bi
+from . import saturate as _sat
+from .launch import BLOCK_X, BLOCK_Y, SMEM_LIMIT, image_grid
+
+border_index = cuda.jit(device=True)(_bi.border_index)
+saturate_int = cuda.jit(device=True)(_sat.saturate_int)
+
+
+@cuda.jit
+def correlate_naive(img, weights, ay, ax, mode, cval, lo, hi, is_int, out):
+    x, y = cuda.grid(2)
+    c = cuda.blockIdx.z
+    height, width = img.shape[0], img.shape[1]
+    if y >= height or x >= width:
+        return
+    kh, kw = weights.shape
+    outside = np.float32(cval)
+    acc = np.float32(0.0)
+    for i in range(kh):
+        yy = border_index(y + i - ay, height, mode)
+        for j in range(kw):
+            xx = border_index(x + j - ax, width, mode)
+            if yy < 0 or xx < 0:
+                v = outside
+            else:
+                v = np.float32(img[yy, xx, c])
+            acc += weights[i, j] * v
+    if is_int:
+        out[y, x, c] = saturate_int(acc, lo, hi)
+    else:
+        out[y, x, c] = acc
+
+
+@cuda.jit
+def pad_image(img, top, left, mode, cval, padded):
+    """padded[y, x, c] = img at (y - top, x - left) with the border rule applied."""
+    x, y = cuda.grid(2)
+    c = cuda.blockIdx.z
+    if y >= padded.shape[0] or x >= padded.shape[1]:
+        return
+    yy = border_index(y - top, img.shape[0], mode)
+    xx = border_index(x - left, img.shape[1], mode)
+    if yy < 0 or xx < 0:
+        padded[y, x, c] = cval
+    else:
+        padded[y, x, c] = img[yy, xx, c]
+
+
+@cuda.jit
+def correlate_valid(padded, weights, lo, hi, is_int, out):
+    """out[y, x] = sum_ij weights[i, j] * padded[y + i, x + j]: no border logic."""
+    x, y = cuda.grid(2)
+    c = cuda.blockIdx.z
+    if y >= out.shape[0] or x >= out.shape[1]:
+        return
+    kh, kw = weights.shape
+    acc = np.float32(0.0)
+    for i in range(kh):
+        for j in range(kw):
+            acc += weights[i, j] * np.float32(padded[y + i, x + j, c])
+    if is_int:
+        out[y, x, c] = saturate_int(acc, lo, hi)
+    else:
+        out[y, x, c] = acc
+
+
+@cuda.jit
+def correlate_tiled(img, weights, ay, ax, mode, cval, lo, hi, is_int, out):
+    """One block computes a BLOCK_Y x BLOCK_X output tile from shared memory.
+
+    Dynamic shared memory holds the tile with its halo, (BLOCK_Y + kh - 1) rows of
+    (BLOCK_X + kw - 1) floats, followed by the kh * kw weights.
+    """
+    smem = cuda.shared.array(0, dtype=float32)
+    height, width = img.shape[0], img.shape[1]
+    kh, kw = weights.shape
+    c = cuda.blockIdx.z
+    tile_w = cuda.blockDim.x + kw - 1
+    tile_h = cuda.blockDim.y + kh - 1
+    y0 = cuda.blockIdx.y * cuda.blockDim.y - ay
+    x0 = cuda.blockIdx.x * cuda.blockDim.x - ax
+    tid = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    nthreads = cuda.blockDim.x * cuda.blockDim.y
+    outside = np.float32(cval)
+
+    for idx in range(tid, tile_h * tile_w, nthreads):
+        r = idx // tile_w
+        q = idx - r * tile_w
+        yy = border_index(y0 + r, height, mode)
+        xx = border_index(x0 + q, width, mode)
+        if yy < 0 or xx < 0:
+            smem[idx] = outside
+        else:
+            smem[idx] = np.float32(img[yy, xx, c])
+    wbase = tile_h * tile_w
+    for idx in range(tid, kh * kw, nthreads):
+        smem[wbase + idx] = weights[idx // kw, idx % kw]
+    cuda.syncthreads()
+
+    x, y = cuda.grid(2)
+    if y >= height or x >= width:
+        return
+    ty, tx = cuda.threadIdx.y, cuda.threadIdx.x
+    acc = np.float32(0.0)
+    for i in range(kh):
+        row = (ty + i) * tile_w + tx
+        wrow = wbase + i * kw
+        for j in range(kw):
+            acc += smem[wrow + j] * smem[row + j]
+    if is_int:
+        out[y, x, c] = saturate_int(acc, lo, hi)
+    else:
+        out[y, x, c] = acc
+
+
+@cuda.jit
+def box_rows(img, kw, ax, mode, cval, sums):
+    """sums[y, x, c] = sum of img[y, x - ax : x - ax + kw, c] with borders applied."""
+    x, y = cuda.grid(2)
+    c = cuda.blockIdx.z
+    height, width = img.shape[0], img.shape[1]
+    if y >= height or x >= width:
+        return
+    acc = 0.0  # float64 in registers: exact for any integer image
+    for j in range(kw):
+        xx = border_index(x + j - ax, width, mode)
+        if xx < 0:
+            acc += cval
+        else:
+            acc += img[y, xx, c]
+    sums[y, x, c] = acc
+
+
+@cuda.jit
+def box_cols(sums, kh, ay, mode, row_cval, scale, lo, hi, is_int, out):
+    """out = scale * (sum of kh row sums around y), rounded and saturated as filter2D."""
+    x, y = cuda.grid(2)
+    c = cuda.blockIdx.z
+    height, width = sums.shape[0], sums.shape[1]
+    if y >= height or x >= width:
+        return
+    acc = 0.0
+    for i in range(kh):
+        yy = border_index(y + i - ay, height, mode)
+        if yy < 0:
+            acc += row_cval
+        else:
+            acc += sums[yy, x, c]
+    v = acc * scale
+    if is_int:
+        out[y, x, c] = saturate_int(v, lo, hi)
+    else:
+        out[y, x, c] = v
+
+
+# ---------------------------------------------------------------- launch functions
+
+
+def _limits(dtype) -> tuple[int, int, bool]:
+    dt = np.dtype(dtype)
+    if dt.kind == "u":
+        info = np.iinfo(dt)
+        return int(info.min), int(info.max), True
+    return 0, 0, False
+
+
+def tiled_smem_bytes(kh: int, kw: int) -> int:
+    """Dynamic shared memory the tiled kernel needs for a kh x kw kernel."""
+    return 4 * ((BLOCK_Y + kh - 1) * (BLOCK_X + kw - 1) + kh * kw)
+
+
+def tiled_fits(kh: int, kw: int) -> bool:
+    """Whether the tiled kernel can launch for this kernel size."""
+    return tiled_smem_bytes(kh, kw) <= SMEM_LIMIT
+
+
+def correlate(img, weights, anchor, mode, cval, method, out=None):
+    """Correlate a device image (H, W, C) with device weights (kh, kw); return `out`.
+
+    method: "naive", "padded" or "tiled" (the caller resolves "auto").
+    """
+    height, width, channels = img.shape
+    kh, kw = weights.shape
+    ay, ax = anchor
+    lo, hi, is_int = _limits(img.dtype)
+    if out is None:
+        out = cuda.device_array(img.shape, dtype=img.dtype)
+    grid, block = image_grid(height, width, channels)
+    if method == "naive":
+        correlate_naive[grid, block](img, weights, ay, ax, mode, cval, lo, hi, is_int, out)
+    elif method == "padded":
+        padded = cuda.device_array((height + kh - 1, width + kw - 1, channels), dtype=img.dtype)
+        pgrid, _ = image_grid(padded.shape[0], padded.shape[1], channels)
+        pad_image[pgrid, block](img, ay, ax, mode, cval, padded)
+        correlate_valid[grid, block](padded, weights, lo, hi, is_int, out)
+    elif method == "tiled":
+        smem = tiled_smem_bytes(kh, kw)
+        if smem > SMEM_LIMIT:
+            raise ValueError(f"a {kh}x{kw} kernel needs {smem} bytes of shared memory")
+        correlate_tiled[grid, block, 0, smem](img, weights, ay, ax, mode, cval, lo, hi, is_int, out)
+    else:
+        raise ValueError(f"unknown correlation method {method!r}")
+    return out
+
+
+def box(img, ksize, anchor, mode, cval, out=None):
+    """Normalized box filter of a device image via a row pass and a column pass.
+
+    Sums accumulate in float64 and are stored as float32 where that is exact (uint8
+    with k*k*255 < 2**24), float64 otherwise, so only the final scaling rounds.
+    """
+    height, width, channels = img.shape
+    kh, kw = ksize
+    ay, ax = anchor
+    lo, hi, is_int = _limits(img.dtype)
+    exact32 = np.dtype(img.dtype) == np.uint8 and kh * kw * 255 < 2**24
+    sum_dtype = np.float32 if exact32 else np.float64
+    sums = cuda.device_array(img.shape, dtype=sum_dtype)
+    if out is None:
+        out = cuda.device_array(img.shape, dtype=img.dtype)
+    grid, block = image_grid(height, width, channels)
+    cval_s = sum_dtype(cval)
+    box_rows[grid, block](img, kw, ax, mode, cval_s, sums)
+    scale = sum_dtype(1.0 / (kh * kw))
+    box_cols[grid, block](sums, kh, ay, mode, sum_dtype(kw) * cval_s, scale, lo, hi, is_int, out)
+    return out
