@@ -23,9 +23,14 @@ MAX_KERNEL_SIDE = 255  # general kernels: taps per output grow as side**2
 MAX_BOX_SIDE = 4095  # box filters cost O(side) per output, but bigger is surely a typo
 
 
+def _is_numba_device_array(obj: Any) -> bool:
+    # Numba's own device arrays, including the simulator's, which lack the interface.
+    return type(obj).__module__.startswith("numba.cuda") and hasattr(obj, "copy_to_host")
+
+
 def is_device_array(obj: Any) -> bool:
-    """True for objects exposing `__cuda_array_interface__` (CuPy, torch CUDA, Numba)."""
-    return hasattr(obj, "__cuda_array_interface__")
+    """True for GPU arrays: `__cuda_array_interface__` (CuPy, torch CUDA) or Numba's."""
+    return hasattr(obj, "__cuda_array_interface__") or _is_numba_device_array(obj)
 
 
 def _as_image(img: Any) -> tuple[Any, bool]:
@@ -34,7 +39,7 @@ def _as_image(img: Any) -> tuple[Any, bool]:
     if device:
         from numba import cuda
 
-        arr = cuda.as_cuda_array(img)
+        arr = img if _is_numba_device_array(img) else cuda.as_cuda_array(img)
         if not arr.is_c_contiguous():
             raise UsageError("device images must be C-contiguous")
     else:

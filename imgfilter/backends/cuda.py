@@ -8,7 +8,7 @@ device array is returned. See `imgfilter.backends` for the shared contract.
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda
+from numba import config, cuda
 
 from kernels import contour as _contour
 from kernels import conv as _conv
@@ -17,12 +17,15 @@ from ..errors import DeviceError, UsageError
 
 NAME = "cuda"
 
+# Small images launch small grids; that is expected, not worth a warning to users.
+config.CUDA_LOW_OCCUPANCY_WARNINGS = False
+
 
 def _to_device(img):
-    """(device array, came_from_host)."""
-    if hasattr(img, "__cuda_array_interface__"):
-        return cuda.as_cuda_array(img), False
-    return cuda.to_device(np.ascontiguousarray(img)), True
+    """(device array, came_from_host); the API has already wrapped device inputs."""
+    if isinstance(img, np.ndarray):
+        return cuda.to_device(np.ascontiguousarray(img)), True
+    return img, False
 
 
 def _finish(out, from_host: bool):
