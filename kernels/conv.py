@@ -7,13 +7,12 @@ The anchor (ay, ax) is the weight placed on the output pixel. Borders use
 the image's dtype. Accumulation is float32; integer outputs are rounded half to even
 and saturated to [lo, hi] (`is_int`), as cv2.filter2D does.
 
-Variants, all computing the same thing:
+Box filters live in `kernels.box`. Variants here, all computing the same thing:
 - naive: one thread per output pixel, reads global memory, maps borders per tap.
 - padded: a pad kernel builds the bordered image first; the correlation then has
   no bounds logic in its inner loop.
 - tiled: a block loads its output tile plus halo (and the weights) into shared
   memory once; every tap then reads shared memory.
-- separable box: a row pass and a column pass of sums (the normalized box filter).
 """
 
 from __future__ import annotations
@@ -136,46 +135,6 @@ def correlate_tiled(img, weights, ay, ax, mode, cval, lo, hi, is_int, out):
         out[y, x, c] = acc
 
 
-@cuda.jit
-def box_rows(img, kw, ax, mode, cval, sums):
-    """sums[y, x, c] = sum of img[y, x - ax : x - ax + kw, c] with borders applied."""
-    x, y = cuda.grid(2)
-    c = cuda.blockIdx.z
-    height, width = img.shape[0], img.shape[1]
-    if y >= height or x >= width:
-        return
-    acc = 0.0  # float64 in registers: exact for any integer image
-    for j in range(kw):
-        xx = border_index(x + j - ax, width, mode)
-        if xx < 0:
-            acc += cval
-        else:
-            acc += img[y, xx, c]
-    sums[y, x, c] = acc
-
-
-@cuda.jit
-def box_cols(sums, kh, ay, mode, row_cval, scale, lo, hi, is_int, out):
-    """out = scale * (sum of kh row sums around y), rounded and saturated as filter2D."""
-    x, y = cuda.grid(2)
-    c = cuda.blockIdx.z
-    height, width = sums.shape[0], sums.shape[1]
-    if y >= height or x >= width:
-        return
-    acc = 0.0
-    for i in range(kh):
-        yy = border_index(y + i - ay, height, mode)
-        if yy < 0:
-            acc += row_cval
-        else:
-            acc += sums[yy, x, c]
-    v = acc * scale
-    if is_int:
-        out[y, x, c] = saturate_int(v, lo, hi)
-    else:
-        out[y, x, c] = v
-
-
 # ---------------------------------------------------------------- launch functions
 
 
@@ -223,27 +182,4 @@ def correlate(img, weights, anchor, mode, cval, method, out=None):
         correlate_tiled[grid, block, 0, smem](img, weights, ay, ax, mode, cval, lo, hi, is_int, out)
     else:
         raise ValueError(f"unknown correlation method {method!r}")
-    return out
-
-
-def box(img, ksize, anchor, mode, cval, out=None):
-    """Normalized box filter of a device image via a row pass and a column pass.
-
-    Sums accumulate in float64 and are stored as float32 where that is exact (uint8
-    with k*k*255 < 2**24), float64 otherwise, so only the final scaling rounds.
-    """
-    height, width, channels = img.shape
-    kh, kw = ksize
-    ay, ax = anchor
-    lo, hi, is_int = _limits(img.dtype)
-    exact32 = np.dtype(img.dtype) == np.uint8 and kh * kw * 255 < 2**24
-    sum_dtype = np.float32 if exact32 else np.float64
-    sums = cuda.device_array(img.shape, dtype=sum_dtype)
-    if out is None:
-        out = cuda.device_array(img.shape, dtype=img.dtype)
-    grid, block = image_grid(height, width, channels)
-    cval_s = sum_dtype(cval)
-    box_rows[grid, block](img, kw, ax, mode, cval_s, sums)
-    scale = sum_dtype(1.0 / (kh * kw))
-    box_cols[grid, block](sums, kh, ay, mode, sum_dtype(kw) * cval_s, scale, lo, hi, is_int, out)
     return out

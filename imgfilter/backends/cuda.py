@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import config, cuda
 
+from kernels import box as _box
 from kernels import contour as _contour
 from kernels import conv as _conv
 
@@ -71,13 +72,19 @@ def correlate(img, kernel, anchor, border, value, method):
 
 
 def box(img, ksize, anchor, border, value, method):
-    """cv2.blur semantics on the GPU. auto/separable: row and column sum passes."""
+    """cv2.blur semantics on the GPU.
+
+    auto: the fused sliding-sum kernel (cost independent of k); separable: a row-sum
+    pass and a column-sum pass; naive/padded/tiled: the general correlation kernels
+    with a constant kernel of 1 / (kh * kw).
+    """
     kh, kw = ksize
     if method in ("auto", "separable"):
+        run = _box.box_sliding if method == "auto" else _box.box_separable
 
         def go():
             dimg, from_host = _to_device(img)
-            out = _conv.box(dimg, ksize, anchor, border, float(value))
+            out = run(dimg, ksize, anchor, border, value)
             return _finish(out, from_host)
 
         return _run(go)
