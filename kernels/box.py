@@ -32,13 +32,12 @@ border_index = cuda.jit(device=True)(_bi.border_index)
 saturate_int = cuda.jit(device=True)(_sat.saturate_int)
 
 # box_sliding geometry: THREADS threads per block, each owning up to LANES_PER_THREAD
-# lanes (one lane = one channel of one column of the tile plus halo); ROWS_PER_BATCH
-# rows of column sums staged in shared memory per barrier pair; RUN consecutive
-# outputs computed by one thread in the row pass.
+# lanes (one lane = one channel of one column of the tile plus halo); RUN consecutive
+# outputs computed by one thread in the row pass; as many rows of column sums staged
+# in shared memory per barrier pair as the threads can finish in one row pass.
 THREADS = 256
 LANES_PER_THREAD = 8
-ROWS_PER_BATCH = 4
-RUN = 4
+RUN = 8
 STRIP_ROWS = 64
 
 
@@ -122,7 +121,9 @@ def _make_box_sliding(stage_type):
     """Build the fused sliding-sum kernel that stages column sums as `stage_type`."""
 
     @cuda.jit
-    def box_sliding(img, kh, kw, ay, ax, mode, cval, scale, lo, hi, is_int, tile_w, out):
+    def box_sliding(
+        img, kh, kw, ay, ax, mode, cval, scale, lo, hi, is_int, tile_w, rows_per_pass, out
+    ):
         stage = cuda.shared.array(0, dtype=stage_type)
         height, width, channels = img.shape
         tid = cuda.threadIdx.x
@@ -133,75 +134,74 @@ def _make_box_sliding(stage_type):
         y_begin = cuda.blockIdx.y * STRIP_ROWS
         y_end = min(y_begin + STRIP_ROWS, height)
 
-        # Each thread owns lanes tid, tid + nthreads, ...: their source columns.
+        # Column pass: thread owns lanes tid, tid + nthreads, ... (lane = tile column
+        # including halo, times channels + channel). Divisions happen here only.
         colsum = cuda.local.array(LANES_PER_THREAD, dtype=float64)
         src_x = cuda.local.array(LANES_PER_THREAD, dtype=np.int32)
+        src_c = cuda.local.array(LANES_PER_THREAD, dtype=np.int32)
         for m in range(LANES_PER_THREAD):
             lane = tid + m * nthreads
             colsum[m] = 0.0
             src_x[m] = -1
+            src_c[m] = 0
             if lane < lanes:
                 src_x[m] = border_index(x0 - ax + lane // channels, width, mode)
+                src_c[m] = lane % channels
+
+        # Row pass: thread computes RUN consecutive outputs of one channel of row my_r
+        # of each pass (host guarantees pairs <= nthreads).
+        n_seg = (out_w + RUN - 1) // RUN
+        pairs = n_seg * channels
+        my_r = tid // pairs
+        my_c = tid % channels
+        xs = ((tid % pairs) // channels) * RUN
+        xe = min(xs + RUN, out_w)
 
         # Column sums for the row above the strip's first output row, so that every
         # row below is one "add entering row, subtract leaving row" step.
         for i in range(kh):
             yy = border_index(y_begin - 1 + i - ay, height, mode)
             for m in range(LANES_PER_THREAD):
-                lane = tid + m * nthreads
-                if lane < lanes:
+                if tid + m * nthreads < lanes:
                     if yy < 0 or src_x[m] < 0:
                         colsum[m] += cval
                     else:
-                        colsum[m] += img[yy, src_x[m], lane % channels]
+                        colsum[m] += img[yy, src_x[m], src_c[m]]
 
-        n_seg = cdiv_dev(out_w, RUN)
-        for y_batch in range(y_begin, y_end, ROWS_PER_BATCH):
-            rows = min(ROWS_PER_BATCH, y_end - y_batch)
+        for y_pass in range(y_begin, y_end, rows_per_pass):
+            rows = min(rows_per_pass, y_end - y_pass)
             for r in range(rows):
-                y = y_batch + r
+                y = y_pass + r
                 y_in = border_index(y - 1 + kh - ay, height, mode)
                 y_out = border_index(y - 1 - ay, height, mode)
                 for m in range(LANES_PER_THREAD):
                     lane = tid + m * nthreads
                     if lane < lanes:
-                        c = lane % channels
                         sx = src_x[m]
+                        c = src_c[m]
                         v_in = cval if (y_in < 0 or sx < 0) else img[y_in, sx, c]
                         v_out = cval if (y_out < 0 or sx < 0) else img[y_out, sx, c]
                         colsum[m] += v_in
                         colsum[m] -= v_out
                         stage[r * lanes + lane] = colsum[m]
             cuda.syncthreads()
-            # Row pass: item = (row, segment of RUN columns, channel), channel fastest.
-            items = rows * n_seg * channels
-            for item in range(tid, items, nthreads):
-                c = item % channels
-                seg = (item // channels) % n_seg
-                r = item // (channels * n_seg)
-                base = r * lanes
-                xs = seg * RUN
+            if my_r < rows:
+                base = my_r * lanes + my_c
                 acc = 0.0
                 for j in range(kw):
-                    acc += stage[base + (xs + j) * channels + c]
-                xe = min(xs + RUN, out_w)
+                    acc += stage[base + (xs + j) * channels]
                 for x in range(xs, xe):
                     if x > xs:
-                        acc += stage[base + (x + kw - 1) * channels + c]
-                        acc -= stage[base + (x - 1) * channels + c]
+                        acc += stage[base + (x + kw - 1) * channels]
+                        acc -= stage[base + (x - 1) * channels]
                     v = acc * scale
                     if is_int:
-                        out[y_batch + r, x0 + x, c] = saturate_int(v, lo, hi)
+                        out[y_pass + my_r, x0 + x, my_c] = saturate_int(v, lo, hi)
                     else:
-                        out[y_batch + r, x0 + x, c] = v
+                        out[y_pass + my_r, x0 + x, my_c] = v
             cuda.syncthreads()
 
     return box_sliding
-
-
-@cuda.jit(device=True)
-def cdiv_dev(a, b):
-    return (a + b - 1) // b
 
 
 _sliding_f32 = _make_box_sliding(float32)
@@ -221,6 +221,7 @@ def box_sliding(img, ksize, anchor, mode, cval, out=None):
     if max_tile < 32:
         return box_separable(img, ksize, anchor, mode, cval, out)
     tile_w = min(max_tile, 128)
+    rows_per_pass = THREADS // (cdiv(tile_w, RUN) * channels)
     ay, ax = anchor
     lo, hi, is_int = _limits(img.dtype)
     exact32 = _exact_in_float32(img.dtype, kh, kw)
@@ -229,10 +230,10 @@ def box_sliding(img, ksize, anchor, mode, cval, out=None):
     if out is None:
         out = cuda.device_array(img.shape, dtype=img.dtype)
     lanes = (tile_w + kw - 1) * channels
-    smem = ROWS_PER_BATCH * lanes * itemsize
+    smem = rows_per_pass * lanes * itemsize
     grid = (cdiv(width, tile_w), cdiv(height, STRIP_ROWS))
     scale = 1.0 / (kh * kw)
     kernel[grid, THREADS, 0, smem](
-        img, kh, kw, ay, ax, mode, float(cval), scale, lo, hi, is_int, tile_w, out
+        img, kh, kw, ay, ax, mode, float(cval), scale, lo, hi, is_int, tile_w, rows_per_pass, out
     )
     return out

@@ -15,10 +15,13 @@ from numba import cuda
 
 from . import border_index as _bi
 from . import gray as _gray
-from .launch import image_grid
+from .launch import cdiv
 
 border_index = cuda.jit(device=True)(_bi.border_index)
 bgr_to_gray = cuda.jit(device=True)(_gray.bgr_to_gray)
+
+THREADS = 128  # consecutive columns per block
+RUN_Y = 16  # rows walked by each thread
 
 
 @cuda.jit(device=True)
@@ -40,30 +43,55 @@ def _gray_at(img, y, x):
     return bgr_to_gray(b, g, r)
 
 
+@cuda.jit(device=True)
+def _pixel(img, yy, xx, cval):
+    """Gray value at a mapped position; -1 coordinates mean the constant border."""
+    if yy < 0 or xx < 0:
+        return cval
+    return _gray_at(img, yy, xx)
+
+
 @cuda.jit
 def contour_fused(img, mode, cval, hi, out):
     """out[y, x] = sat(gx) | sat(-gx) | sat(gy) | sat(-gy) over the 3x3 gray neighbourhood.
 
-    Colour pixels are converted to gray as they are read, so the whole operation is
-    this one launch with no intermediate image.
+    Each thread walks RUN_Y rows down one column, keeping for the three rows of its
+    window the row sum (left + centre + right) and difference (right - left): a new
+    output row costs three reads. Border mapping happens once per column and once per
+    row, not per tap. Colour pixels are converted to gray as they are read, so the
+    whole operation is this one launch with no intermediate image.
     """
-    x, y = cuda.grid(2)
+    x = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    y0 = cuda.blockIdx.y * RUN_Y
     height, width = img.shape[0], img.shape[1]
-    if y >= height or x >= width:
+    if x >= width:
         return
-    gx = 0
-    gy = 0
-    for i in range(3):
-        yy = border_index(y + i - 1, height, mode)
-        for j in range(3):
-            xx = border_index(x + j - 1, width, mode)
-            if yy < 0 or xx < 0:
-                v = cval
-            else:
-                v = _gray_at(img, yy, xx)
-            gx += (j - 1) * v
-            gy += (i - 1) * v
-    out[y, x] = _clip(gx, hi) | _clip(-gx, hi) | _clip(gy, hi) | _clip(-gy, hi)
+    xl = border_index(x - 1, width, mode)
+    xc = x
+    xr = border_index(x + 1, width, mode)
+
+    yy = border_index(y0 - 1, height, mode)
+    left = _pixel(img, yy, xl, cval)
+    right = _pixel(img, yy, xr, cval)
+    sum_top = left + _pixel(img, yy, xc, cval) + right
+    diff_top = right - left
+    yy = border_index(y0, height, mode)
+    left = _pixel(img, yy, xl, cval)
+    right = _pixel(img, yy, xr, cval)
+    sum_mid = left + _pixel(img, yy, xc, cval) + right
+    diff_mid = right - left
+
+    for y in range(y0, min(y0 + RUN_Y, height)):
+        yy = border_index(y + 1, height, mode)
+        left = _pixel(img, yy, xl, cval)
+        right = _pixel(img, yy, xr, cval)
+        sum_bot = left + _pixel(img, yy, xc, cval) + right
+        diff_bot = right - left
+        gx = diff_top + diff_mid + diff_bot
+        gy = sum_bot - sum_top
+        out[y, x] = _clip(gx, hi) | _clip(-gx, hi) | _clip(gy, hi) | _clip(-gy, hi)
+        sum_top, diff_top = sum_mid, diff_mid
+        sum_mid, diff_mid = sum_bot, diff_bot
 
 
 def contour(img, mode: int, cval: int, out=None):
@@ -73,7 +101,8 @@ def contour(img, mode: int, cval: int, out=None):
     """
     height, width, channels = img.shape
     hi = int(np.iinfo(np.dtype(img.dtype)).max)
-    grid, block = image_grid(height, width, 1)
+    grid = (cdiv(width, THREADS), cdiv(height, RUN_Y))
+    block = THREADS
     if out is None:
         out = cuda.device_array((height, width), dtype=img.dtype)
     contour_fused[grid, block](img, mode, np.int64(cval), hi, out)
