@@ -18,7 +18,7 @@ from .errors import UsageError
 
 DTYPES = (np.uint8, np.uint16, np.float32)
 CHANNELS = (1, 3, 4)
-METHODS = ("auto", "naive", "padded", "tiled", "separable")
+METHODS = ("auto", "naive", "padded", "tiled", "blocked", "separable")
 MAX_KERNEL_SIDE = 255  # general kernels: taps per output grow as side**2
 MAX_BOX_SIDE = 4095  # box filters cost O(side) per output, but bigger is surely a typo
 
@@ -136,7 +136,8 @@ def filter2d(
     are rounded half-to-even and saturated. kernel: any 2-D shape up to 255x255, not
     flipped (correlation). anchor: OpenCV's (x, y), default the centre (kw//2, kh//2).
     border: reflect101 (default, OpenCV's), reflect, replicate, constant (border_value),
-    wrap. method: the CUDA variant: auto, naive, padded, tiled, separable (rank-1 only).
+    wrap. method: the CUDA variant: auto, naive, padded, tiled, blocked (register-blocked
+    tiles), separable (box only).
     """
     arr, device = _as_image(img)
     k = as_kernel(kernel)

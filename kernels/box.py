@@ -26,7 +26,7 @@ from numba import cuda, float32, float64
 
 from . import border_index as _bi
 from . import saturate as _sat
-from .launch import cdiv, image_grid
+from .launch import SMEM_LIMIT, cdiv, image_grid
 
 border_index = cuda.jit(device=True)(_bi.border_index)
 saturate_int = cuda.jit(device=True)(_sat.saturate_int)
@@ -36,8 +36,8 @@ saturate_int = cuda.jit(device=True)(_sat.saturate_int)
 # outputs computed by one thread in the row pass; as many rows of column sums staged
 # in shared memory per barrier pair as the threads can finish in one row pass.
 THREADS = 256
-LANES_PER_THREAD = 8
-RUN = 8
+LANES_PER_THREAD = (2, 8)  # compiled variants: few lanes keep registers low
+RUN = 32
 STRIP_ROWS = 64
 
 
@@ -117,12 +117,12 @@ def box_separable(img, ksize, anchor, mode, cval, out=None):
 # ------------------------------------------------------------------ sliding, fused
 
 
-def _make_box_sliding(stage_type):
-    """Build the fused sliding-sum kernel that stages column sums as `stage_type`."""
+def _make_box_sliding(stage_type, lanes_per_thread):
+    """Build the fused sliding-sum kernel: sums kept and staged as `stage_type`."""
 
     @cuda.jit
     def box_sliding(
-        img, kh, kw, ay, ax, mode, cval, scale, lo, hi, is_int, tile_w, rows_per_pass, out
+        img, kh, kw, ay, ax, mode, cval, zero, scale, lo, hi, is_int, tile_w, rows_per_pass, out
     ):
         stage = cuda.shared.array(0, dtype=stage_type)
         height, width, channels = img.shape
@@ -136,12 +136,12 @@ def _make_box_sliding(stage_type):
 
         # Column pass: thread owns lanes tid, tid + nthreads, ... (lane = tile column
         # including halo, times channels + channel). Divisions happen here only.
-        colsum = cuda.local.array(LANES_PER_THREAD, dtype=float64)
-        src_x = cuda.local.array(LANES_PER_THREAD, dtype=np.int32)
-        src_c = cuda.local.array(LANES_PER_THREAD, dtype=np.int32)
-        for m in range(LANES_PER_THREAD):
+        colsum = cuda.local.array(lanes_per_thread, dtype=stage_type)
+        src_x = cuda.local.array(lanes_per_thread, dtype=np.int32)
+        src_c = cuda.local.array(lanes_per_thread, dtype=np.int32)
+        for m in range(lanes_per_thread):
             lane = tid + m * nthreads
-            colsum[m] = 0.0
+            colsum[m] = zero
             src_x[m] = -1
             src_c[m] = 0
             if lane < lanes:
@@ -161,7 +161,7 @@ def _make_box_sliding(stage_type):
         # row below is one "add entering row, subtract leaving row" step.
         for i in range(kh):
             yy = border_index(y_begin - 1 + i - ay, height, mode)
-            for m in range(LANES_PER_THREAD):
+            for m in range(lanes_per_thread):
                 if tid + m * nthreads < lanes:
                     if yy < 0 or src_x[m] < 0:
                         colsum[m] += cval
@@ -174,7 +174,7 @@ def _make_box_sliding(stage_type):
                 y = y_pass + r
                 y_in = border_index(y - 1 + kh - ay, height, mode)
                 y_out = border_index(y - 1 - ay, height, mode)
-                for m in range(LANES_PER_THREAD):
+                for m in range(lanes_per_thread):
                     lane = tid + m * nthreads
                     if lane < lanes:
                         sx = src_x[m]
@@ -187,7 +187,7 @@ def _make_box_sliding(stage_type):
             cuda.syncthreads()
             if my_r < rows:
                 base = my_r * lanes + my_c
-                acc = 0.0
+                acc = zero
                 for j in range(kw):
                     acc += stage[base + (xs + j) * channels]
                 for x in range(xs, xe):
@@ -204,36 +204,53 @@ def _make_box_sliding(stage_type):
     return box_sliding
 
 
-_sliding_f32 = _make_box_sliding(float32)
-_sliding_f64 = _make_box_sliding(float64)
+_SLIDING = {
+    (exact, lpt): _make_box_sliding(float32 if exact else float64, lpt)
+    for exact in (True, False)
+    for lpt in LANES_PER_THREAD
+}
 
 
-def sliding_tile_width(kw: int, channels: int) -> int:
-    """Output columns per block so that the tile plus halo fits the lanes; 0 if none."""
-    return (THREADS * LANES_PER_THREAD) // channels - (kw - 1)
+def sliding_tile_width(kw: int, channels: int, lanes_per_thread: int) -> int:
+    """Output columns per block so that the tile plus halo fits the lanes (may be <= 0)."""
+    return (THREADS * lanes_per_thread) // channels - (kw - 1)
 
 
 def box_sliding(img, ksize, anchor, mode, cval, out=None):
     """Fused sliding-sum box filter; falls back to the separable passes for huge kw."""
     height, width, channels = img.shape
     kh, kw = ksize
-    max_tile = sliding_tile_width(kw, channels)
-    if max_tile < 32:
+    lpt = next((n for n in LANES_PER_THREAD if sliding_tile_width(kw, channels, n) >= 32), 0)
+    if not lpt:
         return box_separable(img, ksize, anchor, mode, cval, out)
-    tile_w = min(max_tile, 128)
-    rows_per_pass = THREADS // (cdiv(tile_w, RUN) * channels)
+    tile_w = min(sliding_tile_width(kw, channels, lpt), 128)
     ay, ax = anchor
     lo, hi, is_int = _limits(img.dtype)
     exact32 = _exact_in_float32(img.dtype, kh, kw)
-    kernel = _sliding_f32 if exact32 else _sliding_f64
     itemsize = 4 if exact32 else 8
+    lanes = (tile_w + kw - 1) * channels
+    rows_per_pass = min(THREADS // (cdiv(tile_w, RUN) * channels), SMEM_LIMIT // (lanes * itemsize))
     if out is None:
         out = cuda.device_array(img.shape, dtype=img.dtype)
-    lanes = (tile_w + kw - 1) * channels
     smem = rows_per_pass * lanes * itemsize
     grid = (cdiv(width, tile_w), cdiv(height, STRIP_ROWS))
+    zero = np.float32(0) if exact32 else np.float64(0)
     scale = 1.0 / (kh * kw)
-    kernel[grid, THREADS, 0, smem](
-        img, kh, kw, ay, ax, mode, float(cval), scale, lo, hi, is_int, tile_w, rows_per_pass, out
+    _SLIDING[exact32, lpt][grid, THREADS, 0, smem](
+        img,
+        kh,
+        kw,
+        ay,
+        ax,
+        mode,
+        float(cval),
+        zero,
+        scale,
+        lo,
+        hi,
+        is_int,
+        tile_w,
+        rows_per_pass,
+        out,
     )
     return out

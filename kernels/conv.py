@@ -159,7 +159,7 @@ def tiled_fits(kh: int, kw: int) -> bool:
 def correlate(img, weights, anchor, mode, cval, method, out=None):
     """Correlate a device image (H, W, C) with device weights (kh, kw); return `out`.
 
-    method: "naive", "padded" or "tiled" (the caller resolves "auto").
+    method: "naive", "padded", "tiled" or "blocked" (the caller resolves "auto").
     """
     height, width, channels = img.shape
     kh, kw = weights.shape
@@ -175,6 +175,10 @@ def correlate(img, weights, anchor, mode, cval, method, out=None):
         pgrid, _ = image_grid(padded.shape[0], padded.shape[1], channels)
         pad_image[pgrid, block](img, ay, ax, mode, cval, padded)
         correlate_valid[grid, block](padded, weights, lo, hi, is_int, out)
+    elif method == "blocked":
+        from .conv_blocked import correlate_blocked
+
+        correlate_blocked(img, weights, anchor, mode, cval, out)
     elif method == "tiled":
         smem = tiled_smem_bytes(kh, kw)
         if smem > SMEM_LIMIT:

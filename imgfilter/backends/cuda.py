@@ -13,6 +13,7 @@ from numba import config, cuda
 from kernels import box as _box
 from kernels import contour as _contour
 from kernels import conv as _conv
+from kernels import conv_blocked as _blocked
 
 from ..errors import DeviceError, UsageError
 
@@ -35,7 +36,14 @@ def _finish(out, from_host: bool):
 
 def _resolve_correlation_method(method: str, kh: int, kw: int) -> str:
     if method == "auto":
+        if _blocked.fits(kh, kw):
+            return "blocked"
         return "tiled" if _conv.tiled_fits(kh, kw) else "padded"
+    if method == "blocked" and not _blocked.fits(kh, kw):
+        raise UsageError(
+            f"method 'blocked' handles kernels up to {_blocked.MAX_SIDE}x{_blocked.MAX_SIDE}; "
+            "use tiled, padded or naive"
+        )
     if method == "separable":
         raise UsageError("method 'separable' applies to box filters (blur) only for now")
     if method == "tiled" and not _conv.tiled_fits(kh, kw):
