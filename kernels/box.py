@@ -1,44 +1,41 @@
 """Normalized box filters (cv2.blur semantics) in Numba CUDA.
 
 Images are (H, W, C) device arrays of uint8, uint16 or float32; the output has the
-input's dtype. out[y, x, c] = scale * sum of the kh x kw box whose anchor (ay, ax)
-sits on (y, x), borders by `kernels.border_index` code, `cval` the constant-border
-value (already cast to the image's dtype). Integer outputs are rounded half to even
-and saturated. Sums are exact for integer images (float64 registers, stored as
-float32 only where that is exact), so only the final scaling rounds; that is why
-these agree with cv2.blur bit for bit on uint8 images.
+input's dtype. out[y, x, c] = (sum of the kh x kw box whose anchor (ay, ax) sits on
+(y, x)) / (kh * kw), borders by `kernels.border_index` code, `cval` the
+constant-border value (already cast to the image's dtype). Integer outputs are
+rounded half to even and saturated. Sums are exact for integer images (integer or
+float64 registers, stored narrower only where that is exact) and the division is
+correctly rounded, so the result is round(sum / area) exactly. cv2.blur equals that
+except where its 8-bit fixed-point path for boxes of at most 257 pixels rounds
+differently (it is off by one at some ties, e.g. a 2x1 box of zeros gives 1).
 
 Two implementations:
 - `box_separable`: a row-sum pass into a scratch image, then a column-sum pass.
   Cost per pixel grows with k.
-- `box_sliding`: one fused pass. A block owns a tile of columns (plus halo) and a
-  strip of rows; each thread keeps running column sums for its lanes in registers
-  (add the entering row, subtract the leaving one), stages a few rows of column sums
-  in shared memory, then threads slide along the row (add the entering column
-  sum, subtract the leaving one). Each input byte is read about once; the cost per
-  pixel does not depend on k.
+- `box_running`: running sums. A column pass keeps a running sum down each
+  (column, channel) lane (add the entering row, subtract the leaving one) into a
+  narrow exact scratch (uint16 for uint8 images), then a row pass slides along
+  each row in shared memory. The cost per pixel barely depends on k.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, float32, float64
+from numba import cuda, float32, float64, uint64
 
 from . import border_index as _bi
 from . import saturate as _sat
-from .launch import SMEM_LIMIT, cdiv, image_grid
+from .launch import SMEM_LIMIT, cdiv, image_grid, scratch
 
 border_index = cuda.jit(device=True)(_bi.border_index)
 saturate_int = cuda.jit(device=True)(_sat.saturate_int)
 
-# box_sliding geometry: THREADS threads per block, each owning up to LANES_PER_THREAD
-# lanes (one lane = one channel of one column of the tile plus halo); RUN consecutive
-# outputs computed by one thread in the row pass; as many rows of column sums staged
-# in shared memory per barrier pair as the threads can finish in one row pass.
-THREADS = 256
-LANES_PER_THREAD = (2, 8)  # compiled variants: few lanes keep registers low
-RUN = 32
+# box_running geometry: the column pass walks STRIP_ROWS rows per thread; the row
+# pass gives each block ROW_TILE pixels of a row and each thread RUN of them.
 STRIP_ROWS = 64
+ROW_TILE = 512
+RUN = 16
 
 
 def _limits(dtype) -> tuple[int, int, bool]:
@@ -76,8 +73,8 @@ def box_rows(img, kw, ax, mode, cval, sums):
 
 
 @cuda.jit
-def box_cols(sums, kh, ay, mode, row_cval, scale, lo, hi, is_int, out):
-    """out = scale * (sum of kh row sums around y), rounded and saturated as filter2D."""
+def box_cols(sums, kh, ay, mode, row_cval, area, lo, hi, is_int, out):
+    """out = (sum of kh row sums around y) / area, rounded and saturated as filter2D."""
     x, y = cuda.grid(2)
     c = cuda.blockIdx.z
     height, width = sums.shape[0], sums.shape[1]
@@ -90,7 +87,7 @@ def box_cols(sums, kh, ay, mode, row_cval, scale, lo, hi, is_int, out):
             acc += row_cval
         else:
             acc += sums[yy, x, c]
-    v = acc * scale
+    v = acc / area  # a correctly rounded division keeps exact halves exact
     if is_int:
         out[y, x, c] = saturate_int(v, lo, hi)
     else:
@@ -104,153 +101,170 @@ def box_separable(img, ksize, anchor, mode, cval, out=None):
     ay, ax = anchor
     lo, hi, is_int = _limits(img.dtype)
     sum_dtype = np.float32 if _exact_in_float32(img.dtype, kh, kw) else np.float64
-    sums = cuda.device_array(img.shape, dtype=sum_dtype)
+    sums = scratch(img.shape, sum_dtype)
     if out is None:
         out = cuda.device_array(img.shape, dtype=img.dtype)
     grid, block = image_grid(height, width, channels)
     box_rows[grid, block](img, kw, ax, mode, float(cval), sums)
-    scale = 1.0 / (kh * kw)
-    box_cols[grid, block](sums, kh, ay, mode, kw * float(cval), scale, lo, hi, is_int, out)
+    area = float(kh * kw)
+    box_cols[grid, block](sums, kh, ay, mode, kw * float(cval), area, lo, hi, is_int, out)
     return out
 
 
-# ------------------------------------------------------------------ sliding, fused
+# ------------------------------------------------------------ running sums, two passes
 
 
-def _make_box_sliding(stage_type, lanes_per_thread):
-    """Build the fused sliding-sum kernel: sums kept and staged as `stage_type`."""
+@cuda.jit
+def box_column_sums(img, kh, ay, mode, cval, strip, sums):
+    # cval's type sets the accumulator: int64 for integer images (exact, and no
+    # int<->float conversions, which are slow), float64 for float32 images.
+    """sums[y, x * C + c] = sum of img[y - ay : y - ay + kh, x, c], borders applied.
+
+    One thread per (column, channel) lane walks `strip` rows keeping a running sum:
+    after the first row, each row adds the entering input row and subtracts the
+    leaving one. Consecutive threads read consecutive bytes. Exact for integer
+    images; sums' dtype is chosen by the host to hold them (uint16 for uint8 input).
+    """
+    lane = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    height, width, channels = img.shape
+    if lane >= width * channels:
+        return
+    x = lane // channels
+    c = lane - x * channels
+    y_begin = cuda.blockIdx.y * strip
+    y_end = min(y_begin + strip, height)
+    # Indices are cast to unsigned where they are known non-negative: Numba wraps
+    # negative signed indices at a cost of several instructions per access.
+    ux = uint64(x)
+    uc = uint64(c)
+    ulane = uint64(lane)
+    acc = cval - cval
+    for i in range(kh):
+        yy = border_index(y_begin + i - ay, height, mode)
+        acc += cval if yy < 0 else img[uint64(yy), ux, uc]
+    sums[uint64(y_begin), ulane] = acc
+    for y in range(y_begin + 1, y_end):
+        y_in = border_index(y - 1 + kh - ay, height, mode)
+        y_out = border_index(y - 1 - ay, height, mode)
+        acc += cval if y_in < 0 else img[uint64(y_in), ux, uc]
+        acc -= cval if y_out < 0 else img[uint64(y_out), ux, uc]
+        sums[uint64(y), ulane] = acc
+
+
+def _make_box_row_sums(stage_type):
+    """Build the row pass that stages column sums in shared memory as `stage_type`."""
 
     @cuda.jit
-    def box_sliding(
-        img, kh, kw, ay, ax, mode, cval, zero, scale, lo, hi, is_int, tile_w, rows_per_pass, out
+    def box_row_sums(
+        sums, kw, ax, mode, row_cval, zero, area, lo, hi, is_int, tile_w, channels, out_rows
     ):
-        stage = cuda.shared.array(0, dtype=stage_type)
-        height, width, channels = img.shape
+        """out[y, x, c] = sum of sums[y, (x - ax + j) * C + c] for j < kw, over area.
+
+        out_rows is the (H, W, C) output viewed as (H, W * C).
+
+        A block owns tile_w output pixels of one row. It stages the tile's column
+        sums plus halo in shared memory, then each thread slides RUN outputs of one
+        channel along the row (add the entering column, subtract the leaving one),
+        stages the rounded results, and the block writes them out coalesced.
+        """
+        smem = cuda.shared.array(0, dtype=stage_type)
+        width = out_rows.shape[1] // channels
+        y = cuda.blockIdx.y
+        x0 = cuda.blockIdx.x * tile_w
+        out_w = min(tile_w, width - x0)
+        n_px = out_w + kw - 1
         tid = cuda.threadIdx.x
         nthreads = cuda.blockDim.x
-        x0 = cuda.blockIdx.x * tile_w  # first output column of this tile
-        out_w = min(tile_w, width - x0)
-        lanes = (out_w + kw - 1) * channels
-        y_begin = cuda.blockIdx.y * STRIP_ROWS
-        y_end = min(y_begin + STRIP_ROWS, height)
+        uy = uint64(y)
+        uch = uint64(channels)
+        for p in range(tid, n_px, nthreads):
+            xx = border_index(x0 - ax + p, width, mode)
+            up = uint64(p) * uch
+            for c in range(channels):
+                if xx < 0:
+                    smem[up + uint64(c)] = row_cval
+                else:
+                    smem[up + uint64(c)] = sums[uy, uint64(xx) * uch + uint64(c)]
+        cuda.syncthreads()
 
-        # Column pass: thread owns lanes tid, tid + nthreads, ... (lane = tile column
-        # including halo, times channels + channel). Divisions happen here only.
-        colsum = cuda.local.array(lanes_per_thread, dtype=stage_type)
-        src_x = cuda.local.array(lanes_per_thread, dtype=np.int32)
-        src_c = cuda.local.array(lanes_per_thread, dtype=np.int32)
-        for m in range(lanes_per_thread):
-            lane = tid + m * nthreads
-            colsum[m] = zero
-            src_x[m] = -1
-            src_c[m] = 0
-            if lane < lanes:
-                src_x[m] = border_index(x0 - ax + lane // channels, width, mode)
-                src_c[m] = lane % channels
-
-        # Row pass: thread computes RUN consecutive outputs of one channel of row my_r
-        # of each pass (host guarantees pairs <= nthreads).
-        n_seg = (out_w + RUN - 1) // RUN
-        pairs = n_seg * channels
-        my_r = tid // pairs
-        my_c = tid % channels
-        xs = ((tid % pairs) // channels) * RUN
+        results = uint64(n_px) * uch  # staged results start after the column sums
+        c = tid % channels
+        xs = (tid // channels) * RUN
         xe = min(xs + RUN, out_w)
+        if xs < out_w:
+            first = uint64(xs) * uch + uint64(c)  # (xs, c) in the staged sums
+            enter = first + uint64(kw) * uch  # the column entering after (xs, c)
+            acc = zero
+            for j in range(kw):
+                acc += smem[first + uint64(j) * uch]
+            for x in range(xs, xe):
+                if x > xs:
+                    acc += smem[enter]
+                    acc -= smem[first]
+                    enter += uch
+                    first += uch
+                v = acc / area  # correctly rounded: exact halves stay exact
+                if is_int:
+                    v = saturate_int(v, lo, hi)
+                smem[results + uint64(x) * uch + uint64(c)] = v
+        cuda.syncthreads()
+        row_base = uint64(x0) * uch
+        for i in range(tid, out_w * channels, nthreads):
+            out_rows[uy, row_base + uint64(i)] = smem[results + uint64(i)]
 
-        # Column sums for the row above the strip's first output row, so that every
-        # row below is one "add entering row, subtract leaving row" step.
-        for i in range(kh):
-            yy = border_index(y_begin - 1 + i - ay, height, mode)
-            for m in range(lanes_per_thread):
-                if tid + m * nthreads < lanes:
-                    if yy < 0 or src_x[m] < 0:
-                        colsum[m] += cval
-                    else:
-                        colsum[m] += img[yy, src_x[m], src_c[m]]
-
-        for y_pass in range(y_begin, y_end, rows_per_pass):
-            rows = min(rows_per_pass, y_end - y_pass)
-            for r in range(rows):
-                y = y_pass + r
-                y_in = border_index(y - 1 + kh - ay, height, mode)
-                y_out = border_index(y - 1 - ay, height, mode)
-                for m in range(lanes_per_thread):
-                    lane = tid + m * nthreads
-                    if lane < lanes:
-                        sx = src_x[m]
-                        c = src_c[m]
-                        v_in = cval if (y_in < 0 or sx < 0) else img[y_in, sx, c]
-                        v_out = cval if (y_out < 0 or sx < 0) else img[y_out, sx, c]
-                        colsum[m] += v_in
-                        colsum[m] -= v_out
-                        stage[r * lanes + lane] = colsum[m]
-            cuda.syncthreads()
-            if my_r < rows:
-                base = my_r * lanes + my_c
-                acc = zero
-                for j in range(kw):
-                    acc += stage[base + (xs + j) * channels]
-                for x in range(xs, xe):
-                    if x > xs:
-                        acc += stage[base + (x + kw - 1) * channels]
-                        acc -= stage[base + (x - 1) * channels]
-                    v = acc * scale
-                    if is_int:
-                        out[y_pass + my_r, x0 + x, my_c] = saturate_int(v, lo, hi)
-                    else:
-                        out[y_pass + my_r, x0 + x, my_c] = v
-            cuda.syncthreads()
-
-    return box_sliding
+    return box_row_sums
 
 
-_SLIDING = {
-    (exact, lpt): _make_box_sliding(float32 if exact else float64, lpt)
-    for exact in (True, False)
-    for lpt in LANES_PER_THREAD
-}
+_ROW_SUMS = {exact: _make_box_row_sums(float32 if exact else float64) for exact in (True, False)}
 
 
-def sliding_tile_width(kw: int, channels: int, lanes_per_thread: int) -> int:
-    """Output columns per block so that the tile plus halo fits the lanes (may be <= 0)."""
-    return (THREADS * lanes_per_thread) // channels - (kw - 1)
+def _column_sum_dtype(dtype, kh: int):
+    """Narrowest exact dtype for kh-row sums: uint16 for uint8 images, else float64."""
+    if np.dtype(dtype) == np.uint8 and kh * 255 <= 65535:
+        return np.uint16
+    return np.float64
 
 
-def box_sliding(img, ksize, anchor, mode, cval, out=None):
-    """Fused sliding-sum box filter; falls back to the separable passes for huge kw."""
+def box_running(img, ksize, anchor, mode, cval, out=None):
+    """Box filter by running sums: a column pass, then a row pass. Cost ~ independent of k.
+
+    Falls back to `box_separable` when the row tile would not fit shared memory.
+    """
     height, width, channels = img.shape
     kh, kw = ksize
-    lpt = next((n for n in LANES_PER_THREAD if sliding_tile_width(kw, channels, n) >= 32), 0)
-    if not lpt:
-        return box_separable(img, ksize, anchor, mode, cval, out)
-    tile_w = min(sliding_tile_width(kw, channels, lpt), 128)
     ay, ax = anchor
-    lo, hi, is_int = _limits(img.dtype)
     exact32 = _exact_in_float32(img.dtype, kh, kw)
     itemsize = 4 if exact32 else 8
-    lanes = (tile_w + kw - 1) * channels
-    rows_per_pass = min(THREADS // (cdiv(tile_w, RUN) * channels), SMEM_LIMIT // (lanes * itemsize))
+    tile_w = ROW_TILE
+    smem = ((tile_w + kw - 1) * channels + tile_w * channels) * itemsize
+    if smem > SMEM_LIMIT:
+        return box_separable(img, ksize, anchor, mode, cval, out)
+    lo, hi, is_int = _limits(img.dtype)
     if out is None:
         out = cuda.device_array(img.shape, dtype=img.dtype)
-    smem = rows_per_pass * lanes * itemsize
-    grid = (cdiv(width, tile_w), cdiv(height, STRIP_ROWS))
-    zero = np.float32(0) if exact32 else np.float64(0)
-    scale = 1.0 / (kh * kw)
-    _SLIDING[exact32, lpt][grid, THREADS, 0, smem](
-        img,
-        kh,
+    sums = scratch((height, width * channels), _column_sum_dtype(img.dtype, kh))
+    lanes = width * channels
+    col_cval = np.int64(cval) if is_int else np.float64(cval)
+    box_column_sums[(cdiv(lanes, 128), cdiv(height, STRIP_ROWS)), 128](
+        img, kh, ay, mode, col_cval, STRIP_ROWS, sums
+    )
+    stage_type = np.float32 if exact32 else np.float64
+    zero = stage_type(0)
+    area = stage_type(kh * kw)
+    threads = cdiv(tile_w, RUN) * channels
+    _ROW_SUMS[exact32][(cdiv(width, tile_w), height), threads, 0, smem](
+        sums,
         kw,
-        ay,
         ax,
         mode,
-        float(cval),
+        kh * float(cval),
         zero,
-        scale,
+        area,
         lo,
         hi,
         is_int,
         tile_w,
-        rows_per_pass,
-        out,
+        channels,
+        out.reshape(height, width * channels),
     )
     return out

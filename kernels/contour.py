@@ -11,7 +11,7 @@ Colour images are converted to gray (as cv2.cvtColor does) inside the same kerne
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda
+from numba import cuda, uint64
 
 from . import border_index as _bi
 from . import gray as _gray
@@ -35,11 +35,14 @@ def _clip(v, hi):
 
 @cuda.jit(device=True)
 def _gray_at(img, y, x):
+    # y, x >= 0 here; unsigned indices spare Numba's negative-index wraparound.
+    uy = uint64(y)
+    ux = uint64(x)
     if img.shape[2] == 1:
-        return np.int64(img[y, x, 0])
-    b = np.int64(img[y, x, 0])
-    g = np.int64(img[y, x, 1])
-    r = np.int64(img[y, x, 2])
+        return np.int64(img[uy, ux, 0])
+    b = np.int64(img[uy, ux, 0])
+    g = np.int64(img[uy, ux, 1])
+    r = np.int64(img[uy, ux, 2])
     return bgr_to_gray(b, g, r)
 
 
@@ -89,7 +92,7 @@ def contour_fused(img, mode, cval, hi, out):
         diff_bot = right - left
         gx = diff_top + diff_mid + diff_bot
         gy = sum_bot - sum_top
-        out[y, x] = _clip(gx, hi) | _clip(-gx, hi) | _clip(gy, hi) | _clip(-gy, hi)
+        out[uint64(y), uint64(x)] = _clip(gx, hi) | _clip(-gx, hi) | _clip(gy, hi) | _clip(-gy, hi)
         sum_top, diff_top = sum_mid, diff_mid
         sum_mid, diff_mid = sum_bot, diff_bot
 

@@ -12,7 +12,7 @@ compiled once per shape and kept. Same contract as `kernels.conv.correlate`.
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32, uint64
 
 from . import border_index as _bi
 from . import saturate as _sat
@@ -60,14 +60,26 @@ def _source(kh: int, kw: int, ry: int) -> str:
         f"    y0 = cuda.blockIdx.y * {TY * ry}",
         f"    x0 = cuda.blockIdx.x * {TX}",
         "    outside = float32(cval)",
-        f"    for rr in range(ty, {tile_h}, {TY}):",
-        "        yy = border_index(y0 + rr - ay, height, mode)",
+        "    uc = uint64(c)",
+        "    top = y0 - ay",
+        "    left = x0 - ax",
+        # Blocks whose tile lies inside the image skip the border mapping.
+        f"    if top >= 0 and left >= 0 and top + {tile_h} <= height and left + {tile_w} <= width:",
+        f"        for rr in range(ty, {tile_h}, {TY}):",
+        "            src_row = uint64(top + rr)",
+        f"            dst_row = uint64(rr * {tile_w})",
+        f"            for qq in range(tx, {tile_w}, {TX}):",
+        "                tile[dst_row + uint64(qq)] = float32(img[src_row, uint64(left + qq), uc])",
+        "    else:",
+        f"      for rr in range(ty, {tile_h}, {TY}):",
+        "        yy = border_index(top + rr, height, mode)",
         f"        for qq in range(tx, {tile_w}, {TX}):",
-        "            xx = border_index(x0 + qq - ax, width, mode)",
-        "            if yy < 0 or xx < 0:",
-        f"                tile[rr * {tile_w} + qq] = outside",
-        "            else:",
-        f"                tile[rr * {tile_w} + qq] = float32(img[yy, xx, c])",
+        "          xx = border_index(left + qq, width, mode)",
+        "          if yy < 0 or xx < 0:",
+        f"              tile[uint64(rr * {tile_w} + qq)] = outside",
+        "          else:",
+        f"              tile[uint64(rr * {tile_w} + qq)] = "
+        "float32(img[uint64(yy), uint64(xx), uc])",
         f"    for idx in range(ty * {TX} + tx, {kh * kw}, {TX * TY}):",
         f"        wsh[idx] = weights[idx // {kw}, idx % {kw}]",
         "    cuda.syncthreads()",
@@ -77,13 +89,17 @@ def _source(kh: int, kw: int, ry: int) -> str:
         "        return",
     ]
     lines += [f"    a{r} = float32(0.0)" for r in range(ry)]
+    # Unsigned indices: Numba wraps negative signed indices, which costs ~5
+    # instructions per access; these indices are never negative.
     lines += [
-        f"    base = ty * {ry * tile_w} + tx",
+        f"    base = uint64(ty * {ry * tile_w} + tx)",
         f"    for j in range({kw}):",
+        "        bj = base + uint64(j)",
+        "        wj = uint64(j)",
     ]
-    lines += [f"        p{q} = tile[base + {q * tile_w} + j]" for q in range(ncol)]
+    lines += [f"        p{q} = tile[bj + uint64({q * tile_w})]" for q in range(ncol)]
     for i in range(kh):
-        lines.append(f"        w = wsh[{i * kw} + j]")
+        lines.append(f"        w = wsh[wj + uint64({i * kw})]")
         lines += [f"        a{r} = cuda.fma(w, p{r + i}, a{r})" for r in range(ry)]
     for r in range(ry):
         lines += [
@@ -104,6 +120,7 @@ def kernel_for(kh: int, kw: int):
         namespace = {
             "cuda": cuda,
             "float32": float32,
+            "uint64": uint64,
             "border_index": border_index,
             "saturate_int": saturate_int,
         }

@@ -17,3 +17,26 @@ def image_grid(height: int, width: int, channels: int) -> tuple[tuple, tuple]:
     block = (BLOCK_X, BLOCK_Y, 1)
     grid = (cdiv(width, BLOCK_X), cdiv(height, BLOCK_Y), channels)
     return grid, block
+
+
+_SCRATCH: dict = {}
+_SCRATCH_KEEP = 4
+
+
+def scratch(shape: tuple, dtype):
+    """A device work buffer of this shape and dtype, reused across calls.
+
+    cudaMalloc and cudaFree cost far more than a fast filter; launches on the
+    default stream run in order, so one buffer per (shape, dtype) is safe to reuse.
+    Keeps the most recent few.
+    """
+    from numba import cuda
+
+    key = (tuple(shape), str(dtype))
+    buf = _SCRATCH.pop(key, None)
+    if buf is None:
+        buf = cuda.device_array(shape, dtype=dtype)
+    _SCRATCH[key] = buf
+    while len(_SCRATCH) > _SCRATCH_KEEP:
+        _SCRATCH.pop(next(iter(_SCRATCH)))
+    return buf
