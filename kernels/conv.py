@@ -22,7 +22,7 @@ from numba import cuda, float32
 
 from . import border_index as _bi
 from . import saturate as _sat
-from .launch import BLOCK_X, BLOCK_Y, SMEM_LIMIT, image_grid
+from .launch import BLOCK_X, BLOCK_Y, SMEM_LIMIT, image_grid, scratch
 
 border_index = cuda.jit(device=True)(_bi.border_index)
 saturate_int = cuda.jit(device=True)(_sat.saturate_int)
@@ -171,7 +171,7 @@ def correlate(img, weights, anchor, mode, cval, method, out=None):
     if method == "naive":
         correlate_naive[grid, block](img, weights, ay, ax, mode, cval, lo, hi, is_int, out)
     elif method == "padded":
-        padded = cuda.device_array((height + kh - 1, width + kw - 1, channels), dtype=img.dtype)
+        padded = scratch((height + kh - 1, width + kw - 1, channels), img.dtype)
         pgrid, _ = image_grid(padded.shape[0], padded.shape[1], channels)
         pad_image[pgrid, block](img, ay, ax, mode, cval, padded)
         correlate_valid[grid, block](padded, weights, lo, hi, is_int, out)

@@ -1,0 +1,384 @@
+"""Benchmarks: imgfilter against its peers, measured side by side in one run.
+
+Kernel time: a spin kernel keeps the GPU busy while Python queues N launches behind
+a start event, so (end - start) / N is the GPU time per launch, not Numba's ~30 us
+launch cost. Per-call time: wall time of the public API call on a device array,
+synchronised, as a user feels it. Peers: OpenCV on the host CPU (wall time), CuPy's
+cupyx.scipy.ndimage and PyTorch conv2d (CUDA events, same spin method), each skipped
+with a note when not installed. The bytes floor is reading the input and writing the
+output once at the copy bandwidth measured in the same run.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+SEED_SHAPE = (2167, 2495, 3)  # the seed article's three-band image
+SHAPES = {"seed": SEED_SHAPE, "4k": (2160, 3840, 3), "8k": (4320, 7680, 3)}
+
+
+@dataclass
+class Row:
+    """One measured line of the table."""
+
+    op: str
+    size: str
+    impl: str
+    kernel_us: float | None = None  # GPU time per launch (spin-queued events)
+    call_us: float | None = None  # wall time of one synchronised Python call
+    note: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------- timing
+
+
+def _spin_kernel():
+    from numba import cuda
+
+    @cuda.jit
+    def spin(n, out):
+        x = 1.0
+        for _ in range(n):
+            x = x * 1.0000001 + 1e-7
+        out[0] = x
+
+    return spin
+
+
+class Timer:
+    """GPU and wall timers sharing one spin kernel."""
+
+    def __init__(self, repeats: int = 7):
+        from numba import cuda
+
+        self.cuda = cuda
+        self.repeats = repeats
+        self._spin = _spin_kernel()
+        self._buf = cuda.device_array(1, dtype=np.float64)
+        self._spin[1, 1](10, self._buf)
+        cuda.synchronize()
+
+    def kernel_us(self, fn: Callable[[], object], launches: int = 20) -> float:
+        """Median GPU microseconds per call of `fn` (which only enqueues work)."""
+        cuda = self.cuda
+        fn()
+        cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        cuda.synchronize()
+        one = time.perf_counter() - t0
+        # Spin long enough to cover the Python time needed to queue the launches.
+        spin_iters = int(min(2e8, max(2e6, 2e6 * launches * max(one, 1e-4) / 1e-3)))
+        times = []
+        for _ in range(self.repeats):
+            self._spin[1, 1](spin_iters, self._buf)
+            start, end = cuda.event(), cuda.event()
+            start.record()
+            for _ in range(launches):
+                fn()
+            end.record()
+            end.synchronize()
+            times.append(cuda.event_elapsed_time(start, end) * 1e3 / launches)
+        return float(np.median(times))
+
+    def call_us(self, fn: Callable[[], object], calls: int = 20) -> float:
+        """Median wall microseconds of fn() followed by a device synchronisation."""
+        cuda = self.cuda
+        fn()
+        cuda.synchronize()
+        times = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            fn()
+            cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times) * 1e6)
+
+
+def wall_us(fn: Callable[[], object], calls: int = 5) -> float:
+    """Median wall microseconds of a host function (after one warm-up call)."""
+    fn()
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times) * 1e6)
+
+
+def copy_bandwidth_gbs(timer: Timer, nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth, bytes read + written per second, in GB/s."""
+    cuda = timer.cuda
+    a = cuda.device_array(nbytes // 4, dtype=np.uint32)
+    b = cuda.device_array_like(a)
+    us = timer.kernel_us(lambda: b.copy_to_device(a), launches=10)
+    return 2 * nbytes / (us * 1e-6) / 1e9
+
+
+# -------------------------------------------------------------------------- peers
+
+
+def _cupy():
+    try:
+        import cupy
+        import cupyx.scipy.ndimage as ndi
+
+        return cupy, ndi
+    except Exception:  # not installed, or no usable CUDA for it
+        return None, None
+
+
+def _torch():
+    try:
+        import torch
+
+        return torch if torch.cuda.is_available() else None
+    except Exception:
+        return None
+
+
+def _torch_depthwise(torch, img: np.ndarray, kernel: np.ndarray):
+    """A callable running torch's depthwise conv2d (cross-correlation) in float32."""
+    import torch.nn.functional as F
+
+    h, w, c = img.shape
+    x = torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1))).cuda().float()[None]
+    k = torch.from_numpy(kernel.astype(np.float32)).cuda()[None, None].repeat(c, 1, 1, 1)
+    kh, kw = kernel.shape
+    pad = (kw // 2, kw - 1 - kw // 2, kh // 2, kh - 1 - kh // 2)
+    return lambda: F.conv2d(F.pad(x, pad, mode="reflect"), k, groups=c)
+
+
+# ---------------------------------------------------------------------- the cases
+
+
+def _floor_us(nbytes: int, bandwidth_gbs: float) -> float:
+    return nbytes / (bandwidth_gbs * 1e9) * 1e6
+
+
+class _Context:
+    """What every case needs: timer, bandwidth, peers, and the rows measured so far."""
+
+    def __init__(self, quick: bool):
+        self.timer = Timer(repeats=3 if quick else 7)
+        self.bandwidth = copy_bandwidth_gbs(self.timer, 1 << (26 if quick else 30))
+        self.cupy, self.ndi = _cupy()
+        self.torch = _torch()
+        self.quick = quick
+        self.rows: list[Row] = []
+
+    def add(self, row: Row, nbytes: int | None = None, pixels: int | None = None) -> None:
+        if row.kernel_us and nbytes:
+            row.extra["GB/s"] = nbytes / (row.kernel_us * 1e-6) / 1e9
+            row.extra["x_floor"] = row.kernel_us / _floor_us(nbytes, self.bandwidth)
+        if pixels and (row.kernel_us or row.call_us):
+            row.extra["Mpix/s"] = pixels / (row.kernel_us or row.call_us)
+        self.rows.append(row)
+
+
+def _bench_blur(ctx: _Context, size: str, img: np.ndarray, k: int) -> None:
+    import cv2
+    from numba import cuda
+
+    import imgfilter
+    from kernels import box as kbox
+
+    d_img = cuda.to_device(img)
+    d_out = cuda.device_array_like(d_img)
+    anchor = (k // 2, k // 2)
+    op, nbytes, pixels = f"blur k={k}", 2 * img.nbytes, img.shape[0] * img.shape[1]
+    t = ctx.timer
+    ctx.add(
+        Row(
+            op,
+            size,
+            "imgfilter cuda (running sums)",
+            t.kernel_us(lambda: kbox.box_running(d_img, (k, k), anchor, 0, 0, d_out)),
+            t.call_us(lambda: imgfilter.blur(d_img, k)),
+        ),
+        nbytes,
+        pixels,
+    )
+    ctx.add(Row(op, size, "opencv cpu cv2.blur", call_us=wall_us(lambda: cv2.blur(img, (k, k)))))
+    if ctx.ndi is not None:
+        c_img = ctx.cupy.asarray(img)
+        fn = lambda: ctx.ndi.uniform_filter(c_img, size=(k, k, 1), mode="mirror")  # noqa: E731
+        ctx.add(Row(op, size, "cupy uniform_filter", t.kernel_us(fn, 5)), nbytes, pixels)
+    if ctx.torch is not None:
+        fn = _torch_depthwise(ctx.torch, img, np.full((k, k), 1.0 / (k * k)))
+        ctx.add(Row(op, size, "torch conv2d float32", t.kernel_us(fn, 5)), nbytes, pixels)
+
+
+def _bench_filter(ctx: _Context, size: str, img: np.ndarray, weights: np.ndarray) -> None:
+    import cv2
+    from numba import cuda
+
+    import imgfilter
+    from kernels import conv as kconv
+
+    d_img = cuda.to_device(img)
+    d_out = cuda.device_array_like(d_img)
+    d_w = cuda.to_device(weights)
+    kh, kw = weights.shape
+    anchor = (kh // 2, kw // 2)
+    op, nbytes, pixels = f"filter2d {kh}x{kw}", 2 * img.nbytes, img.shape[0] * img.shape[1]
+    t = ctx.timer
+    methods = ("blocked", "tiled", "padded", "naive") if kh == 21 else ("blocked",)
+    for method in methods:
+        slow = method in ("naive", "padded", "tiled")
+
+        def kernel(m=method):
+            return kconv.correlate(d_img, d_w, anchor, 0, 0, m, d_out)
+
+        def call(m=method):
+            return imgfilter.filter2d(d_img, weights, method=m)
+
+        ctx.add(
+            Row(
+                op,
+                size,
+                f"imgfilter cuda {method}",
+                t.kernel_us(kernel, 5 if slow else 20),
+                t.call_us(call, 5),
+            ),
+            nbytes,
+            pixels,
+        )
+    calls = 1 if kh * kw >= 130 else 3
+    ctx.add(
+        Row(
+            op,
+            size,
+            "opencv cpu cv2.filter2D",
+            call_us=wall_us(lambda: cv2.filter2D(img, -1, weights), calls),
+        )
+    )
+    if ctx.ndi is not None:
+        c_f = ctx.cupy.asarray(img).astype(ctx.cupy.float32)
+        c_w = ctx.cupy.asarray(weights)[:, :, None]
+        fn = lambda: ctx.ndi.correlate(c_f, c_w, mode="mirror")  # noqa: E731
+        ctx.add(Row(op, size, "cupy correlate float32", t.kernel_us(fn, 3)), nbytes, pixels)
+    if ctx.torch is not None:
+        fn = _torch_depthwise(ctx.torch, img, weights)
+        ctx.add(Row(op, size, "torch conv2d float32", t.kernel_us(fn, 5)), nbytes, pixels)
+
+
+def _bench_contour(ctx: _Context, size: str, gray: np.ndarray) -> None:
+    from numba import cuda
+
+    import imgfilter
+    from kernels import contour as kcontour
+
+    from .backends.opencv import contour as cv_contour
+
+    d_gray = cuda.to_device(gray[:, :, None])
+    d_edges = cuda.device_array(gray.shape, dtype=gray.dtype)
+    op, pixels = "contour (gray)", gray.size
+    ctx.add(
+        Row(
+            op,
+            size,
+            "imgfilter cuda fused",
+            ctx.timer.kernel_us(lambda: kcontour.contour(d_gray, 0, 0, d_edges)),
+            ctx.timer.call_us(lambda: imgfilter.contour(d_gray)),
+        ),
+        2 * gray.nbytes,
+        pixels,
+    )
+    ctx.add(Row(op, size, "opencv cpu 4x filter2D + or", call_us=wall_us(lambda: cv_contour(gray))))
+
+
+def run(sizes=("seed",), box_ks=(3, 21, 101), filter_ks=(3, 5, 9, 15, 21, 31), quick=False):
+    """Measure every case; returns a dict ready for JSON (see `print_table`)."""
+    from numba import cuda
+
+    ctx = _Context(quick)
+    rng = np.random.default_rng(2026)
+    for size in sizes:
+        img = rng.integers(1, 256, SHAPES[size], dtype=np.uint8)
+        for k in box_ks:
+            _bench_blur(ctx, size, img, k)
+        for k in filter_ks if size == "seed" else (21,):
+            _bench_filter(ctx, size, img, (rng.standard_normal((k, k)) / k).astype(np.float32))
+        _bench_contour(ctx, size, np.ascontiguousarray(img[:, :, 1]))
+
+    name = cuda.get_current_device().name
+    return {
+        "device": name.decode() if isinstance(name, bytes) else str(name),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "copy_bandwidth_GBps": ctx.bandwidth,
+        "versions": _versions(),
+        "rows": [asdict(r) for r in ctx.rows],
+        "notes": {
+            "cupy": "installed" if ctx.ndi is not None else "not installed: skipped",
+            "torch": "installed with CUDA" if ctx.torch is not None else "not available: skipped",
+        },
+    }
+
+
+def _versions() -> dict:
+    out = {"python": platform.python_version()}
+    for name in ("numpy", "numba", "numba_cuda", "cv2", "cupy", "torch"):
+        try:
+            mod = __import__(name)
+            out[name] = getattr(mod, "__version__", "?")
+        except Exception:
+            out[name] = None
+    return out
+
+
+def print_table(result: dict) -> str:
+    """The human table: one line per measurement, with ratios to imgfilter."""
+    lines = [
+        f"device: {result['device']}   date: {result['date']}   "
+        f"copy bandwidth: {result['copy_bandwidth_GBps']:.0f} GB/s",
+        f"{'operation':<16} {'size':<5} {'implementation':<30} {'kernel us':>10} "
+        f"{'call us':>10} {'GB/s':>7} {'x floor':>8} {'vs ours':>8}",
+    ]
+    ours: dict[tuple, float] = {}
+    for r in result["rows"]:
+        key = (r["op"], r["size"])
+        t = r["kernel_us"] or r["call_us"]
+        if r["impl"].startswith("imgfilter") and t and key not in ours:
+            ours[key] = t
+    for r in result["rows"]:
+        t = r["kernel_us"] or r["call_us"]
+        base = ours.get((r["op"], r["size"]))
+        ratio = f"{t / base:8.1f}" if base and t else " " * 8
+        k = f"{r['kernel_us']:10.1f}" if r["kernel_us"] else " " * 10
+        c = f"{r['call_us']:10.1f}" if r["call_us"] else " " * 10
+        gbs = f"{r['extra']['GB/s']:7.0f}" if "GB/s" in r["extra"] else " " * 7
+        xf = f"{r['extra']['x_floor']:8.1f}" if "x_floor" in r["extra"] else " " * 8
+        lines.append(f"{r['op']:<16} {r['size']:<5} {r['impl']:<30} {k} {c} {gbs} {xf} {ratio}")
+    for name, note in result["notes"].items():
+        lines.append(f"{name}: {note}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m imgfilter.bench [--sizes seed,4k,8k] [--json FILE] [--quick]`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="seed")
+    parser.add_argument("--json", dest="json_path")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    result = run(tuple(args.sizes.split(",")), quick=args.quick)
+    print(print_table(result))
+    if args.json_path:
+        with open(args.json_path, "w") as fh:
+            json.dump(result, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
