@@ -33,6 +33,16 @@ def is_device_array(obj: Any) -> bool:
     return hasattr(obj, "__cuda_array_interface__") or _is_numba_device_array(obj)
 
 
+def _c_contiguous(shape: tuple, strides: tuple, itemsize: int) -> bool:
+    """Row-major without gaps; axes of length 1 may have any stride (NumPy's rule)."""
+    expected = itemsize
+    for n, stride in zip(reversed(shape), reversed(strides), strict=True):
+        if n != 1 and stride != expected:
+            return False
+        expected *= n
+    return True
+
+
 def _as_image(img: Any) -> tuple[Any, bool]:
     """Return (array, is_device) after checking dtype, rank and channel count."""
     device = is_device_array(img)
@@ -40,7 +50,7 @@ def _as_image(img: Any) -> tuple[Any, bool]:
         from numba import cuda
 
         arr = img if _is_numba_device_array(img) else cuda.as_cuda_array(img)
-        if not arr.is_c_contiguous():
+        if not _c_contiguous(arr.shape, arr.strides, arr.dtype.itemsize):
             raise UsageError("device images must be C-contiguous")
     else:
         arr = np.asarray(img)

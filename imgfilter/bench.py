@@ -279,7 +279,7 @@ def _bench_contour(ctx: _Context, size: str, gray: np.ndarray) -> None:
 
     from .backends.opencv import contour as cv_contour
 
-    d_gray = cuda.to_device(gray[:, :, None])
+    d_gray = cuda.to_device(gray.reshape(gray.shape[0], gray.shape[1], 1))
     d_edges = cuda.device_array(gray.shape, dtype=gray.dtype)
     op, pixels = "contour (gray)", gray.size
     ctx.add(

@@ -23,6 +23,7 @@ Contract shared by every backend (the array API validates before calling):
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from types import ModuleType
@@ -33,8 +34,9 @@ BACKENDS = ("auto", "cuda", "cpu")
 _warned_fallback = False
 
 
+@functools.cache
 def _cuda_problem() -> str | None:
-    """Why the CUDA backend cannot run here, or None when it can."""
+    """Why the CUDA backend cannot run here, or None when it can (asked once)."""
     if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         return None
     from numba import cuda
