@@ -69,6 +69,9 @@ def contour_fused(img, mode, cval, hi, out):
     height, width = img.shape[0], img.shape[1]
     if x >= width:
         return
+    if x >= 1 and x + 1 < width and y0 >= 1 and y0 + RUN_Y < height:
+        _walk_interior(img, x, y0, hi, out)
+        return
     xl = border_index(x - 1, width, mode)
     xc = x
     xr = border_index(x + 1, width, mode)
@@ -90,9 +93,34 @@ def contour_fused(img, mode, cval, hi, out):
         right = _pixel(img, yy, xr, cval)
         sum_bot = left + _pixel(img, yy, xc, cval) + right
         diff_bot = right - left
-        gx = diff_top + diff_mid + diff_bot
-        gy = sum_bot - sum_top
-        out[uint64(y), uint64(x)] = _clip(gx, hi) | _clip(-gx, hi) | _clip(gy, hi) | _clip(-gy, hi)
+        out[uint64(y), uint64(x)] = _edges(diff_top + diff_mid + diff_bot, sum_bot - sum_top, hi)
+        sum_top, diff_top = sum_mid, diff_mid
+        sum_mid, diff_mid = sum_bot, diff_bot
+
+
+@cuda.jit(device=True)
+def _edges(gx, gy, hi):
+    return _clip(gx, hi) | _clip(-gx, hi) | _clip(gy, hi) | _clip(-gy, hi)
+
+
+@cuda.jit(device=True)
+def _row_terms(img, y, x):
+    """(left + centre + right, right - left) of gray row y around column x, all inside."""
+    uy = uint64(y)
+    left = _gray_at(img, uy, uint64(x - 1))
+    right = _gray_at(img, uy, uint64(x + 1))
+    return left + _gray_at(img, uy, uint64(x)) + right, right - left
+
+
+@cuda.jit(device=True)
+def _walk_interior(img, x, y0, hi, out):
+    """The column walk where the whole window is inside: no border mapping at all."""
+    sum_top, diff_top = _row_terms(img, y0 - 1, x)
+    sum_mid, diff_mid = _row_terms(img, y0, x)
+    ux = uint64(x)
+    for y in range(y0, y0 + RUN_Y):
+        sum_bot, diff_bot = _row_terms(img, y + 1, x)
+        out[uint64(y), ux] = _edges(diff_top + diff_mid + diff_bot, sum_bot - sum_top, hi)
         sum_top, diff_top = sum_mid, diff_mid
         sum_mid, diff_mid = sum_bot, diff_bot
 
