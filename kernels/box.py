@@ -24,12 +24,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32, float64, uint64
 
-from . import border_index as _bi
-from . import saturate as _sat
+from .device import border_index, saturate_int
 from .launch import SMEM_LIMIT, cdiv, image_grid, scratch
-
-border_index = cuda.jit(device=True)(_bi.border_index)
-saturate_int = cuda.jit(device=True)(_sat.saturate_int)
 
 # box_running geometry: the column pass walks STRIP_ROWS rows per thread; the row
 # pass gives each block ROW_TILE pixels of a row and each thread RUN of them.
@@ -54,7 +50,7 @@ def _exact_in_float32(dtype, kh: int, kw: int) -> bool:
 # ----------------------------------------------------------------- separable passes
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def box_rows(img, kw, ax, mode, cval, sums):
     """sums[y, x, c] = sum of img[y, x - ax : x - ax + kw, c] with borders applied."""
     x, y = cuda.grid(2)
@@ -72,7 +68,7 @@ def box_rows(img, kw, ax, mode, cval, sums):
     sums[y, x, c] = acc
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def box_cols(sums, kh, ay, mode, row_cval, area, lo, hi, is_int, out):
     """out = (sum of kh row sums around y) / area, rounded and saturated as filter2D."""
     x, y = cuda.grid(2)
@@ -114,7 +110,7 @@ def box_separable(img, ksize, anchor, mode, cval, out=None):
 # ------------------------------------------------------------ running sums, two passes
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def box_column_sums(img, kh, ay, mode, cval, strip, sums):
     # cval's type sets the accumulator: int64 for integer images (exact, and no
     # int<->float conversions, which are slow), float64 for float32 images.
@@ -154,7 +150,7 @@ def box_column_sums(img, kh, ay, mode, cval, strip, sums):
 def _make_box_row_sums(stage_type):
     """Build the row pass that stages column sums in shared memory as `stage_type`."""
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def box_row_sums(
         sums, kw, ax, mode, row_cval, zero, area, lo, hi, is_int, tile_w, channels, out_rows
     ):

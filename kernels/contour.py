@@ -13,12 +13,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, uint64
 
-from . import border_index as _bi
-from . import gray as _gray
+from .device import bgr_to_gray, border_index
 from .launch import cdiv
-
-border_index = cuda.jit(device=True)(_bi.border_index)
-bgr_to_gray = cuda.jit(device=True)(_gray.bgr_to_gray)
 
 THREADS = 128  # consecutive columns per block
 RUN_Y = 16  # rows walked by each thread
@@ -54,7 +50,7 @@ def _pixel(img, yy, xx, cval):
     return _gray_at(img, yy, xx)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def contour_fused(img, mode, cval, hi, out):
     """out[y, x] = sat(gx) | sat(-gx) | sat(gy) | sat(-gy) over the 3x3 gray neighbourhood.
 

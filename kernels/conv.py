@@ -20,15 +20,11 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32
 
-from . import border_index as _bi
-from . import saturate as _sat
+from .device import border_index, saturate_int
 from .launch import BLOCK_X, BLOCK_Y, SMEM_LIMIT, image_grid, scratch
 
-border_index = cuda.jit(device=True)(_bi.border_index)
-saturate_int = cuda.jit(device=True)(_sat.saturate_int)
 
-
-@cuda.jit
+@cuda.jit(cache=True)
 def correlate_naive(img, weights, ay, ax, mode, cval, lo, hi, is_int, out):
     x, y = cuda.grid(2)
     c = cuda.blockIdx.z
@@ -53,7 +49,7 @@ def correlate_naive(img, weights, ay, ax, mode, cval, lo, hi, is_int, out):
         out[y, x, c] = acc
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def pad_image(img, top, left, mode, cval, padded):
     """padded[y, x, c] = img at (y - top, x - left) with the border rule applied."""
     x, y = cuda.grid(2)
@@ -68,7 +64,7 @@ def pad_image(img, top, left, mode, cval, padded):
         padded[y, x, c] = img[yy, xx, c]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def correlate_valid(padded, weights, lo, hi, is_int, out):
     """out[y, x] = sum_ij weights[i, j] * padded[y + i, x + j]: no border logic."""
     x, y = cuda.grid(2)
@@ -86,7 +82,7 @@ def correlate_valid(padded, weights, lo, hi, is_int, out):
         out[y, x, c] = acc
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def correlate_tiled(img, weights, ay, ax, mode, cval, lo, hi, is_int, out):
     """One block computes a BLOCK_Y x BLOCK_X output tile from shared memory.
 
