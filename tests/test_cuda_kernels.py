@@ -1,0 +1,175 @@
+"""Each CUDA variant against OpenCV, through the `kernels` launch functions.
+
+On the simulator (CI) images are tiny but shaped to reach every code path: tiles
+that touch the border and tiles inside it, widths that are not multiples of the
+block, kernels larger than the image. Tests marked `gpu` repeat this at full size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from imgfilter.backends import opencv as ref
+from kernels import border_index as bi
+from kernels import box as kbox
+from kernels import contour as kcontour
+from kernels import conv as kconv
+
+BORDERS = {
+    "reflect101": bi.REFLECT101,
+    "reflect": bi.REFLECT,
+    "replicate": bi.REPLICATE,
+    "constant": bi.CONSTANT,
+    "wrap": bi.WRAP,
+}
+METHODS = ("naive", "padded", "tiled", "blocked")
+
+
+def _image(shape, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    if np.dtype(dtype) == np.float32:
+        return (rng.standard_normal(shape) * 100).astype(np.float32)
+    hi = np.iinfo(dtype).max
+    return rng.integers(1, hi, shape, endpoint=True).astype(dtype)
+
+
+def _correlate(img, kernel, border, method, cval=0):
+    kh, kw = kernel.shape
+    out = kconv.correlate(
+        cuda.to_device(img),
+        cuda.to_device(kernel.astype(np.float32)),
+        (kh // 2, kw // 2),
+        BORDERS[border],
+        img.dtype.type(cval),
+        method,
+    )
+    return out.copy_to_host()
+
+
+def _assert_close(got, want, kernel, img):
+    if img.dtype == np.float32:
+        # "1e-5 relative": relative to the largest term the sum can hold.
+        scale = max(1.0, float(np.abs(kernel).sum() * np.abs(img).max()))
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * scale)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("border", list(BORDERS))
+def test_integer_kernel_is_bit_exact_for_every_border(method, border):
+    img = _image((7, 37, 3), np.uint8)
+    kernel = np.array([[1, -2, 3, 0], [-1, 4, 2, -3], [2, 0, -1, 1]], dtype=np.float32)
+    got = _correlate(img, kernel, border, method, cval=9)
+    want = ref.filter2d(img, kernel, None, border, 9)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("dtype", [np.uint16, np.float32])
+def test_other_dtypes(method, dtype):
+    img = _image((6, 35, 4), dtype, seed=1)
+    kernel = np.random.default_rng(2).standard_normal((3, 3)).astype(np.float32)
+    got = _correlate(img, kernel, "reflect101", method)
+    want = ref.filter2d(img, kernel)
+    if dtype == np.uint16:
+        assert np.abs(got.astype(np.int64) - want).max() <= 1
+    else:
+        _assert_close(got, want, kernel, img)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_kernel_larger_than_image_single_row_and_column(method):
+    kernel = np.random.default_rng(3).integers(-2, 3, (5, 7)).astype(np.float32)
+    for shape in [(1, 9, 1), (9, 1, 1), (2, 3, 1)]:
+        img = _image(shape, np.uint8, seed=4)
+        for border in ("reflect101", "wrap"):
+            got = _correlate(img, kernel, border, method)
+            want = ref.filter2d(img[:, :, 0], kernel, None, border)
+            np.testing.assert_array_equal(got[:, :, 0], want)
+
+
+def test_blocked_interior_tiles_match_border_tiles():
+    # 300 rows: the blocked kernel's 128-row tiles include one wholly inside the
+    # image, which takes the path without border mapping.
+    img = _image((300, 70, 1), np.uint8, seed=5)
+    kernel = np.array([[0, 1, 0], [1, -4, 1], [0, 1, 0]], dtype=np.float32)
+    got = _correlate(img, kernel, "reflect101", "blocked")
+    np.testing.assert_array_equal(got[:, :, 0], ref.filter2d(img[:, :, 0], kernel))
+
+
+def _box(fn, img, k, border, cval=0):
+    kh, kw = k
+    out = fn(cuda.to_device(img), (kh, kw), (kh // 2, kw // 2), BORDERS[border], cval)
+    return out.copy_to_host()
+
+
+@pytest.mark.parametrize("fn", [kbox.box_running, kbox.box_separable], ids=["running", "separable"])
+@pytest.mark.parametrize("k", [(1, 1), (3, 3), (5, 4), (7, 9)])
+def test_box_uint8_equals_rounded_mean(fn, k):
+    img = _image((9, 41, 3), np.uint8, seed=6)
+    for border in ("reflect101", "constant", "wrap"):
+        got = _box(fn, img, k, border, cval=200)
+        kernel = np.full(k, 1.0)
+        # Exact reference: integer window sums over the padded image, rounded half even.
+        padded = ref.filter2d(img.astype(np.float64), kernel, None, border, 200)
+        want = np.rint(np.round(padded) / (k[0] * k[1])).astype(np.uint8)
+        np.testing.assert_array_equal(got, want)
+        # and cv2.blur agrees within its own 8-bit rounding (1 LSB)
+        assert np.abs(got.astype(int) - ref.blur(img, (k[1], k[0]), border, 200)).max() <= 1
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.float32])
+def test_box_running_other_dtypes(dtype):
+    img = _image((8, 33, 1), dtype, seed=7)
+    got = _box(kbox.box_running, img, (5, 3), "replicate")
+    want = ref.blur(img, (3, 5), "replicate")
+    if dtype == np.uint16:
+        assert np.abs(got.astype(np.int64) - want.reshape(got.shape)).max() <= 1
+    else:
+        np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("shape", [(40, 150, 1), (20, 130, 3), (1, 5, 4), (6, 1, 1)])
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16])
+def test_contour_fused_matches_four_filter2d_and_or(shape, dtype):
+    img = _image(shape, dtype, seed=8)
+    for border in ("reflect101", "constant", "wrap"):
+        got = kcontour.contour(cuda.to_device(img), BORDERS[border], 3).copy_to_host()
+        want = ref.contour(img if shape[2] > 1 else img[:, :, 0], border, 3)
+        np.testing.assert_array_equal(got, want)
+
+
+# ------------------------------------------------------------- full size, real GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("ksize", [(3, 3), (21, 21), (4, 7), (31, 31)])
+def test_full_size_filter(method, ksize):
+    img = _image((2167, 2495, 3), np.uint8, seed=9)
+    kernel = (np.random.default_rng(10).standard_normal(ksize) / ksize[0]).astype(np.float32)
+    if method == "tiled" and not kconv.tiled_fits(*ksize):
+        pytest.skip("tile does not fit shared memory")
+    got = _correlate(img, kernel, "reflect101", method)
+    want = ref.filter2d(img, kernel)
+    assert np.abs(got.astype(int) - want).max() <= 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [2, 3, 21, 101])
+@pytest.mark.parametrize("border", list(BORDERS))
+def test_full_size_box(k, border):
+    img = _image((2167, 2495, 3), np.uint8, seed=11)
+    got = _box(kbox.box_running, img, (k, k), border)
+    assert np.abs(got.astype(int) - ref.blur(img, k, border)).max() <= 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("border", list(BORDERS))
+def test_full_size_contour(border):
+    img = _image((2167, 2495, 3), np.uint8, seed=12)
+    got = kcontour.contour(cuda.to_device(img), BORDERS[border], 0).copy_to_host()
+    np.testing.assert_array_equal(got, ref.contour(img, border))
