@@ -110,41 +110,68 @@ def box_separable(img, ksize, anchor, mode, cval, out=None):
 # ------------------------------------------------------------ running sums, two passes
 
 
+@cuda.jit(device=True)
+def _at(img, y, ux, uc, cval):
+    """img[y, x, c] for a mapped row y, or the constant border value when y < 0."""
+    if y < 0:
+        return cval
+    return cval - cval + img[uint64(y), ux, uc]
+
+
 @cuda.jit(cache=True)
 def box_column_sums(img, kh, ay, mode, cval, strip, sums):
-    # cval's type sets the accumulator: int64 for integer images (exact, and no
-    # int<->float conversions, which are slow), float64 for float32 images.
     """sums[y, x * C + c] = sum of img[y - ay : y - ay + kh, x, c], borders applied.
 
     One thread per (column, channel) lane walks `strip` rows keeping a running sum:
     after the first row, each row adds the entering input row and subtracts the
-    leaving one. Consecutive threads read consecutive bytes. Exact for integer
-    images; sums' dtype is chosen by the host to hold them (uint16 for uint8 input).
+    leaving one. Consecutive threads read consecutive bytes. Rows go four at a
+    time with all eight loads issued before any is used, so a thread waits for
+    memory once per four rows. cval's type sets the accumulator: int64 for integer
+    images (exact, no slow int<->float conversions), float64 for float32 images;
+    sums' dtype is chosen by the host to hold the sums (uint16 for uint8 input).
     """
     lane = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     height, width, channels = img.shape
     if lane >= width * channels:
         return
     x = lane // channels
-    c = lane - x * channels
+    # Unsigned indices where they are known non-negative: Numba wraps negative
+    # signed indices at a cost of several instructions per access.
+    ux = uint64(x)
+    uc = uint64(lane - x * channels)
+    ulane = uint64(lane)
     y_begin = cuda.blockIdx.y * strip
     y_end = min(y_begin + strip, height)
-    # Indices are cast to unsigned where they are known non-negative: Numba wraps
-    # negative signed indices at a cost of several instructions per access.
-    ux = uint64(x)
-    uc = uint64(c)
-    ulane = uint64(lane)
     acc = cval - cval
     for i in range(kh):
-        yy = border_index(y_begin + i - ay, height, mode)
-        acc += cval if yy < 0 else img[uint64(yy), ux, uc]
+        acc += _at(img, border_index(y_begin + i - ay, height, mode), ux, uc, cval)
     sums[uint64(y_begin), ulane] = acc
-    for y in range(y_begin + 1, y_end):
-        y_in = border_index(y - 1 + kh - ay, height, mode)
-        y_out = border_index(y - 1 - ay, height, mode)
-        acc += cval if y_in < 0 else img[uint64(y_in), ux, uc]
-        acc -= cval if y_out < 0 else img[uint64(y_out), ux, uc]
+    enter = kh - ay - 1  # row entering at output row y is y + enter
+    leave = -ay - 1  # row leaving at output row y is y + leave
+    y = y_begin + 1
+    while y + 3 < y_end:
+        in0 = _at(img, border_index(y + enter, height, mode), ux, uc, cval)
+        in1 = _at(img, border_index(y + 1 + enter, height, mode), ux, uc, cval)
+        in2 = _at(img, border_index(y + 2 + enter, height, mode), ux, uc, cval)
+        in3 = _at(img, border_index(y + 3 + enter, height, mode), ux, uc, cval)
+        out0 = _at(img, border_index(y + leave, height, mode), ux, uc, cval)
+        out1 = _at(img, border_index(y + 1 + leave, height, mode), ux, uc, cval)
+        out2 = _at(img, border_index(y + 2 + leave, height, mode), ux, uc, cval)
+        out3 = _at(img, border_index(y + 3 + leave, height, mode), ux, uc, cval)
+        acc += in0 - out0
         sums[uint64(y), ulane] = acc
+        acc += in1 - out1
+        sums[uint64(y + 1), ulane] = acc
+        acc += in2 - out2
+        sums[uint64(y + 2), ulane] = acc
+        acc += in3 - out3
+        sums[uint64(y + 3), ulane] = acc
+        y += 4
+    while y < y_end:
+        acc += _at(img, border_index(y + enter, height, mode), ux, uc, cval)
+        acc -= _at(img, border_index(y + leave, height, mode), ux, uc, cval)
+        sums[uint64(y), ulane] = acc
+        y += 1
 
 
 def _make_box_row_sums(stage_type):
