@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from numba import cuda
 
-from .launch import SMEM_LIMIT, cdiv
+from .launch import SMEM_LIMIT, cdiv, scratch
 
 TX = 32  # threads along a row: one warp reads 32 consecutive tile columns
 TY = 4  # threads down the tile
@@ -169,11 +169,15 @@ def kernel_for(kh: int, kw: int):
 
 
 def correlate_blocked(img, weights, anchor, mode, cval, out):
-    """Launch the blocked kernel on a device image (H, W, C); `out` is filled."""
+    """Launch the blocked kernel on a device image (H, W, C); `out` is filled.
+
+    `out` may differ in dtype from `img` (a float32 intermediate, say): rounding and
+    saturation follow out's dtype.
+    """
     height, width, channels = img.shape
     kh, kw = weights.shape
     ay, ax = anchor
-    dt = np.dtype(img.dtype)
+    dt = np.dtype(out.dtype)
     if dt.kind == "u":
         lo, hi, is_int = 0, int(np.iinfo(dt).max), True
     else:
@@ -181,4 +185,23 @@ def correlate_blocked(img, weights, anchor, mode, cval, out):
     grid = (cdiv(width, TX), cdiv(height, TY * rows_per_thread(kh)), channels)
     flat = weights.reshape(kh * kw)
     kernel_for(kh, kw)[grid, (TX, TY, 1)](img, flat, ay, ax, mode, cval, lo, hi, is_int, out)
+    return out
+
+
+def correlate_separable(img, col, row, anchor, mode, cval, out):
+    """Correlate with the rank-1 kernel outer(col, row): a row pass, then a column pass.
+
+    col (kh,) and row (kw,) are host float arrays. The row pass writes a float32
+    scratch image (no rounding in between); borders are separable, except that a
+    constant border seen by the column pass is a row of cval, whose row-pass value is
+    cval * sum(row).
+    """
+    kh, kw = len(col), len(row)
+    ay, ax = anchor
+    d_row = cuda.to_device(np.asarray(row, dtype=np.float32).reshape(1, kw))
+    d_col = cuda.to_device(np.asarray(col, dtype=np.float32).reshape(kh, 1))
+    tmp = scratch(img.shape, np.float32)
+    correlate_blocked(img, d_row, (0, ax), mode, float(cval), tmp)
+    row_cval = float(cval) * float(np.sum(row, dtype=np.float64))
+    correlate_blocked(tmp, d_col, (ay, 0), mode, row_cval, out)
     return out

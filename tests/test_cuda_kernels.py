@@ -173,3 +173,50 @@ def test_full_size_contour(border):
     img = _image((2167, 2495, 3), np.uint8, seed=12)
     got = kcontour.contour(cuda.to_device(img), BORDERS[border], 0).copy_to_host()
     np.testing.assert_array_equal(got, ref.contour(img, border))
+
+
+# -------------------------------------------------------------- rank-1 kernels
+
+
+def test_rank1_detection():
+    from imgfilter.backends.cuda import rank1_factors
+
+    gauss = np.outer([1, 4, 6, 4, 1], [1, 2, 1]) / 48.0
+    col, row = rank1_factors(gauss)
+    np.testing.assert_allclose(np.outer(col, row), gauss, atol=1e-7)
+    assert rank1_factors(np.eye(3)) is None
+    assert rank1_factors(np.array([[1.0, 2.0], [3.0, 4.0 + 1e-3]])) is None
+    zero_col, zero_row = rank1_factors(np.zeros((2, 3)))
+    assert not zero_col.any() and not zero_row.any()
+
+
+def test_auto_uses_separable_passes_for_large_rank1_kernels_only():
+    from imgfilter.backends.cuda import _resolve_correlation_method
+
+    gauss7 = np.outer(np.hanning(9)[1:-1], np.hanning(9)[1:-1])
+    assert _resolve_correlation_method("auto", gauss7) == "separable"
+    assert _resolve_correlation_method("auto", np.ones((3, 3))) == "blocked"
+    assert _resolve_correlation_method("auto", np.random.default_rng(0).random((7, 7))) == "blocked"
+
+
+@pytest.mark.parametrize("border", list(BORDERS))
+def test_separable_sobel_is_bit_exact(border):
+    import imgfilter
+
+    img = _image((9, 40, 3), np.uint8, seed=13)
+    sobel = np.outer([1, 2, 1], [-1, 0, 1]).astype(np.float32)
+    got = imgfilter.filter2d(
+        img, sobel, border=border, border_value=7, backend="cuda", method="separable"
+    )
+    np.testing.assert_array_equal(got, ref.filter2d(img, sobel, None, border, 7))
+
+
+def test_separable_float_kernel_within_one_lsb_and_rejects_full_rank():
+    import imgfilter
+
+    img = _image((8, 37, 1), np.uint8, seed=14)
+    gauss = np.outer([1, 4, 6, 4, 1], [1, 2, 1]) / 48.0
+    got = imgfilter.filter2d(img, gauss, backend="cuda", method="separable")
+    assert np.abs(got.astype(int) - ref.filter2d(img, gauss).reshape(got.shape)).max() <= 1
+    with pytest.raises(imgfilter.UsageError, match="rank-1"):
+        imgfilter.filter2d(img, np.eye(3), backend="cuda", method="separable")

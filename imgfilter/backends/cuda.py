@@ -34,8 +34,33 @@ def _finish(out, from_host: bool):
     return out.copy_to_host() if from_host else out
 
 
-def _resolve_correlation_method(method: str, kh: int, kw: int) -> str:
+def rank1_factors(kernel: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(col, row) with kernel == outer(col, row) to float32 precision, or None.
+
+    Found by SVD: rank 1 when the second singular value is below 1e-7 of the first
+    (an all-zero kernel has rank 0 and zero factors).
+    """
+    u, s, vt = np.linalg.svd(kernel.astype(np.float64))
+    if s[0] == 0:
+        return np.zeros(kernel.shape[0], np.float32), np.zeros(kernel.shape[1], np.float32)
+    if len(s) > 1 and s[1] > 1e-7 * s[0]:
+        return None
+    scale = np.sqrt(s[0])
+    return (u[:, 0] * scale).astype(np.float32), (vt[0] * scale).astype(np.float32)
+
+
+def _resolve_correlation_method(method: str, kernel: np.ndarray) -> str:
+    kh, kw = kernel.shape
+    if method == "separable":
+        if rank1_factors(kernel) is None:
+            raise UsageError("method 'separable' needs a rank-1 kernel (an outer product)")
+        if max(kh, kw) > _blocked.MAX_SIDE:
+            raise UsageError(f"method 'separable' handles kernels up to {_blocked.MAX_SIDE} wide")
+        return method
     if method == "auto":
+        # Two 1-D passes beat one 2-D pass once the kernel has more than ~25 taps.
+        if kh * kw > 25 and max(kh, kw) <= _blocked.MAX_SIDE and rank1_factors(kernel):
+            return "separable"
         if _blocked.fits(kh, kw):
             return "blocked"
         return "tiled" if _conv.tiled_fits(kh, kw) else "padded"
@@ -44,8 +69,6 @@ def _resolve_correlation_method(method: str, kh: int, kw: int) -> str:
             f"method 'blocked' handles kernels up to {_blocked.MAX_SIDE}x{_blocked.MAX_SIDE}; "
             "use tiled, padded or naive"
         )
-    if method == "separable":
-        raise UsageError("method 'separable' applies to box filters (blur) only for now")
     if method == "tiled" and not _conv.tiled_fits(kh, kw):
         raise UsageError(
             f"method 'tiled' needs {_conv.tiled_smem_bytes(kh, kw)} bytes of shared memory "
@@ -66,14 +89,18 @@ def _run(fn):
 
 def correlate(img, kernel, anchor, border, value, method):
     """cv2.filter2D semantics on the GPU; see imgfilter.backends."""
-    kh, kw = kernel.shape
-    method = _resolve_correlation_method(method, kh, kw)
+    method = _resolve_correlation_method(method, kernel)
 
     def go():
         dimg, from_host = _to_device(img)
-        weights = cuda.to_device(np.ascontiguousarray(kernel, dtype=np.float32))
         cval = np.dtype(dimg.dtype).type(value)
-        out = _conv.correlate(dimg, weights, anchor, border, cval, method)
+        if method == "separable":
+            col, row = rank1_factors(kernel)
+            out = cuda.device_array(dimg.shape, dtype=dimg.dtype)
+            _blocked.correlate_separable(dimg, col, row, anchor, border, cval, out)
+        else:
+            weights = cuda.to_device(np.ascontiguousarray(kernel, dtype=np.float32))
+            out = _conv.correlate(dimg, weights, anchor, border, cval, method)
         return _finish(out, from_host)
 
     return _run(go)
