@@ -188,20 +188,16 @@ def correlate_blocked(img, weights, anchor, mode, cval, out):
     return out
 
 
-def correlate_separable(img, col, row, anchor, mode, cval, out):
+def correlate_separable(img, row, col, anchor, mode, cval, row_sum, out):
     """Correlate with the rank-1 kernel outer(col, row): a row pass, then a column pass.
 
-    col (kh,) and row (kw,) are host float arrays. The row pass writes a float32
-    scratch image (no rounding in between); borders are separable, except that a
-    constant border seen by the column pass is a row of cval, whose row-pass value is
-    cval * sum(row).
+    row (1, kw) and col (kh, 1) are float32 device arrays, row_sum the sum of row.
+    The row pass writes a float32 scratch image (no rounding in between); borders are
+    separable, except that a constant border seen by the column pass is a row of
+    cval, whose row-pass value is cval * row_sum.
     """
-    kh, kw = len(col), len(row)
     ay, ax = anchor
-    d_row = cuda.to_device(np.asarray(row, dtype=np.float32).reshape(1, kw))
-    d_col = cuda.to_device(np.asarray(col, dtype=np.float32).reshape(kh, 1))
     tmp = scratch(img.shape, np.float32)
-    correlate_blocked(img, d_row, (0, ax), mode, float(cval), tmp)
-    row_cval = float(cval) * float(np.sum(row, dtype=np.float64))
-    correlate_blocked(tmp, d_col, (ay, 0), mode, row_cval, out)
+    correlate_blocked(img, row, (0, ax), mode, float(cval), tmp)
+    correlate_blocked(tmp, col, (ay, 0), mode, float(cval) * row_sum, out)
     return out

@@ -34,6 +34,23 @@ def _finish(out, from_host: bool):
     return out.copy_to_host() if from_host else out
 
 
+_WEIGHTS: dict = {}
+_WEIGHTS_KEEP = 8
+
+
+def _device_weights(kernel: np.ndarray):
+    """The kernel as a float32 device array, kept for reuse: a host-to-device copy
+    waits for all queued GPU work, so repeated calls should not make one each time."""
+    key = (kernel.shape, kernel.tobytes())
+    weights = _WEIGHTS.pop(key, None)
+    if weights is None:
+        weights = cuda.to_device(np.ascontiguousarray(kernel, dtype=np.float32))
+    _WEIGHTS[key] = weights
+    while len(_WEIGHTS) > _WEIGHTS_KEEP:
+        _WEIGHTS.pop(next(iter(_WEIGHTS)))
+    return weights
+
+
 def rank1_factors(kernel: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """(col, row) with kernel == outer(col, row) to float32 precision, or None.
 
@@ -97,10 +114,18 @@ def correlate(img, kernel, anchor, border, value, method):
         if method == "separable":
             col, row = rank1_factors(kernel)
             out = cuda.device_array(dimg.shape, dtype=dimg.dtype)
-            _blocked.correlate_separable(dimg, col, row, anchor, border, cval, out)
+            _blocked.correlate_separable(
+                dimg,
+                _device_weights(row[None, :]),
+                _device_weights(col[:, None]),
+                anchor,
+                border,
+                cval,
+                float(np.sum(row, dtype=np.float64)),
+                out,
+            )
         else:
-            weights = cuda.to_device(np.ascontiguousarray(kernel, dtype=np.float32))
-            out = _conv.correlate(dimg, weights, anchor, border, cval, method)
+            out = _conv.correlate(dimg, _device_weights(kernel), anchor, border, cval, method)
         return _finish(out, from_host)
 
     return _run(go)
