@@ -1,0 +1,797 @@
+"""Reading and writing image files: OpenCV first, Pillow as the fallback reader.
+
+    img = read_image("photo.jpg")        # (H, W, 3) uint8 BGR, EXIF orientation applied
+    out = check_output("photo.blur.jpg", input_path="photo.jpg", dtype=img.dtype, channels=3)
+    write_image(out, result)             # atomic; refuses formats that would lose data
+
+Arrays are what OpenCV uses: (H, W) gray, (H, W, 3) BGR or (H, W, 4) BGRA, of dtype uint8,
+uint16 or float32, C-contiguous.
+
+Reading. The file is read once and decoded with ``cv2.imdecode(IMREAD_UNCHANGED)``, which
+keeps 16-bit samples and alpha. That flag also skips EXIF orientation, which
+``cv2.imread(path)`` applies, so the orientation tag of JPEG, PNG and WebP files is read
+here (from the bytes already in memory) and applied with numpy, giving the pixels
+``cv2.imread`` gives. (OpenCV's TIFF decoder applies the TIFF orientation tag itself.)
+Files OpenCV cannot decode go to Pillow. JPEG, PNG and WebP files are checked for
+completeness first: OpenCV 4.8 turns a JPEG cut short into a whole image with a grey
+bottom and only prints a warning (5.0 returns nothing), and Pillow does not check PNG
+IDAT checksums. Decoder chatter on stderr (OpenCV's log, libpng,
+libjpeg) is captured while decoding, so a user sees only our one-line error.
+
+Writing. The format follows the extension. OpenCV silently converts what a format cannot
+hold (uint16 to 8 bits for JPEG, float32 to 8 bits for PNG, BGRA to BGR for JPEG, ...);
+here such combinations are refused with an `OutputError` that names an extension that
+can hold the image. What each format holds, each combination verified to round-trip
+exactly (JPEG: within its lossy coding) on OpenCV 4.8 and 5.0:
+
+    extension        dtypes                    channels
+    .jpg .jpeg       uint8                     1, 3        (lossy, quality 95)
+    .png             uint8, uint16             1, 3, 4
+    .tif .tiff       uint8, uint16, float32    1, 3, 4     (LZW)
+    .bmp             uint8                     1, 3, 4     (4: see below)
+    .webp            uint8                     1, 3, 4     (lossless; 1 channel reads
+                                                            back as 3 equal channels)
+
+Two rows depend on the OpenCV version. BMP with alpha needs IMWRITE_BMP_COMPRESSION
+(OpenCV 5.0 has it; 4.8 writes 32-bit BI_RGB, whose fourth byte readers drop), so 4
+channels are refused without it. Lossless WebP drops the colour under fully transparent
+pixels unless IMWRITE_WEBP_LOSSLESS_PRESERVE_COLOR is set (5.0); without that constant
+4-channel WebP is encoded by Pillow with exact=True.
+
+Writes are atomic: the encoded bytes go to a temporary file in the target's directory,
+are fsync'ed, and are then renamed onto the target, so a failure leaves an existing file
+untouched and no partial file behind.
+
+This module imports cv2 and PIL only inside functions (and never numba), so importing it
+is cheap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import stat
+import struct
+import sys
+import tempfile
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import InputError, OutputError
+
+__all__ = [
+    "SUPPORTED_WRITE_EXTENSIONS",
+    "check_output",
+    "default_output",
+    "read_image",
+    "write_image",
+]
+
+_DTYPES = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.float32))
+
+
+# ---------------------------------------------------------------------------------------
+# Quieting native decoders
+
+
+# "[ERROR:0@0.411] global grfmt_tiff.cpp:117 TIFF_Error " and
+# "OpenCV(4.8.0) /io/.../bitstrm.cpp:102: error: (-2:Unspecified error) " carry no news.
+_LOG_PREFIX = re.compile(r"^\[\s*[A-Z]+:\d+(?:@[\d.]+)?\]\s+(?:global\s+)?\S+:\d+\s+\S+\s+")
+_CV_ERROR_PREFIX = re.compile(r"OpenCV\([^)]*\)\s+\S+:\d+:\s+error:\s+\([^)]*\)\s*")
+
+
+class _Captured:
+    """Text the native libraries wrote to stderr inside `_quiet_native()`."""
+
+    text = ""
+
+    def last_line(self) -> str:
+        """The last error line (else the last line), without OpenCV's log decoration."""
+        lines = [line.strip() for line in self.text.splitlines() if line.strip()]
+        errors = [line for line in lines if "error" in line.lower()]
+        line = (errors or lines or [""])[-1]
+        line = _CV_ERROR_PREFIX.sub("", _LOG_PREFIX.sub("", line))
+        return line if len(line) <= 200 else line[:197] + "..."
+
+
+@contextlib.contextmanager
+def _quiet_native(cv2: Any) -> Iterator[_Captured]:
+    """Quiet OpenCV's log and capture what native code prints on file descriptor 2.
+
+    OpenCV's log is lowered to errors only (its warnings are noise to a user), and
+    libpng and libjpeg write straight to the C stderr past that log level, so file
+    descriptor 2 points at a temporary file for the duration. What landed there is
+    available afterwards as `.text` and `.last_line()` (to explain a failed decode).
+    Anything another thread writes to stderr meanwhile is captured too; the CLI reads
+    and writes files from one thread.
+    """
+    captured = _Captured()
+    logging = getattr(getattr(cv2, "utils", None), "logging", None)
+    if logging is None or not hasattr(logging, "setLogLevel"):
+        logging = cv2 if hasattr(cv2, "setLogLevel") else None  # OpenCV 4.8: cv2.setLogLevel
+    old_level = None
+    if logging is not None:
+        old_level = logging.getLogLevel()
+        logging.setLogLevel(min(old_level, 2))  # LOG_LEVEL_ERROR; errors get captured
+    try:
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        try:
+            saved_fd = os.dup(2)
+        except OSError:  # no stderr at all: nothing to silence
+            yield captured
+            return
+        with tempfile.TemporaryFile() as sink:
+            os.dup2(sink.fileno(), 2)
+            try:
+                yield captured
+            finally:
+                os.dup2(saved_fd, 2)
+                os.close(saved_fd)
+            sink.seek(0)
+            captured.text = sink.read().decode("utf-8", "replace")
+    finally:
+        if logging is not None:
+            logging.setLogLevel(old_level)
+
+
+def _import_cv2() -> Any:
+    import cv2
+
+    return cv2
+
+
+# ---------------------------------------------------------------------------------------
+# Reading
+
+
+_KIND_NAMES = {
+    "jpeg": "JPEG",
+    "png": "PNG",
+    "webp": "WebP",
+    "tiff": "TIFF",
+    "bmp": "BMP",
+    "gif": "GIF",
+}
+
+
+def _sniff(data: bytes) -> str | None:
+    """The container format from the file's first bytes (not its extension)."""
+    if data.startswith(b"\xff\xd8\xff"):
+        return "jpeg"
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "png"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    if data[:4] in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"):
+        return "tiff"
+    if data.startswith(b"BM"):
+        return "bmp"
+    if data.startswith((b"GIF87a", b"GIF89a")):
+        return "gif"
+    return None
+
+
+@dataclass(frozen=True)
+class _Scan:
+    """What walking a container's structure found: a problem, and the EXIF payload."""
+
+    problem: str | None = None
+    exif: bytes | None = None
+
+
+def _scan_jpeg(d: bytes) -> _Scan:
+    """Walk the JPEG marker segments up to the first scan; the scan must end with EOI.
+
+    Inside entropy-coded data a 0xFF byte is always followed by 0x00 or a marker, and
+    FF D9 is the end-of-image marker, so its absence after the first SOS means the file
+    was cut short. Searching from the SOS skips an EXIF thumbnail's own EOI.
+    """
+    n, pos, exif = len(d), 2, None
+    truncated = _Scan("truncated JPEG (the file ends inside its header)")
+    while True:
+        if pos >= n:
+            return truncated
+        if d[pos] != 0xFF:  # junk between segments: libjpeg skips it with a warning
+            pos = d.find(b"\xff", pos)
+            if pos < 0:
+                return truncated
+        while pos < n and d[pos] == 0xFF:  # fill bytes
+            pos += 1
+        if pos >= n:
+            return truncated
+        marker = d[pos]
+        pos += 1
+        if marker == 0xD9:
+            return _Scan("corrupt JPEG (it ends before any image data)", exif)
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # markers without a length
+            continue
+        if pos + 2 > n:
+            return truncated
+        end = pos + ((d[pos] << 8) | d[pos + 1])
+        if end < pos + 2:
+            return _Scan(f"corrupt JPEG (bad segment length at byte {pos})", exif)
+        if end > n:
+            return truncated
+        if marker == 0xE1 and exif is None and d[pos + 2 : pos + 8] == b"Exif\x00\x00":
+            exif = d[pos + 8 : end]
+        if marker == 0xDA:  # start of scan
+            if d.find(b"\xff\xd9", end) < 0:
+                return _Scan("truncated JPEG (no end-of-image marker)", exif)
+            return _Scan(None, exif)
+        pos = end
+
+
+def _scan_png(d: bytes) -> _Scan:
+    """Walk the PNG chunks; a complete file reaches IEND. Collects the eXIf chunk.
+
+    The CRC of each critical chunk (IHDR, PLTE, IDAT, IEND) is checked, as libpng does:
+    Pillow, the fallback decoder, does not check IDAT's, and would return garbage.
+    """
+    n, pos, exif = len(d), 8, None
+    view = memoryview(d)
+    while True:
+        if pos + 8 > n:
+            return _Scan("truncated PNG (no IEND chunk)", exif)
+        length, ctype = struct.unpack_from(">I4s", d, pos)
+        end = pos + 12 + length
+        if end > n:
+            return _Scan("truncated PNG (the file ends inside a chunk)", exif)
+        if not ctype[0] & 0x20:  # critical chunk: upper-case first letter
+            (crc,) = struct.unpack_from(">I", d, end - 4)
+            if zlib.crc32(view[pos + 4 : end - 4]) != crc:
+                name = ctype.decode("latin-1", "replace")
+                return _Scan(f"corrupt PNG (checksum mismatch in its {name} chunk)", exif)
+        if ctype == b"eXIf" and exif is None:
+            exif = d[pos + 8 : pos + 8 + length]
+        if ctype == b"IEND":
+            return _Scan(None, exif)
+        pos = end
+
+
+def _scan_webp(d: bytes) -> _Scan:
+    """Check the RIFF size against the file size; collects the EXIF chunk."""
+    if len(d) < 12:
+        return _Scan("truncated WebP (the file ends inside its header)")
+    riff_end = 8 + struct.unpack_from("<I", d, 4)[0]
+    if len(d) < riff_end:
+        return _Scan("truncated WebP (the file is shorter than its RIFF header says)")
+    pos = 12
+    while pos + 8 <= riff_end:
+        fourcc, size = struct.unpack_from("<4sI", d, pos)
+        if fourcc == b"EXIF":
+            return _Scan(None, d[pos + 8 : pos + 8 + size])
+        pos += 8 + size + (size & 1)
+    return _Scan(None, None)
+
+
+_SCANNERS = {"jpeg": _scan_jpeg, "png": _scan_png, "webp": _scan_webp}
+
+
+def _exif_orientation(payload: bytes | None) -> int | None:
+    """The Orientation tag (0x0112) of IFD0 in a TIFF-structured EXIF payload, or None."""
+    if not payload:
+        return None
+    if payload.startswith(b"Exif\x00\x00"):
+        payload = payload[6:]
+    if len(payload) < 8 or payload[:2] not in (b"II", b"MM"):
+        return None
+    e = "<" if payload[:2] == b"II" else ">"
+    magic, ifd = struct.unpack_from(e + "HI", payload, 2)
+    if magic != 42 or ifd + 2 > len(payload):
+        return None
+    (count,) = struct.unpack_from(e + "H", payload, ifd)
+    for i in range(count):
+        entry = ifd + 2 + 12 * i
+        if entry + 12 > len(payload):
+            break
+        tag, typ = struct.unpack_from(e + "HH", payload, entry)
+        if tag == 0x0112:
+            if typ == 3:  # SHORT
+                (value,) = struct.unpack_from(e + "H", payload, entry + 8)
+            elif typ == 4:  # LONG
+                (value,) = struct.unpack_from(e + "I", payload, entry + 8)
+            else:
+                return None
+            return value if 1 <= value <= 8 else None
+    return None
+
+
+def _apply_orientation(img: np.ndarray, orientation: int | None) -> np.ndarray:
+    """Turn stored pixels upright per EXIF orientation 1..8, as OpenCV's imread does."""
+    if orientation is None or orientation == 1:
+        return img
+    t = img.swapaxes(0, 1)  # transpose of rows and columns; channels stay last
+    upright = {
+        2: img[:, ::-1],  # mirrored horizontally
+        3: img[::-1, ::-1],  # rotated 180
+        4: img[::-1],  # mirrored vertically
+        5: t,  # transposed
+        6: t[:, ::-1],  # stored rotated 90 counter-clockwise: turn 90 clockwise
+        7: t[::-1, ::-1],  # transverse
+        8: t[::-1],  # stored rotated 90 clockwise: turn 90 counter-clockwise
+    }
+    return upright.get(orientation, img)
+
+
+def _read_bytes(p: Path) -> bytes:
+    """The whole file, or InputError for a missing, unreadable, directory or empty path."""
+    try:
+        with open(p, "rb") as f:
+            data = f.read()
+    except FileNotFoundError as e:
+        raise InputError(f"cannot read {p}: no such file") from e
+    except IsADirectoryError as e:
+        raise InputError(f"cannot read {p}: it is a directory, not an image file") from e
+    except PermissionError as e:
+        if p.is_dir():  # Windows reports a directory as a permission problem
+            raise InputError(f"cannot read {p}: it is a directory, not an image file") from e
+        raise InputError(f"cannot read {p}: permission denied") from e
+    except OSError as e:
+        raise InputError(f"cannot read {p}: {e.strerror or e}") from e
+    if not data:
+        raise InputError(f"cannot read {p}: the file is empty (0 bytes)")
+    return data
+
+
+def _to_bgr_order(arr: np.ndarray) -> np.ndarray:
+    """RGB -> BGR and RGBA -> BGRA (channel order only)."""
+    if arr.ndim == 3 and arr.shape[2] == 3:
+        return arr[..., ::-1]
+    if arr.ndim == 3 and arr.shape[2] == 4:
+        return arr[..., [2, 1, 0, 3]]
+    return arr
+
+
+def _decode_pillow(data: bytes, p: Path, kind: str | None, cv_detail: str) -> np.ndarray:
+    """Decode with Pillow (formats OpenCV lacks) into OpenCV's channel order and dtypes."""
+    import io as _stdio
+    import warnings
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. "Corrupt EXIF data", decompression bombs
+            with Image.open(_stdio.BytesIO(data)) as im:
+                deep = _pillow_narrows(im)
+                im.load()
+                orientation = im.getexif().get(0x0112)
+                arr = _pillow_array(im)
+    except Exception as e:  # Pillow raises many types for damaged data
+        if isinstance(e, UnidentifiedImageError) and kind is None:
+            raise InputError(
+                f"cannot read {p}: not an image file (neither OpenCV nor Pillow recognises it)"
+            ) from e
+        what = f"{_KIND_NAMES[kind]} file" if kind else "image file"
+        if isinstance(e, UnidentifiedImageError) or not str(e).strip():
+            detail = cv_detail or type(e).__name__  # Pillow's text names a BytesIO object
+        else:
+            detail = str(e).strip().splitlines()[0]
+        raise InputError(f"cannot read {p}: corrupt or unsupported {what} ({detail})") from e
+    if deep:
+        raise InputError(
+            f"cannot read {p}: OpenCV could not decode it ({cv_detail or 'no details'}) "
+            "and Pillow would reduce its 16-bit colour samples to 8 bits"
+        )
+    if not isinstance(orientation, int) or not 1 <= orientation <= 8:
+        orientation = None
+    return _apply_orientation(arr, orientation)
+
+
+def _pillow_narrows(im: Any) -> bool:
+    """Whether Pillow will decode 16-bit samples into an 8-bit mode (it has no 16-bit RGB).
+
+    Decided from the raw modes of the not-yet-loaded image's tiles, such as "RGB;16B".
+    """
+    if im.mode.startswith("I") or im.mode == "F":
+        return False
+    for tile in im.tile or ():
+        args = tile[3] if len(tile) > 3 else None
+        raw = args[0] if isinstance(args, tuple) and args else args
+        if isinstance(raw, str) and ";16" in raw:
+            return True
+    return False
+
+
+def _pillow_array(im: Any) -> np.ndarray:
+    """A loaded Pillow image as a numpy array in OpenCV's layout (BGR/BGRA, gray 2-D)."""
+    mode = im.mode
+    if mode == "1":
+        im = im.convert("L")  # 0/255, as OpenCV reads 1-bit PNGs
+    elif mode in ("P", "PA"):
+        transparent = mode == "PA" or "transparency" in im.info
+        im = im.convert("RGBA" if transparent else "RGB")
+    elif mode in ("LA", "La", "RGBa"):
+        im = im.convert("RGBA")
+    elif mode in ("L", "RGB", "RGBA", "I", "F") or mode.startswith("I;16"):
+        pass
+    else:  # CMYK, YCbCr, LAB, HSV, RGBX, ...
+        im = im.convert("RGBA" if "A" in mode else "RGB")
+    arr = np.asarray(im)
+    if arr.dtype.byteorder not in ("=", "|"):  # I;16B
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    return _to_bgr_order(arr)
+
+
+def _normalize(img: np.ndarray, p: Path) -> np.ndarray:
+    """Bring a decoded array to (H, W) / (H, W, 3|4) and uint8/uint16/float32, losslessly."""
+    if img.ndim == 3 and img.shape[2] == 1:
+        img = img[:, :, 0]
+    elif img.ndim == 3 and img.shape[2] == 2:  # gray + alpha -> BGRA
+        img = img[:, :, [0, 0, 0, 1]]
+    if img.ndim not in (2, 3) or (img.ndim == 3 and img.shape[2] not in (3, 4)):
+        raise InputError(f"cannot read {p}: unsupported image layout {img.shape}")
+    dt = img.dtype
+    if dt in _DTYPES:
+        return img
+    if dt == np.bool_:
+        return img.astype(np.uint8) * np.uint8(255)
+    if dt.kind in "iu":
+        lo, hi = int(img.min()), int(img.max())
+        if lo >= 0 and hi <= 255 and dt.itemsize == 1:
+            return img.astype(np.uint8)
+        if lo >= 0 and hi <= 65535:
+            return img.astype(np.uint16)
+        raise InputError(
+            f"cannot read {p}: {dt} pixels ({lo}..{hi}) do not fit uint8 or uint16; "
+            "imgfilter reads uint8, uint16 and float32 images"
+        )
+    if dt.kind == "f":
+        f32 = img.astype(np.float32)
+        if dt.itemsize <= 4 or np.array_equal(f32, img, equal_nan=True):
+            return f32
+        raise InputError(
+            f"cannot read {p}: {dt} pixels do not fit float32 exactly; "
+            "imgfilter reads uint8, uint16 and float32 images"
+        )
+    raise InputError(f"cannot read {p}: unsupported pixel type {dt}")
+
+
+def read_image(path: str | os.PathLike[str]) -> np.ndarray:
+    """Read an image file as OpenCV would: (H, W) gray, or (H, W, 3|4) BGR/BGRA.
+
+    The dtype is uint8, uint16 or float32 as stored (16-bit PNG/TIFF stay uint16; 1-bit
+    images become 0/255 uint8; other integer or float types are converted only where
+    that is lossless). The result is C-contiguous and upright: EXIF orientation is
+    applied exactly as ``cv2.imread(path)`` applies it, while alpha and 16-bit depth are
+    kept as with ``IMREAD_UNCHANGED``. Files OpenCV cannot decode are read with Pillow.
+
+    Raises InputError (one line naming the file) for a missing file, a directory, an
+    empty file, a permission problem, a truncated or corrupt image, a file that is not
+    an image, or pixels that cannot be represented losslessly.
+    """
+    p = Path(path)
+    data = _read_bytes(p)
+    kind = _sniff(data)
+    scan = _SCANNERS[kind](data) if kind in _SCANNERS else _Scan()
+    if scan.problem:
+        raise InputError(f"cannot read {p}: {scan.problem}")
+
+    cv2 = _import_cv2()
+    img = None
+    cv_detail = ""
+    with _quiet_native(cv2) as noise:
+        try:
+            img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+        except cv2.error as e:
+            cv_detail = str(e).strip().splitlines()[-1] if str(e).strip() else ""
+    if img is None:
+        img = _decode_pillow(data, p, kind, cv_detail or noise.last_line())
+    elif kind in _SCANNERS:  # OpenCV's TIFF decoder applies TIFF orientation itself
+        img = _apply_orientation(img, _exif_orientation(scan.exif))
+    return np.ascontiguousarray(_normalize(img, p))
+
+
+# ---------------------------------------------------------------------------------------
+# What each output format can hold
+
+
+@dataclass(frozen=True)
+class _Format:
+    name: str
+    dtypes: tuple[str, ...]
+    channels: tuple[int, ...]
+    depth_text: str  # "8-bit images", for messages
+
+
+_JPEG = _Format("JPEG", ("uint8",), (1, 3), "8-bit images")
+_PNG = _Format("PNG", ("uint8", "uint16"), (1, 3, 4), "8- and 16-bit integer images")
+_TIFF = _Format("TIFF", ("uint8", "uint16", "float32"), (1, 3, 4), "")
+_BMP = _Format("BMP", ("uint8",), (1, 3, 4), "8-bit images")
+_WEBP = _Format("WebP", ("uint8",), (1, 3, 4), "8-bit images")
+
+_FORMATS: dict[str, _Format] = {
+    ".jpg": _JPEG,
+    ".jpeg": _JPEG,
+    ".png": _PNG,
+    ".tif": _TIFF,
+    ".tiff": _TIFF,
+    ".bmp": _BMP,
+    ".webp": _WEBP,
+}
+SUPPORTED_WRITE_EXTENSIONS: tuple[str, ...] = tuple(_FORMATS)
+"""Extensions write_image accepts (compared case-insensitively)."""
+
+# Order in which other extensions are suggested when one cannot hold an image.
+_SUGGESTED = (".png", ".tiff", ".webp", ".bmp", ".jpg")
+
+
+def _channels_supported(fmt: _Format) -> tuple[int, ...]:
+    """Channel counts `fmt` round-trips with the installed OpenCV.
+
+    OpenCV without IMWRITE_BMP_COMPRESSION (4.8, for one) writes 4-channel BMP as 32-bit
+    BI_RGB, whose fourth byte readers (OpenCV's own included) ignore: the alpha channel
+    is lost. Versions with it (5.0) write BI_BITFIELDS with an alpha mask.
+    """
+    if fmt is _BMP and not hasattr(_import_cv2(), "IMWRITE_BMP_COMPRESSION_BITFIELDS"):
+        return (1, 3)
+    return fmt.channels
+
+
+def _holds(ext: str, dtype: np.dtype, channels: int | None) -> bool:
+    fmt = _FORMATS[ext]
+    return dtype.name in fmt.dtypes and (channels is None or channels in _channels_supported(fmt))
+
+
+def _alternatives(dtype: np.dtype, channels: int | None) -> str:
+    exts = [e for e in _SUGGESTED if _holds(e, dtype, channels)]
+    return " or ".join([", ".join(exts[:-1]), exts[-1]] if len(exts) > 1 else exts)
+
+
+def _check_holds(p: Path, fmt: _Format, dtype: Any, channels: int | None) -> None:
+    """OutputError unless `fmt` can store images of `dtype` with `channels` losslessly."""
+    dt = None if dtype is None else np.dtype(dtype)
+    if dt is not None and dt not in _DTYPES:
+        raise OutputError(
+            f"cannot write {p}: {dt} images cannot be written; "
+            "convert to uint8, uint16 or float32 first"
+        )
+    if channels is not None and channels not in (1, 3, 4):
+        raise OutputError(
+            f"cannot write {p}: {channels}-channel images cannot be written (1, 3 or 4 channels)"
+        )
+    if dt is not None and dt.name not in fmt.dtypes:
+        raise OutputError(
+            f"cannot write {p}: {fmt.name} holds {fmt.depth_text} only; "
+            f"write {_alternatives(dt, channels)} for {dt}"
+        )
+    held = fmt.channels if channels is None else _channels_supported(fmt)
+    if channels is not None and channels not in held:
+        held_text = "- or ".join(str(c) for c in held)
+        extra = "" if held == fmt.channels else " with this OpenCV version"
+        raise OutputError(
+            f"cannot write {p}: {fmt.name} holds {held_text}-channel images only{extra}; "
+            f"write {_alternatives(dt or np.dtype(np.uint8), channels)} for {channels} channels"
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# Output paths
+
+
+def default_output(input_path: str | os.PathLike[str], op: str) -> Path:
+    """``IN_STEM.<op>.EXT`` beside the input: photo.jpg + "blur" -> photo.blur.jpg.
+
+    An input whose extension cannot be written (say .gif) gets .png instead.
+    """
+    p = Path(input_path)
+    suffix = p.suffix if p.suffix.lower() in _FORMATS else ".png"
+    return p.with_name(f"{p.stem}.{op}{suffix}")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _real_target(p: Path) -> Path:
+    """Where bytes for `p` land: a symlink is followed, so the link itself survives."""
+    return Path(os.path.realpath(p)) if p.is_symlink() else p
+
+
+def _check_path(p: Path, *, input_path: Any, overwrite: bool) -> None:
+    """OutputError unless `p` can be created or (with overwrite) replaced."""
+    target = _real_target(p)
+    if target.is_dir():
+        raise OutputError(f"cannot write {p}: it is a directory")
+    parent = target.parent
+    if not parent.exists():
+        raise OutputError(f"cannot write {p}: directory {parent} does not exist")
+    if not parent.is_dir():
+        raise OutputError(f"cannot write {p}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write {p}: directory {parent} is not writable")
+    if input_path is not None and not overwrite and _same_file(p, Path(input_path)):
+        raise OutputError(f"would overwrite the input {input_path}; pass --force to overwrite it")
+    if os.path.lexists(p) and not overwrite:
+        raise OutputError(f"{p} exists; pass --force to overwrite")
+
+
+def _format_for(p: Path) -> _Format:
+    ext = p.suffix.lower()
+    if ext not in _FORMATS:
+        shown = f"extension {p.suffix!r}" if p.suffix else "no extension"
+        raise OutputError(
+            f"cannot write {p}: {shown} is not a supported image format; "
+            f"use one of {', '.join(SUPPORTED_WRITE_EXTENSIONS)}"
+        )
+    return _FORMATS[ext]
+
+
+def check_output(
+    path: str | os.PathLike[str],
+    *,
+    input_path: str | os.PathLike[str] | None = None,
+    overwrite: bool = False,
+    dtype: Any = None,
+    channels: int | None = None,
+) -> Path:
+    """Validate an output path before any work is done; return it as a Path.
+
+    Checks, in order: the extension is one of SUPPORTED_WRITE_EXTENSIONS; the format can
+    hold `dtype` and `channels` losslessly (each checked when given); the target is not
+    a directory; its directory exists and is writable; it is not the same file as
+    `input_path` (unless `overwrite`); it does not exist yet (unless `overwrite`).
+    Raises OutputError with one line naming the problem and, where one exists, a fix.
+    """
+    p = Path(path)
+    fmt = _format_for(p)
+    _check_holds(p, fmt, dtype, channels)
+    _check_path(p, input_path=input_path, overwrite=overwrite)
+    return p
+
+
+# ---------------------------------------------------------------------------------------
+# Writing
+
+
+def _encode(p: Path, fmt: _Format, img: np.ndarray) -> bytes:
+    """The encoded file contents, or OutputError."""
+    cv2 = _import_cv2()
+    params: list[int] = []
+    channels = 1 if img.ndim == 2 else img.shape[2]
+    if fmt is _JPEG:
+        params = [cv2.IMWRITE_JPEG_QUALITY, 95]
+    elif fmt is _TIFF:
+        # Explicit, or OpenCV < 5 stores float32 BGR as lossy LogLuv (SGILOG).
+        params = [cv2.IMWRITE_TIFF_COMPRESSION, 5]  # LZW
+    elif fmt is _BMP and channels == 4:
+        params = [cv2.IMWRITE_BMP_COMPRESSION, cv2.IMWRITE_BMP_COMPRESSION_BITFIELDS]
+    elif fmt is _WEBP:
+        if hasattr(cv2, "IMWRITE_WEBP_LOSSLESS_PRESERVE_COLOR"):
+            # Lossless that keeps the colour under fully transparent pixels too.
+            params = [cv2.IMWRITE_WEBP_LOSSLESS_MODE, cv2.IMWRITE_WEBP_LOSSLESS_PRESERVE_COLOR]
+        elif channels == 4:
+            return _encode_webp_pillow(p, img)
+        else:
+            params = [cv2.IMWRITE_WEBP_QUALITY, 101]  # lossless
+    detail = ""
+    ok, buf = False, None
+    with _quiet_native(cv2) as noise:
+        try:
+            ok, buf = cv2.imencode(p.suffix.lower(), img, params)
+        except cv2.error as e:
+            detail = str(e).strip().splitlines()[-1] if str(e).strip() else ""
+    if not ok or buf is None:
+        detail = detail or noise.last_line() or "no details"
+        raise OutputError(f"cannot write {p}: OpenCV could not encode it as {fmt.name} ({detail})")
+    return buf.tobytes()
+
+
+def _encode_webp_pillow(p: Path, img: np.ndarray) -> bytes:
+    """Lossless WebP with alpha via Pillow (exact=True keeps colour under alpha 0)."""
+    import io as _stdio
+
+    from PIL import Image
+
+    out = _stdio.BytesIO()
+    try:
+        Image.fromarray(np.ascontiguousarray(img[..., [2, 1, 0, 3]])).save(
+            out, "WEBP", lossless=True, exact=True
+        )
+    except Exception as e:  # e.g. Pillow built without WebP
+        raise OutputError(f"cannot write {p}: Pillow could not encode it as WebP ({e})") from e
+    return out.getvalue()
+
+
+def _create_temp(directory: Path, name: str) -> tuple[int, Path]:
+    """A new file beside the target; created 0o666 & ~umask like any new file."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    while True:
+        tmp = directory / f".{name}.{secrets.token_hex(4)}.tmp"
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+
+
+def _publish(tmp: Path, target: Path, *, overwrite: bool, shown: Path) -> None:
+    """Move the finished temp file onto `target`; without overwrite, never clobber."""
+    if overwrite:
+        os.replace(tmp, target)
+        return
+    try:
+        os.link(tmp, target)  # atomic and fails if target appeared since the check
+    except FileExistsError as e:
+        raise OutputError(f"{shown} exists; pass --force to overwrite") from e
+    except OSError:  # no hard links on this file system
+        if os.path.lexists(target):
+            raise OutputError(f"{shown} exists; pass --force to overwrite") from None
+        os.replace(tmp, target)
+        return
+    os.unlink(tmp)
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make the rename durable (POSIX); a no-op where directories cannot be opened."""
+    with contextlib.suppress(OSError, AttributeError):
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _atomic_write(p: Path, data: bytes, *, overwrite: bool) -> None:
+    """Write `data` to `p` through a temp file in the same directory and a rename."""
+    target = _real_target(p)
+    mode = None
+    with contextlib.suppress(OSError):
+        mode = stat.S_IMODE(os.stat(target).st_mode)  # keep an existing file's mode
+    try:
+        fd, tmp = _create_temp(target.parent, target.name)
+    except OSError as e:
+        raise OutputError(f"cannot write {p}: {e.strerror or e}") from e
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        _publish(tmp, target, overwrite=overwrite, shown=p)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise OutputError(f"cannot write {p}: {e.strerror or e}") from e
+        raise
+    _fsync_directory(target.parent)
+
+
+def write_image(path: str | os.PathLike[str], img: np.ndarray, *, overwrite: bool = False) -> Path:
+    """Write `img` ((H, W) gray or (H, W, 3|4) BGR/BGRA) to `path`; return the Path.
+
+    The format follows the extension (SUPPORTED_WRITE_EXTENSIONS, any case). Images the
+    format cannot hold without loss (say uint16 as JPEG, or BGRA as JPEG) are refused
+    with an OutputError that suggests an extension that can hold them; so are a missing
+    or unwritable directory, a directory as target, and an existing file unless
+    `overwrite` (the same checks as `check_output`). The write is atomic: on any failure
+    an existing file at `path` is left as it was and no temporary file remains.
+    """
+    p = Path(path)
+    fmt = _format_for(p)
+    arr = np.asarray(img)
+    if arr.ndim == 3 and arr.shape[2] == 1:
+        arr = arr[:, :, 0]
+    if arr.ndim not in (2, 3) or arr.size == 0:
+        raise OutputError(
+            f"cannot write {p}: an image must be (H, W) or (H, W, C) and non-empty, "
+            f"got shape {arr.shape}"
+        )
+    channels = 1 if arr.ndim == 2 else int(arr.shape[2])
+    _check_holds(p, fmt, arr.dtype, channels)
+    _check_path(p, input_path=None, overwrite=overwrite)
+    data = _encode(p, fmt, np.ascontiguousarray(arr))
+    _atomic_write(p, data, overwrite=overwrite)
+    return p
