@@ -253,7 +253,10 @@ def _border_value(border: Border, value: float | None) -> float:
 
 
 def _resolve_backend(backend: Backend) -> str:
-    """The backend that will run ("cuda"/"cpu"); DeviceError now if cuda cannot."""
+    """The backend that will run ("cuda"/"cpu"); DeviceError if cuda cannot.
+
+    For auto without a usable GPU, get_backend notes the CPU fallback on stderr once.
+    """
     from .backends import get_backend
 
     return get_backend(backend.value).NAME
@@ -287,7 +290,8 @@ def _filter_file(
     apply: Callable[[Any, str], Any],
 ) -> None:
     """Read IN, validate OUT for the result's dtype/channels, filter, write, report."""
-    backend_name = _resolve_backend(backend)  # no usable GPU for --backend cuda: exit 5 now
+    if backend is Backend.cuda:
+        _resolve_backend(backend)  # no usable GPU for --backend cuda: exit 5 before any I/O
     from . import io
 
     img = io.read_image(image)
@@ -300,6 +304,9 @@ def _filter_file(
     target = io.check_output(
         target, input_path=image, overwrite=force, dtype=img.dtype, channels=channels
     )
+    # Resolved only now, so that the "using the CPU backend" note of --backend auto
+    # never comes before a one-line input or output error.
+    backend_name = _resolve_backend(backend)
     start = time.perf_counter()
     out = apply(img, backend_name)
     ms = (time.perf_counter() - start) * 1e3
@@ -515,8 +522,12 @@ def compare(
     from . import api, io
     from .backends import opencv
 
-    backend_name = _resolve_backend(backend)
+    if backend is Backend.cuda:
+        _resolve_backend(backend)  # exit 5 before reading the image
     img = io.read_image(image)
+    if contour_ and img.dtype.kind == "f":
+        raise UsageError(f"contour needs an integer image (uint8 or uint16); {image} is float")
+    backend_name = _resolve_backend(backend)
     opts = dict(border=bname, border_value=value, backend=backend_name, method=method.value)
     if k is not None:
         op, ref_name = f"blur --k {k}", "cv2.blur"
@@ -528,8 +539,6 @@ def compare(
         ours = functools.partial(api.filter2d, img, kern, **opts)
         theirs = functools.partial(opencv.filter2d, img, kern, None, bname, value)
     else:
-        if img.dtype.kind == "f":
-            raise UsageError(f"contour needs an integer image (uint8 or uint16); {image} is float")
         op, ref_name = "contour", "4 x cv2.filter2D + cv2.bitwise_or"
         ours = functools.partial(api.contour, img, **opts)
         theirs = functools.partial(opencv.contour, img, bname, value)

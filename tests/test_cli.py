@@ -1,0 +1,651 @@
+"""The `imgfilter` command line: results equal OpenCV's, outputs are guarded, and every
+error is one line on stderr with the exit code DESIGN.md gives it (2 usage, 3 input,
+4 output, 5 device, 1 anything else).
+
+Runs through Typer's CliRunner (in process, `--backend cpu`) and, for a few cases, as
+`python -m imgfilter` in a subprocess.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from imgfilter import cli
+from imgfilter.backends import opencv
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLES = sorted(
+    p
+    for p in (REPO / "samples").glob("*")
+    if p.suffix.lower() in {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp"}
+)
+SOBEL = "-1,0,1;-2,0,2;-1,0,1"
+SOBEL_K = np.array([[-1, 0, 1], [-2, 0, 2], [-1, 0, 1]], dtype=np.float32)
+
+runner = CliRunner()
+
+
+def run(*args: str | Path):
+    return runner.invoke(cli.app, [str(a) for a in args])
+
+
+def assert_ok(result) -> None:
+    assert result.exit_code == 0, (result.exit_code, result.output, result.exception)
+    assert "Traceback" not in result.output
+
+
+def assert_one_line_error(result, code: int, *words: str) -> str:
+    """Exit `code`, exactly one stderr line `imgfilter: error: ...`, no traceback."""
+    assert result.exit_code == code, (result.exit_code, result.output, result.exception)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("imgfilter: error: "), lines[0]
+    assert "Traceback" not in result.output
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    return lines[0]
+
+
+def imwrite(path: Path, img: np.ndarray) -> Path:
+    assert cv2.imwrite(str(path), img), path
+    return path
+
+
+def imread(path: Path) -> np.ndarray:
+    img = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+    assert img is not None, path
+    return img
+
+
+def random_image(shape, dtype=np.uint8, seed=0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    hi = np.iinfo(dtype).max if np.dtype(dtype).kind == "u" else 1
+    if np.dtype(dtype).kind == "u":
+        return rng.integers(0, hi + 1, size=shape, dtype=dtype)
+    return rng.random(shape, dtype=np.float32)
+
+
+@pytest.fixture
+def color_png(tmp_path) -> Path:
+    return imwrite(tmp_path / "photo.png", random_image((37, 53, 3)))
+
+
+@pytest.fixture
+def gray_png(tmp_path) -> Path:
+    return imwrite(tmp_path / "gray.png", random_image((29, 41), seed=1))
+
+
+def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
+    assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape, a.dtype, b.dtype)
+    return float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max())
+
+
+# ---------------------------------------------------------------------------------------
+# Results equal OpenCV's, read back from disk
+
+
+@pytest.mark.parametrize("k", [1, 4, 5, 21])
+def test_blur_matches_cv2_blur(color_png, k):
+    result = run("blur", color_png, "--k", k, "--backend", "cpu")
+    assert_ok(result)
+    out = color_png.with_name("photo.blur.png")
+    ref = opencv.blur(imread(color_png), k)
+    assert _max_diff(imread(out), ref) <= 1
+
+
+@pytest.mark.parametrize(
+    ("border", "extra"),
+    [
+        ("reflect101", []),
+        ("reflect", []),
+        ("replicate", []),
+        ("wrap", []),
+        ("constant", []),
+        ("constant", ["--border-value", "200"]),
+    ],
+)
+def test_blur_borders(gray_png, tmp_path, border, extra):
+    out = tmp_path / f"blur-{border}.png"
+    result = run(
+        "blur", gray_png, "-k", "7", "--border", border, *extra, "--backend", "cpu", "-o", out
+    )
+    assert_ok(result)
+    value = float(extra[1]) if extra else 0.0
+    ref = opencv.blur(imread(gray_png), 7, border, value)
+    assert _max_diff(imread(out), ref) <= 1
+
+
+@pytest.mark.parametrize("border", ["reflect101", "reflect", "replicate", "constant", "wrap"])
+def test_filter_integer_kernel_is_exact(color_png, tmp_path, border):
+    out = tmp_path / "sobel.png"
+    result = run(
+        "filter", color_png, "--kernel", SOBEL, "--border", border, "--backend", "cpu", "-o", out
+    )
+    assert_ok(result)
+    ref = opencv.filter2d(imread(color_png), SOBEL_K, None, border)
+    np.testing.assert_array_equal(imread(out), ref)
+
+
+def test_filter_kernel_file_and_normalize(color_png, tmp_path):
+    kernel = np.array([[1, 2, 1], [2, 4, 2], [1, 2, 1], [0, 1, 0]], dtype=np.float64)
+    spec = tmp_path / "k.npy"
+    np.save(spec, kernel)
+    result = run("filter", color_png, "--kernel", spec, "--normalize", "--backend", "cpu")
+    assert_ok(result)
+    ref = opencv.filter2d(imread(color_png), (kernel / kernel.sum()).astype(np.float32))
+    assert _max_diff(imread(color_png.with_name("photo.filter.png")), ref) <= 1
+
+
+def test_filter_text_kernel_file(gray_png, tmp_path):
+    spec = tmp_path / "laplace.txt"
+    spec.write_text("0 1 0\n1 -4 1\n0 1 0\n")
+    out = tmp_path / "lap.png"
+    assert_ok(run("filter", gray_png, "--kernel", spec, "--backend", "cpu", "-o", out))
+    k = np.array([[0, 1, 0], [1, -4, 1], [0, 1, 0]], dtype=np.float32)
+    np.testing.assert_array_equal(imread(out), opencv.filter2d(imread(gray_png), k))
+
+
+def test_filter_uint16_and_four_channels(tmp_path):
+    src = imwrite(tmp_path / "deep.png", random_image((23, 31, 4), np.uint16, seed=5))
+    out = tmp_path / "deep.out.png"
+    assert_ok(run("filter", src, "--kernel", "1 2 1", "--backend", "cpu", "-o", out))
+    got = imread(out)
+    assert got.dtype == np.uint16 and got.shape == (23, 31, 4)
+    k = np.array([[1, 2, 1]], dtype=np.float32)
+    np.testing.assert_array_equal(got, opencv.filter2d(imread(src), k))
+
+
+@pytest.mark.parametrize("border", ["reflect101", "replicate", "wrap"])
+def test_contour_is_exact_and_single_channel(color_png, border):
+    result = run("contour", color_png, "--border", border, "--backend", "cpu")
+    assert_ok(result)
+    got = imread(color_png.with_name("photo.contour.png"))
+    assert got.ndim == 2
+    np.testing.assert_array_equal(got, opencv.contour(imread(color_png), border))
+
+
+def test_success_line_names_output_shape_and_engine(color_png):
+    result = run("blur", color_png, "--k", "3", "--backend", "cpu")
+    assert_ok(result)
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("wrote ") and "photo.blur.png" in line
+    assert "53x37 px, 3 ch uint8" in line and "cpu" in line and " ms)" in line
+
+
+# ---------------------------------------------------------------------------------------
+# Output naming and overwriting
+
+
+def test_default_output_beside_input_not_cwd(color_png, tmp_path, monkeypatch):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert_ok(run("blur", color_png, "--k", "3", "--backend", "cpu"))
+    assert (tmp_path / "photo.blur.png").is_file()
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_output_format_follows_extension(color_png, tmp_path):
+    out = tmp_path / "out.tiff"
+    assert_ok(run("filter", color_png, "--kernel", SOBEL, "--backend", "cpu", "-o", out))
+    ref = opencv.filter2d(imread(color_png), SOBEL_K)
+    np.testing.assert_array_equal(imread(out), ref)
+
+
+def test_existing_output_needs_force(color_png):
+    out = color_png.with_name("photo.blur.png")
+    out.write_bytes(b"keep me")
+    result = run("blur", color_png, "--k", "3", "--backend", "cpu")
+    assert_one_line_error(result, 4)
+    assert out.read_bytes() == b"keep me"
+    assert_ok(run("blur", color_png, "--k", "3", "--backend", "cpu", "--force"))
+    assert _max_diff(imread(out), opencv.blur(imread(color_png), 3)) <= 1
+
+
+def test_output_equal_to_input_refused_and_input_untouched(color_png):
+    before = color_png.read_bytes()
+    result = run("blur", color_png, "--k", "3", "--backend", "cpu", "-o", color_png)
+    assert_one_line_error(result, 4)
+    assert color_png.read_bytes() == before
+
+
+def test_output_equal_to_input_with_force_overwrites(color_png):
+    original = imread(color_png)
+    assert_ok(run("blur", color_png, "--k", "3", "--backend", "cpu", "-o", color_png, "-f"))
+    assert _max_diff(imread(color_png), opencv.blur(original, 3)) <= 1
+
+
+# ---------------------------------------------------------------------------------------
+# Errors: one line, right exit code, nothing written
+
+
+def test_missing_input(tmp_path):
+    result = run("blur", tmp_path / "nope.png", "--k", "3", "--backend", "cpu")
+    assert_one_line_error(result, 3, "nope.png")
+
+
+def test_input_is_a_directory(tmp_path):
+    assert_one_line_error(run("contour", tmp_path, "--backend", "cpu"), 3)
+
+
+def test_zero_byte_input(tmp_path):
+    empty = tmp_path / "empty.png"
+    empty.write_bytes(b"")
+    assert_one_line_error(run("blur", empty, "--k", "3", "--backend", "cpu"), 3)
+    assert not (tmp_path / "empty.blur.png").exists()
+
+
+def test_non_image_input(tmp_path):
+    text = tmp_path / "notes.png"
+    text.write_text("this is not an image\n" * 20)
+    assert_one_line_error(run("filter", text, "--kernel", SOBEL, "--backend", "cpu"), 3)
+
+
+@pytest.mark.parametrize("k", ["0", "-3", "100000", "abc", "2.5"])
+def test_bad_box_size_is_usage_error(color_png, k):
+    result = run("blur", color_png, "--k", k, "--backend", "cpu")
+    assert_one_line_error(result, 2, "--k")
+    assert not color_png.with_name("photo.blur.png").exists()
+
+
+def test_missing_k_is_usage_error(color_png):
+    assert_one_line_error(run("blur", color_png), 2, "--k")
+
+
+@pytest.mark.parametrize(
+    ("args", "word"),
+    [
+        (["--border", "nope"], "--border"),
+        (["--backend", "gpu"], "--backend"),
+        (["--method", "fastest"], "--method"),
+        (["--bogus"], "--bogus"),
+        (["--border", "reflect", "--border-value", "5"], "--border-value"),
+    ],
+)
+def test_bad_options_are_usage_errors(color_png, args, word):
+    assert_one_line_error(run("blur", color_png, "--k", "3", *args), 2, word)
+
+
+def test_unknown_command_is_usage_error():
+    assert_one_line_error(run("sharpen", "x.png"), 2, "sharpen")
+
+
+@pytest.mark.parametrize(
+    "spec", ["1,2;3", "1,x;3,4", "", "1,nan", "missing-kernel.npy", "1;;2", "1/0"]
+)
+def test_malformed_kernel_spec_is_usage_error(color_png, spec):
+    result = run("filter", color_png, "--kernel", spec, "--backend", "cpu")
+    assert_one_line_error(result, 2, "kernel")
+    assert not color_png.with_name("photo.filter.png").exists()
+
+
+def test_three_d_npy_kernel_is_usage_error(color_png, tmp_path):
+    spec = tmp_path / "cube.npy"
+    np.save(spec, np.ones((3, 3, 3)))
+    result = run("filter", color_png, "--kernel", spec, "--backend", "cpu")
+    assert_one_line_error(result, 2, "3-D")
+
+
+def test_normalize_zero_sum_kernel_is_usage_error(color_png):
+    result = run("filter", color_png, "--kernel", SOBEL, "--normalize", "--backend", "cpu")
+    assert_one_line_error(result, 2, "sums to 0")
+
+
+def test_missing_output_directory(color_png, tmp_path):
+    out = tmp_path / "no" / "such" / "dir" / "out.png"
+    result = run("blur", color_png, "--k", "3", "--backend", "cpu", "-o", out)
+    assert_one_line_error(result, 4)
+    assert not out.parent.exists()
+
+
+def test_output_directory_is_a_file(color_png, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    result = run("blur", color_png, "--k", "3", "--backend", "cpu", "-o", blocker / "out.png")
+    assert_one_line_error(result, 4)
+
+
+def test_unwritable_output_directory(color_png, tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):
+            pytest.skip("running as a user who can write anywhere (root)")
+        result = run("blur", color_png, "--k", "3", "--backend", "cpu", "-o", locked / "o.png")
+        assert_one_line_error(result, 4)
+        assert list(locked.iterdir()) == []
+    finally:
+        locked.chmod(0o700)
+
+
+def test_unsupported_output_extension(color_png, tmp_path):
+    out = tmp_path / "out.xyz"
+    result = run("blur", color_png, "--k", "3", "--backend", "cpu", "-o", out)
+    assert_one_line_error(result, 4, "xyz")
+    assert not out.exists()
+
+
+def test_output_format_must_hold_the_result_dtype(tmp_path):
+    src = imwrite(tmp_path / "deep.png", random_image((11, 13), np.uint16))
+    out = tmp_path / "deep.jpg"
+    result = run("blur", src, "--k", "3", "--backend", "cpu", "-o", out)
+    assert_one_line_error(result, 4, "deep.jpg")
+    assert not out.exists()
+
+
+def test_output_channels_checked_for_the_result_not_the_input(tmp_path):
+    src = imwrite(tmp_path / "rgba.png", random_image((17, 19, 4), seed=4))
+    # BGRA does not fit JPEG, so blur (4 channels out) is refused before filtering...
+    assert_one_line_error(
+        run("blur", src, "--k", "3", "--backend", "cpu", "-o", tmp_path / "b.jpg"), 4
+    )
+    # ...while contour (1 channel out) may write JPEG.
+    out = tmp_path / "c.png"
+    assert_ok(run("contour", src, "--backend", "cpu", "-o", out))
+    np.testing.assert_array_equal(imread(out), opencv.contour(imread(src)))
+    assert_ok(run("contour", src, "--backend", "cpu", "-o", tmp_path / "c.jpg"))
+
+
+def test_contour_of_float_image_is_usage_error(tmp_path):
+    src = imwrite(tmp_path / "f.tiff", random_image((9, 8), np.float32))
+    assert_one_line_error(run("contour", src, "--backend", "cpu"), 2, "integer")
+    assert not (tmp_path / "f.contour.tiff").exists()
+    assert_one_line_error(run("compare", src, "--contour", "--backend", "cpu"), 2, "integer")
+
+
+def test_unexpected_error_is_one_line_and_debug_shows_traceback(color_png, monkeypatch):
+    import imgfilter.api
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(imgfilter.api, "blur", boom)
+    result = run("blur", color_png, "--k", "3", "--backend", "cpu")
+    assert_one_line_error(result, 1, "RuntimeError", "boom", "--debug")
+    result = run("blur", color_png, "--k", "3", "--backend", "cpu", "--debug")
+    assert result.exit_code == 1
+    assert "Traceback" in result.stderr
+    assert result.stderr.splitlines()[-1] == "imgfilter: error: unexpected RuntimeError: boom"
+
+
+def test_debug_keeps_the_exit_code_of_known_errors(tmp_path):
+    result = run("blur", tmp_path / "nope.png", "--k", "3", "--backend", "cpu", "--debug")
+    assert result.exit_code == 3
+    assert "Traceback" in result.stderr
+    assert result.stderr.splitlines()[-1].startswith("imgfilter: error: ")
+
+
+# ---------------------------------------------------------------------------------------
+# compare
+
+
+def test_compare_integer_kernel_identical(color_png):
+    result = run("compare", color_png, "--kernel", SOBEL, "--backend", "cpu")
+    assert_ok(result)
+    out = result.stdout
+    for words in ("max abs diff", "mean abs diff", "PSNR", "inf", "imgfilter", "OpenCV"):
+        assert words in out, (words, out)
+    assert "warm-up" in out
+    assert "agree" in out.splitlines()[-1]
+    assert result.stderr == ""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--k", "21"],
+        ["--k", "4", "--border", "wrap"],
+        ["--k", "5", "--border", "constant", "--border-value", "9"],
+        ["--kernel", "1 2 1;2 4 2;1 2 1", "--normalize"],
+        ["--contour"],
+        ["--contour", "--border", "reflect"],
+    ],
+)
+def test_compare_json(color_png, args):
+    result = run("compare", color_png, *args, "--backend", "cpu", "--json")
+    assert_ok(result)
+    record = json.loads(result.stdout)
+    for key in (
+        "max_abs_diff",
+        "mean_abs_diff",
+        "psnr_db",
+        "imgfilter_ms",
+        "opencv_ms",
+        "tolerance",
+        "agree",
+        "verdict",
+        "backend",
+        "shape",
+        "dtype",
+    ):
+        assert key in record, key
+    assert record["agree"] is True and record["verdict"] == "agree"
+    assert record["backend"] == "cpu" and record["shape"] == [37, 53, 3]
+    assert record["max_abs_diff"] <= record["tolerance"]
+    assert record["imgfilter_ms"] >= 0 and record["opencv_ms"] >= 0
+    if record["identical"]:
+        assert record["psnr_db"] is None and record["max_abs_diff"] == 0
+    else:
+        assert math.isfinite(record["psnr_db"]) and record["psnr_db"] > 40
+
+
+def test_compare_tolerance_exact_for_integer_kernel_lsb_for_box(color_png):
+    exact = json.loads(run("compare", color_png, "--contour", "--backend", "cpu", "--json").stdout)
+    assert exact["tolerance"] == 0 and exact["identical"] is True
+    box = json.loads(run("compare", color_png, "-k", "3", "--backend", "cpu", "--json").stdout)
+    assert box["tolerance"] == 1
+
+
+def test_compare_float32_image(tmp_path):
+    src = imwrite(tmp_path / "f.tiff", random_image((19, 27, 3), np.float32, seed=2))
+    result = run("compare", src, "--kernel", "0.1 0.2 0.7;1 -2 1", "--backend", "cpu", "--json")
+    assert_ok(result)
+    record = json.loads(result.stdout)
+    assert record["dtype"] == "float32"
+    assert 0 < record["tolerance"] < 1e-3 and record["agree"] is True
+
+
+def test_compare_disagreement_exits_1(color_png, monkeypatch):
+    import imgfilter.api
+
+    real_blur = imgfilter.api.blur
+
+    def off_by_three(img, k, **kwargs):
+        out = real_blur(img, k, **kwargs)
+        out[0, 0, 0] = out[0, 0, 0] + 3 if out[0, 0, 0] < 200 else out[0, 0, 0] - 3
+        return out
+
+    monkeypatch.setattr(imgfilter.api, "blur", off_by_three)
+    result = run("compare", color_png, "--k", "5", "--backend", "cpu")
+    assert_one_line_error(result, 1, "disagree", "3")
+    assert "DISAGREE" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "word"),
+    [
+        ([], "exactly one"),
+        (["--k", "3", "--kernel", "1"], "exactly one"),
+        (["--k", "3", "--contour"], "exactly one"),
+        (["--k", "3", "--normalize"], "--normalize"),
+        (["--kernel", "1,2;3"], "kernel"),
+    ],
+)
+def test_compare_usage_errors(color_png, args, word):
+    assert_one_line_error(run("compare", color_png, *args, "--backend", "cpu"), 2, word)
+
+
+def test_compare_missing_input(tmp_path):
+    assert_one_line_error(run("compare", tmp_path / "x.png", "--k", "3", "--backend", "cpu"), 3)
+
+
+@pytest.mark.skipif(not SAMPLES, reason="samples/ holds no images yet")
+@pytest.mark.parametrize("sample", SAMPLES, ids=[p.name for p in SAMPLES])
+@pytest.mark.parametrize("args", [["--k", "21"], ["--kernel", SOBEL], ["--contour"]])
+def test_compare_samples_agree(sample, args):
+    result = run("compare", sample, *args, "--backend", "cpu", "--json")
+    assert_ok(result)
+    assert json.loads(result.stdout)["agree"] is True
+
+
+# ---------------------------------------------------------------------------------------
+# Help, version, and the module as a subprocess
+
+
+def test_help_lists_commands_with_examples():
+    result = run("--help")
+    assert_ok(result)
+    for word in ("blur", "filter", "contour", "compare", "imgfilter blur photo.jpg --k 21"):
+        assert word in result.stdout
+
+
+@pytest.mark.parametrize("command", ["blur", "filter", "contour", "compare"])
+def test_command_help_has_an_example(command):
+    result = run(command, "--help")
+    assert_ok(result)
+    assert f"imgfilter {command} photo.jpg" in result.stdout
+    assert "--border" in result.stdout and "--backend" in result.stdout
+
+
+def test_version():
+    result = run("--version")
+    assert_ok(result)
+    assert result.stdout.strip().startswith("imgfilter 0.")
+
+
+def test_no_arguments_shows_help():
+    result = run()
+    assert result.exit_code == 2
+    assert "Usage" in result.output and "Traceback" not in result.output
+
+
+def _env(**changes: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    for key, value in changes.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def module(*args: str | Path, **env: str | None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "imgfilter", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=_env(**env),
+        timeout=600,
+    )
+
+
+def test_help_does_not_import_numba_or_cv2():
+    code = (
+        "import sys\n"
+        "import imgfilter.cli\n"
+        "for args in (['--help'], ['blur', '--help'], ['compare', '--help']):\n"
+        "    try:\n"
+        "        imgfilter.cli.app(args, prog_name='imgfilter')\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code == 0, e.code\n"
+        "heavy = sorted(m for m in ('numba', 'cv2', 'llvmlite') if m in sys.modules)\n"
+        "print('HEAVY', heavy)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY []" in proc.stdout, proc.stdout
+
+
+def test_module_blur_subprocess(color_png):
+    proc = module("blur", color_png, "--k", "5", "--backend", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.startswith("wrote ") and "photo.blur.png" in proc.stderr
+    out = imread(color_png.with_name("photo.blur.png"))
+    assert _max_diff(out, opencv.blur(imread(color_png), 5)) <= 1
+
+
+def test_module_errors_subprocess(color_png, tmp_path):
+    for args, code in [
+        (["blur", tmp_path / "missing.png", "--k", "3"], 3),
+        (["blur", color_png, "--k", "0"], 2),
+        (["filter", color_png, "--kernel", "1,2;3"], 2),
+        (["blur", color_png, "--k", "3", "-o", color_png], 4),
+    ]:
+        proc = module(*args, "--backend", "cpu")
+        assert proc.returncode == code, (args, proc.returncode, proc.stderr)
+        lines = proc.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("imgfilter: error: "), proc.stderr
+        assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_module_compare_json_subprocess(color_png):
+    proc = module("compare", color_png, "--kernel", SOBEL, "--backend", "cpu", "--json")
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(proc.stdout)
+    assert record["identical"] is True and record["psnr_db"] is None
+
+
+def test_auto_backend_errors_stay_one_line_subprocess(color_png, tmp_path):
+    """Without the simulator, auto may note a CPU fallback; never beside an error line."""
+    clean = {"NUMBA_ENABLE_CUDASIM": None}
+    existing = color_png.with_name("photo.blur.png")
+    existing.write_bytes(b"keep")
+    for args, code in [
+        (["blur", tmp_path / "missing.png", "--k", "3"], 3),
+        (["blur", color_png, "--k", "3"], 4),
+        (["contour", color_png, "-o", tmp_path / "out.xyz"], 4),
+    ]:
+        proc = module(*args, **clean)
+        assert proc.returncode == code, (args, proc.returncode, proc.stderr)
+        lines = proc.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("imgfilter: error: "), proc.stderr
+    assert existing.read_bytes() == b"keep"
+
+
+def test_auto_backend_success_subprocess(gray_png):
+    proc = module("contour", gray_png, NUMBA_ENABLE_CUDASIM=None)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith("wrote ")
+    got = imread(gray_png.with_name("gray.contour.png"))
+    np.testing.assert_array_equal(got, opencv.contour(imread(gray_png)))
+
+
+def _real_gpu_present() -> bool:
+    """Ask the CUDA driver (without Numba) whether a real device exists."""
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        count = ctypes.c_int(0)
+        return (
+            lib.cuInit(0) == 0
+            and lib.cuDeviceGetCount(ctypes.byref(count)) == 0
+            and count.value > 0
+        )
+    return False
+
+
+@pytest.mark.skipif(_real_gpu_present(), reason="a real GPU is present")
+def test_backend_cuda_without_gpu_is_device_error(color_png):
+    proc = module("blur", color_png, "--k", "3", "--backend", "cuda", NUMBA_ENABLE_CUDASIM=None)
+    assert proc.returncode == 5, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("imgfilter: error: "), proc.stderr
+    assert "GPU" in lines[0] and "Traceback" not in proc.stderr
+    assert not color_png.with_name("photo.blur.png").exists()
