@@ -13,19 +13,7 @@ when a usable GPU exists. Importing this package does not import Numba.
 
 from .api import blur, contour, filter2d
 from .errors import DeviceError, ImgFilterError, InputError, OutputError, UsageError
-
-
-def read_image(path):  # noqa: D103 - documented in imgfilter.io
-    from .io import read_image as _read
-
-    return _read(path)
-
-
-def write_image(path, img, *, overwrite: bool = False):  # noqa: D103
-    from .io import write_image as _write
-
-    return _write(path, img, overwrite=overwrite)
-
+from .io import read_image, write_image
 
 __all__ = [
     "blur",

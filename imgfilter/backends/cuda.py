@@ -44,7 +44,8 @@ def _device_weights(kernel: np.ndarray):
     key = (kernel.shape, kernel.tobytes())
     weights = _WEIGHTS.pop(key, None)
     if weights is None:
-        weights = cuda.to_device(np.ascontiguousarray(kernel, dtype=np.float32))
+        # np.array copies: a broadcast view (stride 0) would not reshape on the device.
+        weights = cuda.to_device(np.array(kernel, dtype=np.float32, order="C"))
     _WEIGHTS[key] = weights
     while len(_WEIGHTS) > _WEIGHTS_KEEP:
         _WEIGHTS.pop(next(iter(_WEIGHTS)))
