@@ -11,16 +11,13 @@ Colour images are converted to gray (as cv2.cvtColor does) inside the same kerne
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, int32, uint64
+from numba import cuda, uint64
 
 from .device import bgr_to_gray, border_index
 from .launch import cdiv
 
-THREADS = 128  # threads per block, side by side along a row
-COLS = 4  # adjacent columns per thread
-RUN_Y = 16  # rows per thread
-STEP = 8  # rows whose loads are issued together in the interior
-WINDOW = (STEP + 2, COLS + 2)  # gray values an interior step reads
+THREADS = 128  # consecutive columns per block
+RUN_Y = 16  # rows walked by each thread
 
 
 @cuda.jit(device=True)
@@ -53,15 +50,24 @@ def _pixel(img, yy, xx, cval):
     return _gray_at(img, yy, xx)
 
 
-@cuda.jit(device=True)
-def _walk_column(img, x, y0, mode, cval, hi, out):
-    """RUN_Y outputs down column x from row y0, borders mapped (the general path).
+@cuda.jit(cache=True)
+def contour_fused(img, mode, cval, hi, out):
+    """out[y, x] = sat(gx) | sat(-gx) | sat(gy) | sat(-gy) over the 3x3 gray neighbourhood.
 
-    Keeps for the three rows of the window the row sum (left + centre + right) and
-    difference (right - left): a new output row costs three reads. Border mapping
-    happens once per column and once per row, not per tap.
+    Each thread walks RUN_Y rows down one column, keeping for the three rows of its
+    window the row sum (left + centre + right) and difference (right - left): a new
+    output row costs three reads. Border mapping happens once per column and once per
+    row, not per tap. Colour pixels are converted to gray as they are read, so the
+    whole operation is this one launch with no intermediate image.
     """
+    x = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    y0 = cuda.blockIdx.y * RUN_Y
     height, width = img.shape[0], img.shape[1]
+    if x >= width:
+        return
+    if x >= 1 and x + 1 < width and y0 >= 1 and y0 + RUN_Y < height:
+        _walk_interior(img, x, y0, hi, out)
+        return
     xl = border_index(x - 1, width, mode)
     xc = x
     xr = border_index(x + 1, width, mode)
@@ -88,56 +94,31 @@ def _walk_column(img, x, y0, mode, cval, hi, out):
         sum_mid, diff_mid = sum_bot, diff_bot
 
 
-@cuda.jit(cache=True)
-def contour_fused(img, mode, cval, hi, out):
-    """out[y, x] = sat(gx) | sat(-gx) | sat(gy) | sat(-gy) over the 3x3 gray neighbourhood.
-
-    Each thread owns COLS adjacent columns and RUN_Y rows. Colour pixels are
-    converted to gray as they are read, so the whole operation is this one launch
-    with no intermediate image. Threads whose window stays inside the image take
-    `_interior_block`; the others walk their columns with border mapping.
-    """
-    x0 = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) * COLS
-    y0 = cuda.blockIdx.y * RUN_Y
-    height, width = img.shape[0], img.shape[1]
-    if x0 >= width:
-        return
-    if x0 >= 1 and x0 + COLS < width and y0 >= 1 and y0 + RUN_Y < height:
-        for y in range(y0, y0 + RUN_Y, STEP):
-            _interior_block(img, x0, y, hi, out)
-        return
-    for x in range(x0, min(x0 + COLS, width)):
-        _walk_column(img, x, y0, mode, cval, hi, out)
-
-
 @cuda.jit(device=True)
 def _edges(gx, gy, hi):
     return _clip(gx, hi) | _clip(-gx, hi) | _clip(gy, hi) | _clip(-gy, hi)
 
 
 @cuda.jit(device=True)
-def _interior_block(img, x0, y0, hi, out):
-    """STEP x COLS outputs at (y0, x0) whose 3x3 windows are all inside the image.
+def _row_terms(img, y, x):
+    """(left + centre + right, right - left) of gray row y around column x, all inside."""
+    uy = uint64(y)
+    left = _gray_at(img, uy, uint64(x - 1))
+    right = _gray_at(img, uy, uint64(x + 1))
+    return left + _gray_at(img, uy, uint64(x)) + right, right - left
 
-    Every gray value of the (STEP + 2) x (COLS + 2) window is loaded before any
-    output is stored: the compiler may not move a load past a store to another
-    array (they could alias), so loads interleaved with stores would each wait
-    for memory in turn.
-    """
-    g = cuda.local.array(WINDOW, int32)
-    for i in range(STEP + 2):
-        for j in range(COLS + 2):
-            g[i, j] = _gray_at(img, y0 - 1 + i, x0 - 1 + j)
-    for i in range(STEP):
-        uy = uint64(y0 + i)
-        for j in range(COLS):
-            gx = (g[i, j + 2] + g[i + 1, j + 2] + g[i + 2, j + 2]) - (
-                g[i, j] + g[i + 1, j] + g[i + 2, j]
-            )
-            gy = (g[i + 2, j] + g[i + 2, j + 1] + g[i + 2, j + 2]) - (
-                g[i, j] + g[i, j + 1] + g[i, j + 2]
-            )
-            out[uy, uint64(x0 + j)] = _edges(gx, gy, hi)
+
+@cuda.jit(device=True)
+def _walk_interior(img, x, y0, hi, out):
+    """The column walk where the whole window is inside: no border mapping at all."""
+    sum_top, diff_top = _row_terms(img, y0 - 1, x)
+    sum_mid, diff_mid = _row_terms(img, y0, x)
+    ux = uint64(x)
+    for y in range(y0, y0 + RUN_Y):
+        sum_bot, diff_bot = _row_terms(img, y + 1, x)
+        out[uint64(y), ux] = _edges(diff_top + diff_mid + diff_bot, sum_bot - sum_top, hi)
+        sum_top, diff_top = sum_mid, diff_mid
+        sum_mid, diff_mid = sum_bot, diff_bot
 
 
 def contour(img, mode: int, cval: int, out=None):
@@ -147,7 +128,7 @@ def contour(img, mode: int, cval: int, out=None):
     """
     height, width, channels = img.shape
     hi = int(np.iinfo(np.dtype(img.dtype)).max)
-    grid = (cdiv(width, THREADS * COLS), cdiv(height, RUN_Y))
+    grid = (cdiv(width, THREADS), cdiv(height, RUN_Y))
     block = THREADS
     if out is None:
         out = cuda.device_array((height, width), dtype=img.dtype)

@@ -14,7 +14,6 @@ from numba import cuda
 from imgfilter.backends import opencv as ref
 from kernels import border_index as bi
 from kernels import box as kbox
-from kernels import box_fused as kbox_fused
 from kernels import contour as kcontour
 from kernels import conv as kconv
 
@@ -107,14 +106,7 @@ def _box(fn, img, k, border, cval=0):
     return out.copy_to_host()
 
 
-BOX_METHODS = {
-    "fused": kbox_fused.box_fused,
-    "running": kbox.box_running,
-    "separable": kbox.box_separable,
-}
-
-
-@pytest.mark.parametrize("fn", BOX_METHODS.values(), ids=BOX_METHODS.keys())
+@pytest.mark.parametrize("fn", [kbox.box_running, kbox.box_separable], ids=["running", "separable"])
 @pytest.mark.parametrize("k", [(1, 1), (3, 3), (5, 4), (7, 9)])
 def test_box_uint8_equals_rounded_mean(fn, k):
     img = _image((9, 41, 3), np.uint8, seed=6)
@@ -127,29 +119,6 @@ def test_box_uint8_equals_rounded_mean(fn, k):
         np.testing.assert_array_equal(got, want)
         # and cv2.blur agrees within its own 8-bit rounding (1 LSB)
         assert np.abs(got.astype(int) - ref.blur(img, (k[1], k[0]), border, 200)).max() <= 1
-
-
-def test_box_fused_over_several_tiles_and_strips(monkeypatch):
-    # 150 px wide and 20 rows: two column tiles and (with 16-row strips) two row
-    # strips, each with halo. The kernel takes any block size and strip height
-    # (launch parameters); smaller ones keep the simulator quick.
-    monkeypatch.setattr(kbox_fused, "THREADS", 32)
-    monkeypatch.setattr(kbox_fused, "STRIP", 16)
-    img = _image((20, 150, 3), np.uint8, seed=9)
-    for border, k in (("reflect101", (5, 7)), ("wrap", (9, 3))):
-        got = _box(kbox_fused.box_fused, img, k, border, cval=31)
-        sums = ref.filter2d(img.astype(np.float64), np.ones(k), None, border, 31)
-        want = np.rint(np.round(sums) / (k[0] * k[1])).astype(np.uint8)
-        np.testing.assert_array_equal(got, want)
-        assert np.abs(got.astype(int) - ref.blur(img, (k[1], k[0]), border, 31)).max() <= 1
-
-
-def test_box_fused_uint16_exact():
-    img = _image((19, 33, 1), np.uint16, seed=10)
-    img[0, 0, 0] = 65535
-    got = _box(kbox_fused.box_fused, img, (5, 3), "replicate")
-    sums = ref.filter2d(img.astype(np.float64), np.ones((5, 3)), None, "replicate")
-    np.testing.assert_array_equal(got[:, :, 0], np.rint(np.round(sums) / 15).astype(np.uint16))
 
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.float32])
@@ -190,12 +159,11 @@ def test_full_size_filter(method, ksize):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method", ["fused", "running"])
 @pytest.mark.parametrize("k", [2, 3, 21, 101])
 @pytest.mark.parametrize("border", list(BORDERS))
-def test_full_size_box(k, border, method):
+def test_full_size_box(k, border):
     img = _image((2167, 2495, 3), np.uint8, seed=11)
-    got = _box(BOX_METHODS[method], img, (k, k), border)
+    got = _box(kbox.box_running, img, (k, k), border)
     assert np.abs(got.astype(int) - ref.blur(img, k, border)).max() <= 1
 
 

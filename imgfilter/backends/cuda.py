@@ -11,7 +11,6 @@ import numpy as np
 from numba import config, cuda
 
 from kernels import box as _box
-from kernels import box_fused as _box_fused
 from kernels import contour as _contour
 from kernels import conv as _conv
 from kernels import conv_blocked as _blocked
@@ -136,23 +135,16 @@ def correlate(img, kernel, anchor, border, value, method):
 def box(img, ksize, anchor, border, value, method):
     """cv2.blur semantics on the GPU.
 
-    auto: running sums, cost ~ independent of k: for uint8/uint16 one fused pass
-    (`kernels.box_fused`), else a column pass then a row pass (`kernels.box`);
+    auto: running sums, a column pass then a row pass (cost ~ independent of k);
     separable: a row-sum pass and a column-sum pass; naive/padded/tiled/blocked: the
     general correlation kernels with a constant kernel of 1 / (kh * kw).
     """
     kh, kw = ksize
     if method in ("auto", "separable"):
+        run = _box.box_running if method == "auto" else _box.box_separable
 
         def go():
             dimg, from_host = _to_device(img)
-            height, _, channels = dimg.shape
-            if method == "separable":
-                run = _box.box_separable
-            elif _box_fused.supports(dimg.dtype, ksize, height, channels):
-                run = _box_fused.box_fused
-            else:
-                run = _box.box_running
             out = run(dimg, ksize, anchor, border, value)
             return _finish(out, from_host)
 
