@@ -123,6 +123,66 @@ def copy_bandwidth_gbs(timer: Timer, nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / (us * 1e-6) / 1e9
 
 
+def _fma_kernel():
+    from numba import cuda, float32
+
+    @cuda.jit
+    def fmas(n, out):
+        # Eight independent chains per thread keep every FMA pipe busy.
+        t = float32(cuda.grid(1)) * float32(1e-9)
+        a0, a1, a2, a3 = t, t + 1, t + 2, t + 3
+        a4, a5, a6, a7 = t + 4, t + 5, t + 6, t + 7
+        m = float32(0.999999)
+        for _ in range(n):
+            a0 = cuda.fma(a0, m, t)
+            a1 = cuda.fma(a1, m, t)
+            a2 = cuda.fma(a2, m, t)
+            a3 = cuda.fma(a3, m, t)
+            a4 = cuda.fma(a4, m, t)
+            a5 = cuda.fma(a5, m, t)
+            a6 = cuda.fma(a6, m, t)
+            a7 = cuda.fma(a7, m, t)
+        out[cuda.grid(1)] = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7
+
+    return fmas
+
+
+def fma_rate_tfmas(timer: Timer) -> float:
+    """Measured float32 FMA throughput of the device, in tera-FMAs per second."""
+    cuda = timer.cuda
+    sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
+    threads, blocks, n = 256, sms * 32, 4096
+    out = cuda.device_array(threads * blocks, dtype=np.float32)
+    kernel = _fma_kernel()
+    us = timer.kernel_us(lambda: kernel[blocks, threads](n, out), launches=5)
+    return threads * blocks * n * 8 / (us * 1e-6) / 1e12
+
+
+def pure_python_correlate(img: np.ndarray, kernel: np.ndarray) -> np.ndarray:
+    """cv2.filter2D (reflect101, float32 result) in plain Python loops: the seed's
+    CPU baseline. Only for tiny images."""
+    from kernels.border_index import REFLECT101, border_index
+
+    h, w, c = img.shape
+    kh, kw = kernel.shape
+    ay, ax = kh // 2, kw // 2
+    rows = [[border_index(y + i - ay, h, REFLECT101) for i in range(kh)] for y in range(h)]
+    cols = [[border_index(x + j - ax, w, REFLECT101) for j in range(kw)] for x in range(w)]
+    src = img.tolist()
+    k = kernel.tolist()
+    out = np.empty((h, w, c), dtype=np.float32)
+    for y in range(h):
+        for x in range(w):
+            for ch in range(c):
+                acc = 0.0
+                for i, yy in enumerate(rows[y]):
+                    row = src[yy]
+                    for j, xx in enumerate(cols[x]):
+                        acc += k[i][j] * row[xx][ch]
+                out[y, x, ch] = acc
+    return out
+
+
 # -------------------------------------------------------------------------- peers
 
 
@@ -170,15 +230,22 @@ class _Context:
     def __init__(self, quick: bool):
         self.timer = Timer(repeats=3 if quick else 7)
         self.bandwidth = copy_bandwidth_gbs(self.timer, 1 << (26 if quick else 30))
+        self.tfmas = fma_rate_tfmas(self.timer)
         self.cupy, self.ndi = _cupy()
         self.torch = _torch()
         self.quick = quick
         self.rows: list[Row] = []
 
-    def add(self, row: Row, nbytes: int | None = None, pixels: int | None = None) -> None:
+    def add(
+        self, row: Row, nbytes: int | None = None, pixels: int | None = None, fmas: int = 0
+    ) -> None:
+        """Record `row`; nbytes/fmas give its bytes and FLOP floors (the larger counts)."""
         if row.kernel_us and nbytes:
             row.extra["GB/s"] = nbytes / (row.kernel_us * 1e-6) / 1e9
-            row.extra["x_floor"] = row.kernel_us / _floor_us(nbytes, self.bandwidth)
+            floor = _floor_us(nbytes, self.bandwidth)
+            flop_floor = fmas / (self.tfmas * 1e6)
+            row.extra["floor"] = "FMA" if flop_floor > floor else "bytes"
+            row.extra["x_floor"] = row.kernel_us / max(floor, flop_floor)
         if pixels and (row.kernel_us or row.call_us):
             row.extra["Mpix/s"] = pixels / (row.kernel_us or row.call_us)
         self.rows.append(row)
@@ -230,6 +297,7 @@ def _bench_filter(ctx: _Context, size: str, img: np.ndarray, weights: np.ndarray
     kh, kw = weights.shape
     anchor = (kh // 2, kw // 2)
     op, nbytes, pixels = f"filter2d {kh}x{kw}", 2 * img.nbytes, img.shape[0] * img.shape[1]
+    fmas = img.size * kh * kw
     t = ctx.timer
     methods = ("blocked", "tiled", "padded", "naive") if kh == 21 else ("blocked",)
     for method in methods:
@@ -251,6 +319,7 @@ def _bench_filter(ctx: _Context, size: str, img: np.ndarray, weights: np.ndarray
             ),
             nbytes,
             pixels,
+            fmas,
         )
     calls = 1 if kh * kw >= 130 else 3
     ctx.add(
@@ -265,10 +334,10 @@ def _bench_filter(ctx: _Context, size: str, img: np.ndarray, weights: np.ndarray
         c_f = ctx.cupy.asarray(img).astype(ctx.cupy.float32)
         c_w = ctx.cupy.asarray(weights)[:, :, None]
         fn = lambda: ctx.ndi.correlate(c_f, c_w, mode="mirror")  # noqa: E731
-        ctx.add(Row(op, size, "cupy correlate float32", t.kernel_us(fn, 3)), nbytes, pixels)
+        ctx.add(Row(op, size, "cupy correlate float32", t.kernel_us(fn, 3)), nbytes, pixels, fmas)
     if ctx.torch is not None:
         fn = _torch_depthwise(ctx.torch, img, weights)
-        ctx.add(Row(op, size, "torch conv2d float32", t.kernel_us(fn, 5)), nbytes, pixels)
+        ctx.add(Row(op, size, "torch conv2d float32", t.kernel_us(fn, 5)), nbytes, pixels, fmas)
 
 
 def _bench_contour(ctx: _Context, size: str, gray: np.ndarray) -> None:
@@ -296,12 +365,74 @@ def _bench_contour(ctx: _Context, size: str, gray: np.ndarray) -> None:
     ctx.add(Row(op, size, "opencv cpu 4x filter2D + or", call_us=wall_us(lambda: cv_contour(gray))))
 
 
+def _bench_seed_comparison(ctx: _Context, img: np.ndarray) -> None:
+    """The seed article's table: one 5x5 kernel through every engine, in Mpixel/s.
+
+    Pure Python runs on a 48x64 crop (it manages a few thousand pixels a second);
+    the others on the full image. Numba CPU is imgfilter's CPU backend.
+    """
+    import cv2
+    from numba import cuda
+
+    import imgfilter
+    from kernels import conv as kconv
+
+    weights = (np.random.default_rng(5).standard_normal((5, 5)) / 5).astype(np.float32)
+    op, pixels = "seed 5x5 filter", img.shape[0] * img.shape[1]
+    tiny = np.ascontiguousarray(img[:48, :64])
+    ctx.add(
+        Row(
+            op,
+            "48x64",
+            "cpu pure Python",
+            call_us=wall_us(lambda: pure_python_correlate(tiny, weights), 1),
+        ),
+        pixels=tiny.shape[0] * tiny.shape[1],
+    )
+    ctx.add(
+        Row(
+            op,
+            "seed",
+            "imgfilter cpu (Numba parallel)",
+            call_us=wall_us(lambda: imgfilter.filter2d(img, weights, backend="cpu"), 3),
+        ),
+        pixels=pixels,
+    )
+    d_img = cuda.to_device(img)
+    d_out = cuda.device_array_like(d_img)
+    d_w = cuda.to_device(weights)
+    for method, label in (
+        ("naive", "global memory"),
+        ("padded", "padded"),
+        ("tiled", "shared memory"),
+        ("blocked", "blocked"),
+    ):
+        fn = lambda m=method: kconv.correlate(d_img, d_w, (2, 2), 0, 0, m, d_out)  # noqa: E731
+        ctx.add(
+            Row(op, "seed", f"imgfilter cuda {label}", ctx.timer.kernel_us(fn, 10)),
+            2 * img.nbytes,
+            pixels,
+            img.size * 25,
+        )
+    ctx.add(
+        Row(
+            op,
+            "seed",
+            "opencv cpu cv2.filter2D",
+            call_us=wall_us(lambda: cv2.filter2D(img, -1, weights)),
+        ),
+        pixels=pixels,
+    )
+
+
 def run(sizes=("seed",), box_ks=(3, 21, 101), filter_ks=(3, 5, 9, 15, 21, 31), quick=False):
     """Measure every case; returns a dict ready for JSON (see `print_table`)."""
     from numba import cuda
 
     ctx = _Context(quick)
     rng = np.random.default_rng(2026)
+    if "seed" in sizes:
+        _bench_seed_comparison(ctx, rng.integers(1, 256, SEED_SHAPE, dtype=np.uint8))
     for size in sizes:
         img = rng.integers(1, 256, SHAPES[size], dtype=np.uint8)
         for k in box_ks:
@@ -315,6 +446,7 @@ def run(sizes=("seed",), box_ks=(3, 21, 101), filter_ks=(3, 5, 9, 15, 21, 31), q
         "device": name.decode() if isinstance(name, bytes) else str(name),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "copy_bandwidth_GBps": ctx.bandwidth,
+        "fma_rate_TFMAps": ctx.tfmas,
         "versions": _versions(),
         "rows": [asdict(r) for r in ctx.rows],
         "notes": {
@@ -339,9 +471,10 @@ def print_table(result: dict) -> str:
     """The human table: one line per measurement, with ratios to imgfilter."""
     lines = [
         f"device: {result['device']}   date: {result['date']}   "
-        f"copy bandwidth: {result['copy_bandwidth_GBps']:.0f} GB/s",
+        f"copy bandwidth: {result['copy_bandwidth_GBps']:.0f} GB/s   "
+        f"float32 FMA rate: {result['fma_rate_TFMAps']:.1f} TFMA/s",
         f"{'operation':<16} {'size':<5} {'implementation':<30} {'kernel us':>10} "
-        f"{'call us':>10} {'GB/s':>7} {'x floor':>8} {'vs ours':>8}",
+        f"{'call us':>10} {'Mpix/s':>8} {'GB/s':>7} {'x floor':>11} {'vs ours':>8}",
     ]
     ours: dict[tuple, float] = {}
     for r in result["rows"]:
@@ -356,8 +489,12 @@ def print_table(result: dict) -> str:
         k = f"{r['kernel_us']:10.1f}" if r["kernel_us"] else " " * 10
         c = f"{r['call_us']:10.1f}" if r["call_us"] else " " * 10
         gbs = f"{r['extra']['GB/s']:7.0f}" if "GB/s" in r["extra"] else " " * 7
-        xf = f"{r['extra']['x_floor']:8.1f}" if "x_floor" in r["extra"] else " " * 8
-        lines.append(f"{r['op']:<16} {r['size']:<5} {r['impl']:<30} {k} {c} {gbs} {xf} {ratio}")
+        ex = r["extra"]
+        xf = f"{ex['x_floor']:5.1f} {ex['floor']:<5}" if "x_floor" in ex else " " * 11
+        mp = f"{ex['Mpix/s']:8.0f}" if "Mpix/s" in ex else " " * 8
+        lines.append(
+            f"{r['op']:<16} {r['size']:<5} {r['impl']:<30} {k} {c} {mp} {gbs} {xf} {ratio}"
+        )
     for name, note in result["notes"].items():
         lines.append(f"{name}: {note}")
     return "\n".join(lines)

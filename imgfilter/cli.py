@@ -606,6 +606,67 @@ def compare(
         raise typer.Exit(1)
 
 
+@app.command()
+@_command
+def bench(
+    sizes: Annotated[
+        str,
+        typer.Option(
+            "--sizes",
+            metavar="LIST",
+            help="Comma-separated image sizes: seed (2167x2495x3), 4k, 8k.",
+        ),
+    ] = "seed",
+    json_path: Annotated[
+        Path | None,
+        typer.Option("--json", metavar="FILE", help="Also write the results as JSON here."),
+    ] = None,
+    quick: Annotated[
+        bool,
+        typer.Option("--quick", metavar="", help="Fewer repeats and a smaller bandwidth probe."),
+    ] = False,
+    force: ForceOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Time imgfilter's CUDA kernels against OpenCV, CuPy and PyTorch (needs a GPU).
+
+    For each operation and size: GPU kernel time (launches queued behind a spin
+    kernel, so Numba's launch cost is not counted), per-call time from Python,
+    Mpixel/s, GB/s and the ratio to the floor (bytes at the copy bandwidth or FMAs
+    at the FMA rate, both measured in the same run). Peers that are not installed
+    are skipped with a note.
+
+    Example: imgfilter bench --sizes seed,4k,8k --json results.json
+    """
+    from . import bench as _bench
+    from .errors import OutputError
+
+    chosen = tuple(s.strip() for s in sizes.split(",") if s.strip())
+    unknown = [s for s in chosen if s not in _bench.SHAPES]
+    if not chosen or unknown:
+        raise UsageError(
+            f"unknown size {', '.join(unknown) or repr(sizes)}: choose from "
+            f"{', '.join(_bench.SHAPES)}"
+        )
+    if json_path is not None:
+        if json_path.exists() and not force:
+            raise OutputError(f"{_shown(json_path)} exists (use --force to overwrite)")
+        if not json_path.parent.is_dir():
+            raise OutputError(f"output directory {_shown(json_path.parent)} does not exist")
+    _resolve_backend(Backend.cuda)
+    result = _bench.run(chosen, quick=quick)
+    print(_bench.print_table(result))
+    if json_path is not None:
+        tmp = json_path.with_name(f".{json_path.name}.tmp")
+        try:
+            tmp.write_text(json.dumps(result, indent=1))
+            tmp.replace(json_path)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise OutputError(f"cannot write {_shown(json_path)}: {e.strerror}") from None
+        print(f"wrote {_shown(json_path)}")
+
+
 def main() -> None:
     """Entry point for `python -m imgfilter`."""
     app(prog_name=PROG)

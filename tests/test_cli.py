@@ -649,3 +649,23 @@ def test_backend_cuda_without_gpu_is_device_error(color_png):
     assert len(lines) == 1 and lines[0].startswith("imgfilter: error: "), proc.stderr
     assert "GPU" in lines[0] and "Traceback" not in proc.stderr
     assert not color_png.with_name("photo.blur.png").exists()
+
+
+def test_bench_rejects_unknown_size():
+    result = runner.invoke(cli.app, ["bench", "--sizes", "seed,16k"])
+    assert result.exit_code == 2
+    assert "unknown size 16k" in result.output and "seed, 4k, 8k" in result.output
+
+
+def test_bench_json_into_missing_directory_is_output_error(tmp_path):
+    result = runner.invoke(cli.app, ["bench", "--json", str(tmp_path / "no" / "r.json")])
+    assert result.exit_code == 4
+    assert "does not exist" in result.output
+
+
+@pytest.mark.skipif(_real_gpu_present(), reason="a real GPU is present")
+def test_bench_without_gpu_is_device_error():
+    proc = module("bench", "--quick", NUMBA_ENABLE_CUDASIM=None)
+    assert proc.returncode == 5, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("imgfilter: error: "), proc.stderr

@@ -1,0 +1,58 @@
+"""The benchmark's own logic: the pure-Python baseline, the table, and (on a GPU) a run."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+
+from imgfilter import bench
+
+
+def test_pure_python_correlate_matches_opencv():
+    rng = np.random.default_rng(3)
+    img = rng.integers(0, 256, (7, 9, 3), dtype=np.uint8)
+    kernel = rng.standard_normal((5, 3)).astype(np.float32)
+    want = cv2.filter2D(img.astype(np.float32), -1, kernel, borderType=cv2.BORDER_REFLECT_101)
+    np.testing.assert_allclose(bench.pure_python_correlate(img, kernel), want, rtol=1e-5, atol=1e-3)
+
+
+def _row(impl, kernel_us=None, call_us=None, **extra):
+    return {
+        "op": "blur k=21", "size": "seed", "impl": impl, "kernel_us": kernel_us,
+        "call_us": call_us, "note": "", "extra": extra,
+    }  # fmt: skip
+
+
+def test_table_shows_ratios_to_imgfilter_and_floor():
+    ours_extra = {"GB/s": 320.0, "x_floor": 8.7, "floor": "bytes", "Mpix/s": 54000.0}
+    result = {
+        "device": "GPU", "date": "2026-11-22", "copy_bandwidth_GBps": 2800.0,
+        "fma_rate_TFMAps": 30.0, "notes": {"cupy": "not installed: skipped"},
+        "rows": [
+            _row("imgfilter cuda", 100.0, 150.0, **ours_extra),
+            _row("cupy uniform_filter", 2500.0),
+            _row("opencv cpu cv2.blur", call_us=20000.0),
+        ],
+    }  # fmt: skip
+    lines = bench.print_table(result).splitlines()
+    ours, cupy, opencv = (
+        next(x for x in lines if name in x) for name in ("imgfilter", "cupy", "opencv")
+    )
+    assert "8.7 bytes" in ours and ours.rstrip().endswith("1.0")
+    assert cupy.rstrip().endswith("25.0")
+    assert opencv.rstrip().endswith("200.0")
+    assert lines[-1] == "cupy: not installed: skipped"
+
+
+@pytest.mark.gpu
+def test_bench_run_measures_every_case():
+    from tests.conftest import ON_GPU
+
+    assert ON_GPU
+    result = bench.run(("seed",), box_ks=(3,), filter_ks=(3,), quick=True)
+    impls = {r["impl"] for r in result["rows"]}
+    assert {"imgfilter cuda (running sums)", "opencv cpu cv2.blur", "cpu pure Python"} <= impls
+    assert result["copy_bandwidth_GBps"] > 100 and result["fma_rate_TFMAps"] > 1
+    for r in result["rows"]:
+        assert (r["kernel_us"] or r["call_us"]) > 0, r
