@@ -21,8 +21,6 @@ Two implementations:
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import cuda, float32, float64, uint64
 
@@ -176,31 +174,13 @@ def box_column_sums(img, kh, ay, mode, cval, strip, sums):
         y += 1
 
 
-@cuda.jit(device=True, inline=True)
-def _round_div(acc, area, inv_area):
-    """round(acc / area), half to even, for an integer-valued acc held exactly.
-
-    A multiply by the reciprocal lands within one of the answer; the remainder,
-    exact in acc's precision, tells which way to correct. This replaces a
-    correctly rounded division plus rounding, which dominated the row pass.
-    """
-    q = math.floor(acc * inv_area + 0.5)
-    twice_r = 2 * (acc - q * area)
-    if twice_r > area or (twice_r == area and q % 2 == 1):
-        q += 1
-    elif twice_r < -area or (twice_r == -area and q % 2 == 1):
-        q -= 1
-    return q
-
-
 def _make_box_row_sums(stage_type):
     """Build the row pass that stages column sums in shared memory as `stage_type`."""
 
     @cuda.jit(cache=True)
     def box_row_sums(
-        sums, kw, ax, mode, row_cval, zero, area, inv_area, lo, hi, is_int, tile_w, channels,
-        out_rows,
-    ):  # fmt: skip
+        sums, kw, ax, mode, row_cval, zero, area, lo, hi, is_int, tile_w, channels, out_rows
+    ):
         """out[y, x, c] = sum of sums[y, (x - ax + j) * C + c] for j < kw, over area.
 
         out_rows is the (H, W, C) output viewed as (H, W * C).
@@ -246,10 +226,9 @@ def _make_box_row_sums(stage_type):
                     acc -= smem[first]
                     enter += uch
                     first += uch
-                if is_int:  # acc is an exact integer: the mean lies in [lo, hi]
-                    v = _round_div(acc, area, inv_area)
-                else:
-                    v = acc / area
+                v = acc / area  # correctly rounded: exact halves stay exact
+                if is_int:
+                    v = saturate_int(v, lo, hi)
                 smem[results + uint64(x) * uch + uint64(c)] = v
         cuda.syncthreads()
         row_base = uint64(x0) * uch
@@ -304,7 +283,6 @@ def box_running(img, ksize, anchor, mode, cval, out=None):
         kh * float(cval),
         zero,
         area,
-        stage_type(1.0 / (kh * kw)),
         lo,
         hi,
         is_int,
