@@ -15,6 +15,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from imgfilter.bench import best_ours
+
 
 def _size_of(op: str) -> int | None:
     m = re.match(r"(?:filter2d (\d+)x\d+|blur k=(\d+))", op)
@@ -61,11 +63,7 @@ def table(result: dict) -> str:
         "| operation | size | implementation | kernel us | per-call us | GB/s | x floor | x ours |",
         "|---|---|---|---:|---:|---:|---:|---:|",
     ]
-    ours: dict = {}
-    for r in result["rows"]:
-        t = r["kernel_us"] or r["call_us"]
-        if r["impl"].startswith("imgfilter") and (r["op"], r["size"]) not in ours:
-            ours[(r["op"], r["size"])] = t
+    ours = best_ours(result["rows"])
     for r in result["rows"]:
         t = r["kernel_us"] or r["call_us"]
         base = ours.get((r["op"], r["size"]))

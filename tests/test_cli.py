@@ -180,7 +180,7 @@ def test_success_line_names_output_shape_and_engine(color_png):
     assert_ok(result)
     line = result.stderr.strip().splitlines()[-1]
     assert line.startswith("wrote ") and "photo.blur.png" in line
-    assert "53x37 px, 3 ch uint8" in line and "cpu" in line and " ms incl. start-up)" in line
+    assert "53x37 px, 3 ch uint8" in line and "cpu" in line and " ms incl. kernel loading)" in line
 
 
 # ---------------------------------------------------------------------------------------
