@@ -29,7 +29,7 @@ from .launch import SMEM_LIMIT, cdiv, image_grid, scratch
 
 # box_running geometry: the column pass walks STRIP_ROWS rows per thread; the row
 # pass gives each block ROW_TILE pixels of a row and each thread RUN of them.
-STRIP_ROWS = 64
+STRIP_ROWS = 128
 ROW_TILE = 512
 RUN = 16
 

@@ -17,7 +17,7 @@ from .device import bgr_to_gray, border_index
 from .launch import cdiv
 
 THREADS = 128  # consecutive columns per block
-RUN_Y = 16  # rows walked by each thread
+RUN_Y = 8  # rows walked by each thread (8 measured fastest on the H100: 23 us vs 30 us at 16)
 
 
 @cuda.jit(device=True)
