@@ -26,20 +26,13 @@ from numba import cuda, float32, float64, uint64
 
 from .device import border_index, saturate_int
 from .launch import SMEM_LIMIT, cdiv, image_grid, scratch
+from .saturate import output_limits
 
 # box_running geometry: the column pass walks STRIP_ROWS rows per thread; the row
 # pass gives each block ROW_TILE pixels of a row and each thread RUN of them.
 STRIP_ROWS = 128
 ROW_TILE = 512
 RUN = 16
-
-
-def _limits(dtype) -> tuple[int, int, bool]:
-    dt = np.dtype(dtype)
-    if dt.kind == "u":
-        info = np.iinfo(dt)
-        return int(info.min), int(info.max), True
-    return 0, 0, False
 
 
 def _exact_in_float32(dtype, kh: int, kw: int) -> bool:
@@ -95,7 +88,7 @@ def box_separable(img, ksize, anchor, mode, cval, out=None):
     height, width, channels = img.shape
     kh, kw = ksize
     ay, ax = anchor
-    lo, hi, is_int = _limits(img.dtype)
+    lo, hi, is_int = output_limits(img.dtype)
     sum_dtype = np.float32 if _exact_in_float32(img.dtype, kh, kw) else np.float64
     sums = scratch(img.shape, sum_dtype)
     if out is None:
@@ -262,7 +255,7 @@ def box_running(img, ksize, anchor, mode, cval, out=None):
     smem = ((tile_w + kw - 1) * channels + tile_w * channels) * itemsize
     if smem > SMEM_LIMIT:
         return box_separable(img, ksize, anchor, mode, cval, out)
-    lo, hi, is_int = _limits(img.dtype)
+    lo, hi, is_int = output_limits(img.dtype)
     if out is None:
         out = cuda.device_array(img.shape, dtype=img.dtype)
     sums = scratch((height, width * channels), _column_sum_dtype(img.dtype, kh))

@@ -22,6 +22,7 @@ from numba import cuda, float32
 
 from .device import border_index, saturate_int
 from .launch import BLOCK_X, BLOCK_Y, SMEM_LIMIT, image_grid, scratch
+from .saturate import output_limits
 
 
 @cuda.jit(cache=True)
@@ -134,14 +135,6 @@ def correlate_tiled(img, weights, ay, ax, mode, cval, lo, hi, is_int, out):
 # ---------------------------------------------------------------- launch functions
 
 
-def _limits(dtype) -> tuple[int, int, bool]:
-    dt = np.dtype(dtype)
-    if dt.kind == "u":
-        info = np.iinfo(dt)
-        return int(info.min), int(info.max), True
-    return 0, 0, False
-
-
 def tiled_smem_bytes(kh: int, kw: int) -> int:
     """Dynamic shared memory the tiled kernel needs for a kh x kw kernel."""
     return 4 * ((BLOCK_Y + kh - 1) * (BLOCK_X + kw - 1) + kh * kw)
@@ -160,7 +153,7 @@ def correlate(img, weights, anchor, mode, cval, method, out=None):
     height, width, channels = img.shape
     kh, kw = weights.shape
     ay, ax = anchor
-    lo, hi, is_int = _limits(img.dtype)
+    lo, hi, is_int = output_limits(img.dtype)
     if out is None:
         out = cuda.device_array(img.shape, dtype=img.dtype)
     grid, block = image_grid(height, width, channels)

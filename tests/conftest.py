@@ -14,7 +14,7 @@ import os
 import pytest
 
 
-def _real_gpu_present() -> bool:
+def real_gpu_present() -> bool:
     """Ask the CUDA driver directly (no numba import) whether a device exists."""
     for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
         try:
@@ -28,7 +28,7 @@ def _real_gpu_present() -> bool:
     return False
 
 
-if os.environ.get("IMGFILTER_TEST_SIMULATOR") == "1" or not _real_gpu_present():
+if os.environ.get("IMGFILTER_TEST_SIMULATOR") == "1" or not real_gpu_present():
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 
 ON_GPU = os.environ.get("NUMBA_ENABLE_CUDASIM") != "1"

@@ -8,7 +8,6 @@ Runs through Typer's CliRunner (in process, `--backend cpu`) and, for a few case
 
 from __future__ import annotations
 
-import ctypes
 import json
 import math
 import os
@@ -19,6 +18,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from conftest import real_gpu_present
 from typer.testing import CliRunner
 
 from imgfilter import cli
@@ -625,23 +625,7 @@ def test_auto_backend_success_subprocess(gray_png):
     np.testing.assert_array_equal(got, opencv.contour(imread(gray_png)))
 
 
-def _real_gpu_present() -> bool:
-    """Ask the CUDA driver (without Numba) whether a real device exists."""
-    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
-        try:
-            lib = ctypes.CDLL(name)
-        except OSError:
-            continue
-        count = ctypes.c_int(0)
-        return (
-            lib.cuInit(0) == 0
-            and lib.cuDeviceGetCount(ctypes.byref(count)) == 0
-            and count.value > 0
-        )
-    return False
-
-
-@pytest.mark.skipif(_real_gpu_present(), reason="a real GPU is present")
+@pytest.mark.skipif(real_gpu_present(), reason="a real GPU is present")
 def test_backend_cuda_without_gpu_is_device_error(color_png):
     proc = module("blur", color_png, "--k", "3", "--backend", "cuda", NUMBA_ENABLE_CUDASIM=None)
     assert proc.returncode == 5, proc.stderr
@@ -663,7 +647,7 @@ def test_bench_json_into_missing_directory_is_output_error(tmp_path):
     assert "does not exist" in result.output
 
 
-@pytest.mark.skipif(_real_gpu_present(), reason="a real GPU is present")
+@pytest.mark.skipif(real_gpu_present(), reason="a real GPU is present")
 def test_bench_without_gpu_is_device_error():
     proc = module("bench", "--quick", NUMBA_ENABLE_CUDASIM=None)
     assert proc.returncode == 5, proc.stderr

@@ -38,6 +38,7 @@ from numba.extending import intrinsic
 from kernels import border_index as _bi
 from kernels import gray as _gray
 from kernels import saturate as _sat
+from kernels.saturate import output_limits
 
 NAME = "cpu"
 
@@ -52,14 +53,6 @@ _BOX_FIXED = 2  # uint8, area <= 256: ((sum + delta) * mul) >> 23, OpenCV's fixe
 _BOX_F32 = 3  # int sums: round(float32(sum) * float32(1 / area))
 _BOX_F64 = 4  # double sums (huge boxes): round(sum * (1.0 / area))
 _FIXED_SHIFT = 23
-
-
-def _limits(dtype) -> tuple[int, int, bool]:
-    dt = np.dtype(dtype)
-    if dt.kind == "u":
-        info = np.iinfo(dt)
-        return int(info.min), int(info.max), True
-    return 0, 0, False
 
 
 def box_scaling(dtype, area: int) -> tuple[int, int, int]:
@@ -190,7 +183,7 @@ def correlate(img, kernel, anchor, border, value, method):
     ay, ax = anchor
     pad = _pad(img, ay, kh - 1 - ay, ax, kw - 1 - ax, border, value)
     out = np.empty_like(img)
-    lo, hi, is_int = _limits(img.dtype)
+    lo, hi, is_int = output_limits(img.dtype)
     weights = np.ascontiguousarray(kernel, dtype=np.float32)
     wide = kh * kw >= direct_area_limit(img.dtype)
     _correlate_rows(
@@ -264,7 +257,7 @@ def box(img, ksize, anchor, border, value, method):
     ay, ax = anchor
     pad = _pad(img, ay, kh - 1 - ay, ax, kw - 1 - ax, border, value)
     out = np.empty_like(img)
-    lo, hi, _ = _limits(img.dtype)
+    lo, hi, _ = output_limits(img.dtype)
     area = kh * kw
     mode, delta, mul = box_scaling(img.dtype, area)
     nchunks = min(h, 4 * numba.get_num_threads())
@@ -329,7 +322,7 @@ def _contour_rows(g, hi, out):
 def contour(img, border, value, method):
     """Gray (cv2.cvtColor), four 3x3 edge responses, saturated, OR-ed; (H, W) out."""
     h, w, _ = img.shape
-    _, hi, _ = _limits(img.dtype)
+    _, hi, _ = output_limits(img.dtype)
     rows = _axis_map(h, 1, 1, border)
     cols = _axis_map(w, 1, 1, border)
     gray = np.empty((h + 2, w + 2), np.int64)
