@@ -28,8 +28,11 @@ _cache: dict[tuple[int, int, int], object] = {}
 
 
 def rows_per_thread(kh: int) -> int:
-    """Outputs per thread: more reuse per read, bounded by registers."""
-    return 32 if kh <= 21 else 16
+    """Outputs per thread: more reuse per read, bounded by registers.
+
+    Measured on the H100 (benchmarks/results/2026-11-23-h100-sweep-blocked.txt): 32 is
+    best up to 21 rows, 24 beyond (31x31: 757 us vs 805 us with 16)."""
+    return 32 if kh <= 21 else 24
 
 
 def smem_bytes(kh: int, kw: int) -> int:
