@@ -40,3 +40,85 @@ def scratch(shape: tuple, dtype):
     while len(_SCRATCH) > _SCRATCH_KEEP:
         _SCRATCH.pop(next(iter(_SCRATCH)))
     return buf
+
+
+# ------------------------------------------------------- row-wise kernels (softmax, GEMV)
+
+WAVES = 32  # OneFlow's GetNumBlocks: enough blocks for this many full waves
+
+
+def device_limits() -> tuple[int, int]:
+    """(SM count, max resident threads per SM) of the current device."""
+    from numba import cuda
+
+    dev = cuda.get_current_device()
+    return int(dev.MULTIPROCESSOR_COUNT), int(dev.MAX_THREADS_PER_MULTI_PROCESSOR)
+
+
+def wave_blocks(block_size: int, work_blocks: int, waves: int = WAVES) -> int:
+    """Grid size for a grid-stride kernel, as OneFlow's GetNumBlocks.
+
+    As many blocks as the work needs (`work_blocks`), but no more than `waves` full
+    waves of resident blocks; kernels loop over the rest. At least one block.
+    """
+    sms, threads_per_sm = device_limits()
+    return max(1, min(work_blocks, sms * (threads_per_sm // block_size) * waves))
+
+
+def active_blocks_per_sm(kernel, block_size: int, smem_bytes: int) -> int:
+    """Resident blocks per SM of a compiled kernel (the CUDA occupancy calculator).
+
+    `kernel` is a specialized dispatcher (`dispatcher.specialize(*args)`) or a compiled
+    overload. max_cooperative_grid_blocks is cuOccupancyMaxActiveBlocksPerMultiprocessor
+    times the SM count.
+    """
+    overload = kernel
+    if hasattr(kernel, "overloads"):
+        overload = next(iter(kernel.overloads.values()))
+    sms, _ = device_limits()
+    return overload.max_cooperative_grid_blocks(block_size, smem_bytes) // sms
+
+
+def largest_block_keeping_occupancy(active, sizes: tuple[int, ...] = (128, 256, 512, 1024)) -> int:
+    """OneFlow's block-size choice for block-per-row kernels.
+
+    `active(block_size)` gives the resident blocks per SM. The smallest size sets the
+    most blocks that can be resident; the largest size that still reaches that many
+    wins (more threads per row at the same occupancy). Returns 0 when even the
+    smallest cannot launch (e.g. too much shared memory).
+    """
+    most = active(sizes[0])
+    if most <= 0:
+        return 0
+    best = sizes[0]
+    for size in sizes[1:]:
+        if active(size) == most:
+            best = size
+    return best
+
+
+def allow_dynamic_smem(kernel, nbytes: int) -> bool:
+    """Let a compiled kernel use `nbytes` of dynamic shared memory (opt-in above 48 KiB).
+
+    Numba has no public call for cudaFuncAttributeMaxDynamicSharedMemorySize; this
+    sets it the way numba-cuda sets the carve-out attribute. False when the device
+    cannot give that much or the attribute cannot be set.
+    """
+    if nbytes <= SMEM_LIMIT:
+        return True
+    try:
+        from numba.cuda.cudadrv import driver
+        from numba.cuda.cudadrv.driver import binding
+
+        overload = kernel
+        if hasattr(kernel, "overloads"):
+            overload = next(iter(kernel.overloads.values()))
+        cufunc = overload._codelibrary.get_cufunc()
+        dev = cufunc.device
+        if nbytes > dev.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN:
+            return False
+        attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        driver.driver.cuKernelSetAttribute(attr, nbytes, cufunc.handle, dev.id)
+        return True
+    except Exception:
+        return False

@@ -3,7 +3,8 @@
 This must run before anything imports numba, which is why it sits in conftest.
 `ON_GPU` is True when a real CUDA device is usable; tests marked `gpu` (full-size
 images, real-hardware behaviour) are skipped without one. Set
-IMGFILTER_TEST_SIMULATOR=1 to force the simulator even on a GPU machine.
+IMGFILTER_TEST_SIMULATOR=1 to force the simulator even on a GPU machine. On the
+simulator, tests/cuda_sim_shim.py adds warp shuffles and votes to it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,13 @@ if os.environ.get("IMGFILTER_TEST_SIMULATOR") == "1" or not real_gpu_present():
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 
 ON_GPU = os.environ.get("NUMBA_ENABLE_CUDASIM") != "1"
+
+if not ON_GPU:
+    # The simulator lacks warp shuffles, votes and some device attributes; the shim
+    # adds them so kernels that use them run unchanged (see tests/cuda_sim_shim.py).
+    from cuda_sim_shim import install as _install_sim_shim
+
+    _install_sim_shim()
 
 
 def pytest_collection_modifyitems(config, items):
