@@ -1,0 +1,349 @@
+"""kernels.softmax against float64 NumPy; the simulator shim's warp intrinsics.
+
+On the simulator (CI) shapes stay small and block paths run with a forced small block;
+tests marked `gpu` run the full shape list on a real device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import cuda, float32, int32, uint32
+
+from kernels import launch
+from kernels.reduce import (
+    block_allreduce_max,
+    block_allreduce_sum,
+    group_mask,
+    warp_allreduce_max,
+    warp_allreduce_sum,
+)
+from kernels.softmax import _pack_size, plan, softmax, warp_geometry
+
+# Relative tolerance of probabilities; for log-softmax the same number is the absolute
+# tolerance (an absolute error e in log space is a relative error ~e in probability).
+# The absolute floor for probabilities covers results in the subnormal range.
+RTOL = {np.float32: 1e-5, np.float16: 1e-3}
+TINY = {np.float32: float(np.finfo(np.float32).tiny), np.float16: 2.0**-24}
+
+
+def reference(x: np.ndarray, log: bool) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z = x - m
+        s = np.exp(z).sum(axis=1, keepdims=True)
+        return z - np.log(s) if log else np.exp(z) / s
+
+
+def check(y, x, log: bool) -> None:
+    dt = x.dtype.type
+    y = np.asarray(y)
+    assert y.shape == x.shape
+    ref = reference(x, log)
+    if log:
+        np.testing.assert_allclose(y.astype(np.float64), ref, rtol=RTOL[dt], atol=RTOL[dt])
+    else:
+        np.testing.assert_allclose(y.astype(np.float64), ref, rtol=RTOL[dt], atol=TINY[dt])
+
+
+def random_rows(rows: int, cols: int, dtype, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed + 7919 * cols + rows)
+    return (rng.standard_normal((rows, cols)) * 3).astype(dtype)
+
+
+def special_rows(cols: int, dtype) -> np.ndarray:
+    """Huge values, -inf entries, and a row that is all -inf but one."""
+    huge = 1e30 if dtype == np.float32 else 6e4
+    x = random_rows(4, cols, dtype, seed=1)
+    x[0, :: max(1, cols // 3)] = huge  # several maxima of a huge size
+    x[1] += dtype(huge / 2) if cols > 1 else 0
+    x[1, -1] = huge
+    x[2, ::2] = -np.inf
+    x[2, -1] = 0.5
+    x[3, :] = -np.inf
+    x[3, cols // 2] = -2.0
+    return x
+
+
+# --------------------------------------------------------------- the simulator shim
+
+
+@cuda.jit
+def _shim_probe(out):
+    """64 threads (two warps): one row of `out` per intrinsic, one column per thread."""
+    t = cuda.threadIdx.x
+    lane = cuda.laneid
+    v = int32(t + 1)
+    full = uint32(0xFFFFFFFF)
+    # Full-warp butterfly sum.
+    s = v
+    offset = 16
+    while offset > 0:
+        s += cuda.shfl_xor_sync(full, s, offset)
+        offset //= 2
+    out[0, t] = s
+    # Width-8 groups with their own masks.
+    s = v
+    mask = group_mask(8)
+    offset = 4
+    while offset > 0:
+        s += cuda.shfl_xor_sync(mask, s, offset)
+        offset //= 2
+    out[1, t] = s
+    out[2, t] = cuda.shfl_down_sync(full, v, 3)
+    out[3, t] = cuda.shfl_up_sync(full, v, 5)
+    out[4, t] = cuda.shfl_sync(mask, v, (lane // 8) * 8 + 2)  # idx within each group
+    out[5, t] = cuda.ballot_sync(full, t % 3 == 0)
+    out[6, t] = int32(warp_allreduce_max(float32(t % 13), 32, full))
+
+
+def test_shim_shuffles_match_hardware_semantics():
+    out = np.zeros((7, 64), np.int64)
+    _shim_probe[1, 64](out)
+    t = np.arange(64)
+    v = t + 1
+    warp_base = (t // 32) * 32
+    assert (out[0] == [v[b : b + 32].sum() for b in warp_base]).all()
+    group = (t // 8) * 8
+    assert (out[1] == [v[g : g + 8].sum() for g in group]).all()
+    lane = t % 32
+    assert (out[2] == np.where(lane + 3 < 32, v + 3, v)).all()  # past lane 31: own value
+    assert (out[3] == np.where(lane - 5 >= 0, v - 5, v)).all()
+    assert (out[4] == v[group + 2]).all()
+    ballot = [sum(1 << i for i in range(32) if (b + i) % 3 == 0) for b in warp_base]
+    assert (out[5] == ballot).all()
+    assert (out[6] == [max((b + i) % 13 for i in range(32)) for b in warp_base]).all()
+
+
+@cuda.jit
+def _block_reduce_probe(x, out):
+    t = cuda.threadIdx.x
+    out[0, t] = block_allreduce_sum(x[t])
+    out[1, t] = block_allreduce_max(x[t])
+    out[2, t] = warp_allreduce_sum(x[t], 4, group_mask(4))
+
+
+def test_block_and_group_allreduce():
+    x = np.random.default_rng(3).standard_normal(64).astype(np.float32)
+    out = np.zeros((3, 64), np.float32)
+    _block_reduce_probe[1, 64](x, out)
+    np.testing.assert_allclose(out[0], x.astype(np.float64).sum(), rtol=1e-5)
+    assert (out[1] == x.max()).all()
+    np.testing.assert_allclose(out[2], np.repeat(x.reshape(16, 4).sum(1), 4), rtol=1e-5)
+
+
+# ------------------------------------------------------------- planning (host logic)
+
+
+def test_warp_geometry_follows_oneflow():
+    assert warp_geometry(3, 1, 1) == (1, 1, 1)
+    assert warp_geometry(4, 2, 2) == (1, 2, 2)  # even rows: two rows per access
+    assert warp_geometry(3, 31, 1) == (32, 1, 1)
+    assert warp_geometry(2, 33, 1) == (32, 2, 1)
+    assert warp_geometry(2, 64, 2) == (32, 2, 2)
+    assert warp_geometry(1, 1000, 2) == (32, 32, 1)
+    assert warp_geometry(1, 1024, 4) == (32, 32, 1)
+
+
+def test_pack_size_by_divisibility_word_size_and_alignment():
+    f32, f16 = np.float32, np.float16
+    assert _pack_size(1000, (f32, f32)) == 2  # 4 x float32 would be 128 bits
+    assert _pack_size(1001, (f32, f32)) == 1
+    assert _pack_size(1000, (f16, f16)) == 4
+    assert _pack_size(1002, (f16, f16)) == 2
+    assert _pack_size(1000, (f16, f32)) == 2
+    assert _pack_size(1000, (f32, f32), (256, 260)) == 1  # misaligned output
+
+
+def test_block_size_choice_keeps_most_resident_blocks():
+    pick = launch.largest_block_keeping_occupancy
+    assert pick({128: 8, 256: 8, 512: 4, 1024: 2}.get) == 256
+    assert pick({128: 1, 256: 1, 512: 1, 1024: 1}.get) == 1024
+    assert pick({128: 0, 256: 0, 512: 0, 1024: 0}.get) == 0
+
+
+def test_wave_blocks_capped_by_work_and_waves():
+    sms, tpm = launch.device_limits()
+    assert launch.wave_blocks(128, 3) == 3
+    assert launch.wave_blocks(128, 10**9) == sms * (tpm // 128) * launch.WAVES
+    assert launch.wave_blocks(1024, 0) == 1
+
+
+def test_auto_picks_warp_up_to_1024_columns():
+    for cols in (1, 33, 1024):
+        assert plan(3, cols, np.float32)[0].method == "warp"
+    assert plan(3, 200, np.float16, block_size=64, method="block_uncached")[0].block == (64, 1)
+
+
+# ------------------------------------------------------------------ correctness (sim)
+
+WARP_CASES = [  # (rows, cols, dtype, log)
+    (1, 1, np.float32, False),
+    (2, 1, np.float16, True),
+    (3, 2, np.float32, True),
+    (2, 2, np.float16, False),
+    (3, 31, np.float32, False),
+    (1, 31, np.float16, True),
+    (2, 32, np.float32, True),
+    (3, 32, np.float16, False),
+    (3, 33, np.float32, False),
+    (2, 33, np.float16, True),
+    (2, 127, np.float32, True),
+    (3, 127, np.float16, False),
+    (2, 130, np.float32, False),
+]
+
+
+@pytest.mark.parametrize(
+    "rows,cols,dtype,log", WARP_CASES, ids=lambda v: getattr(v, "__name__", str(v))
+)
+def test_warp_path(rows, cols, dtype, log):
+    x = random_rows(rows, cols, dtype)
+    check(softmax(x, log=log, method="warp"), x, log)
+
+
+BLOCK_CASES = [  # (method, rows, cols, dtype, log): block of 32 threads on the simulator
+    ("block_smem", 2, 70, np.float32, False),
+    ("block_smem", 1, 33, np.float16, True),
+    ("block_smem", 3, 8, np.float16, False),
+    ("block_uncached", 2, 70, np.float32, True),
+    ("block_uncached", 1, 37, np.float16, False),
+    ("block_uncached", 3, 5, np.float32, False),
+]
+
+
+@pytest.mark.parametrize(
+    "method,rows,cols,dtype,log", BLOCK_CASES, ids=lambda v: getattr(v, "__name__", str(v))
+)
+def test_block_paths(method, rows, cols, dtype, log):
+    x = random_rows(rows, cols, dtype)
+    check(softmax(x, log=log, method=method, block_size=32), x, log)
+
+
+@pytest.mark.parametrize("method", ["warp", "block_smem", "block_uncached"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+def test_huge_and_infinite_values(method, dtype):
+    x = special_rows(40, dtype)
+    block = None if method == "warp" else 32
+    # Block paths are slow on the simulator: one of softmax / log-softmax per dtype there.
+    for log in (False, True) if method == "warp" else (dtype == np.float16,):
+        check(softmax(x, log=log, method=method, block_size=block), x, log)
+
+
+def test_device_in_device_out_and_out_argument():
+    x = random_rows(3, 33, np.float32)
+    dx = cuda.to_device(x)
+    dy = softmax(dx)
+    assert not isinstance(dy, np.ndarray) and hasattr(dy, "copy_to_host")
+    check(dy.copy_to_host(), x, False)
+    dout = cuda.device_array((3, 33), np.float32)
+    assert softmax(dx, out=dout) is dout
+    check(dout.copy_to_host(), x, False)
+    hout = np.zeros((3, 33), np.float32)
+    assert softmax(x, out=hout, log=True) is hout
+    check(hout, x, True)
+
+
+def test_float16_in_float32_out():
+    x = random_rows(2, 40, np.float16)
+    out = np.zeros((2, 40), np.float32)
+    softmax(x, out=out)
+    np.testing.assert_allclose(out, reference(x, False), rtol=1e-5, atol=1e-38)
+
+
+def test_empty_rows():
+    assert softmax(np.zeros((0, 5), np.float32)).shape == (0, 5)
+
+
+@pytest.mark.parametrize(
+    "kwargs,args,exc,words",
+    [
+        ({}, (np.zeros(5, np.float32),), ValueError, "2-D"),
+        ({}, (np.zeros((2, 2, 2), np.float32),), ValueError, "2-D"),
+        ({}, (np.zeros((2, 3), np.float64),), TypeError, "float64"),
+        ({}, (np.zeros((2, 3), np.int32),), TypeError, "int32"),
+        ({}, ([[1.0, 2.0]],), TypeError, "list"),
+        ({"method": "fast"}, (np.ones((2, 3), np.float32),), ValueError, "'fast'"),
+        (
+            {"out": np.zeros((3, 2), np.float32)},
+            (np.ones((2, 3), np.float32),),
+            ValueError,
+            "(3, 2)",
+        ),
+        ({"out": np.zeros((2, 3), np.float64)}, (np.ones((2, 3), np.float32),), TypeError, "out"),
+        ({"method": "warp"}, (np.ones((1, 1025), np.float32),), ValueError, "1024"),
+        ({"block_size": 100}, (np.ones((1, 9), np.float32),), ValueError, "block_size"),
+    ],
+)
+def test_bad_input_is_named(kwargs, args, exc, words):
+    with pytest.raises(exc, match=None) as info:
+        softmax(*args, **kwargs)
+    assert words in str(info.value)
+
+
+# ------------------------------------------------------------------- full size (GPU)
+
+GPU_COLS = [1, 2, 31, 32, 33, 127, 1000, 1024, 1025, 4096, 4097, 12345, 65536, 2**20]
+
+
+def _gpu_rows(cols: int) -> list[int]:
+    large = max(4, min(20000, (1 << 24) // cols))
+    return sorted({1, 2, 3, 37, large})
+
+
+def _methods_for(cols: int) -> list[str]:
+    return (
+        ["auto", "warp", "block_smem", "block_uncached"]
+        if cols <= 1024
+        else [
+            "auto",
+            "block_smem",
+            "block_uncached",
+        ]
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cols", GPU_COLS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+def test_gpu_full_shape_list(cols, dtype):
+    for rows in _gpu_rows(cols):
+        x = random_rows(rows, cols, dtype)
+        dx = cuda.to_device(x)
+        for method in _methods_for(cols):
+            if method == "block_smem" and cols * 4 > 200 * 1024:
+                continue  # more than an H100 block's shared memory
+            for log in (False, True):
+                y = softmax(dx, log=log, method=method).copy_to_host()
+                check(y, x, log)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cols", [1, 33, 1000, 1025, 4097, 65536, 2**20])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+def test_gpu_special_values(cols, dtype):
+    x = special_rows(cols, dtype)
+    for method in _methods_for(cols):
+        if method == "block_smem" and cols * 4 > 200 * 1024:
+            continue
+        for log in (False, True):
+            check(softmax(x, log=log, method=method), x, log)
+
+
+@pytest.mark.gpu
+def test_gpu_auto_dispatch():
+    assert plan(1000, 1024, np.float32)[0].method == "warp"
+    assert plan(1000, 4096, np.float32)[0].method == "block_smem"
+    assert plan(100, 2**20, np.float32)[0].method == "block_uncached"
+    p = plan(1000, 4096, np.float32)[0]
+    assert p.block[0] in (128, 256, 512, 1024)
+
+
+@pytest.mark.gpu
+def test_gpu_torch_device_arrays():
+    torch = pytest.importorskip("torch")
+    x = torch.randn(64, 1000, device="cuda")
+    y = softmax(x)
+    got = np.asarray(y.copy_to_host())
+    np.testing.assert_allclose(got, torch.softmax(x.double(), 1).cpu().numpy(), rtol=1e-5)
