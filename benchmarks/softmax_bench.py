@@ -1,0 +1,214 @@
+"""Softmax bandwidth on the GPU: every path of kernels.softmax next to torch.softmax.
+
+For each width and dtype, a (2**26 / cols, cols) array (2**26 elements by default):
+kernel time per launch from launches queued behind a spin kernel (imgfilter.bench's
+Timer, CUDA events), per-call time of the public `kernels.softmax` on device arrays
+(synchronised wall time, Numba's launch cost included), effective bandwidth = bytes
+read + written once / kernel time, and its share of the device-to-device copy
+bandwidth measured in the same run. The path `auto` chooses is marked.
+
+    python benchmarks/softmax_bench.py --json out/softmax.json --plot out/softmax.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from imgfilter.bench import Timer, copy_bandwidth_gbs  # noqa: E402
+from kernels import softmax as sm  # noqa: E402
+
+WIDTHS = [32, 128, 512, 1000, 1024, 2048, 4096, 8192, 32768, 131072]
+DTYPES = {"float32": np.float32, "float16": np.float16}
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch if torch.cuda.is_available() else None
+
+
+def run(elements: int, widths: list[int], dtypes: list[str], launches: int) -> dict:
+    from numba import cuda
+
+    timer = Timer(repeats=5)
+    copy_gbs = copy_bandwidth_gbs(timer)
+    torch = _torch()
+    rows_out = []
+    rng = np.random.default_rng(0)
+    for dname in dtypes:
+        dtype = DTYPES[dname]
+        flat = cuda.to_device(rng.standard_normal(elements, dtype=np.float32).astype(dtype))
+        for cols in widths:
+            rows = elements // cols
+            n = rows * cols
+            dx = flat[:n].reshape(rows, cols)
+            dy = cuda.device_array((rows, cols), dtype=dtype)
+            nbytes = 2 * n * np.dtype(dtype).itemsize
+            chosen = sm.plan(rows, cols, dtype)[0].method
+            methods = ["warp"] if cols <= sm.WARP_MAX_COLS else []
+            methods += ["block_smem", "block_uncached"]
+            for method in methods:
+                try:
+                    how, kernel = sm.plan(rows, cols, dtype, method=method)
+                except ValueError as exc:
+                    rows_out.append(dict(dtype=dname, cols=cols, impl=method, note=str(exc)))
+                    continue
+                word_in = sm._word(np.dtype(dtype), how.pack)
+                xv, yv = dx.view(word_in), dy.view(word_in)
+                cfg = kernel[how.grid, how.block, 0, how.smem]
+
+                def launch(cfg=cfg, xv=xv, yv=yv, rows=rows, cols=cols):
+                    cfg(xv, yv, rows, cols)
+
+                k_us = timer.kernel_us(launch, launches)
+
+                def call(m=method, a=dx, b=dy):
+                    sm.softmax(a, method=m, out=b)
+
+                c_us = timer.call_us(call, 10)
+                gbs = nbytes / (k_us * 1e-6) / 1e9
+                rows_out.append(
+                    dict(
+                        dtype=dname,
+                        cols=cols,
+                        rows=rows,
+                        impl=method,
+                        auto=method == chosen,
+                        kernel_us=round(k_us, 2),
+                        call_us=round(c_us, 1),
+                        gbs=round(gbs, 1),
+                        pct_copy=round(100 * gbs / copy_gbs, 1),
+                        pack=how.pack,
+                        grid=how.grid,
+                        block=list(how.block),
+                        smem=how.smem,
+                    )
+                )
+            if torch is not None:
+                tx = torch.as_tensor(dx, device="cuda")
+
+                def tsm(tx=tx):
+                    torch.softmax(tx, dim=-1)
+
+                k_us = timer.kernel_us(tsm, launches)
+                gbs = nbytes / (k_us * 1e-6) / 1e9
+                rows_out.append(
+                    dict(
+                        dtype=dname,
+                        cols=cols,
+                        rows=rows,
+                        impl="torch.softmax",
+                        kernel_us=round(k_us, 2),
+                        gbs=round(gbs, 1),
+                        pct_copy=round(100 * gbs / copy_gbs, 1),
+                    )
+                )
+            cuda.synchronize()
+        del flat
+    dev = cuda.get_current_device()
+    return dict(
+        when=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        device=dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name),
+        python=platform.python_version(),
+        torch=None if torch is None else torch.__version__,
+        torch_note="" if torch is not None else "torch not importable: no torch column",
+        elements=elements,
+        copy_gbs=round(copy_gbs, 1),
+        rows=rows_out,
+    )
+
+
+def table(result: dict) -> str:
+    head = (
+        f"{'dtype':8} {'cols':>7} {'impl':15} {'kernel us':>10} {'call us':>8} "
+        f"{'GB/s':>7} {'% copy':>6}  auto"
+    )
+    lines = [
+        f"softmax, {result['elements']} elements, {result['device']}, "
+        f"copy bandwidth {result['copy_gbs']} GB/s, {result['when']}",
+        head,
+        "-" * len(head),
+    ]
+    for r in result["rows"]:
+        if "kernel_us" not in r:
+            lines.append(f"{r['dtype']:8} {r['cols']:>7} {r['impl']:15} {r['note']}")
+            continue
+        call = f"{r['call_us']:.0f}" if r.get("call_us") else "-"
+        mark = "<-" if r.get("auto") else ""
+        lines.append(
+            f"{r['dtype']:8} {r['cols']:>7} {r['impl']:15} {r['kernel_us']:>10.1f} {call:>8} "
+            f"{r['gbs']:>7.0f} {r['pct_copy']:>6.1f}  {mark}"
+        )
+    if result["torch_note"]:
+        lines.append(result["torch_note"])
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: str) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib not importable: no plot"
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for ax, dname in zip(axes, DTYPES, strict=True):
+        rows = [r for r in result["rows"] if r["dtype"] == dname and "gbs" in r]
+        auto = [r for r in rows if r.get("auto")]
+        ax.plot([r["cols"] for r in auto], [r["gbs"] for r in auto], "o-", label="kernels auto")
+        torch_rows = [r for r in rows if r["impl"] == "torch.softmax"]
+        if torch_rows:
+            tcols, tgbs = [r["cols"] for r in torch_rows], [r["gbs"] for r in torch_rows]
+            ax.plot(tcols, tgbs, "s--", label="torch")
+        ax.axhline(result["copy_gbs"], color="gray", lw=0.8, label="copy")
+        ax.axhline(0.9 * result["copy_gbs"], color="gray", ls=":", lw=0.8, label="90% copy")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("cols")
+        ax.set_title(f"softmax {dname}, {result['elements']} elements")
+        ax.legend()
+    axes[0].set_ylabel("effective GB/s (read + write)")
+    fig.suptitle(result["device"])
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--elements", type=int, default=1 << 26)
+    ap.add_argument("--widths", type=int, nargs="*", default=WIDTHS)
+    ap.add_argument("--dtypes", nargs="*", default=list(DTYPES), choices=list(DTYPES))
+    ap.add_argument("--launches", type=int, default=20)
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    result = run(args.elements, args.widths, args.dtypes, args.launches)
+    result["bench_seconds"] = round(time.perf_counter() - t0, 1)
+    print(table(result))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    if args.plot:
+        note = plot(result, args.plot)
+        if note:
+            print(note)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
