@@ -10,7 +10,10 @@ correctly rounded, so the result is round(sum / area) exactly. cv2.blur equals t
 except where its 8-bit fixed-point path for boxes of at most 257 pixels rounds
 differently (it is off by one at some ties, e.g. a 2x1 box of zeros gives 1).
 
-Two implementations:
+Three implementations, and `box_auto` choosing among them:
+- `box_fused` (module `kernels.box_fused`): one pass for uint8/uint16 images,
+  vertical running sums in registers and horizontal sliding sums in shared memory.
+  The fastest where it applies; `box_auto` uses it whenever it does.
 - `box_separable`: a row-sum pass into a scratch image, then a column-sum pass.
   Cost per pixel grows with k.
 - `box_running`: running sums. A column pass keeps a running sum down each
@@ -21,9 +24,12 @@ Two implementations:
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 from numba import cuda, float32, float64, uint64
 
+from . import box_fused as _fused
 from .device import border_index, saturate_int
 from .launch import SMEM_LIMIT, cdiv, image_grid, scratch
 from .saturate import output_limits
@@ -284,3 +290,17 @@ def box_running(img, ksize, anchor, mode, cval, out=None):
         out.reshape(height, width * channels),
     )
     return out
+
+
+@lru_cache(maxsize=64)
+def _fused_plan(shape: tuple, dtype: np.dtype, ksize: tuple) -> dict | None:
+    return _fused.plan(shape, dtype, ksize)
+
+
+def box_auto(img, ksize, anchor, mode, cval, out=None):
+    """The fastest exact box filter for the case: `box_fused` for uint8/uint16 images
+    whose box fits its tile, else `box_running`. Same contract as both."""
+    geometry = _fused_plan(tuple(img.shape), np.dtype(img.dtype), tuple(ksize))
+    if geometry is None:
+        return box_running(img, ksize, anchor, mode, cval, out)
+    return _fused.box_fused(img, ksize, anchor, mode, cval, out, geometry)

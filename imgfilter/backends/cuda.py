@@ -135,13 +135,14 @@ def correlate(img, kernel, anchor, border, value, method):
 def box(img, ksize, anchor, border, value, method):
     """cv2.blur semantics on the GPU.
 
-    auto: running sums, a column pass then a row pass (cost ~ independent of k);
+    auto: one fused pass of running sums for uint8/uint16 (`kernels.box_fused`), else
+    a column running-sum pass then a row pass (cost ~ independent of k either way);
     separable: a row-sum pass and a column-sum pass; naive/padded/tiled/blocked: the
     general correlation kernels with a constant kernel of 1 / (kh * kw).
     """
     kh, kw = ksize
     if method in ("auto", "separable"):
-        run = _box.box_running if method == "auto" else _box.box_separable
+        run = _box.box_auto if method == "auto" else _box.box_separable
 
         def go():
             dimg, from_host = _to_device(img)

@@ -1,0 +1,323 @@
+"""Box filter (cv2.blur semantics) for integer images in one pass: `box_fused`.
+
+Same contract as `kernels.box.box_running`: (H, W, C) uint8 or uint16 device images,
+out[y, x, c] = round(box sum / area) half to even, borders by `kernels.border_index`
+code with `cval` for the constant border. Exact: sums are integers.
+
+A block owns `tile_w` output pixels of a strip of `strip` rows. Its threads keep
+vertical running sums for the tile's columns plus the horizontal halo, viewed as
+byte lanes of the (H, W * C) image (so consecutive threads read consecutive bytes),
+LANES lanes per thread in registers. Every `batch` rows the block stores those sums
+in shared memory; then each thread slides a horizontal window over `run` outputs
+of one channel (add the entering column sum, subtract the leaving one) and stages
+the rounded means, which the block writes out coalesced. The input is read once
+from DRAM (halo re-reads and the leaving row hit the caches), there is no scratch
+image, and the work per output barely depends on the box size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda, float32, int32, uint16, uint32, uint64
+
+from .device import border_index
+from .launch import SMEM_LIMIT, cdiv
+
+LANES = 4  # vertical-sum lanes per thread (v0..v3 below)
+RUN = 16  # outputs per horizontal slide
+STRIP = 32  # rows per block
+BATCH = 8  # rows between block barriers
+
+
+@cuda.jit(device=True)
+def _row_offset(p, height, mode, pitch):
+    """Offset of (border-mapped) row p in the flat image, or -1 for the constant border."""
+    yy = border_index(p, height, mode)
+    if yy < 0:
+        return -1
+    return yy * pitch
+
+
+@cuda.jit(device=True)
+def _lane_column(lane, n_lanes, left, width, channels, mode):
+    """Byte column of `lane` (pixel left + lane // C, channel lane % C) in a row, or -1
+    for the constant border and for lanes past the tile."""
+    if lane >= n_lanes:
+        return -1
+    p = lane // channels
+    xx = border_index(left + p, width, mode)
+    if xx < 0:
+        return -1
+    return xx * channels + (lane - p * channels)
+
+
+@cuda.jit(device=True)
+def _tap(src, row_off, col, cval):
+    if row_off < 0 or col < 0:
+        return cval
+    return cval - cval + src[uint64(row_off + col)]
+
+
+@cuda.jit(device=True)
+def _mean_exact(acc, area, magic, shift, even, inv_area):
+    """round(acc / area) half to even, exactly, for 0 <= acc < 2**31 and a mean < 2**16."""
+    q = int32(float32(acc) * inv_area)  # off by at most one: corrected below
+    r = acc - q * area
+    if r < 0:
+        q -= 1
+        r += area
+    elif r >= area:
+        q += 1
+        r -= area
+    twice = 2 * r
+    if twice > area or (twice == area and (q & 1) == 1):
+        q += 1
+    return q
+
+
+@cuda.jit(device=True)
+def _mean_magic(acc, area, magic, shift, even, inv_area):
+    """round(acc / area) half to even for 2 * acc + area < 2**MAGIC_BITS, in 32-bit steps.
+
+    round(acc / area) rounded half up is floor(t / (2 * area)) with t = 2 * acc + area;
+    that floor is a multiply-high by `magic` (see `_magic`). A tie (t a multiple of
+    2 * area, possible only for an even area) rounds down to the even neighbour.
+    """
+    t = uint32(2 * acc + area)
+    q = uint32((uint64(t) * uint64(magic)) >> uint64(shift))
+    if even and uint32(t - q * uint32(2 * area)) == 0:
+        q -= q & 1
+    return q
+
+
+MAGIC_BITS = 26
+
+
+def _magic(area: int) -> tuple[int, int]:
+    """(m, s) with floor(t * m / 2**s) == floor(t / (2 * area)) for 0 <= t < 2**MAGIC_BITS.
+
+    Granlund and Montgomery: with s = MAGIC_BITS + ceil(log2 d) and m = ceil(2**s / d),
+    m * d - 2**s < d <= 2**(s - MAGIC_BITS), which makes the quotient exact; m < 2**27.
+    """
+    d = 2 * area
+    s = MAGIC_BITS + (d - 1).bit_length()
+    return -(-(1 << s) // d), s
+
+
+@cuda.jit(device=True)
+def _cdiv(a, b):
+    return (a + b - 1) // b
+
+
+def _make_box_fused(sum_type, channels: int, magic_rounding: bool):
+    """The kernel for `channels` channels, shared-memory sums of `sum_type` (uint16 where
+    exact, else int32), rounding by multiply-high where the sums are small enough."""
+    C = channels  # a compile-time constant: divisions by it become multiplies
+    mean = _mean_magic if magic_rounding else _mean_exact
+
+    @cuda.jit(cache=True)
+    def box_fused(src, height, width, kh, kw, ay, ax, mode, cval, area, magic, shift, even,
+                  inv_area, tile_w, run, strip, batch, out):  # fmt: skip
+        """src, out: the (H, W, C) images flattened to (H * W * C,)."""
+        smem = cuda.shared.array(0, dtype=sum_type)
+        tid = cuda.threadIdx.x
+        nthreads = cuda.blockDim.x
+        pitch = width * C
+        x0 = cuda.blockIdx.x * tile_w
+        out_w = min(tile_w, width - x0)
+        n_lanes = (out_w + kw - 1) * C
+        out_lanes = out_w * C
+        stage0 = batch * (tile_w + kw - 1) * C  # staged means follow the sums
+        left = x0 - ax
+        col0 = _lane_column(tid, n_lanes, left, width, C, mode)
+        col1 = _lane_column(tid + nthreads, n_lanes, left, width, C, mode)
+        col2 = _lane_column(tid + 2 * nthreads, n_lanes, left, width, C, mode)
+        col3 = _lane_column(tid + 3 * nthreads, n_lanes, left, width, C, mode)
+
+        y0 = cuda.blockIdx.y * strip
+        y_end = min(y0 + strip, height)
+        # Blocks whose window lies inside the image read without any border logic;
+        # their unused lanes (col -1) read column 0 and never store it.
+        inside = (
+            y0 - ay >= 0 and y_end + kh - 1 - ay <= height and left >= 0 and left + (
+                n_lanes // C) <= width
+        )  # fmt: skip
+        u0 = uint64(max(col0, 0))
+        u1 = uint64(max(col1, 0))
+        u2 = uint64(max(col2, 0))
+        u3 = uint64(max(col3, 0))
+        zero = cval - cval
+        v0, v1, v2, v3 = zero, zero, zero, zero
+        for i in range(kh):
+            off = _row_offset(y0 - ay + i, height, mode, pitch)
+            v0 += _tap(src, off, col0, cval)
+            v1 += _tap(src, off, col1, cval)
+            v2 += _tap(src, off, col2, cval)
+            v3 += _tap(src, off, col3, cval)
+        enter = uint64(max(y0 - ay + kh - 1, 0) * pitch)  # the row entering at y0 + 1
+        leave = uint64(max(y0 - ay, 0) * pitch)  # the row leaving at y0 + 1
+
+        nruns = _cdiv(out_w, run)
+        per_row = uint32(C * nruns)
+        yb = y0
+        while yb < y_end:
+            rows = min(batch, y_end - yb)
+            # Vertical: column sums of rows yb .. yb + rows - 1 into shared memory.
+            for g in range(rows):
+                y = yb + g
+                if y > y0 and inside:
+                    enter += uint64(pitch)
+                    v0 += src[enter + u0]
+                    v0 -= src[leave + u0]
+                    v1 += src[enter + u1]
+                    v1 -= src[leave + u1]
+                    v2 += src[enter + u2]
+                    v2 -= src[leave + u2]
+                    v3 += src[enter + u3]
+                    v3 -= src[leave + u3]
+                    leave += uint64(pitch)
+                elif y > y0:
+                    e = _row_offset(y - ay + kh - 1, height, mode, pitch)
+                    o = _row_offset(y - ay - 1, height, mode, pitch)
+                    v0 += _tap(src, e, col0, cval) - _tap(src, o, col0, cval)
+                    v1 += _tap(src, e, col1, cval) - _tap(src, o, col1, cval)
+                    v2 += _tap(src, e, col2, cval) - _tap(src, o, col2, cval)
+                    v3 += _tap(src, e, col3, cval) - _tap(src, o, col3, cval)
+                base = uint32(g * n_lanes + tid)
+                if tid < n_lanes:
+                    smem[base] = v0
+                if tid + nthreads < n_lanes:
+                    smem[base + uint32(nthreads)] = v1
+                if tid + 2 * nthreads < n_lanes:
+                    smem[base + uint32(2 * nthreads)] = v2
+                if tid + 3 * nthreads < n_lanes:
+                    smem[base + uint32(3 * nthreads)] = v3
+            cuda.syncthreads()
+            # Horizontal: each item slides over `run` outputs of one channel of one row.
+            for item in range(tid, rows * per_row, nthreads):
+                g = uint32(item) // per_row
+                rest = uint32(item - g * per_row)
+                r = uint32(rest // C)
+                c = uint32(rest - r * C)
+                xs = uint32(r * run)
+                n_out = uint32(min(xs + run, out_w) - xs)
+                first = uint32(g * n_lanes + xs * C + c)  # column sum leaving next
+                entering = uint32(first + kw * C)  # column sum entering next
+                acc = uint32(0)
+                for j in range(kw):
+                    acc = uint32(acc + smem[uint32(first + j * C)])
+                dst = uint32(stage0 + g * out_lanes + xs * C + c)
+                smem[dst] = mean(acc, area, magic, shift, even, inv_area)
+                for _ in range(1, n_out):
+                    acc = uint32(acc + smem[entering] - smem[first])
+                    entering = uint32(entering + C)
+                    first = uint32(first + C)
+                    dst = uint32(dst + C)
+                    smem[dst] = mean(acc, area, magic, shift, even, inv_area)
+            cuda.syncthreads()
+            # Write the staged rows out, consecutive threads on consecutive bytes.
+            for g in range(rows):
+                row = uint64((yb + g) * pitch + x0 * C)
+                staged = uint32(stage0 + g * out_lanes)
+                for i in range(tid, out_lanes, nthreads):
+                    out[row + uint64(i)] = smem[uint32(staged + i)]
+            yb += rows
+
+    return box_fused
+
+
+_KERNELS: dict = {}
+
+
+def _kernel(sum_type, channels: int, magic_rounding: bool):
+    key = (np.dtype(sum_type), channels, magic_rounding)
+    if key not in _KERNELS:
+        numba_type = uint16 if key[0] == np.uint16 else int32
+        _KERNELS[key] = _make_box_fused(numba_type, channels, magic_rounding)
+    return _KERNELS[key]
+
+
+def _sum_type(dtype, kh: int):
+    """uint16 column sums where kh rows of the image always fit, else int32."""
+    return np.uint16 if kh * int(np.iinfo(dtype).max) <= 65535 else np.int32
+
+
+def plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = RUN,
+         strip: int = STRIP, batch: int = BATCH) -> dict | None:  # fmt: skip
+    """Launch geometry for this image and box, or None when box_fused does not apply.
+
+    It applies to uint8/uint16 images whose box sums fit an int32 and whose tile
+    (at least one run of outputs plus the halo, LANES lanes per thread) fits.
+    threads=0 picks 128 threads when that tile holds a few runs, else 256.
+    """
+    height, width, channels = shape
+    kh, kw = ksize
+    dt = np.dtype(dtype)
+    if dt not in (np.uint8, np.uint16) or kh * kw * int(np.iinfo(dt).max) >= 2**31:
+        return None
+    sum_type = _sum_type(dt, kh)
+    choices = (threads,) if threads else (128, 256)
+    for t in choices:
+        tile_w = (LANES * t // channels - (kw - 1)) // run * run
+        if tile_w >= 4 * run or (tile_w >= run and t == choices[-1]):
+            break
+    else:
+        return None
+    if tile_w < run:
+        return None
+    tile_w = min(tile_w, cdiv(width, run) * run)
+    itemsize = np.dtype(sum_type).itemsize
+    smem = batch * ((tile_w + kw - 1) * channels + tile_w * channels) * itemsize
+    if smem > SMEM_LIMIT:
+        return None
+    return {
+        "threads": t,
+        "tile_w": tile_w,
+        "run": run,
+        "strip": strip,
+        "batch": batch,
+        "sum_type": sum_type,
+        "magic_rounding": (2 * int(np.iinfo(dt).max) + 1) * kh * kw < 2**MAGIC_BITS,
+        "smem": smem,
+        "grid": (cdiv(width, tile_w), cdiv(height, strip)),
+    }
+
+
+def box_fused(img, ksize, anchor, mode, cval, out=None, geometry: dict | None = None):
+    """Box filter in one pass (see the module docstring); `geometry` from `plan`.
+
+    Raises ValueError when `plan` says the case is not handled.
+    """
+    height, width, channels = img.shape
+    kh, kw = ksize
+    ay, ax = anchor
+    geo = geometry or plan(img.shape, img.dtype, ksize)
+    if geo is None:
+        raise ValueError("box_fused handles uint8/uint16 images with boxes that fit its tile")
+    if out is None:
+        out = cuda.device_array(img.shape, dtype=img.dtype)
+    area = kh * kw
+    magic, shift = _magic(area)
+    kernel = _kernel(geo["sum_type"], channels, geo["magic_rounding"])
+    kernel[geo["grid"], geo["threads"], 0, geo["smem"]](
+        img.reshape(height * width * channels),
+        height,
+        width,
+        kh,
+        kw,
+        ay,
+        ax,
+        mode,
+        np.int64(cval),
+        area,
+        magic,
+        shift,
+        area % 2 == 0,
+        np.float32(1.0 / area),
+        geo["tile_w"],
+        geo["run"],
+        geo["strip"],
+        geo["batch"],
+        out.reshape(height * width * channels),
+    )
+    return out
