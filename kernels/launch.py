@@ -52,7 +52,7 @@ def device_limits() -> tuple[int, int]:
     from numba import cuda
 
     dev = cuda.get_current_device()
-    return int(dev.MULTIPROCESSOR_COUNT), int(dev.MAX_THREADS_PER_MULTI_PROCESSOR)
+    return int(dev.MULTIPROCESSOR_COUNT), int(dev.MAX_THREADS_PER_MULTIPROCESSOR)
 
 
 def wave_blocks(block_size: int, work_blocks: int, waves: int = WAVES) -> int:

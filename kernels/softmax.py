@@ -430,7 +430,7 @@ def softmax(
             raise ValueError(f"out has shape {tuple(out.shape)}, x has {(rows, cols)}")
     if dx is None:
         dx = cuda.to_device(np.ascontiguousarray(x))
-    out_dtype = np.dtype(x.dtype if out is None else (dout if dout is not None else out).dtype)
+    out_dtype = np.dtype((dx if out is None else dout if dout is not None else out).dtype)
     dy = dout if dout is not None else cuda.device_array((rows, cols), dtype=out_dtype)
 
     if rows and cols:

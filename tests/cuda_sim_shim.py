@@ -137,7 +137,7 @@ def all_sync(self, mask, predicate):
 
 
 # The fake device's attributes read by kernels.launch (a small, H100-like shape).
-FAKE_DEVICE_ATTRIBUTES = {"MULTIPROCESSOR_COUNT": 2, "MAX_THREADS_PER_MULTI_PROCESSOR": 2048}
+FAKE_DEVICE_ATTRIBUTES = {"MULTIPROCESSOR_COUNT": 2, "MAX_THREADS_PER_MULTIPROCESSOR": 2048}
 
 
 def install() -> None:
