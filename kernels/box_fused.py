@@ -24,9 +24,11 @@ from .device import border_index
 from .launch import SMEM_LIMIT, cdiv
 
 LANES = 4  # vertical-sum lanes per thread (v0..v3 below)
-RUN = 16  # outputs per horizontal slide
+# Defaults from the H100 sweep (benchmarks/results/2026-11-23-h100-sweep-box.txt):
+# 2167x2495x3, k=21: 114 us with these, 124 us with run 16 / batch 8.
+RUN = 32  # outputs per horizontal slide
 STRIP = 32  # rows per block
-BATCH = 8  # rows between block barriers
+BATCH = 16  # rows between block barriers
 
 
 @cuda.jit(device=True)
