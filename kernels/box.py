@@ -297,16 +297,10 @@ def _fused_plan(shape: tuple, dtype: np.dtype, ksize: tuple) -> dict | None:
     return _fused.plan(shape, dtype, ksize)
 
 
-FUSED_MAX_WIDTH = 64  # wider boxes: box_running (k=101 on the H100: 235 us vs 242 us fused)
-
-
 def box_auto(img, ksize, anchor, mode, cval, out=None):
     """The fastest exact box filter for the case: `box_fused` for uint8/uint16 images
-    whose box fits its tile and is at most FUSED_MAX_WIDTH wide, else `box_running`.
-    Same contract as both."""
-    geometry = None
-    if ksize[1] <= FUSED_MAX_WIDTH:
-        geometry = _fused_plan(tuple(img.shape), np.dtype(img.dtype), tuple(ksize))
+    whose box fits its tile, else `box_running`. Same contract as both."""
+    geometry = _fused_plan(tuple(img.shape), np.dtype(img.dtype), tuple(ksize))
     if geometry is None:
         return box_running(img, ksize, anchor, mode, cval, out)
     return _fused.box_fused(img, ksize, anchor, mode, cval, out, geometry)

@@ -24,11 +24,13 @@ from .device import border_index
 from .launch import SMEM_LIMIT, cdiv
 
 LANES = 4  # vertical-sum lanes per thread (v0..v3 below)
-# Defaults from the H100 sweep (benchmarks/results/2026-11-23-h100-sweep-box.txt):
-# 2167x2495x3, k=21: 114 us with these, 124 us with run 16 / batch 8.
+# Defaults from the H100 sweeps (benchmarks/results/2026-11-23-h100-sweep-box*.txt),
+# 2167x2495x3: k=21 114 us with these (124 us with run 16 / batch 8); boxes wider than
+# 32 take 256 threads, run 30, batch 8 (k=101: 219 us, vs 236 us for box_running).
 RUN = 32  # outputs per horizontal slide
 STRIP = 32  # rows per block
 BATCH = 16  # rows between block barriers
+RUN_WIDE, BATCH_WIDE = 30, 8  # for boxes wider than 32 columns
 
 
 @cuda.jit(device=True)
@@ -244,16 +246,19 @@ def _sum_type(dtype, kh: int):
     return np.uint16 if kh * int(np.iinfo(dtype).max) <= 65535 else np.int32
 
 
-def plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = RUN,
-         strip: int = STRIP, batch: int = BATCH) -> dict | None:  # fmt: skip
+def plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0,
+         strip: int = STRIP, batch: int = 0) -> dict | None:  # fmt: skip
     """Launch geometry for this image and box, or None when box_fused does not apply.
 
     It applies to uint8/uint16 images whose box sums fit an int32 and whose tile
     (at least one run of outputs plus the halo, LANES lanes per thread) fits.
-    threads=0 picks 128 threads when that tile holds a few runs, else 256.
+    threads=0 picks 128 threads when that tile holds a few runs, else 256; run=0 and
+    batch=0 pick the measured defaults for the box width.
     """
     height, width, channels = shape
     kh, kw = ksize
+    run = run or (RUN if kw <= 32 else RUN_WIDE)
+    batch = batch or (BATCH if kw <= 32 else BATCH_WIDE)
     dt = np.dtype(dtype)
     if dt not in (np.uint8, np.uint16) or kh * kw * int(np.iinfo(dt).max) >= 2**31:
         return None
