@@ -30,6 +30,7 @@ import numpy as np
 from numba import cuda, float32, float64, uint64
 
 from . import box_fused as _fused
+from . import box_plan
 from .device import border_index, saturate_int
 from .launch import SMEM_LIMIT, cdiv, image_grid, scratch
 from .saturate import output_limits
@@ -294,7 +295,7 @@ def box_running(img, ksize, anchor, mode, cval, out=None):
 
 @lru_cache(maxsize=64)
 def _fused_plan(shape: tuple, dtype: np.dtype, ksize: tuple) -> dict | None:
-    return _fused.plan(shape, dtype, ksize)
+    return box_plan.plan(shape, dtype, ksize)
 
 
 def box_auto(img, ksize, anchor, mode, cval, out=None):

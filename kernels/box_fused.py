@@ -20,17 +20,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32, int32, uint16, uint32, uint64
 
+from .box_plan import plan, scalar_args
 from .device import border_index
-from .launch import SMEM_LIMIT, cdiv
-
-LANES = 4  # vertical-sum lanes per thread (v0..v3 below)
-# Defaults from the H100 sweeps (benchmarks/results/2026-11-23-h100-sweep-box*.txt),
-# 2167x2495x3: k=21 114 us with these (124 us with run 16 / batch 8); boxes wider than
-# 32 take 256 threads, run 30, batch 8 (k=101: 219 us, vs 236 us for box_running).
-RUN = 32  # outputs per horizontal slide
-STRIP = 32  # rows per block
-BATCH = 16  # rows between block barriers
-RUN_WIDE, BATCH_WIDE = 30, 8  # for boxes wider than 32 columns
 
 
 @cuda.jit(device=True)
@@ -81,10 +72,10 @@ def _mean_exact(acc, area, magic, shift, even, inv_area):
 
 @cuda.jit(device=True)
 def _mean_magic(acc, area, magic, shift, even, inv_area):
-    """round(acc / area) half to even for 2 * acc + area < 2**MAGIC_BITS, in 32-bit steps.
+    """round(acc / area) half to even for 2 * acc + area < 2**box_plan.MAGIC_BITS, in 32-bit steps.
 
     round(acc / area) rounded half up is floor(t / (2 * area)) with t = 2 * acc + area;
-    that floor is a multiply-high by `magic` (see `_magic`). A tie (t a multiple of
+    that floor is a multiply-high by `magic` (see `kernels.box_plan.magic`). A tie (t a multiple of
     2 * area, possible only for an even area) rounds down to the even neighbour.
     """
     t = uint32(2 * acc + area)
@@ -92,20 +83,6 @@ def _mean_magic(acc, area, magic, shift, even, inv_area):
     if even and uint32(t - q * uint32(2 * area)) == 0:
         q -= q & 1
     return q
-
-
-MAGIC_BITS = 26
-
-
-def _magic(area: int) -> tuple[int, int]:
-    """(m, s) with floor(t * m / 2**s) == floor(t / (2 * area)) for 0 <= t < 2**MAGIC_BITS.
-
-    Granlund and Montgomery: with s = MAGIC_BITS + ceil(log2 d) and m = ceil(2**s / d),
-    m * d - 2**s < d <= 2**(s - MAGIC_BITS), which makes the quotient exact; m < 2**27.
-    """
-    d = 2 * area
-    s = MAGIC_BITS + (d - 1).bit_length()
-    return -(-(1 << s) // d), s
 
 
 @cuda.jit(device=True)
@@ -233,7 +210,8 @@ def _make_box_fused(sum_type, channels: int, magic_rounding: bool):
 _KERNELS: dict = {}
 
 
-def _kernel(sum_type, channels: int, magic_rounding: bool):
+def kernel_for(sum_type, channels: int, magic_rounding: bool):
+    """The compiled-on-demand kernel for this specialisation (kept per process)."""
     key = (np.dtype(sum_type), channels, magic_rounding)
     if key not in _KERNELS:
         numba_type = uint16 if key[0] == np.uint16 else int32
@@ -241,90 +219,18 @@ def _kernel(sum_type, channels: int, magic_rounding: bool):
     return _KERNELS[key]
 
 
-def _sum_type(dtype, kh: int):
-    """uint16 column sums where kh rows of the image always fit, else int32."""
-    return np.uint16 if kh * int(np.iinfo(dtype).max) <= 65535 else np.int32
-
-
-def plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0,
-         strip: int = STRIP, batch: int = 0) -> dict | None:  # fmt: skip
-    """Launch geometry for this image and box, or None when box_fused does not apply.
-
-    It applies to uint8/uint16 images whose box sums fit an int32 and whose tile
-    (at least one run of outputs plus the halo, LANES lanes per thread) fits.
-    threads=0 picks 128 threads when that tile holds a few runs, else 256; run=0 and
-    batch=0 pick the measured defaults for the box width.
-    """
-    height, width, channels = shape
-    kh, kw = ksize
-    run = run or (RUN if kw <= 32 else RUN_WIDE)
-    batch = batch or (BATCH if kw <= 32 else BATCH_WIDE)
-    dt = np.dtype(dtype)
-    if dt not in (np.uint8, np.uint16) or kh * kw * int(np.iinfo(dt).max) >= 2**31:
-        return None
-    sum_type = _sum_type(dt, kh)
-    choices = (threads,) if threads else (128, 256)
-    for t in choices:
-        tile_w = (LANES * t // channels - (kw - 1)) // run * run
-        if tile_w >= 4 * run or (tile_w >= run and t == choices[-1]):
-            break
-    else:
-        return None
-    if tile_w < run:
-        return None
-    tile_w = min(tile_w, cdiv(width, run) * run)
-    itemsize = np.dtype(sum_type).itemsize
-    smem = batch * ((tile_w + kw - 1) * channels + tile_w * channels) * itemsize
-    if smem > SMEM_LIMIT:
-        return None
-    return {
-        "threads": t,
-        "tile_w": tile_w,
-        "run": run,
-        "strip": strip,
-        "batch": batch,
-        "sum_type": sum_type,
-        "magic_rounding": (2 * int(np.iinfo(dt).max) + 1) * kh * kw < 2**MAGIC_BITS,
-        "smem": smem,
-        "grid": (cdiv(width, tile_w), cdiv(height, strip)),
-    }
-
-
 def box_fused(img, ksize, anchor, mode, cval, out=None, geometry: dict | None = None):
-    """Box filter in one pass (see the module docstring); `geometry` from `plan`.
-
-    Raises ValueError when `plan` says the case is not handled.
+    """Box filter in one pass (see the module docstring); `geometry` from
+    `kernels.box_plan.plan`. Raises ValueError when plan says the case is not handled.
     """
     height, width, channels = img.shape
-    kh, kw = ksize
-    ay, ax = anchor
     geo = geometry or plan(img.shape, img.dtype, ksize)
     if geo is None:
         raise ValueError("box_fused handles uint8/uint16 images with boxes that fit its tile")
     if out is None:
         out = cuda.device_array(img.shape, dtype=img.dtype)
-    area = kh * kw
-    magic, shift = _magic(area)
-    kernel = _kernel(geo["sum_type"], channels, geo["magic_rounding"])
-    kernel[geo["grid"], geo["threads"], 0, geo["smem"]](
-        img.reshape(height * width * channels),
-        height,
-        width,
-        kh,
-        kw,
-        ay,
-        ax,
-        mode,
-        np.int64(cval),
-        area,
-        magic,
-        shift,
-        area % 2 == 0,
-        np.float32(1.0 / area),
-        geo["tile_w"],
-        geo["run"],
-        geo["strip"],
-        geo["batch"],
-        out.reshape(height * width * channels),
-    )
+    kernel = kernel_for(geo["sum_type"], channels, geo["magic_rounding"])
+    n = height * width * channels
+    args = scalar_args(img.shape, ksize, anchor, mode, cval, geo)
+    kernel[geo["grid"], geo["threads"], 0, geo["smem"]](img.reshape(n), *args, out.reshape(n))
     return out

@@ -13,12 +13,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, int32, uint64
 
+from .contour_plan import RUN_Y, THREADS, grid, scalar_args
 from .device import bgr_to_gray, border_index
-from .launch import cdiv
-
-THREADS = 128  # consecutive columns per block
-RUN_Y = 8  # rows walked by each thread (8 measured fastest on the H100: 23 us vs 30 us at 16);
-# _walk_interior is written out for exactly 8
 
 
 @cuda.jit(device=True)
@@ -160,20 +156,23 @@ def _walk_interior(src, x, y0, width, channels, hi, dst):
 _KERNELS: dict = {}
 
 
+def kernel_for(channels: int):
+    """The kernel for images of `channels` channels, made on first use."""
+    if channels not in _KERNELS:
+        _KERNELS[channels] = _make_contour_fused(channels)
+    return _KERNELS[channels]
+
+
 def contour(img, mode: int, cval: int, out=None):
     """Contour map of a device image (H, W, C), C in {1, 3, 4}, uint8 or uint16.
 
     Returns an (H, W) device array of the image's dtype.
     """
     height, width, channels = img.shape
-    hi = int(np.iinfo(np.dtype(img.dtype)).max)
-    grid = (cdiv(width, THREADS), cdiv(height, RUN_Y))
-    block = THREADS
     if out is None:
         out = cuda.device_array((height, width), dtype=img.dtype)
-    if channels not in _KERNELS:
-        _KERNELS[channels] = _make_contour_fused(channels)
-    _KERNELS[channels][grid, block](
-        img, img.reshape(img.size), mode, np.int64(cval), hi, out, out.reshape(out.size)
+    mode, cval, hi = scalar_args(img.dtype, mode, cval)
+    kernel_for(channels)[grid(height, width), THREADS](
+        img, img.reshape(img.size), mode, cval, hi, out, out.reshape(out.size)
     )
     return out

@@ -13,37 +13,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from pathlib import Path
 
 import numpy as np
 from numba import cuda
 
-from .launch import SMEM_LIMIT, cdiv, scratch
-
-TX = 32  # threads along a row: one warp reads 32 consecutive tile columns
-TY = 4  # threads down the tile
-MAX_SIDE = 31  # larger kernels would spill registers: use the other variants
+from .cache import cache_dir
+from .conv_plan import TX, TY, grid, rows_per_thread, scalar_args
+from .launch import scratch
 
 _cache: dict[tuple[int, int, int], object] = {}
-
-
-def rows_per_thread(kh: int) -> int:
-    """Outputs per thread: more reuse per read, bounded by registers.
-
-    Measured on the H100 (benchmarks/results/2026-11-23-h100-sweep-blocked.txt): 32 is
-    best up to 21 rows, 24 beyond (31x31: 757 us vs 805 us with 16)."""
-    return 32 if kh <= 21 else 24
-
-
-def smem_bytes(kh: int, kw: int) -> int:
-    """Shared memory (bytes) the blocked kernel needs for a kh x kw kernel."""
-    ry = rows_per_thread(kh)
-    return 4 * ((TY * ry + kh - 1) * (TX + kw - 1) + kh * kw)
-
-
-def fits(kh: int, kw: int) -> bool:
-    """Whether the blocked kernel handles this kernel size."""
-    return max(kh, kw) <= MAX_SIDE and smem_bytes(kh, kw) <= SMEM_LIMIT
 
 
 def _source(kh: int, kw: int, ry: int) -> str:
@@ -122,15 +100,6 @@ _HEADER = (
 )
 
 
-def cache_dir() -> Path:
-    """Where generated kernel sources (and Numba's compiled cache of them) live."""
-    env = os.environ.get("IMGFILTER_CACHE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "imgfilter" / "kernels"
-
-
 def _load_from_file(name: str, source: str):
     """Write the source as a module in the cache dir and import it (Numba can then
     cache its compiled code on disk); None if the directory is not writable."""
@@ -177,17 +146,10 @@ def correlate_blocked(img, weights, anchor, mode, cval, out):
     `out` may differ in dtype from `img` (a float32 intermediate, say): rounding and
     saturation follow out's dtype.
     """
-    height, width, channels = img.shape
     kh, kw = weights.shape
-    ay, ax = anchor
-    dt = np.dtype(out.dtype)
-    if dt.kind == "u":
-        lo, hi, is_int = 0, int(np.iinfo(dt).max), True
-    else:
-        lo, hi, is_int = 0, 0, False
-    grid = (cdiv(width, TX), cdiv(height, TY * rows_per_thread(kh)), channels)
     flat = weights.reshape(kh * kw)
-    kernel_for(kh, kw)[grid, (TX, TY, 1)](img, flat, ay, ax, mode, cval, lo, hi, is_int, out)
+    args = scalar_args(out.dtype, anchor, mode, cval)
+    kernel_for(kh, kw)[grid(img.shape, kh), (TX, TY, 1)](img, flat, *args, out)
     return out
 
 

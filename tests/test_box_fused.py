@@ -17,6 +17,7 @@ from imgfilter.border import pad
 from kernels import border_index as bi
 from kernels import box as kbox
 from kernels import box_fused as kfused
+from kernels import box_plan
 
 BORDERS = {
     "reflect101": bi.REFLECT101,
@@ -119,7 +120,7 @@ def test_plan_declines_what_it_cannot_do_exactly():
     assert kfused.plan((10, 10, 4), np.uint8, (3, 301)) is None  # tile cannot hold the halo
     geo = kfused.plan((2167, 2495, 3), np.uint8, (21, 21))
     assert geo["tile_w"] % geo["run"] == 0
-    assert (geo["tile_w"] + 20) * 3 <= kfused.LANES * geo["threads"]
+    assert (geo["tile_w"] + 20) * 3 <= box_plan.LANES * geo["threads"]
     with pytest.raises(ValueError, match="box_fused handles"):
         kfused.box_fused(cuda.to_device(np.ones((4, 4, 1), np.float32)), (3, 3), (1, 1), 0, 0)
 

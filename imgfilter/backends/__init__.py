@@ -78,6 +78,11 @@ def get_backend(name: str = "auto", *, device_input: bool = False) -> ModuleType
         from . import cpu
 
         return cpu
+    if not simulator and not device_input:
+        from . import cached  # kernels compiled on an earlier run, without importing Numba
+
+        if cached.available():
+            return cached
     problem = _cuda_problem()
     if problem is None:
         from . import cuda

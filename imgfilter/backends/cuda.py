@@ -11,16 +11,28 @@ import numpy as np
 from numba import config, cuda
 
 from kernels import box as _box
+from kernels import box_fused as _box_fused
+from kernels import box_plan as _box_plan
 from kernels import contour as _contour
 from kernels import conv as _conv
 from kernels import conv_blocked as _blocked
+from kernels import conv_plan as _conv_plan
+from kernels.conv_plan import rank1_factors
 
 from ..errors import DeviceError, UsageError
+from . import cubins
 
 NAME = "cuda"
 
 # Small images launch small grids; that is expected, not worth a warning to users.
 config.CUDA_LOW_OCCUPANCY_WARNINGS = False
+
+
+def _export(kernel, name: str, array_dtypes: tuple) -> None:
+    """Keep the compiled kernel's cubin on disk for the quick start (backends.cached)."""
+    if not config.ENABLE_CUDASIM:
+        cc = cuda.get_current_device().compute_capability
+        cubins.remember(kernel, name, array_dtypes, cc)
 
 
 def _to_device(img):
@@ -52,39 +64,19 @@ def _device_weights(kernel: np.ndarray):
     return weights
 
 
-def rank1_factors(kernel: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """(col, row) with kernel == outer(col, row) to float32 precision, or None.
-
-    Found by SVD: rank 1 when the second singular value is below 1e-7 of the first
-    (an all-zero kernel has rank 0 and zero factors).
-    """
-    u, s, vt = np.linalg.svd(kernel.astype(np.float64))
-    if s[0] == 0:
-        return np.zeros(kernel.shape[0], np.float32), np.zeros(kernel.shape[1], np.float32)
-    if len(s) > 1 and s[1] > 1e-7 * s[0]:
-        return None
-    scale = np.sqrt(s[0])
-    return (u[:, 0] * scale).astype(np.float32), (vt[0] * scale).astype(np.float32)
-
-
 def _resolve_correlation_method(method: str, kernel: np.ndarray) -> str:
     kh, kw = kernel.shape
     if method == "separable":
         if rank1_factors(kernel) is None:
             raise UsageError("method 'separable' needs a rank-1 kernel (an outer product)")
-        if max(kh, kw) > _blocked.MAX_SIDE:
-            raise UsageError(f"method 'separable' handles kernels up to {_blocked.MAX_SIDE} wide")
+        if max(kh, kw) > _conv_plan.MAX_SIDE:
+            raise UsageError(f"method 'separable' handles kernels up to {_conv_plan.MAX_SIDE} wide")
         return method
     if method == "auto":
-        # Two 1-D passes beat one 2-D pass once the kernel has more than ~25 taps.
-        if kh * kw > 25 and max(kh, kw) <= _blocked.MAX_SIDE and rank1_factors(kernel):
-            return "separable"
-        if _blocked.fits(kh, kw):
-            return "blocked"
-        return "tiled" if _conv.tiled_fits(kh, kw) else "padded"
-    if method == "blocked" and not _blocked.fits(kh, kw):
+        return _conv_plan.auto_method(kernel) or ("tiled" if _conv.tiled_fits(kh, kw) else "padded")
+    if method == "blocked" and not _conv_plan.fits(kh, kw):
         raise UsageError(
-            f"method 'blocked' handles kernels up to {_blocked.MAX_SIDE}x{_blocked.MAX_SIDE}; "
+            f"method 'blocked' handles kernels up to {_conv_plan.MAX_SIDE}x{_conv_plan.MAX_SIDE}; "
             "use tiled, padded or naive"
         )
     if method == "tiled" and not _conv.tiled_fits(kh, kw):
@@ -127,6 +119,10 @@ def correlate(img, kernel, anchor, border, value, method):
             )
         else:
             out = _conv.correlate(dimg, _device_weights(kernel), anchor, border, cval, method)
+            if method == "blocked":
+                kh, kw = kernel.shape
+                name = cubins.blocked_name(kh, kw, dimg.dtype)
+                _export(_blocked.kernel_for(kh, kw), name, (dimg.dtype, np.float32, dimg.dtype))
         return _finish(out, from_host)
 
     return _run(go)
@@ -147,6 +143,14 @@ def box(img, ksize, anchor, border, value, method):
         def go():
             dimg, from_host = _to_device(img)
             out = run(dimg, ksize, anchor, border, value)
+            geometry = _box_plan.plan(dimg.shape, dimg.dtype, ksize)
+            if method == "auto" and geometry is not None:
+                channels = dimg.shape[2]
+                kernel = _box_fused.kernel_for(
+                    geometry["sum_type"], channels, geometry["magic_rounding"]
+                )
+                name = cubins.box_name(geometry, channels, dimg.dtype)
+                _export(kernel, name, (dimg.dtype, dimg.dtype))
             return _finish(out, from_host)
 
         return _run(go)
@@ -160,6 +164,9 @@ def contour(img, border, value, method):
     def go():
         dimg, from_host = _to_device(img)
         out = _contour.contour(dimg, border, int(value))
+        channels = dimg.shape[2]
+        name = cubins.contour_name(channels, dimg.dtype)
+        _export(_contour.kernel_for(channels), name, (dimg.dtype,) * 4)
         return _finish(out, from_host)
 
     return _run(go)

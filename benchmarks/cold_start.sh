@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Wall time of whole CLI commands on a GPU machine, kernels cached (runs 2 and 3), next
+# to OpenCV one-liners and bare imports. Usage: bash benchmarks/cold_start.sh OUTDIR
+# Runs `python3 -m imgfilter` from the tree; the cache goes to a fresh directory.
+set -uo pipefail
+out=${1:?usage: cold_start.sh OUTDIR}
+mkdir -p "$out"
+export IMGFILTER_CACHE_DIR=$(mktemp -d)
+img=$out/in.jpg
+python3 -c "import cv2; im = cv2.imread('samples/astronaut.jpg'); cv2.imwrite('$img', cv2.resize(im, (2495, 2167)))"
+python3 -c "import numpy as np; np.save('$out/k21.npy', np.random.default_rng(0).standard_normal((21, 21)).astype('float32') / 21)"
+wall() {  # label, command...
+    local label=$1; shift
+    local t0=$(date +%s.%N)
+    "$@" > /dev/null 2> "$out/last.err" || echo "  ($label failed: $(tail -1 "$out/last.err"))"
+    local t1=$(date +%s.%N)
+    awk -v a="$t0" -v b="$t1" -v l="$label" 'BEGIN { printf "%-58s %6.2f s\n", l, b - a }'
+}
+for run in 1 2 3; do
+    wall "imgfilter blur --k 21 (run $run)" python3 -m imgfilter blur "$img" --k 21 -o "$out/b.jpg" --force
+done
+for run in 1 2 3; do
+    wall "imgfilter contour (run $run)" python3 -m imgfilter contour "$img" -o "$out/c.png" --force
+done
+for run in 1 2 3; do
+    wall "imgfilter filter --kernel k21.npy (run $run)" python3 -m imgfilter filter "$img" --kernel "$out/k21.npy" -o "$out/f.jpg" --force
+done
+for run in 1 2; do
+    wall "cv2 one-liner: imread + blur 21 + imwrite" python3 -c "import cv2; cv2.imwrite('$out/cb.jpg', cv2.blur(cv2.imread('$img'), (21, 21)))"
+    wall "cv2 one-liner: imread + filter2D 21x21 + imwrite" python3 -c "import cv2, numpy as np; cv2.imwrite('$out/cf.jpg', cv2.filter2D(cv2.imread('$img'), -1, np.load('$out/k21.npy')))"
+done
+wall "python3 -c pass" python3 -c pass
+wall "import numpy" python3 -c "import numpy"
+wall "import cv2" python3 -c "import cv2"
+wall "from numba import cuda" python3 -c "from numba import cuda"
+wall "imgfilter --help" python3 -m imgfilter --help
+python3 -X importtime -m imgfilter blur "$img" --k 21 -o "$out/b.jpg" --force 2> "$out/importtime.txt" > /dev/null
+sort -t'|' -k2 -n -r "$out/importtime.txt" | head -12
+python3 - "$img" "$out" <<'PY'
+import sys, time
+t = time.perf_counter(); import numpy as np; t_np = time.perf_counter() - t
+t = time.perf_counter(); import cv2; t_cv = time.perf_counter() - t
+t = time.perf_counter(); im = cv2.imread(sys.argv[1]); t_read = time.perf_counter() - t
+t = time.perf_counter(); cv2.imwrite(sys.argv[2] + "/w.jpg", im); t_write = time.perf_counter() - t
+t = time.perf_counter()
+from imgfilter.backends.driver import Driver
+d = Driver(); t_ctx = time.perf_counter() - t
+print(f"numpy {t_np:.3f} s, cv2 {t_cv:.3f} s, decode {t_read:.3f} s, encode {t_write:.3f} s, driver+context {t_ctx:.3f} s")
+PY

@@ -1,0 +1,159 @@
+"""The CUDA backend's quick start: kernels compiled on an earlier run, launched without Numba.
+
+Importing Numba's CUDA target and loading its kernel cache take about two seconds,
+far longer than filtering a photo. When cubins exported by the CUDA backend
+(`imgfilter.backends.cubins`) exist for this GPU, `get_backend` hands out this module
+instead: box blurs and contour maps of host images run from those cubins through the
+CUDA driver (`imgfilter.backends.driver`), as do filters that method auto gives the
+register-blocked kernel, with the very kernels and arguments the
+Numba path would launch, so results are identical. Anything else (other kernels,
+other methods, device arrays, a missing cubin, a driver error) is passed to
+`imgfilter.backends.cuda`, which imports Numba then. Same contract as every backend.
+Set IMGFILTER_NO_QUICK_START=1 to always use the Numba path.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+
+from kernels import box_plan, contour_plan, conv_plan
+
+from . import cubins
+from .driver import Driver, DriverError, array_params, scalar_param
+
+NAME = "cuda"
+
+
+@functools.cache
+def _driver() -> Driver | None:
+    try:
+        return Driver()
+    except DriverError:
+        return None
+
+
+def available() -> bool:
+    """True when a GPU answers and cubins for it and these kernel sources are cached."""
+    if os.environ.get("IMGFILTER_NO_QUICK_START") == "1":
+        return False
+    drv = _driver()
+    return drv is not None and cubins.any_for(drv.cc)
+
+
+def _numba_backend():
+    from . import cuda
+
+    return cuda
+
+
+def _run(name: str, img: np.ndarray, out_shape: tuple, launch, extra=None) -> np.ndarray | None:
+    """Copy img (and the host array `extra`, if given) to the device, call
+    launch(driver, fn, d_img, d_out[, d_extra]), copy the result back; None when the
+    cubin is missing or the driver fails."""
+    drv = _driver()
+    found = cubins.load(name, drv.cc) if drv is not None else None
+    if found is None:
+        return None
+    d_img = d_out = d_extra = None
+    try:
+        fn = drv.function(*found)
+        d_img = drv.to_device(img)
+        out = np.empty(out_shape, dtype=img.dtype)
+        d_out = drv.alloc(out.nbytes)
+        if extra is None:
+            launch(drv, fn, d_img, d_out)
+        else:
+            d_extra = drv.to_device(extra)
+            launch(drv, fn, d_img, d_out, d_extra)
+        return drv.to_host(d_out, out)
+    except DriverError:
+        return None
+    finally:
+        for ptr in (d_img, d_out, d_extra):
+            if ptr is not None:
+                try:
+                    drv.free(ptr)
+                except DriverError:
+                    pass
+
+
+def _box_quick(img, ksize, anchor, border, value) -> np.ndarray | None:
+    height, width, channels = img.shape
+    geo = box_plan.plan(img.shape, img.dtype, ksize)
+    if geo is None:
+        return None
+    flat = (img.size,)
+    args = box_plan.scalar_args(img.shape, ksize, anchor, border, value, geo)
+
+    def launch(drv, fn, d_img, d_out):
+        params = array_params(d_img, flat, img.dtype)
+        params += [scalar_param(a) for a in args]
+        params += array_params(d_out, flat, img.dtype)
+        drv.launch(fn, geo["grid"], (geo["threads"],), geo["smem"], params)
+
+    return _run(cubins.box_name(geo, channels, img.dtype), img, img.shape, launch)
+
+
+def _contour_quick(img, border, value) -> np.ndarray | None:
+    height, width, channels = img.shape
+    args = contour_plan.scalar_args(img.dtype, border, int(value))
+
+    def launch(drv, fn, d_img, d_out):
+        params = array_params(d_img, img.shape, img.dtype)
+        params += array_params(d_img, (img.size,), img.dtype)
+        params += [scalar_param(a) for a in args]
+        params += array_params(d_out, (height, width), img.dtype)
+        params += array_params(d_out, (height * width,), img.dtype)
+        grid = contour_plan.grid(height, width)
+        drv.launch(fn, grid, (contour_plan.THREADS,), 0, params)
+
+    return _run(cubins.contour_name(channels, img.dtype), img, (height, width), launch)
+
+
+def _blocked_quick(img, kernel, anchor, border, value) -> np.ndarray | None:
+    kh, kw = kernel.shape
+    weights = np.ascontiguousarray(kernel, dtype=np.float32).reshape(kh * kw)
+    cval = np.dtype(img.dtype).type(value)
+    args = conv_plan.scalar_args(img.dtype, anchor, border, cval)
+
+    def launch(drv, fn, d_img, d_out, d_weights):
+        params = array_params(d_img, img.shape, img.dtype)
+        params += array_params(d_weights, weights.shape, np.float32)
+        params += [scalar_param(a) for a in args]
+        params += array_params(d_out, img.shape, img.dtype)
+        drv.launch(fn, conv_plan.grid(img.shape, kh), (conv_plan.TX, conv_plan.TY), 0, params)
+
+    name = cubins.blocked_name(kh, kw, img.dtype)
+    return _run(name, img, img.shape, launch, extra=weights)
+
+
+def box(img, ksize, anchor, border, value, method):
+    """cv2.blur semantics; see imgfilter.backends and imgfilter.backends.cuda.box."""
+    if method == "auto" and isinstance(img, np.ndarray):
+        out = _box_quick(np.ascontiguousarray(img), ksize, anchor, border, value)
+        if out is not None:
+            return out
+    return _numba_backend().box(img, ksize, anchor, border, value, method)
+
+
+def contour(img, border, value, method):
+    """The fused contour map; see imgfilter.backends.cuda.contour."""
+    if isinstance(img, np.ndarray):
+        out = _contour_quick(np.ascontiguousarray(img), border, value)
+        if out is not None:
+            return out
+    return _numba_backend().contour(img, border, value, method)
+
+
+def correlate(img, kernel, anchor, border, value, method):
+    """cv2.filter2D semantics; the register-blocked kernel runs from its cubin where
+    method auto (or blocked) picks it, anything else through Numba."""
+    quick = method == "blocked" or (method == "auto" and conv_plan.auto_method(kernel) == "blocked")
+    if quick and conv_plan.fits(*kernel.shape) and isinstance(img, np.ndarray):
+        out = _blocked_quick(np.ascontiguousarray(img), kernel, anchor, border, value)
+        if out is not None:
+            return out
+    return _numba_backend().correlate(img, kernel, anchor, border, value, method)

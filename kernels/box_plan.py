@@ -1,0 +1,98 @@
+"""Launch geometry and arguments of `kernels.box_fused`, free of Numba.
+
+Both the Numba launch (`kernels.box_fused.box_fused`) and the cached-cubin path of the
+CLI (`imgfilter.backends.cached`, which must not import Numba) plan with these.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .launch import SMEM_LIMIT, cdiv
+
+LANES = 4  # vertical-sum lanes per thread (v0..v3 below)
+# Defaults from the H100 sweeps (benchmarks/results/2026-11-23-h100-sweep-box*.txt),
+# 2167x2495x3: k=21 114 us with these (124 us with run 16 / batch 8); boxes wider than
+# 32 take 256 threads, run 30, batch 8 (k=101: 219 us, vs 236 us for box_running).
+RUN = 32  # outputs per horizontal slide
+STRIP = 32  # rows per block
+BATCH = 16  # rows between block barriers
+RUN_WIDE, BATCH_WIDE = 30, 8  # for boxes wider than 32 columns
+
+MAGIC_BITS = 26
+
+
+def magic(area: int) -> tuple[int, int]:
+    """(m, s) with floor(t * m / 2**s) == floor(t / (2 * area)) for 0 <= t < 2**MAGIC_BITS.
+
+    Granlund and Montgomery: with s = MAGIC_BITS + ceil(log2 d) and m = ceil(2**s / d),
+    m * d - 2**s < d <= 2**(s - MAGIC_BITS), which makes the quotient exact; m < 2**27.
+    """
+    d = 2 * area
+    s = MAGIC_BITS + (d - 1).bit_length()
+    return -(-(1 << s) // d), s
+
+
+def sum_type(dtype, kh: int):
+    """uint16 column sums where kh rows of the image always fit, else int32."""
+    return np.uint16 if kh * int(np.iinfo(dtype).max) <= 65535 else np.int32
+
+
+def plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0,
+         strip: int = STRIP, batch: int = 0) -> dict | None:  # fmt: skip
+    """Launch geometry for this image and box, or None when box_fused does not apply.
+
+    It applies to uint8/uint16 images whose box sums fit an int32 and whose tile
+    (at least one run of outputs plus the halo, LANES lanes per thread) fits.
+    threads=0 picks 128 threads when that tile holds a few runs, else 256; run=0 and
+    batch=0 pick the measured defaults for the box width.
+    """
+    height, width, channels = shape
+    kh, kw = ksize
+    run = run or (RUN if kw <= 32 else RUN_WIDE)
+    batch = batch or (BATCH if kw <= 32 else BATCH_WIDE)
+    dt = np.dtype(dtype)
+    if dt not in (np.uint8, np.uint16) or kh * kw * int(np.iinfo(dt).max) >= 2**31:
+        return None
+    s_type = sum_type(dt, kh)
+    choices = (threads,) if threads else (128, 256)
+    for t in choices:
+        tile_w = (LANES * t // channels - (kw - 1)) // run * run
+        if tile_w >= 4 * run or (tile_w >= run and t == choices[-1]):
+            break
+    else:
+        return None
+    if tile_w < run:
+        return None
+    tile_w = min(tile_w, cdiv(width, run) * run)
+    itemsize = np.dtype(s_type).itemsize
+    smem = batch * ((tile_w + kw - 1) * channels + tile_w * channels) * itemsize
+    if smem > SMEM_LIMIT:
+        return None
+    return {
+        "threads": t,
+        "tile_w": tile_w,
+        "run": run,
+        "strip": strip,
+        "batch": batch,
+        "sum_type": s_type,
+        "magic_rounding": (2 * int(np.iinfo(dt).max) + 1) * kh * kw < 2**MAGIC_BITS,
+        "smem": smem,
+        "grid": (cdiv(width, tile_w), cdiv(height, strip)),
+    }
+
+
+def scalar_args(shape: tuple, ksize: tuple, anchor: tuple, mode: int, cval, geo: dict) -> tuple:
+    """The kernel's arguments between its input and output arrays, typed as launched:
+    (height, width, kh, kw, ay, ax, mode, cval, area, magic, shift, even, inv_area,
+    tile_w, run, strip, batch); Python ints become int64 parameters."""
+    height, width, _ = shape
+    kh, kw = ksize
+    ay, ax = anchor
+    area = kh * kw
+    m, shift = magic(area)
+    return (
+        height, width, kh, kw, ay, ax, mode, np.int64(cval), area, m, shift,
+        int(area % 2 == 0), np.float32(1.0 / area),
+        geo["tile_w"], geo["run"], geo["strip"], geo["batch"],
+    )  # fmt: skip

@@ -1,0 +1,73 @@
+"""Launch geometry and arguments of `kernels.conv_blocked`, and the rank-1 test that
+routes kernels to separable passes; free of Numba (see kernels.box_plan)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .launch import SMEM_LIMIT, cdiv
+
+TX = 32  # threads along a row: one warp reads 32 consecutive tile columns
+TY = 4  # threads down the tile
+MAX_SIDE = 31  # larger kernels would spill registers: use the other variants
+
+
+def rows_per_thread(kh: int) -> int:
+    """Outputs per thread: more reuse per read, bounded by registers.
+
+    Measured on the H100 (benchmarks/results/2026-11-23-h100-sweep-blocked.txt): 32 is
+    best up to 21 rows, 24 beyond (31x31: 757 us vs 805 us with 16)."""
+    return 32 if kh <= 21 else 24
+
+
+def smem_bytes(kh: int, kw: int) -> int:
+    """Shared memory (bytes) the blocked kernel needs for a kh x kw kernel."""
+    ry = rows_per_thread(kh)
+    return 4 * ((TY * ry + kh - 1) * (TX + kw - 1) + kh * kw)
+
+
+def fits(kh: int, kw: int) -> bool:
+    """Whether the blocked kernel handles this kernel size."""
+    return max(kh, kw) <= MAX_SIDE and smem_bytes(kh, kw) <= SMEM_LIMIT
+
+
+def grid(shape: tuple, kh: int) -> tuple[int, int, int]:
+    """The blocked kernel's grid for an (H, W, C) image; its block is (TX, TY)."""
+    height, width, channels = shape
+    return cdiv(width, TX), cdiv(height, TY * rows_per_thread(kh)), channels
+
+
+def scalar_args(out_dtype, anchor: tuple, mode: int, cval) -> tuple:
+    """(ay, ax, mode, cval, lo, hi, is_int) as the kernel takes them: integer outputs
+    are rounded and saturated to [lo, hi]; cval is the constant-border value."""
+    dt = np.dtype(out_dtype)
+    if dt.kind == "u":
+        lo, hi, is_int = 0, int(np.iinfo(dt).max), 1
+    else:
+        lo, hi, is_int = 0, 0, 0
+    return anchor[0], anchor[1], mode, np.float32(cval), lo, hi, is_int
+
+
+def rank1_factors(kernel: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(col, row) with kernel == outer(col, row) to float32 precision, or None.
+
+    Found by SVD: rank 1 when the second singular value is below 1e-7 of the first
+    (an all-zero kernel has rank 0 and zero factors).
+    """
+    u, s, vt = np.linalg.svd(kernel.astype(np.float64))
+    if s[0] == 0:
+        return np.zeros(kernel.shape[0], np.float32), np.zeros(kernel.shape[1], np.float32)
+    if len(s) > 1 and s[1] > 1e-7 * s[0]:
+        return None
+    scale = np.sqrt(s[0])
+    return (u[:, 0] * scale).astype(np.float32), (vt[0] * scale).astype(np.float32)
+
+
+def auto_method(kernel: np.ndarray) -> str | None:
+    """ "separable" or "blocked" where method auto takes them for this kernel, else None
+    (then the shared-memory tiled kernel, or padded when its tile does not fit)."""
+    kh, kw = kernel.shape
+    # Two 1-D passes beat one 2-D pass once the kernel has more than ~25 taps.
+    if kh * kw > 25 and max(kh, kw) <= MAX_SIDE and rank1_factors(kernel) is not None:
+        return "separable"
+    return "blocked" if fits(kh, kw) else None

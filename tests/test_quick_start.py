@@ -1,0 +1,145 @@
+"""The quick start: cubins exported by the CUDA backend, launched later without Numba.
+
+Without a GPU: the planning modules and the driver client import no Numba, the kernel
+parameters are laid out as Numba lays them out, and the cubin store round-trips and
+ignores what it cannot use. On a GPU (`gpu`): a second process filters from the
+cached cubins without importing Numba and gets exactly what the Numba path gave.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from imgfilter.backends import cubins
+from imgfilter.backends.driver import array_params, scalar_param
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _python(code: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+            **env,
+        },
+        timeout=600,
+    )
+
+
+def test_quick_start_modules_import_no_numba():
+    done = _python(
+        """
+        import sys
+        import imgfilter.backends.cached, kernels.box_plan, kernels.contour_plan
+        print(sorted(m for m in sys.modules if m.split(".")[0] in ("numba", "llvmlite")))
+        """,
+        {},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_array_params_follow_numbas_layout():
+    # meminfo, parent, nitems, itemsize, data, shape..., strides (bytes)...
+    values = [p.value for p in array_params(0x1000, (2, 3, 4), np.uint16)]
+    assert values == [None, None, 24, 2, 0x1000, 2, 3, 4, 24, 8, 2]
+
+
+def test_scalar_params_are_typed_as_numba_types_them():
+    assert isinstance(scalar_param(7), ctypes.c_int64)
+    assert isinstance(scalar_param(np.int64(-3)), ctypes.c_int64)
+    assert isinstance(scalar_param(np.float32(0.5)), ctypes.c_float)
+    assert isinstance(scalar_param(0.5), ctypes.c_double)
+    with pytest.raises(TypeError, match="boolean"):
+        scalar_param(True)
+
+
+class _ArrayType:
+    """Stands in for a Numba array type in a signature: only its dtype is read."""
+
+    def __init__(self, dtype: str):
+        self.dtype = dtype
+
+
+def _fake_dispatcher(dtype: str, image: bytes, entry: str):
+    """The attributes `cubins.remember` reads from a compiled Numba dispatcher."""
+    library = SimpleNamespace(get_cubin=lambda cc: image, _entry_name=entry)
+    signature = (_ArrayType(dtype), "int64")
+    return SimpleNamespace(overloads={signature: SimpleNamespace(_codelibrary=library)})
+
+
+def test_cubin_store_round_trip_and_refusals(tmp_path, monkeypatch):
+    monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cubins, "_saved", set())
+    assert cubins.load("contour-uint8-c1", (9, 0)) is None
+    assert not cubins.any_for((9, 0))
+    fake = _fake_dispatcher("uint8", b"\x7fELF...", "_Z7contour")
+    cubins.remember(fake, "contour-uint8-c1", (np.uint8,), (9, 0))
+    assert cubins.load("contour-uint8-c1", (9, 0)) == (b"\x7fELF...", "_Z7contour")
+    assert cubins.any_for((9, 0)) and not cubins.any_for((8, 0))
+    assert cubins.load("contour-uint8-c1", (8, 0)) is None  # another GPU generation
+    # No specialisation for this dtype: nothing is written.
+    cubins.remember(_fake_dispatcher("uint16", b"x", "e"), "box-a", (np.uint8,), (9, 0))
+    assert cubins.load("box-a", (9, 0)) is None
+    # A corrupt sidecar makes the entry unusable rather than an error.
+    (meta,) = tmp_path.glob("cubins/contour-uint8-c1-*.json")
+    meta.write_text("{not json")
+    assert cubins.load("contour-uint8-c1", (9, 0)) is None
+    meta.write_text(json.dumps({"entry": 3}))
+    assert cubins.load("contour-uint8-c1", (9, 0)) is None
+
+
+def test_store_name_carries_the_specialisation():
+    geo = {"sum_type": np.uint16, "magic_rounding": True}
+    assert cubins.box_name(geo, 3, np.uint8) == "box_fused-uint8-uint16-c3-m1"
+    assert cubins.contour_name(4, np.uint16) == "contour-uint16-c4"
+    assert cubins.blocked_name(21, 5, np.float32) == "blocked-float32-21x5"
+
+
+@pytest.mark.gpu
+def test_second_process_filters_without_numba_and_matches(tmp_path):
+    env = {"IMGFILTER_CACHE_DIR": str(tmp_path), "NUMBA_ENABLE_CUDASIM": "0"}
+    env["IMGFILTER_DEBUG_CUBINS"] = "1"
+    code = """
+        import sys
+        import numpy as np
+        import imgfilter
+        rng = np.random.default_rng(0)
+        outs = {}
+        kern = rng.standard_normal((9, 7)).astype(np.float32) / 20
+        for shape, dtype in [((333, 517, 3), np.uint8), ((200, 301, 1), np.uint16)]:
+            img = rng.integers(0, np.iinfo(dtype).max, shape, endpoint=True).astype(dtype)
+            for k in (3, 21, 101):
+                outs[f"blur{k}{shape}"] = imgfilter.blur(img, k, border="constant", border_value=9)
+            outs[f"contour{shape}"] = imgfilter.contour(img, border="wrap")
+            outs[f"filter{shape}"] = imgfilter.filter2d(img, kern, border="reflect")
+        img = rng.standard_normal((150, 211, 4)).astype(np.float32)
+        outs["filter_float"] = imgfilter.filter2d(img, kern, border="constant", border_value=0.5)
+        np.savez("{out}", **outs)
+        print("numba" in sys.modules)
+        """
+    first = _python(code.replace("{out}", str(tmp_path / "first.npz")), env)
+    assert first.returncode == 0 and "failed" not in first.stderr, first.stderr
+    assert first.stdout.strip() == "True"  # compiled through Numba, cubins exported
+    for kind in ("box_fused", "contour", "blocked"):
+        assert any((tmp_path / "cubins").glob(f"{kind}-*.cubin")), kind
+    second = _python(code.replace("{out}", str(tmp_path / "second.npz")), env)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.strip() == "False"  # every case ran from the cached cubins
+    a, b = np.load(tmp_path / "first.npz"), np.load(tmp_path / "second.npz")
+    assert sorted(a.files) == sorted(b.files)
+    for name in a.files:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
