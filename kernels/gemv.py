@@ -1,0 +1,796 @@
+"""GEMV, y = A @ x, in Numba CUDA: the variants of the TileLang GEMV study, and autotune.
+
+A is (N, K), row-major (a row stride larger than K is fine: A may be a view such as
+big[:, :K]), float32 or float16; x is (K,) of the same dtype; accumulation is float32.
+
+- `naive`: one thread per output row, a serial loop over K. Neighbouring threads read
+  addresses a row apart, so every load is its own memory transaction: the baseline.
+- `splitk`: a 2-D block, `reduce_threads` lanes over K (threadIdx.x, so a warp reads
+  consecutive elements: coalesced) times `block_n` rows (threadIdx.y). Each lane sums
+  every reduce_threads-th element of its row; the partial sums meet through
+  `cuda.atomic.add` on a float32 slot per row in shared memory.
+- `vectorized`: as splitk, but each load fetches a pack of `vec_bytes` (16 bytes: 4 x
+  float32 or 8 x float16; one `ld.global.v4.b32` instruction) where the addresses are
+  aligned to the pack, `unroll` packs in flight per lane; the last K % pack elements
+  of each row go through a scalar tail.
+- `tree`: the vectorized loads, partial sums combined by a butterfly shuffle
+  all-reduce (kernels.reduce.warp_allreduce_sum) inside each row's lane group, plus one
+  round through shared memory when a row has more than 32 lanes. No atomics.
+- `autotune(N, K, dtype)`: times the tree and vectorized kernels over block_n x
+  reduce_threads x unroll x vec_bytes on random data, rejects any candidate whose
+  result differs from float64 NumPy, and caches the fastest per (N, K, dtype, GPU name)
+  in a JSON file in the user cache directory. `method="auto"` uses that entry, or
+  `default_config` when there is none (it never tunes by itself).
+
+128-bit loads: Numba has no 128-bit scalar type, so `load_pack2` is a small Numba
+intrinsic that emits an LLVM load of a <4 x i32> vector aligned to 16 bytes from the
+address of A[r, c] and splits it into 4 float32 or 8 float16 (widened to float32);
+NVVM turns it into one `ld.global.v4.u32` (checked in the PTX). 8-byte packs are one
+`ld.global.v2.u32`. On the CUDA simulator (no
+LLVM) the same name is a plain Python function that reads the pack element by element.
+
+Launch geometry (grid, block, kernel) is computed once per (method, config, shape,
+dtype, strides, alignment) and kept, so repeated calls do no planning work.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from numba import config as _numba_config
+from numba import cuda, float32, uint32
+
+from .launch import cdiv
+from .reduce import WARP, group_mask, warp_allreduce_sum
+
+METHODS = ("auto", "naive", "splitk", "vectorized", "tree")
+TUNED_METHODS = ("tree", "vectorized")
+DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+MAX_THREADS = 1024
+MAX_BLOCK_N = 64  # rows per block (size of the shared slots of the atomic paths)
+PACK_BYTES = (16, 8, 4, 2)
+UNROLLS = (1, 2, 4, 8)
+NAIVE_BLOCK = 128
+SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
+CACHE_FILE = "gemv_autotune.json"
+CACHE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Config:
+    """Launch shape of the splitk / vectorized / tree kernels.
+
+    block_n: rows per block (threadIdx.y), 1..64. reduce_threads: lanes per row over K
+    (threadIdx.x), a power of two 1..1024; block_n * reduce_threads <= 1024.
+    unroll: packs in flight per lane per step (1, 2, 4, 8; vectorized/tree).
+    vec_bytes: the widest pack to load (16, 8, 4 or 2 bytes; the alignment of A and
+    x may force a narrower one). naive uses only block_n (threads = rows per block).
+    """
+
+    block_n: int = 4
+    reduce_threads: int = 32
+    unroll: int = 2
+    vec_bytes: int = 16
+
+    @classmethod
+    def coerce(cls, config) -> Config:
+        if config is None or isinstance(config, Config):
+            return config
+        if isinstance(config, dict):
+            unknown = set(config) - set(cls.__dataclass_fields__)
+            if unknown:
+                raise ValueError(
+                    f"unknown gemv config keys {sorted(unknown)}; "
+                    f"valid: {sorted(cls.__dataclass_fields__)}"
+                )
+            return cls(**config)
+        raise TypeError(f"config must be a kernels.gemv.Config or a dict, got {type(config)}")
+
+    def validate(self, method: str) -> None:
+        for name in ("block_n", "reduce_threads", "unroll", "vec_bytes"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+                raise TypeError(f"config.{name} must be an int, got {type(v).__name__}")
+        if method == "naive":
+            if not 1 <= self.block_n <= MAX_THREADS:
+                raise ValueError(f"config.block_n must be in 1..1024, got {self.block_n}")
+            return
+        rt = self.reduce_threads
+        if rt < 1 or rt > MAX_THREADS or rt & (rt - 1):
+            raise ValueError(f"config.reduce_threads must be a power of two in 1..1024, got {rt}")
+        if not 1 <= self.block_n <= MAX_BLOCK_N:
+            raise ValueError(f"config.block_n must be in 1..{MAX_BLOCK_N}, got {self.block_n}")
+        if self.block_n * rt > MAX_THREADS:
+            raise ValueError(
+                f"config.block_n * reduce_threads = {self.block_n * rt} exceeds 1024 threads"
+            )
+        if self.unroll not in UNROLLS:
+            raise ValueError(f"config.unroll must be one of {UNROLLS}, got {self.unroll}")
+        if self.vec_bytes not in PACK_BYTES:
+            raise ValueError(f"config.vec_bytes must be one of {PACK_BYTES}, got {self.vec_bytes}")
+
+
+DEFAULTS = {
+    "naive": Config(block_n=NAIVE_BLOCK, reduce_threads=1, unroll=1, vec_bytes=4),
+    "splitk": Config(block_n=4, reduce_threads=32, unroll=1, vec_bytes=4),
+    "vectorized": Config(block_n=4, reduce_threads=32, unroll=1, vec_bytes=16),
+    "tree": Config(block_n=4, reduce_threads=32, unroll=2, vec_bytes=16),
+}
+
+
+def default_config(n: int, k: int, dtype) -> tuple[str, Config]:
+    """What `auto` runs without a tuned entry: tree, lanes per row sized to K.
+
+    A row gets as many lanes (up to 128) as it has 16-byte packs (so short rows do
+    not idle a warp), and rows fill a block of 128..256 threads.
+    """
+    pack = 16 // np.dtype(dtype).itemsize
+    packs = max(1, cdiv(k, pack))
+    rt = 1
+    while rt < packs and rt < 128:
+        rt *= 2
+    block_n = max(1, min(MAX_BLOCK_N, 256 // rt, n))
+    unroll = 4 if packs >= 4 * rt else 2 if packs >= 2 * rt else 1
+    return "tree", Config(block_n=block_n, reduce_threads=rt, unroll=unroll, vec_bytes=16)
+
+
+# ----------------------------------------------------------------------- pack loads
+
+
+def _simulated_loads():
+    def load_pack2(arr, r, c, nbytes):
+        # The simulator's arrays are NumPy arrays underneath: read element by element.
+        return tuple(np.float32(arr[r, c + i]) for i in range(nbytes // arr.dtype.itemsize))
+
+    def load_pack1(arr, c, nbytes):
+        return tuple(np.float32(arr[c + i]) for i in range(nbytes // arr.dtype.itemsize))
+
+    return load_pack2, load_pack1
+
+
+def _compiled_loads():
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda import cgutils
+    from numba.cuda.extending import intrinsic
+
+    def typing(arr, index, nbytes):
+        # nbytes must be a compile-time constant (a closure int): returning None for
+        # a plain int makes Numba retry with the literal type.
+        if not isinstance(nbytes, types.IntegerLiteral):
+            return None
+        if not isinstance(arr, types.Array) or arr.dtype not in (types.float32, types.float16):
+            return None
+        if len(index) != arr.ndim or not all(isinstance(i, types.Integer) for i in index):
+            return None
+        count = nbytes.literal_value // (arr.dtype.bitwidth // 8)
+        if count < 1:
+            return None
+        return types.UniTuple(types.float32, count)
+
+    def codegen(context, builder, sig, args):
+        aryty = sig.args[0]
+        count = sig.return_type.count
+        nbytes = count * (aryty.dtype.bitwidth // 8)
+        ary = context.make_array(aryty)(context, builder, value=args[0])
+        inds = [
+            context.cast(builder, v, t, types.intp)
+            for v, t in zip(args[1:-1], sig.args[1:-1], strict=True)
+        ]
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, inds)
+        # Loaded as 32-bit words (one ld.v4.u32 for 16 bytes, one ld.v2.u32 for 8);
+        # float16 (i16 in Numba's data model) halves are taken out of each word by
+        # shifts: a <4 x half> load would be split in two 32-bit loads by the backend.
+        i32 = ir.IntType(32)
+        if nbytes < 4:
+            raw = builder.load(ptr)
+            raw.align = nbytes
+            halves = [raw]
+        else:
+            nwords = nbytes // 4
+            raw = builder.load(builder.bitcast(ptr, ir.VectorType(i32, nwords).as_pointer()))
+            raw.align = nbytes
+            words = [builder.extract_element(raw, ir.Constant(i32, w)) for w in range(nwords)]
+            if aryty.dtype == types.float32:
+                vals = [builder.bitcast(w, ir.FloatType()) for w in words]
+                return context.make_tuple(builder, sig.return_type, vals)
+            i16 = ir.IntType(16)
+            halves = []
+            for w in words:
+                halves.append(builder.trunc(w, i16))
+                halves.append(builder.trunc(builder.lshr(w, ir.Constant(i32, 16)), i16))
+        vals = [builder.fpext(builder.bitcast(h, ir.HalfType()), ir.FloatType()) for h in halves]
+        return context.make_tuple(builder, sig.return_type, vals)
+
+    @intrinsic
+    def load_pack2(typingctx, arr, r, c, nbytes):
+        """The nbytes at &arr[r, c] (aligned to nbytes) as a tuple of float32."""
+        ret = typing(arr, (r, c), nbytes)
+        return None if ret is None else (ret(arr, r, c, nbytes), codegen)
+
+    @intrinsic
+    def load_pack1(typingctx, arr, c, nbytes):
+        """The nbytes at &arr[c] (aligned to nbytes) as a tuple of float32."""
+        ret = typing(arr, (c,), nbytes)
+        return None if ret is None else (ret(arr, c, nbytes), codegen)
+
+    return load_pack2, load_pack1
+
+
+load_pack2, load_pack1 = _simulated_loads() if SIMULATOR else _compiled_loads()
+
+
+# ------------------------------------------------------------------------------ kernels
+
+
+@cuda.jit(cache=True)
+def gemv_naive(A, x, y):
+    """One thread per row of A, a serial float32 sum over K."""
+    r = cuda.grid(1)
+    if r < A.shape[0]:
+        ur = uint32(r)
+        acc = float32(0.0)
+        for k in range(A.shape[1]):
+            uk = uint32(k)
+            acc += float32(A[ur, uk]) * float32(x[uk])
+        y[ur] = acc
+
+
+@cuda.jit(cache=True)
+def gemv_splitk(A, x, y):
+    """reduce_threads (blockDim.x) lanes per row, block_n (blockDim.y) rows per block,
+    scalar loads, partial sums combined by atomic adds to shared memory."""
+    slot = cuda.shared.array(MAX_BLOCK_N, float32)
+    tk = cuda.threadIdx.x
+    tn = cuda.threadIdx.y
+    rt = cuda.blockDim.x
+    r = cuda.blockIdx.x * cuda.blockDim.y + tn
+    if tk == 0:
+        slot[tn] = float32(0.0)
+    cuda.syncthreads()
+    if r < A.shape[0]:
+        ur = uint32(r)
+        acc = float32(0.0)
+        for k in range(tk, A.shape[1], rt):
+            uk = uint32(k)
+            acc += float32(A[ur, uk]) * float32(x[uk])
+        cuda.atomic.add(slot, tn, acc)
+    cuda.syncthreads()
+    if tk == 0 and r < A.shape[0]:
+        y[uint32(r)] = slot[tn]
+
+
+_PACKED: dict[tuple, object] = {}
+
+
+def packed_kernel(nbytes: int, itemsize: int, unroll: int, tree: bool):
+    """The vectorized (tree=False: atomics) or tree kernel for packs of nbytes.
+
+    Compile-time (closure ints, so Numba's on-disk cache keys on them): pack bytes,
+    unroll, reduction. Launch-time: block (reduce_threads, block_n), grid
+    cdiv(N, block_n).
+    """
+    key = (nbytes, itemsize, unroll, tree)
+    kernel = _PACKED.get(key)
+    if kernel is not None:
+        return kernel
+    NB = nbytes
+    P = nbytes // itemsize  # elements per pack
+    U = unroll
+    TREE = tree
+
+    @cuda.jit(cache=True)
+    def gemv_packed(A, x, y):
+        """Lanes tk < rt of row r = blockIdx.x * block_n + tn: pack loads, then a
+        shuffle tree (TREE) or shared-memory atomics combine the lanes' sums."""
+        slot = cuda.shared.array(MAX_BLOCK_N, float32)
+        partial = cuda.shared.array(WARP, float32)
+        a = cuda.local.array((U, P), float32)
+        b = cuda.local.array((U, P), float32)
+        tk = cuda.threadIdx.x
+        tn = cuda.threadIdx.y
+        rt = cuda.blockDim.x
+        r = cuda.blockIdx.x * cuda.blockDim.y + tn
+        n = A.shape[0]
+        K = A.shape[1]
+        if not TREE:
+            if tk == 0:
+                slot[tn] = float32(0.0)
+            cuda.syncthreads()
+        acc = float32(0.0)
+        if r < n:
+            ur = uint32(r)
+            packs = K // P
+            v = tk
+            # Main loop: U packs per lane per step, all loads issued before the FMAs.
+            while v + (U - 1) * rt < packs:
+                for u in range(U):
+                    c = uint32((v + u * rt) * P)
+                    pa = load_pack2(A, ur, c, NB)
+                    pb = load_pack1(x, c, NB)
+                    for i in range(P):
+                        a[u, i] = pa[i]
+                        b[u, i] = pb[i]
+                for u in range(U):
+                    for i in range(P):
+                        acc += a[u, i] * b[u, i]
+                v += U * rt
+            while v < packs:
+                c = uint32(v * P)
+                pa = load_pack2(A, ur, c, NB)
+                pb = load_pack1(x, c, NB)
+                for i in range(P):
+                    acc += pa[i] * pb[i]
+                v += rt
+            # Scalar tail: the K % P elements past the last whole pack.
+            for k in range(packs * P + tk, K, rt):
+                uk = uint32(k)
+                acc += float32(A[ur, uk]) * float32(x[uk])
+        if not TREE:
+            if r < n:
+                cuda.atomic.add(slot, tn, acc)
+            cuda.syncthreads()
+            if tk == 0 and r < n:
+                y[uint32(r)] = slot[tn]
+        elif rt <= WARP:
+            # A row's lanes are an aligned group of rt lanes inside one warp.
+            acc = warp_allreduce_sum(acc, rt, group_mask(rt))
+            if tk == 0 and r < n:
+                y[uint32(r)] = acc
+        else:
+            warps = rt // WARP  # whole warps per row; block_n * warps <= 32
+            acc = warp_allreduce_sum(acc, WARP, uint32(0xFFFFFFFF))
+            if tk % WARP == 0:
+                partial[tn * warps + tk // WARP] = acc
+            cuda.syncthreads()
+            if tk < warps:
+                acc = warp_allreduce_sum(partial[tn * warps + tk], warps, group_mask(warps))
+                if tk == 0 and r < n:
+                    y[uint32(r)] = acc
+
+    _PACKED[key] = gemv_packed
+    return gemv_packed
+
+
+# ----------------------------------------------------------------------------- planning
+
+
+def pack_bytes(
+    widest: int, itemsize: int, addresses: tuple[int, ...], row_stride: int, unit: bool
+) -> int:
+    """The widest pack (<= widest bytes) every pack load of a row can use aligned.
+
+    addresses: device addresses of A and x (empty where unknown: trusted aligned, as
+    Numba's allocations are 256-byte aligned); row_stride: A's row stride in bytes;
+    unit: both A's rows and x are contiguous. Falls back to one element (itemsize).
+    """
+    if not unit:
+        return itemsize
+    for nbytes in PACK_BYTES:
+        if nbytes > widest or nbytes < itemsize:
+            continue
+        if row_stride % nbytes == 0 and all(a % nbytes == 0 for a in addresses):
+            return nbytes
+    return itemsize
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one call runs: the kernel and its launch geometry."""
+
+    method: str
+    config: Config
+    pack: int  # bytes per load of A (itemsize: scalar loads)
+    grid: int
+    block: tuple[int, int]
+
+
+def plan(
+    n: int,
+    k: int,
+    dtype,
+    *,
+    method: str = "auto",
+    config=None,
+    addresses: tuple[int, ...] = (),
+    row_stride: int | None = None,
+    unit: bool = True,
+) -> tuple[Plan, object]:
+    """Choose kernel and launch geometry for an (n, k) GEMV; returns (plan, kernel).
+
+    method "auto" takes the autotune cache's entry for (n, k, dtype, this GPU), else
+    `default_config`. A config given with "auto" runs the tree kernel with it.
+    """
+    dtype = np.dtype(dtype)
+    if method not in METHODS:
+        raise ValueError(f"unknown gemv method {method!r}; choose one of {', '.join(METHODS)}")
+    config = Config.coerce(config)
+    if method == "auto":
+        if config is not None:
+            method = "tree"
+        else:
+            hit = cached_entry(n, k, dtype)
+            method, config = hit if hit is not None else default_config(n, k, dtype)
+    if config is None:
+        config = DEFAULTS[method]
+    config.validate(method)
+    isz = dtype.itemsize
+    if method == "naive":
+        return Plan(method, config, isz, max(1, cdiv(n, config.block_n)), (config.block_n, 1)), (
+            gemv_naive
+        )
+    block = (config.reduce_threads, config.block_n)
+    grid = max(1, cdiv(n, config.block_n))
+    if method == "splitk":
+        return Plan(method, config, isz, grid, block), gemv_splitk
+    stride = k * isz if row_stride is None else row_stride
+    nbytes = pack_bytes(config.vec_bytes, isz, addresses, stride, unit)
+    kernel = packed_kernel(nbytes, isz, config.unroll, method == "tree")
+    return Plan(method, config, nbytes, grid, block), kernel
+
+
+# ------------------------------------------------------------------------------ the API
+
+
+def _is_numba_device_array(obj) -> bool:
+    return type(obj).__module__.startswith("numba.cuda") and hasattr(obj, "copy_to_host")
+
+
+def _is_device_array(obj) -> bool:
+    return hasattr(obj, "__cuda_array_interface__") or _is_numba_device_array(obj)
+
+
+def _as_device_array(obj):
+    return obj if _is_numba_device_array(obj) else cuda.as_cuda_array(obj)
+
+
+def _address(arr) -> int | None:
+    try:
+        return int(arr.__cuda_array_interface__["data"][0])
+    except (AttributeError, KeyError, TypeError):
+        return None  # the simulator's arrays
+
+
+def _check(arr, name: str, ndim: int, what: str) -> None:
+    shape = getattr(arr, "shape", None)
+    dtype = getattr(arr, "dtype", None)
+    if shape is None or dtype is None:
+        raise TypeError(f"{name} must be a NumPy or device array, got {type(arr).__name__}")
+    if len(shape) != ndim:
+        raise ValueError(f"{name} must be {ndim}-D {what}, got shape {tuple(shape)}")
+    if np.dtype(dtype) not in DTYPES:
+        raise TypeError(f"{name} must be float32 or float16, got {np.dtype(dtype)}")
+
+
+_PLANS: dict[tuple, tuple[Plan, object]] = {}
+_PLANS_KEEP = 256
+
+
+def gemv(A, x, *, method: str = "auto", config=None, out=None):
+    """y = A @ x with float32 accumulation.
+
+    A: (N, K) float32 or float16, row-major: C-contiguous, or (device arrays) rows of
+    contiguous elements with a larger row stride (a view like big[:, :K]); host views
+    are copied to a contiguous array first. x: (K,), A's dtype. NumPy in -> NumPy out;
+    device arrays (Numba, or anything with __cuda_array_interface__) in -> Numba device
+    array out, no host copies. The result has A's dtype unless `out` (host or device,
+    shape (N,), float32 or float16) is given; then it is written there and returned.
+    method: "auto" (tuned entry or default tree), "naive", "splitk", "vectorized",
+    "tree". config: a Config (or dict of its fields) forcing the launch shape.
+    """
+    if method not in METHODS:
+        raise ValueError(f"unknown gemv method {method!r}; choose one of {', '.join(METHODS)}")
+    on_device = _is_device_array(A)
+    if on_device != _is_device_array(x):
+        raise TypeError("A and x must both be host (NumPy) arrays or both device arrays")
+    if on_device:
+        dA, dx = _as_device_array(A), _as_device_array(x)
+    else:
+        if not isinstance(A, np.ndarray) or not isinstance(x, np.ndarray):
+            bad = "A" if not isinstance(A, np.ndarray) else "x"
+            obj = A if bad == "A" else x
+            raise TypeError(f"{bad} must be a NumPy or device array, got {type(obj).__name__}")
+        dA = dx = None
+    _check(dA if on_device else A, "A", 2, "(N, K)")
+    _check(dx if on_device else x, "x", 1, "(K,)")
+    n, k = (int(s) for s in A.shape)
+    if int(x.shape[0]) != k:
+        raise ValueError(f"x has {int(x.shape[0])} elements, A has K = {k} columns")
+    dtype = np.dtype(A.dtype)
+    if np.dtype(x.dtype) != dtype:
+        raise TypeError(f"x is {np.dtype(x.dtype)} but A is {dtype}: give both the same dtype")
+    dout = None
+    if out is not None:
+        if _is_device_array(out):
+            dout = _as_device_array(out)
+        elif not isinstance(out, np.ndarray):
+            raise TypeError(f"out must be a NumPy or device array, got {type(out).__name__}")
+        _check(dout if dout is not None else out, "out", 1, "(N,)")
+        if int(out.shape[0]) != n:
+            raise ValueError(f"out has shape {tuple(out.shape)}, expected ({n},)")
+    if not on_device:
+        dA = cuda.to_device(np.ascontiguousarray(A))
+        dx = cuda.to_device(np.ascontiguousarray(x))
+    isz = dtype.itemsize
+    sA, sx = dA.strides, dx.strides
+    if n > 1 and k > 0 and (sA[0] <= 0 or sA[1] <= 0):
+        raise ValueError(f"A must have positive strides, got {tuple(sA)}")
+    unit = (sA[1] == isz or k <= 1) and (sx[0] == isz or k <= 1)
+    row_stride = int(sA[0]) if n > 1 else k * isz
+    cfg = Config.coerce(config)
+    addresses = tuple(a for a in (_address(dA), _address(dx)) if a is not None)
+    align = tuple(a % 16 for a in addresses)
+    key = (method, cfg, n, k, dtype.char, row_stride, unit, align)
+    hit = _PLANS.get(key)
+    if hit is None:
+        hit = plan(
+            n,
+            k,
+            dtype,
+            method=method,
+            config=cfg,
+            addresses=addresses,
+            row_stride=row_stride,
+            unit=unit,
+        )
+        if len(_PLANS) >= _PLANS_KEEP:
+            _PLANS.pop(next(iter(_PLANS)))
+        _PLANS[key] = hit
+    how, kernel = hit
+    if dout is not None:
+        dy = dout
+    else:
+        ydtype = dtype if out is None else np.dtype(out.dtype)
+        dy = cuda.device_array(n, dtype=ydtype)
+    if n:
+        kernel[how.grid, how.block](dA, dx, dy)
+    if out is None:
+        return dy if on_device else dy.copy_to_host()
+    if dout is None:
+        out[...] = dy.copy_to_host()
+    return out
+
+
+# ----------------------------------------------------------------------------- autotune
+
+
+def cache_path() -> Path:
+    """The autotune cache file: in $IMGFILTER_CACHE_DIR, else
+    $XDG_CACHE_HOME/imgfilter/kernels, else ~/.cache/imgfilter/kernels (the directory
+    kernels.conv_blocked keeps its generated kernels in)."""
+    env = os.environ.get("IMGFILTER_CACHE_DIR")
+    if env:
+        base = Path(env)
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        base = base / "imgfilter" / "kernels"
+    return base / CACHE_FILE
+
+
+_TUNED: dict[str, dict] = {}  # path -> entries, read once per process per file
+
+
+def _read_cache(path: Path) -> dict:
+    """Entries of a cache file; {} when missing, unreadable or malformed."""
+    try:
+        data = json.loads(path.read_text())
+        if data.get("version") != CACHE_VERSION or not isinstance(data.get("entries"), dict):
+            return {}
+        return data["entries"]
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def _entries() -> dict:
+    path = str(cache_path())
+    entries = _TUNED.get(path)
+    if entries is None:
+        entries = _TUNED[path] = _read_cache(Path(path))
+    return entries
+
+
+@functools.cache
+def gpu_name() -> str:
+    name = getattr(cuda.get_current_device(), "name", None) or "cuda-simulator"
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def cache_key(n: int, k: int, dtype, gpu: str | None = None) -> str:
+    return f"{n}x{k}:{np.dtype(dtype).name}:{gpu or gpu_name()}"
+
+
+def cached_entry(n: int, k: int, dtype) -> tuple[str, Config] | None:
+    """The tuned (method, Config) for this shape, dtype and GPU, if the cache has one."""
+    entry = _entries().get(cache_key(n, k, dtype))
+    if not isinstance(entry, dict):
+        return None
+    try:
+        method = entry["method"]
+        cfg = Config(**entry["config"])
+        if method not in TUNED_METHODS:
+            return None
+        cfg.validate(method)
+        return method, cfg
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _store(key: str, entry: dict) -> None:
+    """Add an entry to the cache file (read-modify-write, atomic replace)."""
+    path = cache_path()
+    entries = _read_cache(path)
+    entries[key] = entry
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"version": CACHE_VERSION, "entries": entries}, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # an unwritable cache only costs re-tuning
+    _TUNED[str(path)] = entries
+    _PLANS.clear()
+
+
+def candidates(n: int, k: int, dtype) -> list[tuple[str, Config]]:
+    """The search space: tree for every shape below, vectorized (atomics) for a few.
+
+    reduce_threads 4..256 (powers of two, not wider than K's packs need), block_n so
+    that blocks have 64..512 threads, unroll 1, 2, 4, vec_bytes 16 (and 8 for tree at
+    its default shape, to measure what the 128-bit loads buy).
+    """
+    isz = np.dtype(dtype).itemsize
+    packs = max(1, cdiv(k, 16 // isz))
+    out = []
+    for rt in (4, 8, 16, 32, 64, 128, 256):
+        if rt > 4 and rt // 2 >= packs:
+            break
+        for threads in (64, 128, 256, 512):
+            bn = threads // rt
+            if bn < 1 or bn > MAX_BLOCK_N or (bn > n and bn > 1):
+                continue
+            for unroll in (1, 2, 4):
+                if unroll > 1 and unroll * rt > packs:
+                    continue
+                out.append(("tree", Config(bn, rt, unroll, 16)))
+    for cfg in (Config(4, 32, 1, 16), Config(4, 32, 2, 16), Config(2, 64, 2, 16)):
+        out.append(("vectorized", cfg))
+    out.append(("tree", Config(4, 32, 2, 8)))
+    return out
+
+
+def _reference(A: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float64 A @ x and |A| @ |x| (the scale of a dot product's rounding error)."""
+    x64 = x.astype(np.float64)
+    ref = np.empty(A.shape[0])
+    scale = np.empty(A.shape[0])
+    for s in range(0, A.shape[0], 2048):
+        a = A[s : s + 2048].astype(np.float64)
+        ref[s : s + 2048] = a @ x64
+        scale[s : s + 2048] = np.abs(a) @ np.abs(x64)
+    return ref, scale
+
+
+RTOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float16): 2e-3}
+
+
+def within_tolerance(y: np.ndarray, ref: np.ndarray, scale: np.ndarray, dtype) -> bool:
+    """|y - ref| <= rtol * (|A| @ |x|) elementwise (rtol 1e-5 float32, 2e-3 float16)."""
+    tiny = np.finfo(np.float32).tiny
+    err = np.abs(y.astype(np.float64) - ref)
+    return bool(np.all(err <= RTOL[np.dtype(dtype)] * scale + tiny))
+
+
+def _spin():
+    @cuda.jit
+    def spin(n, out):
+        v = float32(1.0)
+        for _ in range(n):
+            v = v * float32(1.0000001) + float32(1e-7)
+        out[0] = v
+
+    return spin
+
+
+def time_launches(launch, launches: int = 20, repeats: int = 3) -> float:
+    """Median GPU microseconds per launch, launches queued behind a spin kernel (so
+    Numba's Python launch cost does not leak into the time)."""
+    spin = _spin()
+    buf = cuda.device_array(1, dtype=np.float32)
+    launch()
+    cuda.synchronize()
+    t0 = time.perf_counter()
+    launch()
+    cuda.synchronize()
+    one = time.perf_counter() - t0
+    iters = int(min(1e8, max(1e6, 1e6 * launches * max(one, 1e-4) / 1e-3)))
+    if SIMULATOR:
+        iters = 1  # a Python loop there: timings mean nothing, only the plumbing is tested
+    times = []
+    for _ in range(repeats):
+        spin[1, 1](iters, buf)
+        start, end = cuda.event(), cuda.event()
+        start.record()
+        for _ in range(launches):
+            launch()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / launches)
+    return float(np.median(times))
+
+
+def autotune(
+    n: int,
+    k: int,
+    dtype=np.float32,
+    *,
+    space: list[tuple[str, Config]] | None = None,
+    launches: int = 20,
+    store: bool = True,
+    seed: int = 0,
+) -> dict:
+    """Find the fastest correct (method, Config) for an (n, k) GEMV on this GPU.
+
+    Random A and x (uniform in [-1, 1)); each candidate of `space` (default
+    `candidates(n, k, dtype)`) runs once and is rejected unless within_tolerance of
+    float64 NumPy, then is timed (time_launches). The winner is stored in the cache
+    file (cache_path(), keyed by cache_key) unless store=False. Returns a dict:
+    method, config, kernel_us, key, and every candidate's result under "tried".
+    """
+    dtype = np.dtype(dtype)
+    if dtype not in DTYPES:
+        raise TypeError(f"dtype must be float32 or float16, got {dtype}")
+    if n < 1 or k < 1:
+        raise ValueError(f"autotune needs N, K >= 1, got N={n}, K={k}")
+    rng = np.random.default_rng(seed)
+    A = (rng.random((n, k), dtype=np.float32) * 2 - 1).astype(dtype)
+    x = (rng.random(k, dtype=np.float32) * 2 - 1).astype(dtype)
+    ref, scale = _reference(A, x)
+    dA, dx = cuda.to_device(A), cuda.to_device(x)
+    dy = cuda.device_array(n, dtype=np.float32)
+    del A
+    tried = []
+    best = None
+    for method, cfg in space if space is not None else candidates(n, k, dtype):
+        how, kernel = plan(n, k, dtype, method=method, config=cfg)
+        launch_cfg = kernel[how.grid, how.block]
+        dy.copy_to_device(np.full(n, np.nan, np.float32))  # results must be this candidate's
+        launch_cfg(dA, dx, dy)
+        ok = within_tolerance(dy.copy_to_host(), ref, scale, dtype)
+        row = dict(method=method, config=asdict(cfg), pack=how.pack, ok=ok)
+        if ok:
+            us = time_launches(lambda c=launch_cfg: c(dA, dx, dy), launches)
+            row["kernel_us"] = round(us, 3)
+            if best is None or us < best["kernel_us"]:
+                best = dict(method=method, config=asdict(cfg), kernel_us=round(us, 3))
+        tried.append(row)
+    if best is None:
+        raise RuntimeError(f"no gemv candidate passed verification for {n}x{k} {dtype}")
+    key = cache_key(n, k, dtype)
+    best["key"] = key
+    if store:
+        _store(key, {**best, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    best["tried"] = tried
+    return best
+
+
+def effective_gbs(n: int, k: int, dtype, kernel_us: float) -> float:
+    """Bytes of A over time, in GB/s (x and y are negligible next to A)."""
+    return n * k * np.dtype(dtype).itemsize / (kernel_us * 1e-6) / 1e9
+
+
+__all__ = [
+    "Config",
+    "METHODS",
+    "autotune",
+    "cache_path",
+    "default_config",
+    "effective_gbs",
+    "gemv",
+    "plan",
+]
