@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     img = rng.integers(0, 256, (*sizes["seed"], 3), dtype=np.uint8)
     d_img, d_out = cuda.to_device(img), cuda.device_array(img.shape, np.uint8)
     floor_us = 2 * img.nbytes / (bandwidth * 1e3)
-    space = itertools.product((128, 256), (18, 30, 32), (32,), (8, 16))
+    space = itertools.product((128, 256), (30, 32), (16, 32, 64), (8, 16))
     if args.quick:
         space = [(128, 16, 32, 8), (256, 16, 32, 8)]
     space = list(space)

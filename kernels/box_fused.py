@@ -86,6 +86,56 @@ def _mean_magic(acc, area, magic, shift, even, inv_area):
 
 
 @cuda.jit(device=True)
+def _four_rows(src, off, pitch, u0, u1, u2, u3):
+    """Per lane, the sum of four consecutive rows starting at row offset `off` (inside)."""
+    o1 = off + pitch
+    o2 = o1 + pitch
+    o3 = o2 + pitch
+    a0, a1, a2, a3 = src[off + u0], src[off + u1], src[off + u2], src[off + u3]
+    b0, b1, b2, b3 = src[o1 + u0], src[o1 + u1], src[o1 + u2], src[o1 + u3]
+    c0, c1, c2, c3 = src[o2 + u0], src[o2 + u1], src[o2 + u2], src[o2 + u3]
+    d0, d1, d2, d3 = src[o3 + u0], src[o3 + u1], src[o3 + u2], src[o3 + u3]
+    return (
+        int32(a0) + int32(b0) + int32(c0) + int32(d0),
+        int32(a1) + int32(b1) + int32(c1) + int32(d1),
+        int32(a2) + int32(b2) + int32(c2) + int32(d2),
+        int32(a3) + int32(b3) + int32(c3) + int32(d3),
+    )
+
+
+@cuda.jit(device=True)
+def _two_steps(src, enter, leave, pitch, u0, u1, u2, u3):
+    """Per lane, (entering - leaving) for the next two rows of an inside strip, where
+    `enter` and `leave` are the offsets of the rows that entered and leave last."""
+    e1 = enter + pitch
+    e2 = e1 + pitch
+    l2 = leave + pitch
+    p0, p1, p2, p3 = src[e1 + u0], src[e1 + u1], src[e1 + u2], src[e1 + u3]
+    q0, q1, q2, q3 = src[leave + u0], src[leave + u1], src[leave + u2], src[leave + u3]
+    r0, r1, r2, r3 = src[e2 + u0], src[e2 + u1], src[e2 + u2], src[e2 + u3]
+    t0, t1, t2, t3 = src[l2 + u0], src[l2 + u1], src[l2 + u2], src[l2 + u3]
+    return (
+        int32(p0) - int32(q0), int32(p1) - int32(q1), int32(p2) - int32(q2),
+        int32(p3) - int32(q3), int32(r0) - int32(t0), int32(r1) - int32(t1),
+        int32(r2) - int32(t2), int32(r3) - int32(t3),
+    )  # fmt: skip
+
+
+@cuda.jit(device=True)
+def _store(smem, row, tid, nthreads, n_lanes, v0, v1, v2, v3):
+    """Store a thread's four lane sums into the shared row starting at `row`."""
+    base = uint32(row + tid)
+    if tid < n_lanes:
+        smem[base] = v0
+    if tid + nthreads < n_lanes:
+        smem[base + uint32(nthreads)] = v1
+    if tid + 2 * nthreads < n_lanes:
+        smem[base + uint32(2 * nthreads)] = v2
+    if tid + 3 * nthreads < n_lanes:
+        smem[base + uint32(3 * nthreads)] = v3
+
+
+@cuda.jit(device=True)
 def _cdiv(a, b):
     return (a + b - 1) // b
 
@@ -129,8 +179,19 @@ def _make_box_fused(sum_type, channels: int, magic_rounding: bool):
         u3 = uint64(max(col3, 0))
         zero = cval - cval
         v0, v1, v2, v3 = zero, zero, zero, zero
-        for i in range(kh):
-            off = _row_offset(y0 - ay + i, height, mode, pitch)
+        i = 0
+        if inside:  # four rows at a time, all sixteen loads issued first
+            off = uint64((y0 - ay) * pitch)
+            while i + 3 < kh:
+                s0, s1, s2, s3 = _four_rows(src, off, uint64(pitch), u0, u1, u2, u3)
+                v0 += s0
+                v1 += s1
+                v2 += s2
+                v3 += s3
+                off += uint64(4 * pitch)
+                i += 4
+        for r in range(i, kh):
+            off = _row_offset(y0 - ay + r, height, mode, pitch)
             v0 += _tap(src, off, col0, cval)
             v1 += _tap(src, off, col1, cval)
             v2 += _tap(src, off, col2, cval)
@@ -144,9 +205,25 @@ def _make_box_fused(sum_type, channels: int, magic_rounding: bool):
         while yb < y_end:
             rows = min(batch, y_end - yb)
             # Vertical: column sums of rows yb .. yb + rows - 1 into shared memory.
-            for g in range(rows):
-                y = yb + g
-                if y > y0 and inside:
+            g = 0
+            if yb == y0:  # the strip's first row: sums already complete
+                _store(smem, g * n_lanes, tid, nthreads, n_lanes, v0, v1, v2, v3)
+                g = 1
+            if inside:  # two rows at a time, all sixteen loads issued first
+                while g + 1 < rows:
+                    a0, a1, a2, a3, b0, b1, b2, b3 = _two_steps(
+                        src, enter, leave, uint64(pitch), u0, u1, u2, u3
+                    )
+                    v0, v1, v2, v3 = v0 + a0, v1 + a1, v2 + a2, v3 + a3
+                    _store(smem, g * n_lanes, tid, nthreads, n_lanes, v0, v1, v2, v3)
+                    v0, v1, v2, v3 = v0 + b0, v1 + b1, v2 + b2, v3 + b3
+                    _store(smem, (g + 1) * n_lanes, tid, nthreads, n_lanes, v0, v1, v2, v3)
+                    enter += uint64(2 * pitch)
+                    leave += uint64(2 * pitch)
+                    g += 2
+            for h in range(g, rows):
+                y = yb + h
+                if inside:
                     enter += uint64(pitch)
                     v0 += src[enter + u0]
                     v0 -= src[leave + u0]
@@ -157,22 +234,14 @@ def _make_box_fused(sum_type, channels: int, magic_rounding: bool):
                     v3 += src[enter + u3]
                     v3 -= src[leave + u3]
                     leave += uint64(pitch)
-                elif y > y0:
+                else:
                     e = _row_offset(y - ay + kh - 1, height, mode, pitch)
                     o = _row_offset(y - ay - 1, height, mode, pitch)
                     v0 += _tap(src, e, col0, cval) - _tap(src, o, col0, cval)
                     v1 += _tap(src, e, col1, cval) - _tap(src, o, col1, cval)
                     v2 += _tap(src, e, col2, cval) - _tap(src, o, col2, cval)
                     v3 += _tap(src, e, col3, cval) - _tap(src, o, col3, cval)
-                base = uint32(g * n_lanes + tid)
-                if tid < n_lanes:
-                    smem[base] = v0
-                if tid + nthreads < n_lanes:
-                    smem[base + uint32(nthreads)] = v1
-                if tid + 2 * nthreads < n_lanes:
-                    smem[base + uint32(2 * nthreads)] = v2
-                if tid + 3 * nthreads < n_lanes:
-                    smem[base + uint32(3 * nthreads)] = v3
+                _store(smem, h * n_lanes, tid, nthreads, n_lanes, v0, v1, v2, v3)
             cuda.syncthreads()
             # Horizontal: each item slides over `run` outputs of one channel of one row.
             for item in range(tid, rows * per_row, nthreads):

@@ -12,12 +12,14 @@ from .launch import SMEM_LIMIT, cdiv
 
 LANES = 4  # vertical-sum lanes per thread (v0..v3 below)
 # Defaults from the H100 sweeps (benchmarks/results/2026-11-23-h100-sweep-box*.txt),
-# 2167x2495x3: k=21 114 us with these (124 us with run 16 / batch 8); boxes wider than
-# 32 take 256 threads, run 30, batch 8 (k=101: 219 us, vs 236 us for box_running).
-RUN = 32  # outputs per horizontal slide
-STRIP = 32  # rows per block
+# 2167x2495x3 uint8: k=3 80 us (run 32), k=21 99 us (run 30; 101 us with 32), both
+# with 16-row strips and batches of 16; boxes wider than 32 columns take 256 threads,
+# run 30, 64-row strips, batches of 8 (k=101: 186 us, vs 236 us for box_running).
+RUN = 32  # outputs per horizontal slide, boxes up to 8 columns
+RUN_MID = 30  # 9 to 32 columns (an odd number of words per run: fewer bank conflicts)
+STRIP = 16  # rows per block, boxes up to 32 rows
 BATCH = 16  # rows between block barriers
-RUN_WIDE, BATCH_WIDE = 30, 8  # for boxes wider than 32 columns
+RUN_WIDE, STRIP_TALL, BATCH_WIDE = 30, 64, 8  # wider / taller boxes
 
 MAGIC_BITS = 26
 
@@ -39,18 +41,19 @@ def sum_type(dtype, kh: int):
 
 
 def plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0,
-         strip: int = STRIP, batch: int = 0) -> dict | None:  # fmt: skip
+         strip: int = 0, batch: int = 0) -> dict | None:  # fmt: skip
     """Launch geometry for this image and box, or None when box_fused does not apply.
 
     It applies to uint8/uint16 images whose box sums fit an int32 and whose tile
     (at least one run of outputs plus the halo, LANES lanes per thread) fits.
-    threads=0 picks 128 threads when that tile holds a few runs, else 256; run=0 and
-    batch=0 pick the measured defaults for the box width.
+    threads=0 picks 128 threads when that tile holds a few runs, else 256; run, strip
+    and batch 0 pick the measured defaults for the box's size.
     """
     height, width, channels = shape
     kh, kw = ksize
-    run = run or (RUN if kw <= 32 else RUN_WIDE)
+    run = run or (RUN if kw <= 8 else RUN_MID if kw <= 32 else RUN_WIDE)
     batch = batch or (BATCH if kw <= 32 else BATCH_WIDE)
+    strip = strip or (STRIP if kh <= 32 else STRIP_TALL)
     dt = np.dtype(dtype)
     if dt not in (np.uint8, np.uint16) or kh * kw * int(np.iinfo(dt).max) >= 2**31:
         return None
