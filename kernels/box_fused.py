@@ -244,33 +244,47 @@ def _make_box_fused(sum_type, channels: int, magic_rounding: bool):
                 _store(smem, h * n_lanes, tid, nthreads, n_lanes, v0, v1, v2, v3)
             cuda.syncthreads()
             # Horizontal: each item slides over `run` outputs of one channel of one row.
-            for item in range(tid, rows * per_row, nthreads):
-                g = uint32(item) // per_row
+            # Hot loops are `while` loops over uint32 counters: Numba's range() with a
+            # runtime step costs a dozen 64-bit instructions per iteration.
+            item = uint32(tid)
+            n_items = uint32(rows * per_row)
+            step = uint32(nthreads)
+            kwc = uint32(kw * C)
+            while item < n_items:
+                g = item // per_row
                 rest = uint32(item - g * per_row)
                 r = uint32(rest // C)
                 c = uint32(rest - r * C)
                 xs = uint32(r * run)
                 n_out = uint32(min(xs + run, out_w) - xs)
                 first = uint32(g * n_lanes + xs * C + c)  # column sum leaving next
-                entering = uint32(first + kw * C)  # column sum entering next
+                entering = uint32(first + kwc)  # column sum entering next
                 acc = uint32(0)
-                for j in range(kw):
-                    acc = uint32(acc + smem[uint32(first + j * C)])
+                p = first
+                while p < entering:
+                    acc = uint32(acc + smem[p])
+                    p = uint32(p + C)
                 dst = uint32(stage0 + g * out_lanes + xs * C + c)
                 smem[dst] = mean(acc, area, magic, shift, even, inv_area)
-                for _ in range(1, n_out):
+                last = uint32(dst + n_out * C)
+                dst = uint32(dst + C)
+                while dst < last:
                     acc = uint32(acc + smem[entering] - smem[first])
+                    smem[dst] = mean(acc, area, magic, shift, even, inv_area)
                     entering = uint32(entering + C)
                     first = uint32(first + C)
                     dst = uint32(dst + C)
-                    smem[dst] = mean(acc, area, magic, shift, even, inv_area)
+                item = uint32(item + step)
             cuda.syncthreads()
             # Write the staged rows out, consecutive threads on consecutive bytes.
+            n_out_lanes = uint32(out_lanes)
             for g in range(rows):
                 row = uint64((yb + g) * pitch + x0 * C)
                 staged = uint32(stage0 + g * out_lanes)
-                for i in range(tid, out_lanes, nthreads):
+                i = uint32(tid)
+                while i < n_out_lanes:
                     out[row + uint64(i)] = smem[uint32(staged + i)]
+                    i = uint32(i + step)
             yb += rows
 
     return box_fused

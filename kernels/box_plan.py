@@ -12,14 +12,13 @@ from .launch import SMEM_LIMIT, cdiv
 
 LANES = 4  # vertical-sum lanes per thread (v0..v3 below)
 # Defaults from the H100 sweeps (benchmarks/results/2026-11-23-h100-sweep-box*.txt),
-# 2167x2495x3 uint8: k=3 80 us (run 32), k=21 99 us (run 30; 101 us with 32), both
-# with 16-row strips and batches of 16; boxes wider than 32 columns take 256 threads,
-# run 30, 64-row strips, batches of 8 (k=101: 186 us, vs 236 us for box_running).
-RUN = 32  # outputs per horizontal slide, boxes up to 8 columns
-RUN_MID = 30  # 9 to 32 columns (an odd number of words per run: fewer bank conflicts)
+# 2167x2495x3 uint8: k=3 54 us, k=21 69 us (16-row strips), k=101 136 us (64-row
+# strips; box_running takes 236 us). A run of 30 outputs spans an odd number of
+# 32-bit words for 3 channels, which spreads a warp's reads over more banks than 32.
+RUN = 30  # outputs per horizontal slide
 STRIP = 16  # rows per block, boxes up to 32 rows
-BATCH = 16  # rows between block barriers
-RUN_WIDE, STRIP_TALL, BATCH_WIDE = 30, 64, 8  # wider / taller boxes
+STRIP_TALL = 64  # rows per block for taller boxes
+BATCH = 8  # rows between block barriers
 
 MAGIC_BITS = 26
 
@@ -51,8 +50,8 @@ def plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0,
     """
     height, width, channels = shape
     kh, kw = ksize
-    run = run or (RUN if kw <= 8 else RUN_MID if kw <= 32 else RUN_WIDE)
-    batch = batch or (BATCH if kw <= 32 else BATCH_WIDE)
+    run = run or RUN
+    batch = batch or BATCH
     strip = strip or (STRIP if kh <= 32 else STRIP_TALL)
     dt = np.dtype(dtype)
     if dt not in (np.uint8, np.uint16) or kh * kw * int(np.iinfo(dt).max) >= 2**31:
