@@ -159,39 +159,49 @@ def block_smem_kernel(in_dtype, out_dtype, pack, log):
         tout = cuda.local.array(pack, out_t)
         tin_word = tin.view(in_word)
         tout_word = tout.view(out_word)
-        tid = cuda.threadIdx.x
-        nthreads = cuda.blockDim.x
-        packs = cols // pack
+        # Strided loops are `while` loops over uint32 counters: Numba's range() with a
+        # runtime step costs a dozen 64-bit instructions per iteration.
+        tid = uint32(cuda.threadIdx.x)
+        nthreads = uint32(cuda.blockDim.x)
+        packs = uint32(cols // pack)
+        ucols = uint32(cols)
         row = cuda.blockIdx.x
         while row < rows:
             urow = uint32(row)
             m = NEG_INF
-            for p in range(tid, packs, nthreads):
-                tin_word[0] = xv[urow, uint32(p)]
+            p = tid
+            while p < packs:
+                tin_word[0] = xv[urow, p]
                 for i in range(pack):
                     v = float32(tin[i])
                     buf[uint32(i * packs + p)] = v
                     m = max(m, v)
+                p = uint32(p + nthreads)
             rmax = block_allreduce_max(m)
             s = float32(0.0)
-            for c in range(tid, cols, nthreads):
+            c = tid
+            while c < ucols:
                 if log:
-                    v = buf[uint32(c)] - rmax
-                    buf[uint32(c)] = v
+                    v = buf[c] - rmax
+                    buf[c] = v
                     s += math.exp(v)
                 else:
-                    v = math.exp(buf[uint32(c)] - rmax)
-                    buf[uint32(c)] = v
+                    v = math.exp(buf[c] - rmax)
+                    buf[c] = v
                     s += v
+                c = uint32(c + nthreads)
             rsum = block_allreduce_sum(s)
             lse = math.log(rsum)
+            inv = float32(1.0) / rsum
             # Each thread reads back only the slots it wrote in the first loop, so the
             # next row's first loop needs no barrier before overwriting them.
-            for p in range(tid, packs, nthreads):
+            p = tid
+            while p < packs:
                 for i in range(pack):
                     v = buf[uint32(i * packs + p)]
-                    tout[i] = v - lse if log else v / rsum
-                yv[urow, uint32(p)] = tout_word[0]
+                    tout[i] = v - lse if log else v * inv
+                yv[urow, p] = tout_word[0]
+                p = uint32(p + nthreads)
             row += cuda.gridDim.x
 
     return softmax_block_smem
@@ -209,9 +219,9 @@ def block_uncached_kernel(in_dtype, out_dtype, pack, log):
         tout = cuda.local.array(pack, out_t)
         tin_word = tin.view(in_word)
         tout_word = tout.view(out_word)
-        tid = cuda.threadIdx.x
-        nthreads = cuda.blockDim.x
-        packs = cols // pack
+        tid = uint32(cuda.threadIdx.x)
+        nthreads = uint32(cuda.blockDim.x)
+        packs = uint32(cols // pack)
         row = cuda.blockIdx.x
         while row < rows:
             urow = uint32(row)
@@ -219,8 +229,9 @@ def block_uncached_kernel(in_dtype, out_dtype, pack, log):
             # max m, rescaled whenever m grows, so one pass gives both.
             m = NEG_INF
             d = float32(0.0)
-            for p in range(tid, packs, nthreads):
-                tin_word[0] = xv[urow, uint32(p)]
+            p = tid
+            while p < packs:
+                tin_word[0] = xv[urow, p]
                 for i in range(pack):
                     v = float32(tin[i])
                     if v > m:
@@ -228,16 +239,20 @@ def block_uncached_kernel(in_dtype, out_dtype, pack, log):
                         m = v
                     elif m > NEG_INF:
                         d += math.exp(v - m)
+                p = uint32(p + nthreads)
             rmax = block_allreduce_max(m)
             s = d * math.exp(m - rmax) if m > NEG_INF else float32(0.0)
             rsum = block_allreduce_sum(s)
             lse = math.log(rsum)
-            for p in range(tid, packs, nthreads):
-                tin_word[0] = xv[urow, uint32(p)]
+            inv = float32(1.0) / rsum
+            p = tid
+            while p < packs:
+                tin_word[0] = xv[urow, p]
                 for i in range(pack):
                     v = float32(tin[i]) - rmax
-                    tout[i] = v - lse if log else math.exp(v) / rsum
-                yv[urow, uint32(p)] = tout_word[0]
+                    tout[i] = v - lse if log else math.exp(v) * inv
+                yv[urow, p] = tout_word[0]
+                p = uint32(p + nthreads)
             row += cuda.gridDim.x
 
     return softmax_block_uncached
