@@ -96,7 +96,8 @@ def _gray_flat(src, off, channels):
     """Gray value of the pixel whose first channel is src[off] (flat image, off >= 0)."""
     if channels == 1:
         return int32(src[off])
-    return int32(bgr_to_gray(int32(src[off]), int32(src[off + 1]), int32(src[off + 2])))
+    one = uint64(1)  # uint64 + int would be float64 under NumPy < 2 in the simulator
+    return int32(bgr_to_gray(int32(src[off]), int32(src[off + one]), int32(src[off + one + one])))
 
 
 @cuda.jit(device=True)

@@ -142,6 +142,9 @@ FAKE_DEVICE_ATTRIBUTES = {"MULTIPROCESSOR_COUNT": 2, "MAX_THREADS_PER_MULTIPROCE
 
 def install() -> None:
     """Add the warp intrinsics and device attributes to the simulator (idempotent)."""
+    import functools
+
+    from numba import cuda as simulator_cuda
     from numba.cuda.simulator import kernelapi
     from numba.cuda.simulator.cudadrv import devices
 
@@ -157,6 +160,10 @@ def install() -> None:
         all_sync,
     ):
         setattr(fake, fn.__name__, fn)
+        # Older simulators (numba-cuda 0.21) swap in the fake module only in the kernel's
+        # own globals; device functions of other modules see the simulator's `cuda`.
+        if not hasattr(simulator_cuda, fn.__name__):
+            setattr(simulator_cuda, fn.__name__, functools.partial(fn, None))
     for name, value in FAKE_DEVICE_ATTRIBUTES.items():
         if not hasattr(devices.FakeCUDADevice, name):
             setattr(devices.FakeCUDADevice, name, value)
