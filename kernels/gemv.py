@@ -733,27 +733,33 @@ def autotune(
     launches: int = 20,
     store: bool = True,
     seed: int = 0,
+    data: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> dict:
     """Find the fastest correct (method, Config) for an (n, k) GEMV on this GPU.
 
-    Random A and x (uniform in [-1, 1)); each candidate of `space` (default
-    `candidates(n, k, dtype)`) runs once and is rejected unless within_tolerance of
-    float64 NumPy, then is timed (time_launches). The winner is stored in the cache
-    file (cache_path(), keyed by cache_key) unless store=False. Returns a dict:
-    method, config, kernel_us, key, and every candidate's result under "tried".
+    Random A and x (uniform in [-1, 1); or `data` = (A, x) host arrays). Each
+    candidate of `space` (default `candidates(n, k, dtype)`) runs once and is
+    rejected unless within_tolerance of float64 NumPy, then is timed
+    (time_launches). The winner is stored in the cache file (cache_path(), keyed by
+    cache_key) unless store=False. Returns a dict: method, config, kernel_us, key,
+    and every candidate's result under "tried".
     """
     dtype = np.dtype(dtype)
     if dtype not in DTYPES:
         raise TypeError(f"dtype must be float32 or float16, got {dtype}")
     if n < 1 or k < 1:
         raise ValueError(f"autotune needs N, K >= 1, got N={n}, K={k}")
-    rng = np.random.default_rng(seed)
-    A = (rng.random((n, k), dtype=np.float32) * 2 - 1).astype(dtype)
-    x = (rng.random(k, dtype=np.float32) * 2 - 1).astype(dtype)
+    if data is None:
+        rng = np.random.default_rng(seed)
+        A = (rng.random((n, k), dtype=np.float32) * 2 - 1).astype(dtype)
+        x = (rng.random(k, dtype=np.float32) * 2 - 1).astype(dtype)
+    else:
+        A, x = data
+        if A.shape != (n, k) or x.shape != (k,) or A.dtype != dtype or x.dtype != dtype:
+            raise ValueError(f"data must be ({n}, {k}) and ({k},) arrays of {dtype}")
     ref, scale = _reference(A, x)
-    dA, dx = cuda.to_device(A), cuda.to_device(x)
+    dA, dx = cuda.to_device(np.ascontiguousarray(A)), cuda.to_device(x)
     dy = cuda.device_array(n, dtype=np.float32)
-    del A
     tried = []
     best = None
     for method, cfg in space if space is not None else candidates(n, k, dtype):
