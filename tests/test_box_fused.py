@@ -13,19 +13,11 @@ import pytest
 from numba import cuda
 
 from imgfilter.backends import opencv as ref
-from imgfilter.border import pad
+from imgfilter.border import BORDERS, pad
 from kernels import border_index as bi
 from kernels import box as kbox
 from kernels import box_fused as kfused
 from kernels import box_plan
-
-BORDERS = {
-    "reflect101": bi.REFLECT101,
-    "reflect": bi.REFLECT,
-    "replicate": bi.REPLICATE,
-    "constant": bi.CONSTANT,
-    "wrap": bi.WRAP,
-}
 
 
 def box_sums(img: np.ndarray, ksize, anchor, border: str, cval: int) -> np.ndarray:

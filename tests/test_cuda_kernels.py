@@ -12,18 +12,11 @@ import pytest
 from numba import cuda
 
 from imgfilter.backends import opencv as ref
-from kernels import border_index as bi
+from imgfilter.border import BORDERS
 from kernels import box as kbox
 from kernels import contour as kcontour
 from kernels import conv as kconv
 
-BORDERS = {
-    "reflect101": bi.REFLECT101,
-    "reflect": bi.REFLECT,
-    "replicate": bi.REPLICATE,
-    "constant": bi.CONSTANT,
-    "wrap": bi.WRAP,
-}
 METHODS = ("naive", "padded", "tiled", "blocked")
 
 
