@@ -13,6 +13,10 @@ of one channel (add the entering column sum, subtract the leaving one) and stage
 the rounded means, which the block writes out coalesced. The input is read once
 from DRAM (halo re-reads and the leaving row hit the caches), there is no scratch
 image, and the work per output barely depends on the box size.
+
+Blocks whose window lies inside the image read without border logic, four rows at a
+time for the first sums and two at a time while sliding, every load issued before
+its use. Geometry: `kernels.box_plan` (Numba-free, shared with the quick start).
 """
 
 from __future__ import annotations
