@@ -228,8 +228,10 @@ def plot(result: dict, path: str) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib not importable: no plot"
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
-    for ax, dname in zip(axes, DTYPES, strict=True):
+    dnames = [d for d in DTYPES if any(r["dtype"] == d for r in result["rows"])]
+    fig, axes = plt.subplots(1, len(dnames), figsize=(6 * len(dnames), 4.5), squeeze=False)
+    axes = axes[0]
+    for ax, dname in zip(axes, dnames, strict=True):
         rows = [r for r in result["rows"] if r["dtype"] == dname]
         labels = sorted({f"{r['n']}x{r['k']}" for r in rows}, key=_area)
         for impl, style in [("auto", "o-"), ("torch.mv", "s--"), ("tree", "^:"), ("splitk", "v:")]:

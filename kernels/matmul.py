@@ -74,7 +74,11 @@ def _is_numba_device_array(obj) -> bool:
 
 
 def _is_device_array(obj) -> bool:
-    return hasattr(obj, "__cuda_array_interface__") or _is_numba_device_array(obj)
+    return _is_numba_device_array(obj) or hasattr(obj, "__cuda_array_interface__")
+
+
+def _as_device_array(obj):
+    return obj if _is_numba_device_array(obj) else cuda.as_cuda_array(obj)
 
 
 def _check(arr, name: str) -> None:
@@ -100,35 +104,38 @@ def matmul(A, B, *, method: str = "shared", out=None):
     on_device = _is_device_array(A)
     if on_device != _is_device_array(B):
         raise TypeError("A and B must both be host (NumPy) arrays or both device arrays")
-    if not on_device:
+    if on_device:  # shapes and dtypes from Numba's views (torch dtypes are not NumPy's)
+        dA, dB = _as_device_array(A), _as_device_array(B)
+    else:
         for name, arr in (("A", A), ("B", B)):
             if not isinstance(arr, np.ndarray):
                 raise TypeError(f"{name} must be a NumPy or device array, got {type(arr).__name__}")
-    _check(A, "A")
-    _check(B, "B")
-    m, k = (int(s) for s in A.shape)
-    k2, n = (int(s) for s in B.shape)
+        dA, dB = A, B
+    _check(dA, "A")
+    _check(dB, "B")
+    m, k = (int(s) for s in dA.shape)
+    k2, n = (int(s) for s in dB.shape)
     if k2 != k:
         raise ValueError(f"A is {m}x{k} but B is {k2}x{n}: inner dimensions differ")
-    if np.dtype(A.dtype) != np.dtype(B.dtype):
-        raise TypeError(f"A is {np.dtype(A.dtype)} but B is {np.dtype(B.dtype)}")
+    if np.dtype(dA.dtype) != np.dtype(dB.dtype):
+        raise TypeError(f"A is {np.dtype(dA.dtype)} but B is {np.dtype(dB.dtype)}")
     dout = None
     if out is not None:
-        _check(out, "out")
-        if tuple(int(s) for s in out.shape) != (m, n):
-            raise ValueError(f"out has shape {tuple(out.shape)}, expected {(m, n)}")
         if _is_device_array(out):
-            dout = out if _is_numba_device_array(out) else cuda.as_cuda_array(out)
-    if on_device:
-        dA = A if _is_numba_device_array(A) else cuda.as_cuda_array(A)
-        dB = B if _is_numba_device_array(B) else cuda.as_cuda_array(B)
-    else:
+            dout = _as_device_array(out)
+        elif not isinstance(out, np.ndarray):
+            raise TypeError(f"out must be a NumPy or device array, got {type(out).__name__}")
+        view = dout if dout is not None else out
+        _check(view, "out")
+        if tuple(int(s) for s in view.shape) != (m, n):
+            raise ValueError(f"out has shape {tuple(view.shape)}, expected {(m, n)}")
+    if not on_device:
         dA = cuda.to_device(np.ascontiguousarray(A))
         dB = cuda.to_device(np.ascontiguousarray(B))
     if dout is not None:
         dC = dout
     else:
-        cdtype = np.dtype(A.dtype) if out is None else np.dtype(out.dtype)
+        cdtype = np.dtype(dA.dtype) if out is None else np.dtype(out.dtype)
         dC = cuda.device_array((m, n), dtype=cdtype)
     if m and n:
         grid = (cdiv(n, TILE), cdiv(m, TILE))

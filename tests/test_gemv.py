@@ -36,7 +36,10 @@ def check(y, A, x) -> None:
     a, v = A.astype(np.float64), x.astype(np.float64)
     ref, scale = a @ v, np.abs(a) @ np.abs(v)
     err = np.abs(y.astype(np.float64) - ref)
-    bad = err > RTOL[A.dtype.type] * scale + np.finfo(np.float32).tiny
+    # A float16 result in the subnormal range is rounded to a step of 2**-24 (seen on
+    # the H100: -1.32e-6 stored as -1.3e-6 for a 1-column row).
+    floor = 2.0**-24 if y.dtype == np.float16 else np.finfo(np.float32).tiny
+    bad = err > RTOL[A.dtype.type] * scale + floor
     assert not bad.any(), f"rows {np.flatnonzero(bad)[:5]}: got {y[bad][:5]}, want {ref[bad][:5]}"
 
 
