@@ -46,6 +46,7 @@ import numpy as np
 from numba import config as _numba_config
 from numba import cuda, float32, uint32
 
+from .cache import cache_dir
 from .launch import cdiv
 from .reduce import WARP, group_mask, warp_allreduce_sum
 
@@ -567,16 +568,8 @@ def gemv(A, x, *, method: str = "auto", config=None, out=None):
 
 
 def cache_path() -> Path:
-    """The autotune cache file: in $IMGFILTER_CACHE_DIR, else
-    $XDG_CACHE_HOME/imgfilter/kernels, else ~/.cache/imgfilter/kernels (the directory
-    kernels.conv_blocked keeps its generated kernels in)."""
-    env = os.environ.get("IMGFILTER_CACHE_DIR")
-    if env:
-        base = Path(env)
-    else:
-        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-        base = base / "imgfilter" / "kernels"
-    return base / CACHE_FILE
+    """The autotune cache file, in the kernel cache directory (`kernels.cache`)."""
+    return cache_dir() / CACHE_FILE
 
 
 _TUNED: dict[str, dict] = {}  # path -> entries, read once per process per file
