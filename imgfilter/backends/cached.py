@@ -3,10 +3,10 @@
 Importing Numba's CUDA target and loading its kernel cache take about two seconds,
 far longer than filtering a photo. When cubins exported by the CUDA backend
 (`imgfilter.backends.cubins`) exist for this GPU, `get_backend` hands out this module
-instead: box blurs and contour maps of host images run from those cubins through the
-CUDA driver (`imgfilter.backends.driver`), as do filters that method auto gives the
-register-blocked kernel, with the very kernels and arguments the
-Numba path would launch, so results are identical. Anything else (other kernels,
+instead: box blurs and contour maps of host images, and filters that method auto
+gives the register-blocked kernel, run from those cubins through the CUDA driver
+(`imgfilter.backends.driver`) with the very kernels and arguments the Numba path
+would launch, so results are identical. Anything else (other kernels,
 other methods, device arrays, a missing cubin, a driver error) is passed to
 `imgfilter.backends.cuda`, which imports Numba then. Same contract as every backend.
 Set IMGFILTER_NO_QUICK_START=1 to always use the Numba path.
@@ -49,17 +49,31 @@ def _numba_backend():
     return cuda
 
 
+_functions: dict = {}
+
+
+def _function(drv: Driver, name: str):
+    """The loaded kernel `name` (each cubin is loaded once per process), or None."""
+    if name not in _functions:
+        found = cubins.load(name, drv.cc)
+        if found is None:
+            return None
+        _functions[name] = drv.function(*found)
+    return _functions[name]
+
+
 def _run(name: str, img: np.ndarray, out_shape: tuple, launch, extra=None) -> np.ndarray | None:
     """Copy img (and the host array `extra`, if given) to the device, call
     launch(driver, fn, d_img, d_out[, d_extra]), copy the result back; None when the
     cubin is missing or the driver fails."""
     drv = _driver()
-    found = cubins.load(name, drv.cc) if drv is not None else None
-    if found is None:
+    if drv is None:
         return None
     d_img = d_out = d_extra = None
     try:
-        fn = drv.function(*found)
+        fn = _function(drv, name)
+        if fn is None:
+            return None
         d_img = drv.to_device(img)
         out = np.empty(out_shape, dtype=img.dtype)
         d_out = drv.alloc(out.nbytes)
