@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from kernels.arrays import as_device_array, is_device_array
+
 from .backends import get_backend
 from .border import border_code
 from .errors import UsageError
@@ -21,16 +23,6 @@ CHANNELS = (1, 3, 4)
 METHODS = ("auto", "naive", "padded", "tiled", "blocked", "separable")
 MAX_KERNEL_SIDE = 255  # general kernels: taps per output grow as side**2
 MAX_BOX_SIDE = 4095  # box filters cost O(side) per output, but bigger is surely a typo
-
-
-def _is_numba_device_array(obj: Any) -> bool:
-    # Numba's own device arrays, including the simulator's, which lack the interface.
-    return type(obj).__module__.startswith("numba.cuda") and hasattr(obj, "copy_to_host")
-
-
-def is_device_array(obj: Any) -> bool:
-    """True for GPU arrays: `__cuda_array_interface__` (CuPy, torch CUDA) or Numba's."""
-    return hasattr(obj, "__cuda_array_interface__") or _is_numba_device_array(obj)
 
 
 def _c_contiguous(shape: tuple, strides: tuple, itemsize: int) -> bool:
@@ -47,9 +39,7 @@ def _as_image(img: Any) -> tuple[Any, bool]:
     """Return (array, is_device) after checking dtype, rank and channel count."""
     device = is_device_array(img)
     if device:
-        from numba import cuda
-
-        arr = img if _is_numba_device_array(img) else cuda.as_cuda_array(img)
+        arr = as_device_array(img)
         if not _c_contiguous(arr.shape, arr.strides, arr.dtype.itemsize):
             raise UsageError("device images must be C-contiguous")
     else:

@@ -46,6 +46,7 @@ import numpy as np
 from numba import config as _numba_config
 from numba import cuda, float32, uint32
 
+from .arrays import as_device_array, is_device_array
 from .cache import cache_dir
 from .launch import cdiv
 from .reduce import WARP, group_mask, warp_allreduce_sum
@@ -439,19 +440,6 @@ def plan(
 # ------------------------------------------------------------------------------ the API
 
 
-def _is_numba_device_array(obj) -> bool:
-    return type(obj).__module__.startswith("numba.cuda") and hasattr(obj, "copy_to_host")
-
-
-def _is_device_array(obj) -> bool:
-    # Numba's check first: its __cuda_array_interface__ builds a dict on every access.
-    return _is_numba_device_array(obj) or hasattr(obj, "__cuda_array_interface__")
-
-
-def _as_device_array(obj):
-    return obj if _is_numba_device_array(obj) else cuda.as_cuda_array(obj)
-
-
 def _address(arr) -> int | None:
     try:
         return int(arr.device_ctypes_pointer.value or 0)
@@ -488,13 +476,13 @@ def gemv(A, x, *, method: str = "auto", config=None, out=None):
     """
     if method not in METHODS:
         raise ValueError(f"unknown gemv method {method!r}; choose one of {', '.join(METHODS)}")
-    on_device = _is_device_array(A)
-    if on_device != _is_device_array(x):
+    on_device = is_device_array(A)
+    if on_device != is_device_array(x):
         raise TypeError("A and x must both be host (NumPy) arrays or both device arrays")
     if on_device:
         # Shapes, dtypes and strides are read from Numba's views (a torch tensor's
         # .dtype is not a NumPy dtype).
-        dA, dx = _as_device_array(A), _as_device_array(x)
+        dA, dx = as_device_array(A), as_device_array(x)
     else:
         for name, obj in (("A", A), ("x", x)):
             if not isinstance(obj, np.ndarray):
@@ -510,8 +498,8 @@ def gemv(A, x, *, method: str = "auto", config=None, out=None):
         raise TypeError(f"x is {np.dtype(dx.dtype)} but A is {dtype}: give both the same dtype")
     dout = None
     if out is not None:
-        if _is_device_array(out):
-            dout = _as_device_array(out)
+        if is_device_array(out):
+            dout = as_device_array(out)
             _check(dout, "out", 1, "(N,)")
             out_shape = dout.shape
         elif isinstance(out, np.ndarray):

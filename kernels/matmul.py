@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32, uint32
 
+from .arrays import as_device_array, is_device_array
 from .launch import cdiv
 
 METHODS = ("global", "shared")
@@ -69,18 +70,6 @@ def cdiv_device(a, b):
     return (a + b - 1) // b
 
 
-def _is_numba_device_array(obj) -> bool:
-    return type(obj).__module__.startswith("numba.cuda") and hasattr(obj, "copy_to_host")
-
-
-def _is_device_array(obj) -> bool:
-    return _is_numba_device_array(obj) or hasattr(obj, "__cuda_array_interface__")
-
-
-def _as_device_array(obj):
-    return obj if _is_numba_device_array(obj) else cuda.as_cuda_array(obj)
-
-
 def _check(arr, name: str) -> None:
     shape = getattr(arr, "shape", None)
     dtype = getattr(arr, "dtype", None)
@@ -101,11 +90,11 @@ def matmul(A, B, *, method: str = "shared", out=None):
     """
     if method not in METHODS:
         raise ValueError(f"unknown matmul method {method!r}; choose one of {', '.join(METHODS)}")
-    on_device = _is_device_array(A)
-    if on_device != _is_device_array(B):
+    on_device = is_device_array(A)
+    if on_device != is_device_array(B):
         raise TypeError("A and B must both be host (NumPy) arrays or both device arrays")
     if on_device:  # shapes and dtypes from Numba's views (torch dtypes are not NumPy's)
-        dA, dB = _as_device_array(A), _as_device_array(B)
+        dA, dB = as_device_array(A), as_device_array(B)
     else:
         for name, arr in (("A", A), ("B", B)):
             if not isinstance(arr, np.ndarray):
@@ -121,8 +110,8 @@ def matmul(A, B, *, method: str = "shared", out=None):
         raise TypeError(f"A is {np.dtype(dA.dtype)} but B is {np.dtype(dB.dtype)}")
     dout = None
     if out is not None:
-        if _is_device_array(out):
-            dout = _as_device_array(out)
+        if is_device_array(out):
+            dout = as_device_array(out)
         elif not isinstance(out, np.ndarray):
             raise TypeError(f"out must be a NumPy or device array, got {type(out).__name__}")
         view = dout if dout is not None else out

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda, float32, from_dtype, types, uint32
 
+from .arrays import as_device_array, is_device_array
 from .launch import (
     SMEM_LIMIT,
     active_blocks_per_sm,
@@ -378,19 +379,6 @@ def _validate(arr, name: str) -> None:
         raise TypeError(f"{name} must be float32 or float16, got {np.dtype(dtype)}")
 
 
-def _is_numba_device_array(obj) -> bool:
-    # Numba's device arrays, including the simulator's (which lack the interface).
-    return type(obj).__module__.startswith("numba.cuda") and hasattr(obj, "copy_to_host")
-
-
-def _is_device_array(obj) -> bool:
-    return hasattr(obj, "__cuda_array_interface__") or _is_numba_device_array(obj)
-
-
-def _as_device_array(obj):
-    return obj if _is_numba_device_array(obj) else cuda.as_cuda_array(obj)
-
-
 def _pointers(*arrays) -> tuple[int, ...]:
     """Device addresses of the arrays, or () where an array does not expose one."""
     try:
@@ -418,9 +406,9 @@ def softmax(
     """
     if method not in METHODS:
         raise ValueError(f"unknown softmax method {method!r}; choose one of {', '.join(METHODS)}")
-    on_device = _is_device_array(x)
+    on_device = is_device_array(x)
     if on_device:
-        dx = _as_device_array(x)
+        dx = as_device_array(x)
         _validate(dx, "x")
         if not dx.is_c_contiguous():
             raise ValueError("x must be C-contiguous (rows of consecutive elements)")
@@ -432,8 +420,8 @@ def softmax(
     rows, cols = (int(n) for n in x.shape)
     dout = None
     if out is not None:
-        if _is_device_array(out):
-            dout = _as_device_array(out)
+        if is_device_array(out):
+            dout = as_device_array(out)
             _validate(dout, "out")
             if not dout.is_c_contiguous():
                 raise ValueError("out must be C-contiguous")
