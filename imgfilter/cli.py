@@ -668,6 +668,258 @@ def bench(
         print(f"wrote {_shown(json_path)}")
 
 
+# ------------------------------------------------------------------------ train / classify
+
+MethodClassify = Enum("MethodClassify", {n: n for n in ("auto", "gemv", "fused")}, type=str)
+
+
+def _check_npy_output(path: Path, suffix: str, what: str, *, inputs: tuple, force: bool) -> None:
+    from . import io
+    from .errors import OutputError
+
+    if path.suffix.lower() != suffix:
+        raise OutputError(f"cannot write {path}: {what} must end in {suffix}")
+    for inp in inputs:
+        io._check_path(path, input_path=inp, overwrite=force)
+    if not inputs:
+        io._check_path(path, input_path=None, overwrite=force)
+
+
+def _write_bytes(path: Path, data: bytes, *, force: bool) -> None:
+    from . import io
+
+    io._atomic_write(path, data, overwrite=force)
+
+
+class _Progress:
+    """Training progress on stderr: a bar redrawn in place on a terminal, else a line
+    every 10 iterations."""
+
+    def __init__(self, total: int, quiet: bool) -> None:
+        self.total = total
+        self.quiet = quiet
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, it: int, loss: float, acc: float) -> None:
+        if self.quiet:
+            return
+        text = f"iteration {it:4d}  loss {loss:.5f}  training accuracy {100 * acc:6.2f}%"
+        if self.tty:
+            done = int(20 * it / self.total)
+            print(f"\r[{'#' * done}{'.' * (20 - done)}] {text}", end="", file=sys.stderr)
+        elif it % 10 == 0 or it == 1:
+            print(text, file=sys.stderr)
+
+    def close(self) -> None:
+        if self.tty and not self.quiet:
+            print(file=sys.stderr)
+
+
+@app.command()
+@_command
+def train(
+    image: InPath,
+    labels: Annotated[
+        Path,
+        typer.Argument(
+            metavar="LABELS",
+            help="Label mask: single-channel image, 0 = unlabelled, 1..C = class numbers.",
+        ),
+    ],
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            metavar="MODEL.npz",
+            help="Model file to write. Default: IN_STEM.model.npz beside IN.",
+        ),
+    ] = None,
+    features: Annotated[
+        str | None,
+        typer.Option(
+            "--features",
+            metavar="SPEC",
+            help="Feature set, e.g. 'raw;gauss=1,2,4;box=15;edges=1,2,4;contour' (the default).",
+        ),
+    ] = None,
+    l2: Annotated[
+        float,
+        typer.Option(
+            "--l2",
+            min=0.0,
+            metavar="LAMBDA",
+            help="L2 strength: loss = mean cross-entropy + LAMBDA/2 * |W|^2.",
+        ),
+    ] = 1e-3,
+    max_iter: Annotated[
+        int, typer.Option("--max-iter", min=1, metavar="N", help="L-BFGS iterations at most.")
+    ] = 300,
+    max_samples: Annotated[
+        int,
+        typer.Option(
+            "--max-samples",
+            min=2,
+            metavar="N",
+            help="Labelled pixels used at most (a random subset, see --seed).",
+        ),
+    ] = 200_000,
+    seed: Annotated[int, typer.Option("--seed", metavar="N", help="Seed of that subset.")] = 0,
+    backend: BackendOpt = Backend.auto,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", metavar="", help="No progress output.")
+    ] = False,
+    force: ForceOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Train a per-pixel classifier from an image and a painted label mask.
+
+    LABELS has the image's size; each pixel holds 0 (unlabelled) or the number of its
+    class (1..C). The model (softmax regression on filter features: smoothed colour,
+    edges, contours) is written as a .npz of plain arrays and JSON metadata.
+
+    Example: imgfilter train photo.jpg scribbles.png -o model.npz
+    """
+    from . import classify, io
+
+    if backend is Backend.cuda:
+        _resolve_backend(backend)
+    spec = classify.parse_spec(features) if features is not None else None
+    target = output if output is not None else image.with_name(f"{image.stem}.model.npz")
+    _check_npy_output(target, ".npz", "a model file", inputs=(image, labels), force=force)
+    img = io.read_image(image)
+    mask = io.read_image(labels)
+    classify.check_labels(mask, img.shape[:2], name=f"label mask {labels}")
+    backend_name = _resolve_backend(backend)
+    progress = _Progress(max_iter, quiet)
+    start = time.perf_counter()
+    try:
+        model, info = classify.train(
+            img, mask, spec=spec, l2=l2, max_iter=max_iter, max_samples=max_samples,
+            seed=seed, backend=backend_name, progress=progress,
+        )  # fmt: skip
+    finally:
+        progress.close()
+    seconds = time.perf_counter() - start
+    _write_bytes(target, model.to_bytes(), force=force)
+    counts = ", ".join(f"class {c}: {n}" for c, n in info.counts.items())
+    print(
+        f"wrote {_shown(target)} ({model.n_classes} classes, {model.n_features} features, "
+        f"{backend_name}): loss {info.loss:.5f}, training accuracy {100 * info.accuracy:.2f}% "
+        f"on {info.samples} pixels ({counts}); {info.iterations} iterations "
+        f"({info.stop_reason}), {seconds:.2f} s",
+        file=sys.stderr,
+    )
+
+
+@app.command()
+@_command
+def classify(
+    image: InPath,
+    model: Annotated[
+        Path, typer.Option("--model", "-m", metavar="MODEL.npz", help="Model from `train`.")
+    ],
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            metavar="LABELS",
+            help="Label map (single channel, class numbers). Default: IN_STEM.labels.png.",
+        ),
+    ] = None,
+    proba: Annotated[
+        Path | None,
+        typer.Option(
+            "--proba", metavar="FILE.npy", help="Also write the probabilities, float32 (H, W, C)."
+        ),
+    ] = None,
+    overlay: Annotated[
+        Path | None,
+        typer.Option(
+            "--overlay", metavar="FILE", help="Also write the image blended with class colours."
+        ),
+    ] = None,
+    temperature: Annotated[
+        float,
+        typer.Option(
+            "--temperature",
+            "-t",
+            metavar="T",
+            help="Divide the logits by T (flatter probabilities for T > 1).",
+        ),
+    ] = 1.0,
+    backend: BackendOpt = Backend.auto,
+    method: Annotated[
+        MethodClassify,
+        typer.Option(
+            "--method",
+            case_sensitive=False,
+            metavar="NAME",
+            help="CUDA: gemv (a GEMV per class + softmax kernel; auto) or fused.",
+        ),
+    ] = MethodClassify.auto,
+    force: ForceOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Label every pixel of an image with a model from `imgfilter train`.
+
+    Writes the label map (each pixel the class number of the training mask), and
+    optionally the per-class probabilities (.npy) and a colour overlay.
+
+    Example: imgfilter classify photo.jpg --model model.npz -o labels.png --overlay over.png
+    """
+    import numpy as np
+
+    from . import classify as _classify
+    from . import io
+
+    if backend is Backend.cuda:
+        _resolve_backend(backend)
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise UsageError(f"--temperature must be a positive number, got {temperature}")
+    mdl = _classify.load(model)
+    target = output if output is not None else io.default_output(image, "labels")
+    if target.suffix.lower() in (".jpg", ".jpeg"):
+        raise UsageError(f"{target}: a label map needs a lossless format (.png, .tif)")
+    target = io.check_output(target, input_path=image, overwrite=force, dtype=np.uint8, channels=1)
+    if proba is not None:
+        _check_npy_output(proba, ".npy", "--proba", inputs=(image,), force=force)
+    if overlay is not None:
+        io.check_output(overlay, input_path=image, overwrite=force, dtype=np.uint8, channels=3)
+    outs = [p.resolve() for p in (target, proba, overlay) if p is not None]
+    if len(set(outs)) != len(outs):
+        raise UsageError("the label map, --proba and --overlay must be different files")
+    img = io.read_image(image)
+    backend_name = _resolve_backend(backend)
+    start = time.perf_counter()
+    pred = _classify.predict(
+        img, mdl, temperature=temperature, proba=proba is not None, backend=backend_name,
+        method=method.value,
+    )  # fmt: skip
+    ms = (time.perf_counter() - start) * 1e3
+    io.write_image(target, pred.labels, overwrite=force)
+    written = [_shown(target)]
+    if proba is not None:
+        import io as _bytes_io
+
+        buf = _bytes_io.BytesIO()
+        np.save(buf, np.ascontiguousarray(pred.proba, dtype=np.float32))
+        _write_bytes(proba, buf.getvalue(), force=force)
+        written.append(_shown(proba))
+    if overlay is not None:
+        io.write_image(overlay, _classify.overlay(img, pred.labels), overwrite=force)
+        written.append(_shown(overlay))
+    counts = np.bincount(pred.labels.ravel(), minlength=256)
+    share = ", ".join(f"class {c}: {100 * counts[c] / pred.labels.size:.1f}%" for c in mdl.classes)
+    engine = f"{backend_name}/{method.value}" if backend_name == "cuda" else backend_name
+    print(
+        f"wrote {', '.join(written)} ({_describe(img)}, {engine}, {share}; "
+        f"classified in {ms:.1f} ms incl. kernel loading)",
+        file=sys.stderr,
+    )
+
+
 def main() -> None:
     """Entry point for `python -m imgfilter`."""
     app(prog_name=PROG)

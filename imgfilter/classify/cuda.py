@@ -1,0 +1,332 @@
+"""The pixel classifier's CUDA engine: features, logits and probabilities on the GPU.
+
+Features come from the CUDA backend's filters (device arrays in, device arrays out)
+and are assembled by small kernels here into one (P, Fa) float32 matrix, P pixels by
+Fa = the F features, a column of ones (the bias) and zero columns up to a multiple of
+4 (so every row is 16-byte aligned for GEMV's 128-bit loads).
+
+Classification (`predict`), as issue 6 asks: the logits of class c are one GEMV,
+`kernels.gemv.gemv(X, [W_c, b_c, 0...])`, written into column c of a (P, C) logits
+matrix; `kernels.softmax.softmax` turns each row into probabilities; a last kernel
+takes each row's argmax. `predict(..., method="fused")` is the alternative measured by
+benchmarks/classify_bench.py: one kernel reads each pixel's features once and writes
+its C probabilities and label (it reads X once instead of C times).
+
+Training (`TrainEngine`): the labelled rows' standardised features Z (n, Fa) and Z^T
+stay on the device; each evaluation runs C GEMVs for the logits, the log-softmax
+kernel, and C GEMVs of Z^T with the residual columns for the gradient.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from numba import config, cuda, float32, uint8, uint32
+
+from kernels.gemv import gemv
+from kernels.softmax import softmax
+
+from .. import api
+from .features import GRAY_WEIGHTS, scale_of
+
+NAME = "cuda"
+BLOCK = 256
+MAX_FUSED_CLASSES = 16
+config.CUDA_LOW_OCCUPANCY_WARNINGS = False
+
+_WB, _WG, _WR = (float(w) for w in GRAY_WEIGHTS)
+
+
+def padded_width(features: int) -> int:
+    """Columns of the device feature matrix: features, the bias column, zero padding."""
+    return (features + 1 + 3) // 4 * 4
+
+
+def _grid(n: int) -> int:
+    return max(1, (n + BLOCK - 1) // BLOCK)
+
+
+# ------------------------------------------------------------------------------ kernels
+
+
+@cuda.jit(cache=True)
+def _prepare3(img, scale, planes, gray):
+    """planes = first three channels * scale (float32); gray = 0.114 B + 0.587 G + 0.299 R."""
+    i = cuda.grid(1)
+    h, w, _ = planes.shape
+    if i < h * w:
+        y = uint32(i // w)
+        x = uint32(i - (i // w) * w)
+        b = float32(img[y, x, 0]) * scale
+        g = float32(img[y, x, 1]) * scale
+        r = float32(img[y, x, 2]) * scale
+        planes[y, x, 0] = b
+        planes[y, x, 1] = g
+        planes[y, x, 2] = r
+        gray[y, x, 0] = (float32(_WB) * b + float32(_WG) * g) + float32(_WR) * r
+
+
+@cuda.jit(cache=True)
+def _prepare1(img, scale, planes):
+    i = cuda.grid(1)
+    h, w, _ = planes.shape
+    if i < h * w:
+        y = uint32(i // w)
+        x = uint32(i - (i // w) * w)
+        planes[y, x, 0] = float32(img[y, x, 0]) * scale
+
+
+@cuda.jit(cache=True)
+def _put(src, X, col, scale):
+    """X[p, col + j] = src[p, j] * scale for the (P, k) source."""
+    i = cuda.grid(1)
+    n, k = src.shape
+    if i < n * k:
+        p = uint32(i // k)
+        j = uint32(i - (i // k) * k)
+        X[p, uint32(col) + j] = float32(src[p, j]) * scale
+
+
+@cuda.jit(cache=True)
+def _put_hypot(gx, gy, X, col):
+    p = cuda.grid(1)
+    if p < X.shape[0]:
+        a = gx[uint32(p)]
+        b = gy[uint32(p)]
+        X[uint32(p), uint32(col)] = math.sqrt(a * a + b * b)
+
+
+@cuda.jit(cache=True)
+def _put_tail(X, col):
+    """The bias column (ones) and the zero padding after it."""
+    p = cuda.grid(1)
+    if p < X.shape[0]:
+        X[uint32(p), uint32(col)] = float32(1.0)
+        for j in range(col + 1, X.shape[1]):
+            X[uint32(p), uint32(j)] = float32(0.0)
+
+
+@cuda.jit(cache=True)
+def _gather(X, index, out):
+    """out[i, j] = X[index[i], j] for the first out.shape[1] columns."""
+    t = cuda.grid(1)
+    n, f = out.shape
+    if t < n * f:
+        i = uint32(t // f)
+        j = uint32(t - (t // f) * f)
+        out[i, j] = X[uint32(index[i]), j]
+
+
+@cuda.jit(cache=True)
+def _argmax_rows(P, out):
+    """out[p] = index of the largest entry of row p (the first on ties), as uint8."""
+    p = cuda.grid(1)
+    if p < P.shape[0]:
+        up = uint32(p)
+        best = P[up, 0]
+        arg = 0
+        for c in range(1, P.shape[1]):
+            v = P[up, uint32(c)]
+            if v > best:
+                best = v
+                arg = c
+        out[up] = uint8(arg)
+
+
+def _fused_kernel(classes: int):
+    """One thread per pixel: C logits from the pixel's row of X (one read of the row),
+    softmax in registers, probabilities and argmax written. Weights (C, Fa) from
+    shared memory."""
+    C = classes
+
+    @cuda.jit(cache=True)
+    def fused(X, Wx, probs, index):
+        sw = cuda.shared.array((MAX_FUSED_CLASSES, 64), float32)
+        fa = X.shape[1]
+        t = cuda.threadIdx.x
+        while t < C * fa:
+            sw[t // fa, t % fa] = Wx[t // fa, t % fa]
+            t += cuda.blockDim.x
+        cuda.syncthreads()
+        p = cuda.grid(1)
+        if p >= X.shape[0]:
+            return
+        up = uint32(p)
+        acc = cuda.local.array(MAX_FUSED_CLASSES, float32)
+        for c in range(C):
+            acc[c] = float32(0.0)
+        for j in range(fa):
+            v = X[up, uint32(j)]
+            for c in range(C):
+                acc[c] += sw[c, j] * v
+        m = acc[0]
+        arg = 0
+        for c in range(1, C):
+            if acc[c] > m:
+                m = acc[c]
+                arg = c
+        s = float32(0.0)
+        for c in range(C):
+            e = math.exp(acc[c] - m)
+            acc[c] = e
+            s += e
+        inv = float32(1.0) / s
+        for c in range(C):
+            probs[up, uint32(c)] = acc[c] * inv
+        index[up] = uint8(arg)
+
+    return fused
+
+
+_FUSED: dict[int, Any] = {}
+
+
+# ------------------------------------------------------------------------------ features
+
+
+class FeatureEngine:
+    """Feature matrix (P, Fa) float32 on the device (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.device_image = None
+
+    def prepare(self, img: np.ndarray, ch: int):
+        h, w = img.shape[:2]
+        dimg = cuda.to_device(np.ascontiguousarray(img.reshape(h, w, -1)))
+        self.device_image = dimg
+        planes = cuda.device_array((h, w, ch), np.float32)
+        scale = scale_of(img.dtype)
+        if ch == 3:
+            gray = cuda.device_array((h, w, 1), np.float32)
+            _prepare3[_grid(h * w), BLOCK](dimg, scale, planes, gray)
+        else:
+            _prepare1[_grid(h * w), BLOCK](dimg, scale, planes)
+            gray = planes
+        return planes, gray
+
+    def filter2d(self, a, kernel: np.ndarray):
+        return api.filter2d(a, kernel, backend="cuda")
+
+    def blur(self, a, k: int):
+        return api.blur(a, k, backend="cuda")
+
+    def contour(self, u: np.ndarray):
+        dimg = self.device_image
+        if dimg is None or np.dtype(dimg.dtype) != u.dtype:
+            dimg = cuda.to_device(np.ascontiguousarray(u))
+        return api.contour(dimg, backend="cuda")
+
+    def matrix(self, pixels: int, features: int):
+        self.features = features
+        return cuda.device_array((pixels, padded_width(features)), np.float32)
+
+    def put(self, X, col: int, a, scale) -> None:
+        n = X.shape[0]
+        k = 1 if a.ndim == 2 else a.shape[2]
+        src = a.reshape(n, k)
+        _put[_grid(n * k), BLOCK](src, X, col, np.float32(scale))
+
+    def put_hypot(self, X, col: int, gx, gy) -> None:
+        n = X.shape[0]
+        _put_hypot[_grid(n), BLOCK](gx.reshape(n), gy.reshape(n), X, col)
+
+    def finish(self, X):
+        _put_tail[_grid(X.shape[0]), BLOCK](X, self.features)
+        self.device_image = None
+        return X
+
+
+def gather(X, index: np.ndarray, features: int) -> np.ndarray:
+    """Rows `index` (first `features` columns) of the device matrix, on the host."""
+    n = int(index.shape[0])
+    out = cuda.device_array((n, features), np.float32)
+    if n:
+        _gather[_grid(n * features), BLOCK](X, cuda.to_device(index.astype(np.int64)), out)
+    return out.copy_to_host()
+
+
+# ------------------------------------------------------------------------------ classify
+
+
+def weight_rows(W: np.ndarray, b: np.ndarray, width: int) -> np.ndarray:
+    """(C, Fa) float32: each class's weights, its bias in the ones column, zeros."""
+    C, F = W.shape
+    rows = np.zeros((C, width), np.float32)
+    rows[:, :F] = W
+    rows[:, F] = b
+    return rows
+
+
+def logits(X, dW):
+    """(P, C) device logits: column c is gemv(X, dW[c])."""
+    C = dW.shape[0]
+    out = cuda.device_array((X.shape[0], C), np.float32)
+    for c in range(C):
+        gemv(X, dW[c], out=out[:, c])
+    return out
+
+
+def probabilities(dlogits):
+    return softmax(dlogits)
+
+
+def argmax(dprobs):
+    out = cuda.device_array(dprobs.shape[0], np.uint8)
+    _argmax_rows[_grid(dprobs.shape[0]), BLOCK](dprobs, out)
+    return out
+
+
+def fused(X, dW):
+    """(probabilities (P, C), class index (P,)) from one kernel (method 'fused')."""
+    C = dW.shape[0]
+    if C > MAX_FUSED_CLASSES or X.shape[1] > 64:
+        raise ValueError("method 'fused' handles up to 16 classes and 63 features")
+    kernel = _FUSED.get(C)
+    if kernel is None:
+        kernel = _FUSED[C] = _fused_kernel(C)
+    n = X.shape[0]
+    probs = cuda.device_array((n, C), np.float32)
+    index = cuda.device_array(n, np.uint8)
+    kernel[_grid(n), BLOCK](X, dW, probs, index)
+    return probs, index
+
+
+def predict(X, W: np.ndarray, b: np.ndarray, *, proba: bool, method: str = "gemv") -> dict:
+    dW = cuda.to_device(weight_rows(W, b, X.shape[1]))
+    if method == "fused":
+        dprobs, dindex = fused(X, dW)
+    else:
+        dprobs = probabilities(logits(X, dW))
+        dindex = argmax(dprobs)
+    return {
+        "index": dindex.copy_to_host(),
+        "proba": dprobs.copy_to_host() if proba else None,
+    }
+
+
+# ------------------------------------------------------------------------------ training
+
+
+class TrainEngine:
+    """Loss pieces of softmax regression with Z (n, Fa) and Z^T on the device."""
+
+    def __init__(self, Z: np.ndarray):
+        Z = np.ascontiguousarray(Z, dtype=np.float32)
+        self.n = Z.shape[0]
+        self.dZ = cuda.to_device(Z)
+        self.dZt = cuda.to_device(np.ascontiguousarray(Z.T))
+
+    def log_proba(self, Wa: np.ndarray) -> np.ndarray:
+        dW = cuda.to_device(np.ascontiguousarray(Wa, dtype=np.float32))
+        return softmax(logits(self.dZ, dW), log=True).copy_to_host()
+
+    def grad(self, R: np.ndarray) -> np.ndarray:
+        """R^T Z (C, Fa): row c is gemv(Z^T, R[:, c])."""
+        dR = cuda.to_device(np.ascontiguousarray(R.T, dtype=np.float32))
+        C = dR.shape[0]
+        out = cuda.device_array((C, self.dZt.shape[0]), np.float32)
+        for c in range(C):
+            gemv(self.dZt, dR[c], out=out[c])
+        return out.copy_to_host()
