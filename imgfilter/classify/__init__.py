@@ -34,7 +34,7 @@ __all__ = [
     "Prediction",
     "TrainInfo",
     "engine",
-    "features",
+    "extract_features",
     "feature_names",
     "load",
     "overlay",
@@ -91,7 +91,7 @@ def _check_image(img: Any) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
-def features(img: Any, spec: dict | None = None, *, backend: str = "auto") -> np.ndarray:
+def extract_features(img: Any, spec: dict | None = None, *, backend: str = "auto") -> np.ndarray:
     """The (H * W, F) float32 feature matrix of an image, on the host (for inspection,
     tests and other models)."""
     arr = _check_image(img)
