@@ -57,7 +57,7 @@ def enqueue_us(fn, calls: int = 50) -> float:
     return float(np.median(times) * 1e6)
 
 
-def run(sizes, dtypes, launches: int, methods: list[str]) -> dict:
+def run(sizes, dtypes, launches: int, methods: list[str], tune_launches: int = 10) -> dict:
     from numba import cuda
 
     timer = Timer(repeats=5)
@@ -72,8 +72,13 @@ def run(sizes, dtypes, launches: int, methods: list[str]) -> dict:
             A = (rng.random((n, k), dtype=np.float32) * 2 - 1).astype(dtype)
             x = (rng.random(k, dtype=np.float32) * 2 - 1).astype(dtype)
             t0 = time.perf_counter()
-            tuned = G.autotune(n, k, dtype, data=(A, x))
+            tuned = G.autotune(n, k, dtype, data=(A, x), launches=tune_launches)
             tune_s = time.perf_counter() - t0
+            print(
+                f"autotune {dname} {n}x{k}: {len(tuned['tried'])} candidates in {tune_s:.1f} s, "
+                f"best {tuned['method']} {_cfg(tuned['config'])} {tuned['kernel_us']} us",
+                flush=True,
+            )
             tuning.append(dict(dtype=dname, n=n, k=k, seconds=round(tune_s, 1), **tuned))
             ref, scale = G._reference(A, x)
             dA, dx = cuda.to_device(A), cuda.to_device(x)
@@ -95,6 +100,7 @@ def run(sizes, dtypes, launches: int, methods: list[str]) -> dict:
                         **extra,
                     )
                 )
+                print(_line(rows[-1]), flush=True)  # partial results survive a time limit
 
             for method in [*methods, "auto"]:
                 how, kernel = G.plan(n, k, dtype, method=method)
@@ -161,6 +167,18 @@ def _cfg(c: dict | None) -> str:
     return f"bn{c['block_n']} rt{c['reduce_threads']} u{c['unroll']} v{c['vec_bytes']}"
 
 
+def _line(r: dict) -> str:
+    call = f"{r['call_us']:.1f}" if "call_us" in r else "-"
+    enq = f"{r['enqueue_us']:.1f}" if "enqueue_us" in r else "-"
+    cfg = "" if r["impl"] == "torch.mv" else f"{r['method']} {_cfg(r.get('config'))}"
+    flag = "" if r.get("ok", True) else "  WRONG RESULT"
+    return (
+        f"{r['dtype']:8} {str(r['n']) + 'x' + str(r['k']):>12} {r['impl']:10} "
+        f"{r['kernel_us']:>10.2f} {r['gbs']:>7.0f} {r['pct_copy']:>6.1f} {call:>8} "
+        f"{enq:>7}  {cfg}{flag}"
+    )
+
+
 def table(result: dict) -> str:
     head = (
         f"{'dtype':8} {'N x K':>12} {'impl':10} {'kernel us':>10} {'GB/s':>7} {'% copy':>6} "
@@ -174,16 +192,7 @@ def table(result: dict) -> str:
         head,
         "-" * len(head),
     ]
-    for r in result["rows"]:
-        call = f"{r['call_us']:.1f}" if "call_us" in r else "-"
-        enq = f"{r['enqueue_us']:.1f}" if "enqueue_us" in r else "-"
-        cfg = "" if r["impl"] == "torch.mv" else f"{r['method']} {_cfg(r.get('config'))}"
-        flag = "" if r.get("ok", True) else "  WRONG RESULT"
-        lines.append(
-            f"{r['dtype']:8} {str(r['n']) + 'x' + str(r['k']):>12} {r['impl']:10} "
-            f"{r['kernel_us']:>10.2f} {r['gbs']:>7.0f} {r['pct_copy']:>6.1f} {call:>8} "
-            f"{enq:>7}  {cfg}{flag}"
-        )
+    lines += [_line(r) for r in result["rows"]]
     lines.append("")
     lines.append("auto = the autotuned entry; a pre-built Numba launch of the same kernel:")
     for r in result["rows"]:
@@ -257,13 +266,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtypes", nargs="*", default=list(DTYPES), choices=list(DTYPES))
     ap.add_argument("--methods", nargs="*", default=METHODS, choices=METHODS)
     ap.add_argument("--launches", type=int, default=20)
+    ap.add_argument("--tune-launches", type=int, default=10, help="launches per autotune timing")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--txt", help="write the table here")
     ap.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
     args = ap.parse_args(argv)
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes]
     t0 = time.perf_counter()
-    result = run(sizes, args.dtypes, args.launches, args.methods)
+    result = run(sizes, args.dtypes, args.launches, args.methods, args.tune_launches)
     result["bench_seconds"] = round(time.perf_counter() - t0, 1)
     text = table(result)
     print(text)

@@ -48,7 +48,8 @@ from numba import cuda, float32, uint32
 
 from .arrays import as_device_array, is_device_array
 from .cache import cache_dir
-from .launch import cdiv
+from .launch import cdiv, direct_launcher
+from .packs import load_pack1, load_pack2
 from .reduce import WARP, group_mask, warp_allreduce_sum
 
 METHODS = ("auto", "naive", "splitk", "vectorized", "tree")
@@ -140,92 +141,6 @@ def default_config(n: int, k: int, dtype) -> tuple[str, Config]:
     block_n = max(1, min(MAX_BLOCK_N, 256 // rt, n))
     unroll = 4 if packs >= 4 * rt else 2 if packs >= 2 * rt else 1
     return "tree", Config(block_n=block_n, reduce_threads=rt, unroll=unroll, vec_bytes=16)
-
-
-# ----------------------------------------------------------------------- pack loads
-
-
-def _simulated_loads():
-    def load_pack2(arr, r, c, nbytes):
-        # The simulator's arrays are NumPy arrays underneath: read element by element.
-        return tuple(np.float32(arr[r, c + i]) for i in range(nbytes // arr.dtype.itemsize))
-
-    def load_pack1(arr, c, nbytes):
-        return tuple(np.float32(arr[c + i]) for i in range(nbytes // arr.dtype.itemsize))
-
-    return load_pack2, load_pack1
-
-
-def _compiled_loads():
-    from llvmlite import ir
-    from numba import types
-    from numba.cuda import cgutils
-    from numba.cuda.extending import intrinsic
-
-    def typing(arr, index, nbytes):
-        # nbytes must be a compile-time constant (a closure int): returning None for
-        # a plain int makes Numba retry with the literal type.
-        if not isinstance(nbytes, types.IntegerLiteral):
-            return None
-        if not isinstance(arr, types.Array) or arr.dtype not in (types.float32, types.float16):
-            return None
-        if len(index) != arr.ndim or not all(isinstance(i, types.Integer) for i in index):
-            return None
-        count = nbytes.literal_value // (arr.dtype.bitwidth // 8)
-        if count < 1:
-            return None
-        return types.UniTuple(types.float32, count)
-
-    def codegen(context, builder, sig, args):
-        aryty = sig.args[0]
-        count = sig.return_type.count
-        nbytes = count * (aryty.dtype.bitwidth // 8)
-        ary = context.make_array(aryty)(context, builder, value=args[0])
-        inds = [
-            context.cast(builder, v, t, types.intp)
-            for v, t in zip(args[1:-1], sig.args[1:-1], strict=True)
-        ]
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, inds)
-        # Loaded as 32-bit words (one ld.v4.u32 for 16 bytes, one ld.v2.u32 for 8);
-        # float16 (i16 in Numba's data model) halves are taken out of each word by
-        # shifts: a <4 x half> load would be split in two 32-bit loads by the backend.
-        i32 = ir.IntType(32)
-        if nbytes < 4:
-            raw = builder.load(ptr)
-            raw.align = nbytes
-            halves = [raw]
-        else:
-            nwords = nbytes // 4
-            raw = builder.load(builder.bitcast(ptr, ir.VectorType(i32, nwords).as_pointer()))
-            raw.align = nbytes
-            words = [builder.extract_element(raw, ir.Constant(i32, w)) for w in range(nwords)]
-            if aryty.dtype == types.float32:
-                vals = [builder.bitcast(w, ir.FloatType()) for w in words]
-                return context.make_tuple(builder, sig.return_type, vals)
-            i16 = ir.IntType(16)
-            halves = []
-            for w in words:
-                halves.append(builder.trunc(w, i16))
-                halves.append(builder.trunc(builder.lshr(w, ir.Constant(i32, 16)), i16))
-        vals = [builder.fpext(builder.bitcast(h, ir.HalfType()), ir.FloatType()) for h in halves]
-        return context.make_tuple(builder, sig.return_type, vals)
-
-    @intrinsic
-    def load_pack2(typingctx, arr, r, c, nbytes):
-        """The nbytes at &arr[r, c] (aligned to nbytes) as a tuple of float32."""
-        ret = typing(arr, (r, c), nbytes)
-        return None if ret is None else (ret(arr, r, c, nbytes), codegen)
-
-    @intrinsic
-    def load_pack1(typingctx, arr, c, nbytes):
-        """The nbytes at &arr[c] (aligned to nbytes) as a tuple of float32."""
-        ret = typing(arr, (c,), nbytes)
-        return None if ret is None else (ret(arr, c, nbytes), codegen)
-
-    return load_pack2, load_pack1
-
-
-load_pack2, load_pack1 = _simulated_loads() if SIMULATOR else _compiled_loads()
 
 
 # ------------------------------------------------------------------------------ kernels
@@ -458,7 +373,7 @@ def _check(arr, name: str, ndim: int, what: str) -> None:
         raise TypeError(f"{name} must be float32 or float16, got {np.dtype(dtype)}")
 
 
-_PLANS: dict[tuple, tuple[Plan, object]] = {}
+_PLANS: dict[tuple, list] = {}  # key -> [plan, configured launcher, direct, out dtype]
 _PLANS_KEEP = 256
 
 
@@ -534,17 +449,26 @@ def gemv(A, x, *, method: str = "auto", config=None, out=None):
             row_stride=row_stride,
             unit=unit,
         )
-        hit = (how, kernel[how.grid, how.block])  # the configured launcher, kept too
+        hit = [how, kernel[how.grid, how.block], None]  # configured launcher, direct one
         if len(_PLANS) >= _PLANS_KEEP:
             _PLANS.pop(next(iter(_PLANS)))
         _PLANS[key] = hit
-    how, launch = hit
     if dout is not None:
         dy = dout
     else:
         dy = cuda.device_array(n, dtype=dtype if out is None else np.dtype(out.dtype))
     if n:
-        launch(dA, dx, dy)
+        direct = hit[2]
+        if direct and np.dtype(dy.dtype) == hit[3] and dy.is_c_contiguous():
+            direct(dA, dx, dy)
+        else:
+            hit[1](dA, dx, dy)
+            if direct is None and not SIMULATOR and dy.is_c_contiguous():
+                # Later calls skip Numba's dispatch (kernels.launch.direct_launcher);
+                # it is built for a C-contiguous output of this dtype (any other
+                # out= goes through Numba).
+                hit[2] = direct_launcher(hit[1], (dA, dx, dy)) or False
+                hit[3:] = [np.dtype(dy.dtype)]
     if out is None:
         return dy if on_device else dy.copy_to_host()
     if dout is None:
@@ -627,7 +551,8 @@ def _store(key: str, entry: dict) -> None:
 def candidates(n: int, k: int, dtype) -> list[tuple[str, Config]]:
     """The search space: tree for every shape below, vectorized (atomics) for a few.
 
-    reduce_threads 4..256 (powers of two, not wider than K's packs need), block_n so
+    reduce_threads 4..256 (powers of two, not wider than K's packs need; 16 and up for
+    rows of 2048+ packs), block_n so
     that blocks have 64..512 threads, unroll 1, 2, 4, vec_bytes 16 (and 8 for tree at
     its default shape, to measure what the 128-bit loads buy).
     """
@@ -637,6 +562,8 @@ def candidates(n: int, k: int, dtype) -> list[tuple[str, Config]]:
     for rt in (4, 8, 16, 32, 64, 128, 256):
         if rt > 4 and rt // 2 >= packs:
             break
+        if rt < 16 and packs >= 2048:
+            continue  # long rows: a handful of lanes per row never keeps up (H100 runs)
         for threads in (64, 128, 256, 512):
             bn = threads // rt
             if bn < 1 or bn > MAX_BLOCK_N or (bn > n and bn > 1):

@@ -122,3 +122,47 @@ def allow_dynamic_smem(kernel, nbytes: int) -> bool:
         return True
     except Exception:
         return False
+
+
+# ------------------------------------------------- direct launches (per-call cost)
+
+
+def direct_launcher(configured, args, sharedmem: int = 0):
+    """A launch function for a kernel whose array arguments change from call to call.
+
+    `configured` is `kernel[grid, block]` (or with stream and shared memory), just
+    launched with `args` through Numba (so the kernel is compiled for their types).
+    The returned `launch(*arrays)` passes Numba device arrays of the same types
+    straight to cuda.core's launch, as Numba's own launch does at its end, skipping
+    Numba's per-call dispatch (argument typing, overload lookup, launch-config
+    bookkeeping): about half of Numba's Python cost per launch. Only arrays are
+    supported. Returns None where this numba-cuda has no such path (older releases,
+    the simulator, a debug kernel): callers then keep using `configured`.
+    """
+    try:
+        from numba.cuda import dispatcher as nd
+
+        core_launch, core_config = nd.launch, nd.LaunchConfig
+        disp = configured.dispatcher
+        types = tuple(disp.typeof_pyval(a) for a in args)
+        overload = disp.overloads[types]
+        if overload.debug or overload.cooperative or getattr(overload, "extensions", None):
+            return None
+        if not all(hasattr(a, "device_ctypes_pointer") for a in args):
+            return None
+        grid, block = configured.griddim, configured.blockdim
+        coop = "is_cooperative" if nd.CUDA_CORE_GE_1_0 else "cooperative_launch"
+        cfg = core_config(grid=grid, block=block, shmem_size=sharedmem, **{coop: False})
+        kern = overload._codelibrary.get_cufunc().kernel
+        stream = configured.stream
+    except Exception:
+        return None
+
+    def launch(*arrays):
+        kargs = []
+        for a in arrays:
+            ptr = a.device_ctypes_pointer.value or 0
+            kargs += (0, 0, a.size, a.dtype.itemsize, ptr, *a.shape, *a.strides)
+        core_launch(stream, cfg, kern, *kargs)
+
+    return launch

@@ -340,3 +340,31 @@ def test_gpu_autotune_small_and_torch_input():
     x = torch.randn(1024, device="cuda", dtype=torch.float16)
     y = np.asarray(gemv(A, x).copy_to_host())
     check(y, A.cpu().numpy(), x.cpu().numpy())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+def test_gpu_repeated_calls_direct_launch(dtype):
+    """Calls after the first skip Numba's dispatch (kernels.launch.direct_launcher):
+    new arrays every call, views, out= of the other dtype and a strided out (Numba)."""
+    n, k = 1000, 4097
+    A, x = random_problem(n, k, dtype)
+    big, _ = random_problem(n, k + 8, dtype)
+    dA, dx = cuda.to_device(A), cuda.to_device(x)
+    for i in range(4):
+        y = gemv(dA, dx)  # new output each call
+        check(y.copy_to_host(), A, x)
+        x2 = (x * dtype(i + 1)).astype(dtype)
+        out = cuda.device_array(n, dtype)
+        assert gemv(dA, cuda.to_device(x2), out=out) is out
+        check(out.copy_to_host(), A, x2)
+        out32 = cuda.device_array(n, np.float32)
+        gemv(dA, cuda.to_device(x2), out=out32)
+        check(out32.copy_to_host(), A, x2)
+        strided = cuda.device_array(2 * n, dtype)[::2]
+        gemv(dA, dx, out=strided)
+        check(strided.copy_to_host(), A, x)
+        dbig = cuda.to_device(big)[:, :k]  # row stride K + 8: another plan
+        check(gemv(dbig, dx).copy_to_host(), big[:, :k], x)
+    keys = [key for key, hit in G._PLANS.items() if key[2:4] == (n, k)]
+    assert keys and any(hit[2] for hit in G._PLANS.values())

@@ -1,0 +1,163 @@
+"""Packed (up to 128-bit) global loads and stores for Numba CUDA kernels.
+
+Numba has no 128-bit scalar type, and a float32 pack through a `uint64` view stops at
+64 bits. These intrinsics take the address of `arr[r, c]` (or `arr[c]`) and emit one
+LLVM vector access of 32-bit words aligned to the pack size: 16 bytes become one
+`ld.global.v4.u32` / `st.global.v4.u32` in the PTX (8 bytes `.v2`, 4 bytes one word,
+2 bytes one `u16`). float16 halves are shifted out of (or into) the words and
+converted with `cvt` (a `<8 x half>` access would be split by the backend).
+
+- `load_pack2(arr, r, c, nbytes)` / `load_pack1(arr, c, nbytes)`: the `nbytes` at
+  `&arr[r, c]` / `&arr[c]` as a tuple of float32 (`nbytes // itemsize` of them).
+- `store_pack2(arr, r, c, src, nbytes)`: writes `src[0 .. nbytes // itemsize - 1]`
+  (a 1-D float32 local array) to `&arr[r, c]`, converted to the array's dtype
+  (round to nearest even for float16).
+
+`arr` is a float32 or float16 array; `nbytes` must be a compile-time constant (a
+closure int) and the address must be aligned to it: the caller checks the alignment
+of the base pointers and row strides. On the CUDA simulator (no LLVM) the same names
+are plain Python functions that read and write element by element.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import config as _numba_config
+
+SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
+
+
+def _simulated():
+    def load_pack2(arr, r, c, nbytes):
+        # The simulator's arrays are NumPy arrays underneath: read element by element.
+        return tuple(np.float32(arr[r, c + i]) for i in range(nbytes // arr.dtype.itemsize))
+
+    def load_pack1(arr, c, nbytes):
+        return tuple(np.float32(arr[c + i]) for i in range(nbytes // arr.dtype.itemsize))
+
+    def store_pack2(arr, r, c, src, nbytes):
+        for i in range(nbytes // arr.dtype.itemsize):
+            arr[r, c + i] = src[i]
+
+    return load_pack2, load_pack1, store_pack2
+
+
+def _compiled():
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda import cgutils
+    from numba.cuda.extending import intrinsic
+
+    i16, i32 = ir.IntType(16), ir.IntType(32)
+
+    def count_of(arr, index, nbytes):
+        # nbytes must be a compile-time constant (a closure int): returning None for
+        # a plain int makes Numba retry with the literal type.
+        if not isinstance(nbytes, types.IntegerLiteral):
+            return None
+        if not isinstance(arr, types.Array) or arr.dtype not in (types.float32, types.float16):
+            return None
+        if len(index) != arr.ndim or not all(isinstance(i, types.Integer) for i in index):
+            return None
+        count = nbytes.literal_value // (arr.dtype.bitwidth // 8)
+        return count if count >= 1 else None
+
+    def pointer(context, builder, aryty, arr, index_vals, index_tys):
+        ary = context.make_array(aryty)(context, builder, value=arr)
+        inds = [
+            context.cast(builder, v, t, types.intp)
+            for v, t in zip(index_vals, index_tys, strict=True)
+        ]
+        return cgutils.get_item_pointer(context, builder, aryty, ary, inds)
+
+    def load_codegen(context, builder, sig, args):
+        aryty = sig.args[0]
+        count = sig.return_type.count
+        nbytes = count * (aryty.dtype.bitwidth // 8)
+        ptr = pointer(context, builder, aryty, args[0], args[1:-1], sig.args[1:-1])
+        if nbytes < 4:
+            raw = builder.load(ptr)
+            raw.align = nbytes
+            halves = [raw]
+        else:
+            nwords = nbytes // 4
+            raw = builder.load(builder.bitcast(ptr, ir.VectorType(i32, nwords).as_pointer()))
+            raw.align = nbytes
+            words = [builder.extract_element(raw, ir.Constant(i32, w)) for w in range(nwords)]
+            if aryty.dtype == types.float32:
+                vals = [builder.bitcast(w, ir.FloatType()) for w in words]
+                return context.make_tuple(builder, sig.return_type, vals)
+            halves = []
+            for w in words:
+                halves.append(builder.trunc(w, i16))
+                halves.append(builder.trunc(builder.lshr(w, ir.Constant(i32, 16)), i16))
+        vals = [builder.fpext(builder.bitcast(h, ir.HalfType()), ir.FloatType()) for h in halves]
+        return context.make_tuple(builder, sig.return_type, vals)
+
+    @intrinsic
+    def load_pack2(typingctx, arr, r, c, nbytes):
+        """The nbytes at &arr[r, c] (aligned to nbytes) as a tuple of float32."""
+        count = count_of(arr, (r, c), nbytes)
+        if count is None:
+            return None
+        return types.UniTuple(types.float32, count)(arr, r, c, nbytes), load_codegen
+
+    @intrinsic
+    def load_pack1(typingctx, arr, c, nbytes):
+        """The nbytes at &arr[c] (aligned to nbytes) as a tuple of float32."""
+        count = count_of(arr, (c,), nbytes)
+        if count is None:
+            return None
+        return types.UniTuple(types.float32, count)(arr, c, nbytes), load_codegen
+
+    def store_codegen(context, builder, sig, args):
+        aryty, srcty = sig.args[0], sig.args[3]
+        isz = aryty.dtype.bitwidth // 8
+        nbytes = sig.args[4].literal_value
+        count = nbytes // isz
+        ptr = pointer(context, builder, aryty, args[0], args[1:3], sig.args[1:3])
+        src = context.make_array(srcty)(context, builder, value=args[3])
+        vals = []
+        for i in range(count):
+            sptr = cgutils.get_item_pointer(
+                context, builder, srcty, src, [ir.Constant(ir.IntType(64), i)]
+            )
+            vals.append(builder.load(sptr))
+        if aryty.dtype == types.float32:
+            words = [builder.bitcast(v, i32) for v in vals]
+        else:
+            halves = [builder.bitcast(builder.fptrunc(v, ir.HalfType()), i16) for v in vals]
+            if nbytes < 4:
+                st = builder.store(halves[0], ptr)
+                st.align = nbytes
+                return context.get_dummy_value()
+            words = []
+            for lo, hi in zip(halves[::2], halves[1::2], strict=True):
+                word = builder.or_(
+                    builder.zext(lo, i32), builder.shl(builder.zext(hi, i32), ir.Constant(i32, 16))
+                )
+                words.append(word)
+        vec = ir.Constant(ir.VectorType(i32, len(words)), ir.Undefined)
+        for w, word in enumerate(words):
+            vec = builder.insert_element(vec, word, ir.Constant(i32, w))
+        st = builder.store(vec, builder.bitcast(ptr, ir.VectorType(i32, len(words)).as_pointer()))
+        st.align = nbytes
+        return context.get_dummy_value()
+
+    @intrinsic
+    def store_pack2(typingctx, arr, r, c, src, nbytes):
+        """Write src[0 .. nbytes / itemsize) (float32) to &arr[r, c], aligned to nbytes."""
+        count = count_of(arr, (r, c), nbytes)
+        if count is None:
+            return None
+        if not isinstance(src, types.Array) or src.ndim != 1 or src.dtype != types.float32:
+            return None
+        return types.none(arr, r, c, src, nbytes), store_codegen
+
+    return load_pack2, load_pack1, store_pack2
+
+
+load_pack2, load_pack1, store_pack2 = _simulated() if SIMULATOR else _compiled()
+
+
+__all__ = ["load_pack1", "load_pack2", "store_pack2"]
