@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from numba import config, cuda, float32, uint8, uint32
 
+from kernels.arrays import as_device_array, is_device_array
 from kernels.gemv import gemv
 from kernels.softmax import softmax
 
@@ -192,9 +193,13 @@ class FeatureEngine:
     def __init__(self) -> None:
         self.device_image = None
 
-    def prepare(self, img: np.ndarray, ch: int):
+    def prepare(self, img, ch: int):
+        """Upload the image (a device image is used in place) and scale it to float32."""
         h, w = img.shape[:2]
-        dimg = cuda.to_device(np.ascontiguousarray(img.reshape(h, w, -1)))
+        if is_device_array(img):
+            dimg = as_device_array(img).reshape(h, w, -1)
+        else:
+            dimg = cuda.to_device(np.ascontiguousarray(img.reshape(h, w, -1)))
         self.device_image = dimg
         planes = cuda.device_array((h, w, ch), np.float32)
         scale = scale_of(img.dtype)
