@@ -136,32 +136,46 @@ def _argmax_rows(P, out):
         out[up] = uint8(arg)
 
 
-def _fused_kernel(classes: int):
-    """One thread per pixel: C logits from the pixel's row of X (one read of the row),
-    softmax in registers, probabilities and argmax written. Weights (C, Fa) from
-    shared memory."""
-    C = classes
+FUSED_ROWS = 128  # pixels (rows of X) per block of the fused kernel
+
+
+def _fused_kernel(classes: int, width: int):
+    """One block per 128 pixels: the block copies its 128 rows of X (contiguous, so
+    the loads are coalesced) into shared memory with a row stride of width + 1 words
+    (no bank conflicts), then each thread computes its pixel's C logits, the softmax in
+    registers, and writes the probabilities and the argmax. Weights from shared memory."""
+    C, FA = classes, width
+    S = FA + 1
+    T = FUSED_ROWS
 
     @cuda.jit(cache=True)
     def fused(X, Wx, probs, index):
-        sw = cuda.shared.array((MAX_FUSED_CLASSES, 64), float32)
-        fa = X.shape[1]
+        tile = cuda.shared.array(T * S, float32)
+        sw = cuda.shared.array(C * FA, float32)
         t = cuda.threadIdx.x
-        while t < C * fa:
-            sw[t // fa, t % fa] = Wx[t // fa, t % fa]
-            t += cuda.blockDim.x
+        i = t
+        while i < C * FA:
+            sw[i] = Wx[i // FA, i % FA]
+            i += T
+        n = X.shape[0]
+        row0 = cuda.blockIdx.x * T
+        rows = min(T, n - row0)
+        i = t
+        while i < rows * FA:
+            r = i // FA
+            tile[r * S + (i - r * FA)] = X[uint32(row0 + r), uint32(i - r * FA)]
+            i += T
         cuda.syncthreads()
-        p = cuda.grid(1)
-        if p >= X.shape[0]:
+        if t >= rows:
             return
-        up = uint32(p)
-        acc = cuda.local.array(MAX_FUSED_CLASSES, float32)
+        acc = cuda.local.array(C, float32)
         for c in range(C):
             acc[c] = float32(0.0)
-        for j in range(fa):
-            v = X[up, uint32(j)]
+        base = t * S
+        for j in range(FA):
+            v = tile[base + j]
             for c in range(C):
-                acc[c] += sw[c, j] * v
+                acc[c] += sw[c * FA + j] * v
         m = acc[0]
         arg = 0
         for c in range(1, C):
@@ -174,14 +188,15 @@ def _fused_kernel(classes: int):
             acc[c] = e
             s += e
         inv = float32(1.0) / s
+        p = uint32(row0 + t)
         for c in range(C):
-            probs[up, uint32(c)] = acc[c] * inv
-        index[up] = uint8(arg)
+            probs[p, uint32(c)] = acc[c] * inv
+        index[p] = uint8(arg)
 
     return fused
 
 
-_FUSED: dict[int, Any] = {}
+_FUSED: dict[tuple[int, int], Any] = {}
 
 
 # ------------------------------------------------------------------------------ features
@@ -283,18 +298,24 @@ def argmax(dprobs):
     return out
 
 
+def fused_kernel(classes: int, width: int):
+    key = (classes, width)
+    kernel = _FUSED.get(key)
+    if kernel is None:
+        kernel = _FUSED[key] = _fused_kernel(classes, width)
+    return kernel
+
+
 def fused(X, dW):
     """(probabilities (P, C), class index (P,)) from one kernel (method 'fused')."""
     C = dW.shape[0]
-    if C > MAX_FUSED_CLASSES or X.shape[1] > 64:
+    n, width = X.shape
+    if C > MAX_FUSED_CLASSES or width > 64:
         raise ValueError("method 'fused' handles up to 16 classes and 63 features")
-    kernel = _FUSED.get(C)
-    if kernel is None:
-        kernel = _FUSED[C] = _fused_kernel(C)
-    n = X.shape[0]
     probs = cuda.device_array((n, C), np.float32)
     index = cuda.device_array(n, np.uint8)
-    kernel[_grid(n), BLOCK](X, dW, probs, index)
+    blocks = max(1, (n + FUSED_ROWS - 1) // FUSED_ROWS)
+    fused_kernel(C, width)[blocks, FUSED_ROWS](X, dW, probs, index)
     return probs, index
 
 
