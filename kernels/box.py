@@ -10,10 +10,13 @@ correctly rounded, so the result is round(sum / area) exactly. cv2.blur equals t
 except where its 8-bit fixed-point path for boxes of at most 257 pixels rounds
 differently (it is off by one at some ties, e.g. a 2x1 box of zeros gives 1).
 
-Three implementations, and `box_auto` choosing among them:
+Four implementations, and `box_auto` choosing among them (`box_method`):
+- `box_packed` (module `kernels.box_packed`): box_fused's design for uint8 images
+  with four bytes per load and two column sums per add; boxes up to 257 rows. The
+  fastest where it applies; `box_auto` uses it whenever it does.
 - `box_fused` (module `kernels.box_fused`): one pass for uint8/uint16 images,
   vertical running sums in registers and horizontal sliding sums in shared memory.
-  The fastest where it applies; `box_auto` uses it whenever it does.
+  `box_auto` uses it for what box_packed does not take.
 - `box_separable`: a row-sum pass into a scratch image, then a column-sum pass.
   Cost per pixel grows with k.
 - `box_running`: running sums. A column pass keeps a running sum down each
@@ -30,6 +33,7 @@ import numpy as np
 from numba import cuda, float32, float64, uint64
 
 from . import box_fused as _fused
+from . import box_packed as _packed
 from . import box_plan
 from .device import border_index, saturate_int
 from .launch import SMEM_LIMIT, cdiv, image_grid, scratch
@@ -294,14 +298,26 @@ def box_running(img, ksize, anchor, mode, cval, out=None):
 
 
 @lru_cache(maxsize=64)
-def _fused_plan(shape: tuple, dtype: np.dtype, ksize: tuple) -> dict | None:
-    return box_plan.plan(shape, dtype, ksize)
+def _plans(shape: tuple, dtype: np.dtype, ksize: tuple) -> tuple[str, dict | None]:
+    packed = box_plan.packed_plan(shape, dtype, ksize)
+    if packed is not None:
+        return "packed", packed
+    fused = box_plan.plan(shape, dtype, ksize)
+    return ("fused", fused) if fused is not None else ("running", None)
+
+
+def box_method(shape: tuple, dtype, ksize: tuple) -> str:
+    """The implementation `box_auto` takes: "packed" (uint8, boxes up to 257 rows),
+    "fused" (other uint8/uint16 boxes that fit its tile) or "running"."""
+    return _plans(tuple(shape), np.dtype(dtype), tuple(ksize))[0]
 
 
 def box_auto(img, ksize, anchor, mode, cval, out=None):
-    """The fastest exact box filter for the case: `box_fused` for uint8/uint16 images
-    whose box fits its tile, else `box_running`. Same contract as both."""
-    geometry = _fused_plan(tuple(img.shape), np.dtype(img.dtype), tuple(ksize))
-    if geometry is None:
-        return box_running(img, ksize, anchor, mode, cval, out)
-    return _fused.box_fused(img, ksize, anchor, mode, cval, out, geometry)
+    """The fastest exact box filter for the case (see `box_method`): `box_packed`,
+    `box_fused` or `box_running`. Same contract as all three."""
+    method, geometry = _plans(tuple(img.shape), np.dtype(img.dtype), tuple(ksize))
+    if method == "packed":
+        return _packed.box_packed(img, ksize, anchor, mode, cval, out, geometry)
+    if method == "fused":
+        return _fused.box_fused(img, ksize, anchor, mode, cval, out, geometry)
+    return box_running(img, ksize, anchor, mode, cval, out)

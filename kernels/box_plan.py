@@ -98,3 +98,88 @@ def scalar_args(shape: tuple, ksize: tuple, anchor: tuple, mode: int, cval, geo:
         int(area % 2 == 0), np.float32(1.0 / area),
         geo["tile_w"], geo["run"], geo["strip"], geo["batch"],
     )  # fmt: skip
+
+
+# ----------------------------------------------------------------- kernels.box_packed
+
+PACKED_RUN = 30  # outputs per horizontal slide
+PACKED_STRIP = 32  # rows per block, boxes up to 32 rows
+PACKED_STRIP_TALL = 64  # rows per block for taller boxes
+PACKED_BATCH = 8  # rows between block barriers
+PACKED_MAX_ROWS = 257  # 257 * 255 < 2**16: a column sum fits a 16-bit lane
+
+
+def packed_magic(area: int) -> tuple[int, int]:
+    """(m, sh) with (t * m >> 32) >> sh == floor(t / (2 * area)) for 0 <= t < 2**MAGIC_BITS.
+
+    As `magic`, with the shift raised to at least 32 so that the kernel takes the high
+    word of a 32 x 32-bit product; m < 2**32 still (for 2 * area <= 64 the shift is
+    32 and m <= 2**31 + 1, above that m < 2**27 + 1).
+    """
+    d = 2 * area
+    s = max(MAGIC_BITS + (d - 1).bit_length(), 32)
+    return -(-(1 << s) // d), s - 32
+
+
+def packed_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0,
+                strip: int = 0, batch: int = 0) -> dict | None:  # fmt: skip
+    """Launch geometry of `kernels.box_packed`, or None where it does not apply.
+
+    It applies to uint8 images of fewer than 2**31 bytes, boxes of at most 257 rows
+    whose sums stay below 2**25 (2 * sum + area < 2**MAGIC_BITS), and tiles that hold
+    at least one run of outputs. A block of T threads holds 8 T byte lanes: the tile's
+    outputs plus the (kw - 1)-pixel halo plus one pixel of slack (the slide reads one
+    column sum past its last output). threads=0 picks the fewest threads whose tile
+    holds four runs with a halo of at most a quarter of it.
+    """
+    height, width, channels = shape
+    kh, kw = ksize
+    run = run or PACKED_RUN
+    batch = batch or PACKED_BATCH
+    strip = strip or (PACKED_STRIP if kh <= 32 else PACKED_STRIP_TALL)
+    if np.dtype(dtype) != np.uint8 or kh > PACKED_MAX_ROWS:
+        return None
+    if height * width * channels >= 2**31 or 511 * kh * kw >= 2**MAGIC_BITS:
+        return None
+
+    def tile(t: int) -> int:
+        return (8 * t // channels - kw) // run * run
+
+    choices = (threads,) if threads else (64, 128, 256, 512)
+    t = next((t for t in choices if tile(t) >= 4 * run and kw - 1 <= tile(t) // 4), 0)
+    if not t:
+        t = max(choices, key=tile)
+    tile_w = tile(t)
+    if tile_w < run:
+        return None
+    tile_w = min(tile_w, cdiv(width, run) * run)
+    stage_row = ((tile_w * channels + 3) // 4 + 1) * 4
+    smem = batch * (8 * t * 2 + stage_row)
+    if smem > SMEM_LIMIT:
+        return None
+    area = kh * kw
+    return {
+        "threads": t,
+        "tile_w": tile_w,
+        "run": run,
+        "strip": strip,
+        "batch": batch,
+        "even": area % 2 == 0,
+        "smem": smem,
+        "grid": (cdiv(width, tile_w), cdiv(height, strip)),
+    }
+
+
+def packed_args(shape: tuple, ksize: tuple, anchor: tuple, mode: int, cval, geo: dict) -> tuple:
+    """box_packed's arguments between n_words and out8, typed as launched:
+    (height, width, kh, kw, ay, ax, mode, cval, area, magic, shift_hi, tile_w, strip,
+    batch); Python ints become int64 parameters."""
+    height, width, _ = shape
+    kh, kw = ksize
+    ay, ax = anchor
+    area = kh * kw
+    m, shift_hi = packed_magic(area)
+    return (
+        height, width, kh, kw, ay, ax, mode, int(cval), area, m, shift_hi,
+        geo["tile_w"], geo["strip"], geo["batch"],
+    )  # fmt: skip

@@ -34,6 +34,12 @@ def box_name(geometry: dict, channels: int, dtype) -> str:
     return f"box_fused-{np.dtype(dtype).name}-{sums}-c{channels}-m{int(geometry['magic_rounding'])}"
 
 
+def packed_name(geometry: dict, channels: int) -> str:
+    """Name of the box_packed specialisation that `kernels.box_plan.packed_plan` chose."""
+    g = geometry
+    return f"box_packed-c{channels}-r{g['run']}-t{g['threads']}-e{int(g['even'])}"
+
+
 def contour_name(channels: int, dtype) -> str:
     return f"contour-{np.dtype(dtype).name}-c{channels}"
 

@@ -12,6 +12,7 @@ from numba import config, cuda
 
 from kernels import box as _box
 from kernels import box_fused as _box_fused
+from kernels import box_packed as _box_packed
 from kernels import box_plan as _box_plan
 from kernels import contour as _contour
 from kernels import conv as _conv
@@ -131,7 +132,8 @@ def correlate(img, kernel, anchor, border, value, method):
 def box(img, ksize, anchor, border, value, method):
     """cv2.blur semantics on the GPU.
 
-    auto: one fused pass of running sums for uint8/uint16 (`kernels.box_fused`), else
+    auto: one fused pass of running sums for uint8/uint16 (`kernels.box_packed` or
+    `kernels.box_fused`), else
     a column running-sum pass then a row pass (cost ~ independent of k either way);
     separable: a row-sum pass and a column-sum pass; naive/padded/tiled/blocked: the
     general correlation kernels with a constant kernel of 1 / (kh * kw).
@@ -143,19 +145,27 @@ def box(img, ksize, anchor, border, value, method):
         def go():
             dimg, from_host = _to_device(img)
             out = run(dimg, ksize, anchor, border, value)
-            geometry = _box_plan.plan(dimg.shape, dimg.dtype, ksize)
-            if method == "auto" and geometry is not None:
-                channels = dimg.shape[2]
-                kernel = _box_fused.kernel_for(
-                    geometry["sum_type"], channels, geometry["magic_rounding"]
-                )
-                name = cubins.box_name(geometry, channels, dimg.dtype)
-                _export(kernel, name, (dimg.dtype, dimg.dtype))
+            if method == "auto":
+                _export_box(dimg.shape, dimg.dtype, ksize)
             return _finish(out, from_host)
 
         return _run(go)
     weights = np.full((kh, kw), 1.0 / (kh * kw), dtype=np.float32)
     return correlate(img, weights, anchor, border, value, method)
+
+
+def _export_box(shape: tuple, dtype, ksize: tuple) -> None:
+    """Export the cubin of the one-pass box kernel box_auto just ran, if it ran one."""
+    channels = shape[2]
+    method = _box.box_method(shape, dtype, ksize)
+    if method == "packed":
+        geo = _box_plan.packed_plan(shape, dtype, ksize)
+        kernel = _box_packed.kernel_for(channels, geo["run"], geo["threads"], geo["even"])
+        _export(kernel, cubins.packed_name(geo, channels), (dtype, np.uint32, dtype, np.uint32))
+    elif method == "fused":
+        geo = _box_plan.plan(shape, dtype, ksize)
+        kernel = _box_fused.kernel_for(geo["sum_type"], channels, geo["magic_rounding"])
+        _export(kernel, cubins.box_name(geo, channels, dtype), (dtype, dtype))
 
 
 def contour(img, border, value, method):
