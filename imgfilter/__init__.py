@@ -11,9 +11,7 @@ Backends: "cuda" (Numba CUDA kernels), "cpu" (Numba parallel CPU); "auto" picks 
 when a usable GPU exists. Importing this package does not import Numba.
 """
 
-from .api import blur, contour, filter2d
 from .errors import DeviceError, ImgFilterError, InputError, OutputError, UsageError
-from .io import read_image, write_image
 
 __all__ = [
     "blur",
@@ -27,4 +25,25 @@ __all__ = [
     "OutputError",
     "DeviceError",
 ]
+_LAZY = {
+    "blur": "api",
+    "contour": "api",
+    "filter2d": "api",
+    "read_image": "io",
+    "write_image": "io",
+}
+
+
+def __getattr__(name: str):
+    # The array API and image I/O import NumPy (and OpenCV) on first use, so that the
+    # CLI can start the GPU before paying for those imports (backends.warmup).
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __version__ = "0.1.0"

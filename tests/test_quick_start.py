@@ -52,6 +52,30 @@ def test_quick_start_modules_import_no_numba():
     assert done.stdout.strip() == "[]"
 
 
+def test_command_line_starts_before_numpy_and_only_for_gpu_commands(tmp_path, monkeypatch):
+    from imgfilter.backends import warmup
+
+    done = _python("import sys, imgfilter.__main__; print('numpy' in sys.modules)", {})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"  # the context can start before NumPy loads
+    monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
+    monkeypatch.delenv("IMGFILTER_NO_QUICK_START", raising=False)
+    assert not warmup.wanted(["blur", "in.jpg", "--k", "21"])  # no cubins cached yet
+    (tmp_path / "cubins").mkdir()
+    (tmp_path / "cubins" / "box_packed-c3-r30-t64-e0-abc-sm90.cubin").write_bytes(b"x")
+    assert warmup.wanted(["blur", "in.jpg", "--k", "21"])
+    assert warmup.wanted(["--debug", "filter", "in.jpg", "--kernel", "k.npy"])
+    assert warmup.wanted(["contour", "in.jpg", "--backend", "cuda"])
+    assert not warmup.wanted(["blur", "in.jpg", "--backend", "cpu"])
+    assert not warmup.wanted(["blur", "in.jpg", "--backend=CPU"])
+    assert not warmup.wanted(["blur", "--help"])
+    assert not warmup.wanted(["compare", "in.jpg", "--k", "3"])
+    assert not warmup.wanted([])
+    monkeypatch.setenv("IMGFILTER_NO_QUICK_START", "1")
+    assert not warmup.wanted(["blur", "in.jpg"])
+
+
 def test_array_params_follow_numbas_layout():
     # meminfo, parent, nitems, itemsize, data, shape..., strides (bytes)...
     values = [p.value for p in array_params(0x1000, (2, 3, 4), np.uint16)]
@@ -134,7 +158,7 @@ def test_second_process_filters_without_numba_and_matches(tmp_path):
     first = _python(code.replace("{out}", str(tmp_path / "first.npz")), env)
     assert first.returncode == 0 and "failed" not in first.stderr, first.stderr
     assert first.stdout.strip() == "True"  # compiled through Numba, cubins exported
-    for kind in ("box_fused", "contour", "blocked"):
+    for kind in ("box_packed", "box_fused", "contour", "blocked"):
         assert any((tmp_path / "cubins").glob(f"{kind}-*.cubin")), kind
     second = _python(code.replace("{out}", str(tmp_path / "second.npz")), env)
     assert second.returncode == 0, second.stderr
@@ -143,3 +167,25 @@ def test_second_process_filters_without_numba_and_matches(tmp_path):
     assert sorted(a.files) == sorted(b.files)
     for name in a.files:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+@pytest.mark.gpu
+def test_command_line_quick_start_gives_the_numba_result(tmp_path):
+    import cv2
+
+    env = {"IMGFILTER_CACHE_DIR": str(tmp_path / "cache"), "NUMBA_ENABLE_CUDASIM": "0"}
+    img = np.random.default_rng(1).integers(0, 256, (401, 603, 3), dtype=np.uint8)
+    cv2.imwrite(str(tmp_path / "in.png"), img)
+    outs = []
+    for run in ("numba", "quick"):
+        out = tmp_path / f"{run}.png"
+        done = subprocess.run(
+            [sys.executable, "-m", "imgfilter", "blur", str(tmp_path / "in.png"), "--k", "21",
+             "-o", str(out)],
+            capture_output=True, text=True, timeout=600, cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": ROOT, **env},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        outs.append(cv2.imread(str(out), cv2.IMREAD_UNCHANGED))
+    assert any((tmp_path / "cache" / "cubins").glob("box_packed-*.cubin"))
+    np.testing.assert_array_equal(outs[0], outs[1])

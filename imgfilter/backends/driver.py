@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # NumPy is imported where needed: the driver may open before it loads
+    import numpy as np
 
 _LIBS = ("libcuda.so.1", "libcuda.so", "nvcuda.dll")
 _ATTR_CC_MAJOR, _ATTR_CC_MINOR = 75, 76  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_*
@@ -48,8 +50,12 @@ class Driver:
         self.cc = (major.value, minor.value)
         self._ctx = ctypes.c_void_p()
         self._call("cuDevicePrimaryCtxRetain", ctypes.byref(self._ctx), dev)
-        self._call("cuCtxSetCurrent", self._ctx)
+        self.make_current()
         self._modules: list = []
+
+    def make_current(self) -> None:
+        """Bind the context to the calling thread (it was bound to the opening one)."""
+        self._call("cuCtxSetCurrent", self._ctx)
 
     def _call(self, name: str, *args) -> None:
         status = getattr(self._lib, name)(*args)
@@ -110,6 +116,8 @@ class Driver:
 
 def array_params(ptr: int, shape: tuple, dtype) -> list:
     """The kernel parameters Numba passes for a C-contiguous array argument."""
+    import numpy as np
+
     itemsize = np.dtype(dtype).itemsize
     strides = []
     step = itemsize
@@ -131,6 +139,8 @@ def array_params(ptr: int, shape: tuple, dtype) -> list:
 def scalar_param(value):
     """A scalar kernel parameter typed as Numba types it: Python int and np.int64 as
     int64, np.float32 as float32, Python float as float64."""
+    import numpy as np
+
     if isinstance(value, np.float32):
         return ctypes.c_float(float(value))
     if isinstance(value, float | np.float64):
