@@ -143,20 +143,19 @@ def packed_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 
         return None
 
     def tile(t: int) -> int:
-        return (8 * t // channels - kw) // run * run
+        return min((8 * t // channels - kw) // run * run, cdiv(width, run) * run)
 
-    choices = (threads,) if threads else (64, 128, 256, 512)
+    def smem_bytes(t: int) -> int:
+        stage_row = ((tile(t) * channels + 3) // 4 + 1) * 4
+        return batch * (8 * t * 2 + stage_row)
+
+    choices = [t for t in ((threads,) if threads else (64, 128, 256, 512))
+               if tile(t) >= run and smem_bytes(t) <= SMEM_LIMIT]  # fmt: skip
+    if not choices:
+        return None
     t = next((t for t in choices if tile(t) >= 4 * run and kw - 1 <= tile(t) // 4), 0)
-    if not t:
-        t = max(choices, key=tile)
-    tile_w = tile(t)
-    if tile_w < run:
-        return None
-    tile_w = min(tile_w, cdiv(width, run) * run)
-    stage_row = ((tile_w * channels + 3) // 4 + 1) * 4
-    smem = batch * (8 * t * 2 + stage_row)
-    if smem > SMEM_LIMIT:
-        return None
+    t = t or max(choices, key=tile)
+    tile_w, smem = tile(t), smem_bytes(t)
     area = kh * kw
     return {
         "threads": t,
