@@ -15,88 +15,195 @@ import importlib.util
 import os
 
 import numpy as np
+from numba import config as _numba_config
 from numba import cuda
 
 from .cache import cache_dir
-from .conv_plan import TX, TY, grid, rows_per_thread, scalar_args
-from .launch import scratch
+from .conv_plan import TX, TY, grid, offsets_fit, rows_per_thread, scalar_args, tile_shape
+from .launch import cdiv, scratch
+
+SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
 
 _cache: dict[tuple[int, int, int], object] = {}
 
 
-def _source(kh: int, kw: int, ry: int) -> str:
-    """Python source of the kernel for one (kh, kw, ry), inner loops unrolled."""
-    tile_h, tile_w = TY * ry + kh - 1, TX + kw - 1
+# The image and the output are addressed through flat element offsets. On the GPU,
+# a[0, 0, o] of a C-contiguous 3-D array is the element at offset o (Numba computes
+# C-layout addresses from the shape, without bounds checks); the simulator checks
+# bounds, so there the kernel indexes 1-D views instead.
+def _flat_views() -> list[str]:
+    if SIMULATOR:
+        return ["    imgf = img.reshape(img.size)", "    outf = out.reshape(out.size)"]
+    return []
+
+
+def _img(offset: str) -> str:
+    return f"imgf[{offset}]" if SIMULATOR else f"img[0, 0, {offset}]"
+
+
+def _out(offset: str) -> str:
+    return f"outf[{offset}]" if SIMULATOR else f"out[0, 0, {offset}]"
+
+
+def _source(kh: int, kw: int, ry: int, wide: bool = False) -> str:
+    """Python source of the kernel for one (kh, kw, ry), inner loops unrolled; element
+    offsets into the image are uint32 (uint64 if `wide`: images of 2**32 elements or more).
+
+    Shared memory is column-major: the tile as tile[column * pitch + row] and the
+    weights as wsh[j * kpitch + i], so the ry + kh - 1 values of a thread's column
+    and the kh weights of kernel column j are consecutive and 16-byte aligned: the
+    compiler reads them four at a time (LDS.128). Integer arithmetic is written so
+    that it stays 32-bit after Numba's widening (results cast back to int32/uint32);
+    indices are unsigned (no wraparound code). The image and the output are
+    addressed through flat element offsets that step by one add per element.
+    """
+    tile_h, tile_w, pitch, kpitch = tile_shape(kh, kw, ry)
     ncol = ry + kh - 1
+    steps = cdiv(tile_h, TY)  # tile rows each thread stages
+    cols = cdiv(tile_w, TX)  # tile columns each thread stages (1 or 2)
+    nw = kh * kw
+    u = "uint64" if wide else "uint32"  # element offsets
+    align = "" if SIMULATOR else ", alignment=16"
     lines = [
-        # weights arrive flattened to (kh * kw,): no divisions when staging them.
+        # weights arrive flattened to (kh * kw,), row-major.
         "def correlate_blocked(img, weights, ay, ax, mode, cval, lo, hi, is_int, out):",
-        f"    tile = cuda.shared.array({tile_h * tile_w}, dtype=float32)",
-        f"    wsh = cuda.shared.array({kh * kw}, dtype=float32)",
-        "    height = img.shape[0]",
-        "    width = img.shape[1]",
-        "    c = cuda.blockIdx.z",
-        "    tx = cuda.threadIdx.x",
-        "    ty = cuda.threadIdx.y",
-        f"    y0 = cuda.blockIdx.y * {TY * ry}",
-        f"    x0 = cuda.blockIdx.x * {TX}",
-        "    outside = float32(cval)",
-        "    uc = uint64(c)",
-        "    top = y0 - ay",
-        "    left = x0 - ax",
-        # Blocks whose tile lies inside the image skip the border mapping.
+        f"    tile = cuda.shared.array({tile_w * pitch}, dtype=float32{align})",
+        f"    wsh = cuda.shared.array({kw * kpitch}, dtype=float32{align})",
+        *_flat_views(),
+        "    height = int32(img.shape[0])",
+        "    width = int32(img.shape[1])",
+        "    nch = uint32(img.shape[2])",
+        f"    rowlen = {u}({u}(width) * nch)",  # elements per image row
+        "    c = uint32(cuda.blockIdx.z)",
+        "    tx = uint32(cuda.threadIdx.x)",
+        "    ty = uint32(cuda.threadIdx.y)",
+        f"    y0 = int32(int32(cuda.blockIdx.y) * int32({TY * ry}))",
+        f"    x0 = int32(int32(cuda.blockIdx.x) * int32({TX}))",
+        "    top = int32(y0 - int32(ay))",
+        "    left = int32(x0 - int32(ax))",
+        f"    dst = uint32(tx * uint32({pitch}) + ty)",
+        # Blocks whose tile lies inside the image skip the border mapping: thread
+        # (tx, ty) stages tile rows ty, ty + TY, ... of tile columns tx, tx + TX, ...
+        # (a warp reads 32 consecutive pixels of a row), its source offset stepping
+        # by TY image rows; fully unrolled.
         f"    if top >= 0 and left >= 0 and top + {tile_h} <= height and left + {tile_w} <= width:",
-        f"        for rr in range(ty, {tile_h}, {TY}):",
-        "            src_row = uint64(top + rr)",
-        f"            dst_row = uint64(rr * {tile_w})",
-        f"            for qq in range(tx, {tile_w}, {TX}):",
-        "                tile[dst_row + uint64(qq)] = float32(img[src_row, uint64(left + qq), uc])",
+        f"        src = {u}(({u}(top) + ty) * rowlen + ({u}(left) + tx) * nch + c)",
+        f"        step = {u}(rowlen * uint32({TY}))",
+        f"        side = {u}(nch * uint32({TX}))",
+    ]
+    for s in range(steps):
+        ind = "        "
+        if TY * s + TY > tile_h:  # only some ty have this row
+            lines.append(f"        if ty < uint32({tile_h - TY * s}):")
+            ind += "    "
+        for m in range(cols):
+            off = "src" if m == 0 else f"{u}(src + side * uint32({m}))"
+            at = TY * s + TX * m * pitch
+            store = f"tile[uint32(dst + uint32({at}))] = float32({_img(off)})"
+            if TX * m + TX > tile_w:  # only some tx have this column
+                lines.append(f"{ind}if tx < uint32({tile_w - TX * m}):")
+                lines.append(f"{ind}    {store}")
+            else:
+                lines.append(f"{ind}{store}")
+        if s + 1 < steps:
+            lines.append(f"        src = {u}(src + step)")
+    # Border blocks (~13% of them at the seed size): the border map is separable,
+    # so each thread maps its columns once and each of its rows once, in a loop.
+    lines += [
         "    else:",
-        f"      for rr in range(ty, {tile_h}, {TY}):",
-        "        yy = border_index(top + rr, height, mode)",
-        f"        for qq in range(tx, {tile_w}, {TX}):",
-        "          xx = border_index(left + qq, width, mode)",
-        "          if yy < 0 or xx < 0:",
-        f"              tile[uint64(rr * {tile_w} + qq)] = outside",
-        "          else:",
-        f"              tile[uint64(rr * {tile_w} + qq)] = "
-        "float32(img[uint64(yy), uint64(xx), uc])",
-        f"    for idx in range(ty * {TX} + tx, {kh * kw}, {TX * TY}):",
-        "        wsh[idx] = weights[idx]",
+        "        imode = int32(mode)",
+        "        outside = float32(cval)",
+    ]
+    for m in range(cols):
+        lines.append(
+            f"        xx{m} = border_index(left + int32(tx + uint32({TX * m})), width, imode)"
+        )
+    lines += [
+        "        rr = ty",
+        f"        while rr < uint32({tile_h}):",
+        "            yy = border_index(top + int32(rr), height, imode)",
+        f"            row = {u}({u}(yy if yy >= 0 else 0) * rowlen + c)",
+        "            at = uint32(dst + (rr - ty))",
+    ]
+    for m in range(cols):
+        ind = "            "
+        if TX * m + TX > tile_w:
+            lines.append(f"            if tx < uint32({tile_w - TX * m}):")
+            ind += "    "
+        load = _img(f"{u}(row + {u}(xx{m}) * nch)")
+        lines += [
+            f"{ind}v = outside",
+            f"{ind}if yy >= 0 and xx{m} >= 0:",
+            f"{ind}    v = float32({load})",
+            f"{ind}tile[uint32(at + uint32({TX * m * pitch}))] = v",
+        ]
+    lines.append(f"            rr = uint32(rr + uint32({TY}))")
+    # Weights, transposed on the way: thread t stages flat indices t, t + 128, ...
+    lines.append(f"    t = uint32(ty * uint32({TX}) + tx)")
+    for m in range(cdiv(nw, TX * TY)):
+        idx = f"uint32(t + uint32({TX * TY * m}))"
+        stmt = (
+            f"wsh[uint32((k % uint32({kw})) * uint32({kpitch}) + k // uint32({kw}))] = weights[k]"
+        )
+        ind = "    "
+        if TX * TY * (m + 1) > nw:
+            lines.append(f"    if t < uint32({nw - TX * TY * m}):")
+            ind += "    "
+        lines += [f"{ind}k = {idx}", f"{ind}{stmt}"]
+    lines += [
         "    cuda.syncthreads()",
-        "    x = x0 + tx",
-        f"    ybase = y0 + ty * {ry}",
+        "    x = int32(x0 + int32(tx))",
+        f"    ybase = int32(y0 + int32(ty * uint32({ry})))",
         "    if x >= width or ybase >= height:",
         "        return",
     ]
     lines += [f"    a{r} = float32(0.0)" for r in range(ry)]
-    # Unsigned indices: Numba wraps negative signed indices, which costs ~5
-    # instructions per access; these indices are never negative.
     lines += [
-        f"    base = uint64(ty * {ry * tile_w} + tx)",
+        # 64-bit indices here: constant offsets then fold into the loads' addresses
+        f"    base = uint64(tx * uint32({pitch}) + ty * uint32({ry}))",
         f"    for j in range({kw}):",
-        "        bj = base + uint64(j)",
-        "        wj = uint64(j)",
+        f"        bj = base + uint64(j * {pitch})",
+        f"        wj = uint64(j * {kpitch})",
     ]
-    lines += [f"        p{q} = tile[bj + uint64({q * tile_w})]" for q in range(ncol)]
+    lines += [f"        p{q} = tile[bj + uint64({q})]" for q in range(ncol)]
     for i in range(kh):
-        lines.append(f"        w = wsh[wj + uint64({i * kw})]")
+        lines.append(f"        w = wsh[wj + uint64({i})]")
         lines += [f"        a{r} = cuda.fma(w, p{r + i}, a{r})" for r in range(ry)]
-    for r in range(ry):
-        lines += [
-            f"    if ybase + {r} < height:",
-            "        if is_int:",
-            f"            out[ybase + {r}, x, c] = saturate_int(a{r}, lo, hi)",
-            "        else:",
-            f"            out[ybase + {r}, x, c] = a{r}",
-        ]
+    # Write-out: one flat offset stepping down the column; full columns (all but
+    # the image's last block row) without per-row checks.
+    lines += [
+        f"    o = {u}({u}(ybase) * rowlen + {u}(x) * nch + c)",
+        "    nrows = int32(height - ybase)",
+        "    if is_int:",
+        "        ilo = int32(lo)",
+        "        ihi = int32(hi)",
+    ]
+
+    def writes(value: str, checked: bool) -> list[str]:
+        ind = "            "
+        body = []
+        for r in range(ry):
+            store = f"{_out(f'{u}(o + rowlen * uint32({r}))')} = {value.format(r=r)}"
+            if checked and r > 0:
+                body += [f"{ind}if nrows > {r}:", f"{ind}    {store}"]
+            else:
+                body.append(f"{ind}{store}")
+        return body
+
+    for value in ("saturate_f32(a{r}, ilo, ihi)", "a{r}"):
+        if value == "a{r}":
+            lines.append("    else:")
+        lines.append(f"        if nrows >= {ry}:")
+        lines += writes(value, False)
+        lines.append("        else:")
+        lines += writes(value, True)
     return "\n".join(lines) + "\n"
 
 
 _HEADER = (
     "# Generated by kernels.conv_blocked; safe to delete (it is rebuilt on demand).\n"
-    "from numba import cuda, float32, uint64\n"
-    "from kernels.device import border_index, saturate_int\n\n\n"
+    "from numba import cuda, float32, int32, uint32, uint64\n"
+    "from kernels.device import border_index, saturate_f32\n\n\n"
 )
 
 
@@ -118,17 +225,21 @@ def _load_from_file(name: str, source: str):
         return None
 
 
-def kernel_for(kh: int, kw: int):
+def kernel_for(kh: int, kw: int, wide: bool = False):
     """The blocked kernel for a kh x kw kernel: generated once, compiled on first launch.
+    `wide`: the variant with 64-bit element offsets, for images of 2**32 elements or
+    more (`conv_plan.offsets_fit`).
 
     The compiled code is cached on disk (see `cache_dir`), so later processes skip
     the several seconds NVVM spends on the unrolled body.
     """
     ry = rows_per_thread(kh)
-    key = (kh, kw, ry)
+    key = (kh, kw, ry, wide)
     if key not in _cache:
-        name = f"correlate_blocked_{kh}x{kw}_r{ry}"
-        source = _HEADER + _source(kh, kw, ry)
+        name = f"correlate_blocked_{kh}x{kw}_r{ry}" + ("_w64" if wide else "")
+        if SIMULATOR:  # its source differs (see _flat_views): keep both files apart
+            name += "_sim"
+        source = _HEADER + _source(kh, kw, ry, wide)
         pyfunc = _load_from_file(name, source)
         if pyfunc is None:  # read-only home: compile from memory, no disk cache
             namespace: dict = {}
@@ -144,12 +255,16 @@ def correlate_blocked(img, weights, anchor, mode, cval, out):
     """Launch the blocked kernel on a device image (H, W, C); `out` is filled.
 
     `out` may differ in dtype from `img` (a float32 intermediate, say): rounding and
-    saturation follow out's dtype.
+    saturation follow out's dtype. Both must be C-contiguous (the kernel addresses
+    them by flat element offsets).
     """
+    if not (img.is_c_contiguous() and out.is_c_contiguous()):
+        raise ValueError("the blocked kernel needs C-contiguous image and output arrays")
     kh, kw = weights.shape
     flat = weights.reshape(kh * kw)
     args = scalar_args(out.dtype, anchor, mode, cval)
-    kernel_for(kh, kw)[grid(img.shape, kh), (TX, TY, 1)](img, flat, *args, out)
+    kernel = kernel_for(kh, kw, wide=not offsets_fit(img.shape))
+    kernel[grid(img.shape, kh), (TX, TY, 1)](img, flat, *args, out)
     return out
 
 

@@ -20,15 +20,35 @@ def rows_per_thread(kh: int) -> int:
     return 32 if kh <= 21 else 24
 
 
+def tile_shape(kh: int, kw: int, ry: int) -> tuple[int, int, int, int]:
+    """(tile_h, tile_w, pitch, kpitch): the input tile's rows and columns, and the
+    float32 strides of its columns and of the weights' columns in shared memory
+    (both column-major). Both strides are multiples of 4 (16-byte aligned columns,
+    read four floats at a time); pitch / 4 is odd, so eight threads reading
+    neighbouring columns 16 bytes each hit distinct banks."""
+    tile_h, tile_w = TY * ry + kh - 1, TX + kw - 1
+    pitch = -(-tile_h // 4) * 4
+    if pitch // 4 % 2 == 0:
+        pitch += 4
+    return tile_h, tile_w, pitch, -(-kh // 4) * 4
+
+
 def smem_bytes(kh: int, kw: int) -> int:
     """Shared memory (bytes) the blocked kernel needs for a kh x kw kernel."""
-    ry = rows_per_thread(kh)
-    return 4 * ((TY * ry + kh - 1) * (TX + kw - 1) + kh * kw)
+    _, tile_w, pitch, kpitch = tile_shape(kh, kw, rows_per_thread(kh))
+    return 4 * (tile_w * pitch + kw * kpitch)
 
 
 def fits(kh: int, kw: int) -> bool:
     """Whether the blocked kernel handles this kernel size."""
     return max(kh, kw) <= MAX_SIDE and smem_bytes(kh, kw) <= SMEM_LIMIT
+
+
+def offsets_fit(shape: tuple) -> bool:
+    """Whether an (H, W, C) image's element offsets fit the kernel's uint32 offsets;
+    larger images need `conv_blocked.kernel_for(..., wide=True)`."""
+    height, width, channels = shape
+    return height * width * channels < 2**32
 
 
 def grid(shape: tuple, kh: int) -> tuple[int, int, int]:

@@ -1,6 +1,6 @@
 """Device functions shared by the kernels, compiled from the plain-Python sources.
 
-`border_index`, `saturate_int` and `bgr_to_gray` are written once in plain Python
+`border_index`, `saturate_int`, `saturate_f32` and `bgr_to_gray` are written once in plain Python
 (`kernels.border_index`, `kernels.saturate`, `kernels.gray`) so the CPU backend and
 the tests use the very same code; here they become CUDA device functions.
 """
@@ -13,4 +13,5 @@ from . import saturate as _sat
 
 border_index = cuda.jit(device=True)(_bi.border_index)
 saturate_int = cuda.jit(device=True)(_sat.saturate_int)
+saturate_f32 = cuda.jit(device=True)(_sat.saturate_f32)
 bgr_to_gray = cuda.jit(device=True)(_gray.bgr_to_gray)

@@ -1,0 +1,69 @@
+"""The register-blocked kernel's own pieces: float32 saturation, 64-bit offsets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from imgfilter.backends import opencv as ref
+from kernels import conv_blocked, conv_plan
+from kernels.saturate import saturate_f32, saturate_int
+
+
+def test_saturate_f32_equals_saturate_int():
+    rng = np.random.default_rng(0)
+    halves = np.arange(-4, 260) + np.float32(0.5)  # ties: round half to even
+    near = np.nextafter(halves.astype(np.float32), np.float32(np.inf))
+    values = np.concatenate(
+        [
+            halves.astype(np.float32),
+            near,
+            np.nextafter(halves.astype(np.float32), np.float32(-np.inf)),
+            (rng.standard_normal(2000) * 40000).astype(np.float32),
+            np.float32([0.0, -0.0, 65534.5, 65535.5, 65535.49, 1e9, -1e9, 3e38, -3e38]),
+        ]
+    )
+    for lo, hi in ((0, 255), (0, 65535)):
+        for v in values:
+            assert saturate_f32(v, lo, hi) == saturate_int(float(v), lo, hi), (v, lo, hi)
+        # infinities (Python's round raises; the GPU's conversion saturates)
+        assert saturate_f32(np.float32(np.inf), lo, hi) == hi
+        assert saturate_f32(np.float32(-np.inf), lo, hi) == lo
+    # NaN: saturate_int on the GPU clamps the conversion's 0; here lo, the same.
+    assert saturate_f32(np.float32(np.nan), 0, 255) == 0
+
+
+def test_offsets_fit():
+    assert conv_plan.offsets_fit((2167, 2495, 3))
+    assert not conv_plan.offsets_fit((65536, 65536, 1))
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32])
+def test_wide_offsets_variant_matches(dtype):
+    # The uint64-offset variant (images of 2**32 elements or more) on a small image.
+    rng = np.random.default_rng(1)
+    img = rng.integers(0, 256, (21, 40, 3)).astype(dtype)
+    kernel = rng.standard_normal((3, 5)).astype(np.float32)
+    d_img = cuda.to_device(img)
+    d_out = cuda.device_array_like(d_img)
+    flat = cuda.to_device(kernel.reshape(-1))
+    args = conv_plan.scalar_args(img.dtype, (1, 2), 0, 0.0)
+    kernel_fn = conv_blocked.kernel_for(3, 5, wide=True)
+    kernel_fn[conv_plan.grid(img.shape, 3), (conv_plan.TX, conv_plan.TY, 1)](
+        d_img, flat, *args, d_out
+    )
+    want = ref.filter2d(img, kernel)
+    got = d_out.copy_to_host()
+    if dtype == np.uint8:
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-3)
+
+
+def test_non_contiguous_arrays_are_refused():
+    img = cuda.to_device(np.zeros((8, 10, 3), np.uint8))
+    view = img[:, ::2]
+    weights = cuda.to_device(np.ones((3, 3), np.float32))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        conv_blocked.correlate_blocked(view, weights, (1, 1), 0, 0.0, cuda.device_array((8, 5, 3)))
