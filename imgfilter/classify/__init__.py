@@ -305,13 +305,15 @@ def predict(
     t0 = time.perf_counter()
     X = pipeline.compute(eng.FeatureEngine(), arr, model.spec)
     t1 = time.perf_counter()
+    lut = model.classes.astype(np.uint8)
     if eng.NAME == "cuda":
-        out = eng.predict(X, W, b, proba=proba, method="fused" if method == "fused" else "gemv")
+        how = "fused" if method == "fused" else "gemv"
+        out = eng.predict(X, W, b, proba=proba, method=how, lut=lut)
     else:
-        out = eng.predict(X, W, b, proba=proba)
+        out = eng.predict(X, W, b, proba=proba, lut=lut)
     t2 = time.perf_counter()
     h, w = arr.shape[:2]
-    labels = model.classes.astype(np.uint8)[out["index"]].reshape(h, w)
+    labels = out["index"].reshape(h, w)
     p = None if out["proba"] is None else out["proba"].reshape(h, w, model.n_classes)
     return Prediction(labels, p, {"features": t1 - t0, "classify": t2 - t1})
 

@@ -75,8 +75,11 @@ def softmax_rows(logits: np.ndarray, log: bool = False) -> np.ndarray:
     return e / s
 
 
-def predict(X: np.ndarray, W: np.ndarray, b: np.ndarray, *, proba: bool) -> dict[str, Any]:
-    """Class index (uint8, argmax of the probabilities) and probabilities of each row.
+def predict(
+    X: np.ndarray, W: np.ndarray, b: np.ndarray, *, proba: bool, lut=None
+) -> dict[str, Any]:
+    """lut[class index] (uint8; the argmax of the probabilities; lut None: the index)
+    and the probabilities of each row.
 
     W (C, F) and b (C,) float32 already include the standardisation and temperature.
     """
@@ -84,6 +87,8 @@ def predict(X: np.ndarray, W: np.ndarray, b: np.ndarray, *, proba: bool) -> dict
     logits += b
     p = softmax_rows(logits)
     index = np.argmax(p, axis=1).astype(np.uint8)
+    if lut is not None:
+        index = np.take(np.asarray(lut, np.uint8), index)
     return {"index": index, "proba": p if proba else None, "times": {}}
 
 

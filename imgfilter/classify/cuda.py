@@ -23,7 +23,7 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import config, cuda, float32, uint8, uint32
+from numba import config, cuda, float32, uint32
 
 from kernels.arrays import as_device_array, is_device_array
 from kernels.gemv import gemv
@@ -121,8 +121,9 @@ def _gather(X, index, out):
 
 
 @cuda.jit(cache=True)
-def _argmax_rows(P, out):
-    """out[p] = index of the largest entry of row p (the first on ties), as uint8."""
+def _argmax_rows(P, lut, out):
+    """out[p] = lut[index of the largest entry of row p] (the first on ties), uint8:
+    lut maps class indices to the model's class numbers."""
     p = cuda.grid(1)
     if p < P.shape[0]:
         up = uint32(p)
@@ -133,7 +134,7 @@ def _argmax_rows(P, out):
             if v > best:
                 best = v
                 arg = c
-        out[up] = uint8(arg)
+        out[up] = lut[arg]
 
 
 FUSED_ROWS = 128  # pixels (rows of X) per block of the fused kernel
@@ -149,7 +150,7 @@ def _fused_kernel(classes: int, width: int):
     T = FUSED_ROWS
 
     @cuda.jit(cache=True)
-    def fused(X, Wx, probs, index):
+    def fused(X, Wx, lut, probs, index):
         tile = cuda.shared.array(T * S, float32)
         sw = cuda.shared.array(C * FA, float32)
         t = cuda.threadIdx.x
@@ -191,7 +192,7 @@ def _fused_kernel(classes: int, width: int):
         p = uint32(row0 + t)
         for c in range(C):
             probs[p, uint32(c)] = acc[c] * inv
-        index[p] = uint8(arg)
+        index[p] = lut[arg]
 
     return fused
 
@@ -292,9 +293,16 @@ def probabilities(dlogits):
     return softmax(dlogits)
 
 
-def argmax(dprobs):
+def _lut(classes: int, lut):
+    if lut is None:
+        lut = np.arange(classes, dtype=np.uint8)
+    return cuda.to_device(np.ascontiguousarray(lut, dtype=np.uint8))
+
+
+def argmax(dprobs, lut=None):
+    """(P,) uint8 device array: lut[argmax of each row] (lut None: the index itself)."""
     out = cuda.device_array(dprobs.shape[0], np.uint8)
-    _argmax_rows[_grid(dprobs.shape[0]), BLOCK](dprobs, out)
+    _argmax_rows[_grid(dprobs.shape[0]), BLOCK](dprobs, _lut(dprobs.shape[1], lut), out)
     return out
 
 
@@ -306,8 +314,8 @@ def fused_kernel(classes: int, width: int):
     return kernel
 
 
-def fused(X, dW):
-    """(probabilities (P, C), class index (P,)) from one kernel (method 'fused')."""
+def fused(X, dW, lut=None):
+    """(probabilities (P, C), lut[class index] (P,)) from one kernel (method 'fused')."""
     C = dW.shape[0]
     n, width = X.shape
     if C > MAX_FUSED_CLASSES or width > 64:
@@ -315,17 +323,20 @@ def fused(X, dW):
     probs = cuda.device_array((n, C), np.float32)
     index = cuda.device_array(n, np.uint8)
     blocks = max(1, (n + FUSED_ROWS - 1) // FUSED_ROWS)
-    fused_kernel(C, width)[blocks, FUSED_ROWS](X, dW, probs, index)
+    fused_kernel(C, width)[blocks, FUSED_ROWS](X, dW, _lut(C, lut), probs, index)
     return probs, index
 
 
-def predict(X, W: np.ndarray, b: np.ndarray, *, proba: bool, method: str = "gemv") -> dict:
+def predict(
+    X, W: np.ndarray, b: np.ndarray, *, proba: bool, method: str = "gemv", lut=None
+) -> dict:
+    """ "index": (P,) uint8 lut[class index] (lut None: the index), "proba": (P, C) or None."""
     dW = cuda.to_device(weight_rows(W, b, X.shape[1]))
     if method == "fused":
-        dprobs, dindex = fused(X, dW)
+        dprobs, dindex = fused(X, dW, lut)
     else:
         dprobs = probabilities(logits(X, dW))
-        dindex = argmax(dprobs)
+        dindex = argmax(dprobs, lut)
     return {
         "index": dindex.copy_to_host(),
         "proba": dprobs.copy_to_host() if proba else None,
