@@ -148,14 +148,16 @@ def _fused_kernel(classes: int, width: int):
     C, FA = classes, width
     S = FA + 1
     T = FUSED_ROWS
+    TILE_WORDS = T * S  # shared-array sizes must be plain constants for Numba
+    W_WORDS = C * FA
 
     @cuda.jit(cache=True)
     def fused(X, Wx, lut, probs, index):
-        tile = cuda.shared.array(T * S, float32)
-        sw = cuda.shared.array(C * FA, float32)
+        tile = cuda.shared.array(TILE_WORDS, float32)
+        sw = cuda.shared.array(W_WORDS, float32)
         t = cuda.threadIdx.x
         i = t
-        while i < C * FA:
+        while i < W_WORDS:
             sw[i] = Wx[i // FA, i % FA]
             i += T
         n = X.shape[0]
