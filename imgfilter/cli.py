@@ -765,6 +765,15 @@ def train(
         ),
     ] = 200_000,
     seed: Annotated[int, typer.Option("--seed", metavar="N", help="Seed of that subset.")] = 0,
+    legend: Annotated[
+        Path | None,
+        typer.Option(
+            "--legend",
+            metavar="FILE.json",
+            help="LABELS is colour-coded: JSON mapping class numbers to colours, "
+            'e.g. {"1": "#ff0000", "2": "#00ff00"}; other colours are unlabelled.',
+        ),
+    ] = None,
     backend: BackendOpt = Backend.auto,
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", metavar="", help="No progress output.")
@@ -775,8 +784,9 @@ def train(
     """Train a per-pixel classifier from an image and a painted label mask.
 
     LABELS has the image's size; each pixel holds 0 (unlabelled) or the number of its
-    class (1..C). The model (softmax regression on filter features: smoothed colour,
-    edges, contours) is written as a .npz of plain arrays and JSON metadata.
+    class (1..C), or, with --legend, a colour the legend names. The model (softmax
+    regression on filter features: smoothed colour, edges, contours) is written as a
+    .npz of plain arrays and JSON metadata.
 
     Example: imgfilter train photo.jpg scribbles.png -o model.npz
     """
@@ -787,8 +797,11 @@ def train(
     spec = classify.parse_spec(features) if features is not None else None
     target = output if output is not None else image.with_name(f"{image.stem}.model.npz")
     _check_npy_output(target, ".npz", "a model file", inputs=(image, labels), force=force)
+    colours = classify.load_legend(legend) if legend is not None else None
     img = io.read_image(image)
     mask = io.read_image(labels)
+    if colours is not None:
+        mask = classify.labels_from_colours(mask, colours, name=f"label mask {labels}")
     classify.check_labels(mask, img.shape[:2], name=f"label mask {labels}")
     backend_name = _resolve_backend(backend)
     progress = _Progress(max_iter, quiet)

@@ -351,6 +351,39 @@ def test_cli_errors(cli_files, tmp_path):
     assert not (tmp_path / "m.npz").exists() and not out.exists()
 
 
+def test_cli_colour_mask_with_legend(cli_files, tmp_path):
+    d, truth = cli_files
+    mask = cv2.imread(str(d / "mask.png"), cv2.IMREAD_UNCHANGED)
+    rgb = {1: (214, 39, 40), 2: (44, 160, 44), 3: (31, 119, 180)}
+    painted = np.full(mask.shape + (3,), 255, np.uint8)  # white: not in the legend
+    for c, (r, g, b) in rgb.items():
+        painted[mask == c] = (b, g, r)
+    cv2.imwrite(str(tmp_path / "painted.png"), painted)
+    legend = tmp_path / "legend.json"
+    legend.write_text(json.dumps({"1": "#d62728", "2": [44, 160, 44], "3": "#1f77b4"}))
+    r = invoke("train", d / "img.png", tmp_path / "painted.png", "--legend", legend,
+               "-o", tmp_path / "m.npz", "--backend", "cpu")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    a, b = classify.load(tmp_path / "m.npz"), classify.load(d / "model.npz")
+    np.testing.assert_array_equal(a.weights, b.weights)  # same labels, same model
+    bad = {
+        "missing.json": None,
+        "notjson.json": "{",
+        "colour.json": json.dumps({"1": "red", "2": "#00ff00"}),
+        "same.json": json.dumps({"1": "#00ff00", "2": "#00ff00"}),
+        "class.json": json.dumps({"0": "#00ff00", "2": "#ff0000"}),
+    }
+    for name, text in bad.items():
+        if text is not None:
+            (tmp_path / name).write_text(text)
+        r = invoke("train", d / "img.png", tmp_path / "painted.png", "--legend",
+                   tmp_path / name, "-o", tmp_path / "m2.npz", "--backend", "cpu")  # fmt: skip
+        assert_one_line_error(r, 3, "legend")
+    r = invoke("train", d / "img.png", d / "mask.png", "--legend", legend,
+               "-o", tmp_path / "m2.npz", "--backend", "cpu")  # fmt: skip
+    assert_one_line_error(r, 3, "colour image")
+
+
 def test_help_does_not_import_numba():
     code = (
         "import sys\nfrom imgfilter.cli import app\n"

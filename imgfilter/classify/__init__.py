@@ -36,7 +36,9 @@ __all__ = [
     "engine",
     "extract_features",
     "feature_names",
+    "labels_from_colours",
     "load",
+    "load_legend",
     "overlay",
     "parse_spec",
     "predict",
@@ -133,6 +135,71 @@ def check_labels(labels: Any, shape: tuple[int, int], name: str = "label mask") 
         found = "no labelled pixels" if classes.size == 0 else f"only class {classes[0]}"
         raise InputError(f"{name} needs at least two classes (values 1..C), found {found}")
     return lab
+
+
+def load_legend(path: Any) -> dict[int, tuple[int, int, int]]:
+    """A legend file: JSON mapping class numbers to the mask's colours, e.g.
+    {"1": "#d62728", "2": "#2ca02c", "3": [31, 119, 180]} (RGB, hex or a list).
+    Returns {class: (B, G, R)}; InputError (one line) for anything malformed."""
+    import json
+    from pathlib import Path
+
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"legend file {p} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read legend file {p}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"legend file {p} is not valid JSON ({e.msg}, line {e.lineno})") from None
+    if not isinstance(data, dict) or not data:
+        raise InputError(f"legend file {p} must be a JSON object of class number -> colour")
+    legend: dict[int, tuple[int, int, int]] = {}
+    for key, value in data.items():
+        try:
+            cls = int(key)
+        except ValueError:
+            raise InputError(f"legend {p}: {key!r} is not a class number") from None
+        if not 1 <= cls <= MAX_CLASSES:
+            raise InputError(f"legend {p}: class {cls} is outside 1..255")
+        rgb = None
+        if isinstance(value, str) and len(value) == 7 and value.startswith("#"):
+            try:
+                rgb = tuple(int(value[i : i + 2], 16) for i in (1, 3, 5))
+            except ValueError:
+                rgb = None
+        elif (
+            isinstance(value, list)
+            and len(value) == 3
+            and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 255 for v in value)
+        ):
+            rgb = tuple(value)
+        if rgb is None:
+            raise InputError(
+                f"legend {p}: the colour of class {cls} must be '#rrggbb' or [r, g, b], "
+                f"got {value!r}"
+            )
+        bgr = (rgb[2], rgb[1], rgb[0])
+        if bgr in legend.values():
+            raise InputError(f"legend {p}: two classes share the colour {value!r}")
+        legend[cls] = bgr
+    return legend
+
+
+def labels_from_colours(mask: Any, legend: dict[int, tuple[int, int, int]], name: str = "mask"):
+    """(H, W) uint8 class numbers from a colour-coded BGR(A) mask: a pixel of a legend
+    colour gets its class, any other pixel (and a transparent one) is unlabelled."""
+    arr = np.asarray(mask)
+    if arr.ndim != 3 or arr.shape[2] not in (3, 4) or arr.dtype != np.uint8:
+        raise InputError(f"{name}: with a legend the mask must be an 8-bit colour image")
+    out = np.zeros(arr.shape[:2], np.uint8)
+    opaque = arr[:, :, 3] > 0 if arr.shape[2] == 4 else np.ones(arr.shape[:2], bool)
+    packed = (arr[:, :, 0].astype(np.uint32) << 16) | (arr[:, :, 1].astype(np.uint32) << 8)
+    packed |= arr[:, :, 2]
+    for cls, (b, g, r) in legend.items():
+        out[(packed == ((b << 16) | (g << 8) | r)) & opaque] = cls
+    return out
 
 
 @dataclass
