@@ -39,7 +39,9 @@ def _torch():
     return torch if torch.cuda.is_available() else None
 
 
-def run(elements: int, widths: list[int], dtypes: list[str], launches: int) -> dict:
+def run(
+    elements: int, widths: list[int], dtypes: list[str], launches: int, variants: bool = False
+) -> dict:
     from numba import cuda
 
     timer = Timer(repeats=5)
@@ -56,46 +58,82 @@ def run(elements: int, widths: list[int], dtypes: list[str], launches: int) -> d
             dx = flat[:n].reshape(rows, cols)
             dy = cuda.device_array((rows, cols), dtype=dtype)
             nbytes = 2 * n * np.dtype(dtype).itemsize
-            chosen = sm.plan(rows, cols, dtype)[0].method
-            methods = ["warp"] if cols <= sm.WARP_MAX_COLS else []
-            methods += ["block_smem", "block_uncached"]
-            for method in methods:
+            auto_plan = sm.plan(rows, cols, dtype)[0]
+            chosen = (
+                auto_plan.method,
+                auto_plan.pack,
+                auto_plan.unroll,
+                auto_plan.online,
+                auto_plan.block,
+                auto_plan.grid,
+            )
+            methods = [("warp", {})] if cols <= sm.WARP_MAX_COLS else []
+            methods += [("block_smem", {}), ("block_uncached", {})]
+            if variants and cols <= sm.WARP_MAX_COLS:
+                methods += [("warp", dict(max_pack_bytes=8))]  # the 64-bit packs of before
+            if variants and cols > sm.WARP_MAX_COLS:
+                methods += [("block_smem", dict(unroll=u)) for u in sm.UNROLLS]
+                methods += [("block_smem", dict(online=True, unroll=u)) for u in sm.UNROLLS]
+                methods += [("block_uncached", dict(unroll=u)) for u in sm.UNROLLS]
+                methods += [("block_uncached", dict(unroll=2, block_size=512))]
+                methods += [("block_uncached", dict(unroll=4, blocks_per_sm=1))]
+            seen = set()
+            for method, kw in methods:
                 try:
-                    how, kernel = sm.plan(rows, cols, dtype, method=method)
+                    how, kernel = sm.plan(rows, cols, dtype, method=method, **kw)
                 except ValueError as exc:
+                    if kw:
+                        continue
                     rows_out.append(dict(dtype=dname, cols=cols, impl=method, note=str(exc)))
                     continue
-                word_in = sm._word(np.dtype(dtype), how.pack)
-                xv, yv = dx.view(word_in), dy.view(word_in)
+                ident = (how.method, how.pack, how.unroll, how.online, how.block, how.grid)
+                if ident in seen:
+                    continue
+                seen.add(ident)
+                xv, yv = dx, dy
                 cfg = kernel[how.grid, how.block, 0, how.smem]
 
                 def launch(cfg=cfg, xv=xv, yv=yv, rows=rows, cols=cols):
                     cfg(xv, yv, rows, cols)
 
                 k_us = timer.kernel_us(launch, launches)
+                c_us = None
+                if not kw:
 
-                def call(m=method, a=dx, b=dy):
-                    sm.softmax(a, method=m, out=b)
+                    def call(m=method, a=dx, b=dy):
+                        sm.softmax(a, method=m, out=b)
 
-                c_us = timer.call_us(call, 10)
+                    c_us = timer.call_us(call, 10)
                 gbs = nbytes / (k_us * 1e-6) / 1e9
+                label = method
+                if how.method == "warp":
+                    label += f" p{how.pack}"
+                else:
+                    label += f" u{how.unroll}" + (" on" if how.online else "")
+                    label += f" b{how.block[0]}" if kw.get("block_size") else ""
+                    label += f" g{how.grid}" if kw.get("blocks_per_sm") else ""
                 rows_out.append(
                     dict(
                         dtype=dname,
                         cols=cols,
                         rows=rows,
-                        impl=method,
-                        auto=method == chosen,
+                        impl=label,
+                        method=method,
+                        unroll=how.unroll,
+                        online=how.online,
+                        auto=ident == chosen,
                         kernel_us=round(k_us, 2),
-                        call_us=round(c_us, 1),
+                        call_us=None if c_us is None else round(c_us, 1),
                         gbs=round(gbs, 1),
                         pct_copy=round(100 * gbs / copy_gbs, 1),
                         pack=how.pack,
                         grid=how.grid,
                         block=list(how.block),
                         smem=how.smem,
+                        variant=kw,
                     )
                 )
+                print(_line(rows_out[-1]), flush=True)
             if torch is not None:
                 tx = torch.as_tensor(dx, device="cuda")
 
@@ -115,6 +153,7 @@ def run(elements: int, widths: list[int], dtypes: list[str], launches: int) -> d
                         pct_copy=round(100 * gbs / copy_gbs, 1),
                     )
                 )
+                print(_line(rows_out[-1]), flush=True)
             cuda.synchronize()
         del flat
     dev = cuda.get_current_device()
@@ -130,9 +169,20 @@ def run(elements: int, widths: list[int], dtypes: list[str], launches: int) -> d
     )
 
 
+def _line(r: dict) -> str:
+    if "kernel_us" not in r:
+        return f"{r['dtype']:8} {r['cols']:>7} {r['impl']:22} {r['note']}"
+    call = f"{r['call_us']:.0f}" if r.get("call_us") else "-"
+    mark = "<-" if r.get("auto") else ""
+    return (
+        f"{r['dtype']:8} {r['cols']:>7} {r['impl']:22} {r['kernel_us']:>10.1f} {call:>8} "
+        f"{r['gbs']:>7.0f} {r['pct_copy']:>6.1f}  {mark}"
+    )
+
+
 def table(result: dict) -> str:
     head = (
-        f"{'dtype':8} {'cols':>7} {'impl':15} {'kernel us':>10} {'call us':>8} "
+        f"{'dtype':8} {'cols':>7} {'impl':22} {'kernel us':>10} {'call us':>8} "
         f"{'GB/s':>7} {'% copy':>6}  auto"
     )
     lines = [
@@ -141,16 +191,7 @@ def table(result: dict) -> str:
         head,
         "-" * len(head),
     ]
-    for r in result["rows"]:
-        if "kernel_us" not in r:
-            lines.append(f"{r['dtype']:8} {r['cols']:>7} {r['impl']:15} {r['note']}")
-            continue
-        call = f"{r['call_us']:.0f}" if r.get("call_us") else "-"
-        mark = "<-" if r.get("auto") else ""
-        lines.append(
-            f"{r['dtype']:8} {r['cols']:>7} {r['impl']:15} {r['kernel_us']:>10.1f} {call:>8} "
-            f"{r['gbs']:>7.0f} {r['pct_copy']:>6.1f}  {mark}"
-        )
+    lines += [_line(r) for r in result["rows"]]
     if result["torch_note"]:
         lines.append(result["torch_note"])
     return "\n".join(lines)
@@ -193,11 +234,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--widths", type=int, nargs="*", default=WIDTHS)
     ap.add_argument("--dtypes", nargs="*", default=list(DTYPES), choices=list(DTYPES))
     ap.add_argument("--launches", type=int, default=20)
+    ap.add_argument(
+        "--variants", action="store_true", help="block paths: every unroll, online, block size"
+    )
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    result = run(args.elements, args.widths, args.dtypes, args.launches)
+    result = run(args.elements, args.widths, args.dtypes, args.launches, args.variants)
     result["bench_seconds"] = round(time.perf_counter() - t0, 1)
     print(table(result))
     if args.json:

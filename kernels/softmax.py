@@ -3,32 +3,41 @@
 The design is OneFlow's softmax.cuh (three kernels and a dispatch on the row width):
 
 - `warp`: a group of 1..32 lanes (a power of two, aligned inside a warp) per row, for
-  cols <= 1024. The row lives in registers; packs of 1, 2 or 4 elements are loaded as
-  one 32- or 64-bit word; max and sum are butterfly-shuffle all-reduces inside the
-  group. Narrow rows (cols <= 32 * pack) give each lane one pack and, when rows is
-  even, two rows per access. Lanes past the row's end hold -inf (padding).
-- `block_smem`: a block per row; the row is cached in dynamic shared memory (float32,
-  pack element i of pack p at i * packs + p so a warp's stores hit 32 banks), block
-  size the largest of 128..1024 that keeps the most blocks resident (occupancy API).
-  Above 48 KiB of shared memory the kernel opts in, up to the device's limit.
+  cols <= 1024. The row lives in registers; max and sum are butterfly-shuffle
+  all-reduces inside the group. Narrow rows (cols <= 32 * pack) give each lane one
+  pack and, when rows is even, two rows per access. Lanes past the row's end hold
+  -inf (padding).
+- `block_smem`: a block per row; the row is cached in dynamic shared memory (pack
+  element i of pack p at i * packs + p so a warp's accesses hit 32 banks), block size
+  the largest of 128..1024 that keeps the most blocks resident (occupancy API). Above
+  48 KiB of shared memory the kernel opts in, up to the device's limit. OneFlow's three
+  passes (float32 cache: max; exp and sum in place; scale and write), or `online`
+  (input-dtype cache: max and an online sum in one pass; exp again while writing).
 - `block_uncached`: a block (1024 threads) per row that reads the row twice from
   global memory: one pass for the max and an online (rescaled) sum, one for the
   output. OneFlow reads it three times (max, sum, output).
 - `auto`: warp for cols <= 1024, else block_smem when it can launch, else
-  block_uncached.
+  block_uncached; unroll and online from the H100 measurements (smem_defaults,
+  uncached_unroll).
 
-Inputs and outputs are float32 or float16 (they may differ), computation is float32,
-numerically safe (the row max is subtracted). Grids follow OneFlow's GetNumBlocks
-(at most 32 waves of resident blocks) and kernels stride over rows.
+Every path loads and stores packs of up to 16 bytes (8 float16 or 4 float32, the
+widest that divides cols and suits the pointers' alignment) as one vector access
+through kernels.packs, and the block paths keep `unroll` packs per thread in flight.
+exp is one ex2.approx of x * log2(e) (exp32). Inputs and outputs are float32 or
+float16 (they may differ), computation is float32, numerically safe (the row max is
+subtracted). Grids follow OneFlow's GetNumBlocks (at most 32 waves of resident
+blocks) and kernels stride over rows.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import sys
 from dataclasses import dataclass
 
 import numpy as np
+from numba import config as _numba_config
 from numba import cuda, float32, from_dtype, types, uint32
 
 from .arrays import as_device_array, is_device_array
@@ -37,9 +46,11 @@ from .launch import (
     active_blocks_per_sm,
     allow_dynamic_smem,
     cdiv,
+    device_limits,
     largest_block_keeping_occupancy,
     wave_blocks,
 )
+from .packs import load_pack2, store_pack2
 from .reduce import (
     block_allreduce_max,
     block_allreduce_sum,
@@ -54,9 +65,31 @@ WARP_MAX_COLS = 1024
 WARP_BLOCK = 128  # threads per block of the warp kernel (OneFlow's choice)
 UNCACHED_BLOCK = 1024
 BLOCK_SIZES = (128, 256, 512, 1024)
-MAX_PACK_BYTES = 8  # Numba loads at most a 64-bit scalar in one instruction
+WARP_PACK_BYTES = 16  # packs are loaded and stored through kernels.packs (128 bits)
+BLOCK_PACK_BYTES = 16
+UNROLLS = (1, 2, 4)
+UNCACHED_BLOCKS_PER_SM = None  # auto: no cap on block_uncached's grid (1 per SM measured no better)
 NEG_INF = float32(-math.inf)
-_WORD = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+LOG2E = float32(1.4426950408889634)
+SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
+
+
+if SIMULATOR or sys.version_info < (3, 11):
+
+    @cuda.jit(device=True, inline="always")
+    def exp32(x):
+        """exp(x) in float32 (the simulator, and Pythons without math.exp2)."""
+        return math.exp(x)
+
+else:
+
+    @cuda.jit(device=True, inline="always")
+    def exp32(x):
+        """exp(x) as one ex2.approx.f32 of x * log2(e), OneFlow's fast-math Exp: about
+        3 instructions instead of libdevice expf's 13 (which made the float16 block
+        paths instruction-bound). Relative error <= ~3e-6 where the result is a normal
+        float32 (the rounding of x * log2(e) for |x| < 104, plus ex2's 2 ulp)."""
+        return math.exp2(x * LOG2E)
 
 
 @dataclass(frozen=True)
@@ -71,36 +104,31 @@ class Plan:
     width: int = 0  # warp path: lanes per row
     cols_per_thread: int = 0  # warp path
     rows_per_access: int = 1  # warp path
+    unroll: int = 1  # block paths: packs in flight per thread
+    online: bool = False  # block_smem: input cached in its dtype, online sum
 
 
 # ------------------------------------------------------------------------------ kernels
-
-
-def _word(dtype: np.dtype, pack: int):
-    """The unsigned word type one pack of `dtype` is loaded as (the dtype itself for 1)."""
-    return dtype.type if pack == 1 else _WORD[dtype.itemsize * pack]
 
 
 @functools.cache
 def warp_kernel(in_dtype, out_dtype, pack, cols_per_thread, width, rows_per_access, padding, log):
     """The warp kernel specialised on its compile-time shape (OneFlow's template args).
 
-    Launch with block (width, WARP_BLOCK // width); xv and yv are the (rows, cols)
-    input and output viewed as (rows, cols // pack) packed words.
+    Launch with block (width, WARP_BLOCK // width) on the (rows, cols) input and
+    output; packs of `pack` elements are loaded and stored with one 16/8/4/2-byte
+    access (kernels.packs).
     """
-    in_t, out_t = from_dtype(in_dtype), from_dtype(out_dtype)
-    in_word, out_word = _word(in_dtype, pack), _word(out_dtype, pack)
+    NBI = pack * in_dtype.itemsize
+    NBO = pack * out_dtype.itemsize
     num_packs = cols_per_thread // pack
 
     @cuda.jit
-    def softmax_warp(xv, yv, rows, cols):
+    def softmax_warp(x, y, rows, cols):
         buf = cuda.local.array((rows_per_access, cols_per_thread), float32)
         row_max = cuda.local.array(rows_per_access, float32)
         row_sum = cuda.local.array(rows_per_access, float32)
-        tin = cuda.local.array(pack, in_t)
-        tout = cuda.local.array(pack, out_t)
-        tin_word = tin.view(in_word)
-        tout_word = tout.view(out_word)
+        tout = cuda.local.array(pack, float32)
         lane = cuda.threadIdx.x
         mask = group_mask(width)
         packs = cols // pack
@@ -112,9 +140,9 @@ def warp_kernel(in_dtype, out_dtype, pack, cols_per_thread, width, rows_per_acce
                 for p in range(num_packs):
                     pc = p * width + lane  # neighbouring lanes read neighbouring packs
                     if not padding or pc < packs:
-                        tin_word[0] = xv[uint32(row + r), uint32(pc)]
+                        pa = load_pack2(x, uint32(row + r), uint32(pc * pack), NBI)
                         for i in range(pack):
-                            v = float32(tin[i])
+                            v = pa[i]
                             buf[r, p * pack + i] = v
                             m = max(m, v)
                     else:
@@ -127,70 +155,113 @@ def warp_kernel(in_dtype, out_dtype, pack, cols_per_thread, width, rows_per_acce
                     if log:
                         v = buf[r, j] - row_max[r]
                         buf[r, j] = v
-                        s += math.exp(v)
+                        s += exp32(v)
                     else:
-                        v = math.exp(buf[r, j] - row_max[r])
+                        v = exp32(buf[r, j] - row_max[r])
                         buf[r, j] = v
                         s += v
                 row_sum[r] = warp_allreduce_sum(s, width, mask)
             for r in range(rows_per_access):
                 lse = math.log(row_sum[r])
+                inv = float32(1.0) / row_sum[r]
                 for p in range(num_packs):
                     pc = p * width + lane
                     if not padding or pc < packs:
                         for i in range(pack):
                             v = buf[r, p * pack + i]
-                            tout[i] = v - lse if log else v / row_sum[r]
-                        yv[uint32(row + r), uint32(pc)] = tout_word[0]
+                            tout[i] = v - lse if log else v * inv
+                        store_pack2(y, uint32(row + r), uint32(pc * pack), tout, NBO)
             row += step
 
     return softmax_warp
 
 
 @functools.cache
-def block_smem_kernel(in_dtype, out_dtype, pack, log):
-    """The block-per-row kernel with the row cached in shared memory (cols * 4 bytes)."""
-    in_t, out_t = from_dtype(in_dtype), from_dtype(out_dtype)
-    in_word, out_word = _word(in_dtype, pack), _word(out_dtype, pack)
+def block_smem_kernel(in_dtype, out_dtype, pack, unroll, log, online=False):
+    """The block-per-row kernel with the row cached in dynamic shared memory.
+
+    x, y: the (rows, cols) arrays themselves; packs of `pack` elements are loaded and
+    stored with one 16/8/4/2-byte access (kernels.packs), `unroll` packs in flight per
+    thread in the load loop. online=False (OneFlow's three passes): the cache holds
+    float32 values, pass 2 turns them into exp(x - max) in place. online=True: the
+    cache holds the input values in their own dtype (half the shared memory for
+    float16), pass 1 also keeps an online sum, and pass 2 computes exp again while
+    writing: one pass over shared memory and one barrier phase fewer, two exps per
+    element.
+    """
+    in_t = from_dtype(in_dtype)
+    P = pack
+    NBI = pack * in_dtype.itemsize
+    NBO = pack * out_dtype.itemsize
+    U = unroll
+    cache_t = in_t if online else float32
 
     @cuda.jit
-    def softmax_block_smem(xv, yv, rows, cols):
-        buf = cuda.shared.array(0, float32)
-        tin = cuda.local.array(pack, in_t)
-        tout = cuda.local.array(pack, out_t)
-        tin_word = tin.view(in_word)
-        tout_word = tout.view(out_word)
+    def softmax_block_smem(x, y, rows, cols):
+        buf = cuda.shared.array(0, cache_t)
+        a = cuda.local.array((U, P), float32)
+        tout = cuda.local.array(P, float32)
         # Strided loops are `while` loops over uint32 counters: Numba's range() with a
         # runtime step costs a dozen 64-bit instructions per iteration.
         tid = uint32(cuda.threadIdx.x)
         nthreads = uint32(cuda.blockDim.x)
-        packs = uint32(cols // pack)
-        ucols = uint32(cols)
-        row = cuda.blockIdx.x
-        while row < rows:
-            urow = uint32(row)
+        packs = uint32(cols // P)
+        urows = uint32(rows)
+        row = uint32(cuda.blockIdx.x)
+        while row < urows:
             m = NEG_INF
+            d = float32(0.0)
             p = tid
             while p < packs:
-                tin_word[0] = xv[urow, p]
-                for i in range(pack):
-                    v = float32(tin[i])
-                    buf[uint32(i * packs + p)] = v
-                    m = max(m, v)
-                p = uint32(p + nthreads)
-            rmax = block_allreduce_max(m)
-            s = float32(0.0)
-            c = tid
-            while c < ucols:
-                if log:
-                    v = buf[c] - rmax
-                    buf[c] = v
-                    s += math.exp(v)
+                # U packs (fewer at the row's end) loaded before any is used.
+                n = uint32(0)
+                for u in range(U):
+                    q = uint32(p + u * nthreads)
+                    if q < packs:
+                        pa = load_pack2(x, row, uint32(q * P), NBI)
+                        for i in range(P):
+                            a[u, i] = pa[i]
+                        n = uint32(u + 1)
+                cm = m
+                for u in range(U):
+                    if u < n:
+                        q = uint32(p + u * nthreads)
+                        for i in range(P):
+                            v = a[u, i]
+                            buf[uint32(i * packs + q)] = cache_t(v)
+                            cm = max(cm, v)
+                if online:
+                    if cm > m:
+                        d *= exp32(m - cm)
+                        m = cm
+                    if m > NEG_INF:
+                        for u in range(U):
+                            if u < n:
+                                for i in range(P):
+                                    d += exp32(a[u, i] - m)
                 else:
-                    v = math.exp(buf[c] - rmax)
-                    buf[c] = v
-                    s += v
-                c = uint32(c + nthreads)
+                    m = cm
+                p = uint32(p + U * nthreads)
+            rmax = block_allreduce_max(m)
+            if online:
+                s = d * exp32(m - rmax) if m > NEG_INF else float32(0.0)
+            else:
+                # Pass 2: exp(x - max) (or x - max for log) in place; a thread touches
+                # only the slots it wrote, so no barrier is needed before.
+                s = float32(0.0)
+                p = tid
+                while p < packs:
+                    for i in range(P):
+                        c = uint32(i * packs + p)
+                        if log:
+                            v = buf[c] - rmax
+                            buf[c] = v
+                            s += exp32(v)
+                        else:
+                            v = exp32(buf[c] - rmax)
+                            buf[c] = v
+                            s += v
+                    p = uint32(p + nthreads)
             rsum = block_allreduce_sum(s)
             lse = math.log(rsum)
             inv = float32(1.0) / rsum
@@ -198,63 +269,94 @@ def block_smem_kernel(in_dtype, out_dtype, pack, log):
             # next row's first loop needs no barrier before overwriting them.
             p = tid
             while p < packs:
-                for i in range(pack):
-                    v = buf[uint32(i * packs + p)]
-                    tout[i] = v - lse if log else v * inv
-                yv[urow, p] = tout_word[0]
+                for i in range(P):
+                    v = float32(buf[uint32(i * packs + p)])
+                    if online:
+                        v = v - rmax
+                        tout[i] = v - lse if log else exp32(v) * inv
+                    else:
+                        tout[i] = v - lse if log else v * inv
+                store_pack2(y, row, uint32(p * P), tout, NBO)
                 p = uint32(p + nthreads)
-            row += cuda.gridDim.x
+            row = uint32(row + cuda.gridDim.x)
 
     return softmax_block_smem
 
 
 @functools.cache
-def block_uncached_kernel(in_dtype, out_dtype, pack, log):
-    """The block-per-row kernel that reads the row from global memory twice."""
-    in_t, out_t = from_dtype(in_dtype), from_dtype(out_dtype)
-    in_word, out_word = _word(in_dtype, pack), _word(out_dtype, pack)
+def block_uncached_kernel(in_dtype, out_dtype, pack, unroll, log):
+    """The block-per-row kernel that reads the row from global memory twice.
+
+    Pass 1 keeps, per thread, the running max m and d = sum exp(x - m) (rescaled once
+    per group of `unroll` packs when m grows); pass 2 re-reads the row and writes the
+    output. Packs and unroll as in block_smem_kernel.
+    """
+    P = pack
+    NBI = pack * in_dtype.itemsize
+    NBO = pack * out_dtype.itemsize
+    U = unroll
 
     @cuda.jit
-    def softmax_block_uncached(xv, yv, rows, cols):
-        tin = cuda.local.array(pack, in_t)
-        tout = cuda.local.array(pack, out_t)
-        tin_word = tin.view(in_word)
-        tout_word = tout.view(out_word)
+    def softmax_block_uncached(x, y, rows, cols):
+        a = cuda.local.array((U, P), float32)
+        tout = cuda.local.array(P, float32)
         tid = uint32(cuda.threadIdx.x)
         nthreads = uint32(cuda.blockDim.x)
-        packs = uint32(cols // pack)
-        row = cuda.blockIdx.x
-        while row < rows:
-            urow = uint32(row)
+        packs = uint32(cols // P)
+        urows = uint32(rows)
+        row = uint32(cuda.blockIdx.x)
+        while row < urows:
             # Online normaliser: d is this thread's sum of exp(x - m) for its running
             # max m, rescaled whenever m grows, so one pass gives both.
             m = NEG_INF
             d = float32(0.0)
             p = tid
             while p < packs:
-                tin_word[0] = xv[urow, p]
-                for i in range(pack):
-                    v = float32(tin[i])
-                    if v > m:
-                        d = d * math.exp(m - v) + float32(1.0)
-                        m = v
-                    elif m > NEG_INF:
-                        d += math.exp(v - m)
-                p = uint32(p + nthreads)
+                n = uint32(0)
+                for u in range(U):
+                    q = uint32(p + u * nthreads)
+                    if q < packs:
+                        pa = load_pack2(x, row, uint32(q * P), NBI)
+                        for i in range(P):
+                            a[u, i] = pa[i]
+                        n = uint32(u + 1)
+                cm = m
+                for u in range(U):
+                    if u < n:
+                        for i in range(P):
+                            cm = max(cm, a[u, i])
+                if cm > m:
+                    d *= exp32(m - cm)
+                    m = cm
+                if m > NEG_INF:
+                    for u in range(U):
+                        if u < n:
+                            for i in range(P):
+                                d += exp32(a[u, i] - m)
+                p = uint32(p + U * nthreads)
             rmax = block_allreduce_max(m)
-            s = d * math.exp(m - rmax) if m > NEG_INF else float32(0.0)
+            s = d * exp32(m - rmax) if m > NEG_INF else float32(0.0)
             rsum = block_allreduce_sum(s)
             lse = math.log(rsum)
             inv = float32(1.0) / rsum
             p = tid
             while p < packs:
-                tin_word[0] = xv[urow, p]
-                for i in range(pack):
-                    v = float32(tin[i]) - rmax
-                    tout[i] = v - lse if log else math.exp(v) * inv
-                yv[urow, p] = tout_word[0]
-                p = uint32(p + nthreads)
-            row += cuda.gridDim.x
+                n = uint32(0)
+                for u in range(U):
+                    q = uint32(p + u * nthreads)
+                    if q < packs:
+                        pa = load_pack2(x, row, uint32(q * P), NBI)
+                        for i in range(P):
+                            a[u, i] = pa[i]
+                        n = uint32(u + 1)
+                for u in range(U):
+                    if u < n:
+                        for i in range(P):
+                            v = a[u, i] - rmax
+                            tout[i] = v - lse if log else exp32(v) * inv
+                        store_pack2(y, row, uint32((p + u * nthreads) * P), tout, NBO)
+                p = uint32(p + U * nthreads)
+            row = uint32(row + cuda.gridDim.x)
 
     return softmax_block_uncached
 
@@ -262,11 +364,12 @@ def block_uncached_kernel(in_dtype, out_dtype, pack, log):
 # ----------------------------------------------------------------------------- planning
 
 
-def _pack_size(cols: int, dtypes, addresses=()) -> int:
-    """Largest pack of 4, 2, 1 elements dividing cols, fitting a 64-bit word, aligned."""
+def _pack_size(cols: int, dtypes, addresses=(), max_bytes: int = 16) -> int:
+    """Largest pack of 8, 4, 2, 1 elements dividing cols, at most max_bytes of the
+    widest dtype, and aligned to every address (one per dtype)."""
     widest = max(np.dtype(d).itemsize for d in dtypes)
-    for pack in (4, 2):
-        if cols % pack or pack * widest > MAX_PACK_BYTES:
+    for pack in (8, 4, 2):
+        if cols % pack or pack * widest > max_bytes:
             continue
         if all(
             a % (pack * np.dtype(d).itemsize) == 0 for a, d in zip(addresses, dtypes, strict=False)
@@ -285,11 +388,11 @@ def warp_geometry(rows: int, cols: int, pack: int) -> tuple[int, int, int]:
     return 32, cdiv(cols, 32 * pack) * pack, 1
 
 
-def _signature(in_dtype, out_dtype, pack):
+def _block_signature(in_dtype, out_dtype):
     arr = types.Array
     return (
-        arr(from_dtype(np.dtype(_word(in_dtype, pack))), 2, "C"),
-        arr(from_dtype(np.dtype(_word(out_dtype, pack))), 2, "C"),
+        arr(from_dtype(np.dtype(in_dtype)), 2, "C"),
+        arr(from_dtype(np.dtype(out_dtype)), 2, "C"),
         types.int64,
         types.int64,
     )
@@ -298,6 +401,27 @@ def _signature(in_dtype, out_dtype, pack):
 def _check_block_size(block_size: int) -> None:
     if block_size % 32 or not 32 <= block_size <= 1024:
         raise ValueError(f"block_size must be a multiple of 32 in 32..1024, got {block_size}")
+
+
+def smem_defaults(cols: int, in_dtype) -> tuple[int, bool]:
+    """(unroll, online) of block_smem under `auto`, from the H100 sweeps
+    (benchmarks/results/2026-11-23-h100-softmax{,-variants}.txt): packs in flight 4
+    for float32, 2 for float16; from 16384 columns on the online variant (one pass
+    over shared memory fewer, and a float16 cache half the size, so twice the
+    blocks stay resident): at 32768 columns 2885 vs 2814 GB/s float32, 2713 vs 2100
+    float16. Below that the two are within 1% for float32 and online is slower for
+    float16 (2048 columns: 2623 vs 2803)."""
+    online = cols >= 16384
+    if np.dtype(in_dtype).itemsize == 4:
+        return 4, online
+    return 2, online
+
+
+def uncached_unroll(cols: int, pack: int, block: int) -> int:
+    """block_uncached's packs in flight per thread: about as many as each thread has
+    (H100 sweep: 1 below 2 packs per thread, 2 up to 8, then 4)."""
+    per_thread = cols // pack // block
+    return 4 if per_thread >= 8 else 2 if per_thread >= 2 else 1
 
 
 def plan(
@@ -310,11 +434,20 @@ def plan(
     method: str = "auto",
     block_size: int | None = None,
     addresses: tuple[int, ...] = (),
+    unroll: int | None = None,
+    online: bool | None = None,
+    blocks_per_sm: int | None = None,
+    max_pack_bytes: int | None = None,
 ) -> tuple[Plan, object]:
     """Choose the path and launch geometry; returns (plan, kernel).
 
     `block_size` forces the block paths' block size (tests, tuning); `addresses` are
     the input and output device pointers, whose alignment limits the pack size.
+    `unroll` (packs in flight per thread), `online` (block_smem caching the input
+    and keeping an online sum) and `blocks_per_sm` (block_uncached: at most this many
+    blocks per SM in the grid, so fewer rows are in flight and their second read
+    hits L2) override the block paths' defaults, `max_pack_bytes` (16, 8, 4 or 2)
+    the widest load and store (benchmarks).
     Raises ValueError when the requested method cannot run this width.
     """
     in_dtype = np.dtype(in_dtype)
@@ -323,12 +456,15 @@ def plan(
         raise ValueError(f"unknown softmax method {method!r}; choose one of {', '.join(METHODS)}")
     if block_size is not None:
         _check_block_size(block_size)
-    pack = _pack_size(cols, (in_dtype, out_dtype), addresses)
+    if unroll is not None and unroll not in UNROLLS:
+        raise ValueError(f"unroll must be one of {UNROLLS}, got {unroll}")
+    dtypes = (in_dtype, out_dtype)
     log = bool(log)
 
     if method == "warp" or (method == "auto" and cols <= WARP_MAX_COLS):
         if cols > WARP_MAX_COLS:
             raise ValueError(f"method 'warp' handles cols <= {WARP_MAX_COLS}, got {cols}")
+        pack = _pack_size(cols, dtypes, addresses, max_pack_bytes or WARP_PACK_BYTES)
         width, cpt, rpa = warp_geometry(rows, cols, pack)
         groups = WARP_BLOCK // width
         grid = wave_blocks(WARP_BLOCK, cdiv(cdiv(rows, rpa), groups))
@@ -336,12 +472,19 @@ def plan(
         kernel = warp_kernel(in_dtype, out_dtype, pack, cpt, width, rpa, padding, log)
         return Plan("warp", pack, grid, (width, groups), 0, width, cpt, rpa), kernel
 
-    if method in ("block_smem", "auto"):
-        smem = cols * 4
-        kernel = block_smem_kernel(in_dtype, out_dtype, pack, log)
+    pack = _pack_size(cols, dtypes, addresses, max_pack_bytes or BLOCK_PACK_BYTES)
+    # auto: block_smem whenever it can launch (it beat block_uncached at every width
+    # measured where both run), else block_uncached.
+    path = "block_smem" if method == "auto" else method
+    if path == "block_smem":
+        default_unroll, default_online = smem_defaults(cols, in_dtype)
+        online = default_online if online is None else bool(online)
+        unroll = unroll or default_unroll
+        smem = cols * (in_dtype.itemsize if online else 4)
+        kernel = block_smem_kernel(in_dtype, out_dtype, pack, unroll, log, online)
         size = block_size
         if size is None or smem > SMEM_LIMIT:
-            compiled = kernel.compile(_signature(in_dtype, out_dtype, pack))
+            compiled = kernel.compile(_block_signature(in_dtype, out_dtype))
             if not allow_dynamic_smem(compiled, smem):
                 size = 0
             elif size is None:
@@ -349,16 +492,26 @@ def plan(
                     lambda bs: active_blocks_per_sm(compiled, bs, smem), BLOCK_SIZES
                 )
         if size:
-            return Plan("block_smem", pack, wave_blocks(size, rows), (size, 1), smem), kernel
+            grid = wave_blocks(size, rows)
+            return Plan("block_smem", pack, grid, (size, 1), smem, unroll=unroll, online=online), (
+                kernel
+            )
         if method == "block_smem":
             raise ValueError(
                 f"method 'block_smem' cannot launch: a row of {cols} columns needs {smem} "
                 "bytes of shared memory, more than this device gives a block"
             )
+        unroll = None
 
     size = block_size or UNCACHED_BLOCK
-    kernel = block_uncached_kernel(in_dtype, out_dtype, pack, log)
-    return Plan("block_uncached", pack, wave_blocks(size, rows), (size, 1)), kernel
+    unroll = unroll or uncached_unroll(cols, pack, size)
+    kernel = block_uncached_kernel(in_dtype, out_dtype, pack, unroll, log)
+    grid = wave_blocks(size, rows)
+    if blocks_per_sm is None and method == "auto":
+        blocks_per_sm = UNCACHED_BLOCKS_PER_SM
+    if blocks_per_sm:
+        grid = max(1, min(grid, device_limits()[0] * blocks_per_sm))
+    return Plan("block_uncached", pack, grid, (size, 1), unroll=unroll), kernel
 
 
 # ------------------------------------------------------------------------------ the API
@@ -380,11 +533,20 @@ def _validate(arr, name: str) -> None:
 
 
 def _pointers(*arrays) -> tuple[int, ...]:
-    """Device addresses of the arrays, or () where an array does not expose one."""
+    """Device addresses of the arrays, or () where an array does not expose one (the
+    simulator's). Numba's pointer attribute first: the interface builds a dict."""
+    try:
+        return tuple(int(a.device_ctypes_pointer.value or 0) for a in arrays)
+    except AttributeError:
+        pass
     try:
         return tuple(int(a.__cuda_array_interface__["data"][0]) for a in arrays)
     except AttributeError:
         return ()
+
+
+_PLANS: dict[tuple, tuple[Plan, object]] = {}  # call shape -> (plan, configured launcher)
+_PLANS_KEEP = 256
 
 
 def softmax(
@@ -437,19 +599,29 @@ def softmax(
     dy = dout if dout is not None else cuda.device_array((rows, cols), dtype=out_dtype)
 
     if rows and cols:
-        how, kernel = plan(
-            rows,
-            cols,
-            dx.dtype,
-            dy.dtype,
-            log=log,
-            method=method,
-            block_size=block_size,
-            addresses=_pointers(dx, dy),
-        )
-        xv = dx.view(_word(np.dtype(dx.dtype), how.pack))
-        yv = dy.view(_word(np.dtype(dy.dtype), how.pack))
-        kernel[how.grid, how.block, 0, how.smem](xv, yv, rows, cols)
+        # The plan (path, pack, geometry; for block_smem an occupancy query and a
+        # compile lookup) is computed once per call shape and kept with its launcher.
+        addresses = _pointers(dx, dy)
+        in_dt, out_dt = np.dtype(dx.dtype), np.dtype(dy.dtype)
+        align = tuple(a % 16 for a in addresses)
+        key = (rows, cols, in_dt.char, out_dt.char, bool(log), method, block_size, align)
+        hit = _PLANS.get(key)
+        if hit is None:
+            how, kernel = plan(
+                rows,
+                cols,
+                in_dt,
+                out_dt,
+                log=log,
+                method=method,
+                block_size=block_size,
+                addresses=addresses,
+            )
+            hit = (how, kernel[how.grid, how.block, 0, how.smem])
+            if len(_PLANS) >= _PLANS_KEEP:
+                _PLANS.pop(next(iter(_PLANS)))
+            _PLANS[key] = hit
+        hit[1](dx, dy, rows, cols)
 
     if out is None:
         return dy if on_device else dy.copy_to_host()

@@ -1,0 +1,48 @@
+"""Launch softmax block kernels once per case on 2**26 random elements, for ncu (GPU only).
+
+    ncu --clock-control none -k regex:softmax_block --section SpeedOfLight \\
+        python benchmarks/profile_softmax.py 8192:float16:block_smem 131072:float32:block_uncached
+
+A case is COLS:DTYPE:METHOD[:OPTION...], options an unroll (1, 2, 4), `online`
+(block_smem) or gN (block_uncached: at most N blocks per SM); each case runs twice
+(the first launch compiles), so `-c` counts two launches per case.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+from numba import cuda
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernels import softmax as sm  # noqa: E402
+
+
+def main(cases: list[str]) -> None:
+    rng = np.random.default_rng(0)
+    for case in cases:
+        cols_s, dname, method, *rest = case.split(":")
+        cols, dtype = int(cols_s), np.dtype(dname)
+        rows = (1 << 26) // cols
+        kw = {}
+        for item in rest:
+            if item == "online":
+                kw["online"] = True
+            elif item.startswith("g"):
+                kw["blocks_per_sm"] = int(item[1:])
+            else:
+                kw["unroll"] = int(item)
+        dx = cuda.to_device(rng.standard_normal((rows, cols), dtype=np.float32).astype(dtype))
+        dy = cuda.device_array_like(dx)
+        how, kernel = sm.plan(rows, cols, dtype, method=method, **kw)
+        for _ in range(2):
+            kernel[how.grid, how.block, 0, how.smem](dx, dy, rows, cols)
+        cuda.synchronize()
+        print(case, how, flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
