@@ -22,15 +22,17 @@ big[:, :K]), float32 or float16; x is (K,) of the same dtype; accumulation is fl
   in a JSON file in the user cache directory. `method="auto"` uses that entry, or
   `default_config` when there is none (it never tunes by itself).
 
-128-bit loads: Numba has no 128-bit scalar type, so `load_pack2` is a small Numba
-intrinsic that emits an LLVM load of a <4 x i32> vector aligned to 16 bytes from the
-address of A[r, c] and splits it into 4 float32 or 8 float16 (widened to float32);
-NVVM turns it into one `ld.global.v4.u32` (checked in the PTX). 8-byte packs are one
-`ld.global.v2.u32`. On the CUDA simulator (no
-LLVM) the same name is a plain Python function that reads the pack element by element.
+128-bit loads: Numba has no 128-bit scalar type, so `load_pack2` (kernels.packs) is a
+small Numba intrinsic that emits an LLVM load of a <4 x i32> vector aligned to 16
+bytes from the address of A[r, c] and splits it into 4 float32 or 8 float16 (widened
+to float32); NVVM turns it into one `ld.global.v4.u32` (checked in the PTX). 8-byte
+packs are one `ld.global.v2.u32`. On the CUDA simulator (no LLVM) the same name is a
+plain Python function that reads the pack element by element.
 
 Launch geometry (grid, block, kernel) is computed once per (method, config, shape,
-dtype, strides, alignment) and kept, so repeated calls do no planning work.
+dtype, strides, alignment) and kept, so repeated calls do no planning work; after a
+plan's first call, calls launch through kernels.launch.direct_launcher (cuda.core,
+no Numba dispatch) where numba-cuda allows it.
 """
 
 from __future__ import annotations
