@@ -66,6 +66,10 @@ def _make_box_packed(channels: int, run: int, threads: int, even: bool):
     WORD1 = np.uint32(2 * T)  # offset of a thread's second word's sums
     RUN_U = np.uint32(RUN)
     C_U = np.uint32(C)
+    T_U = np.uint32(T)
+    NL_U = np.uint32(NL)
+    LANES_U = np.uint32(min(T, 32))  # the write-out's threads per row
+    WARPS_U = np.uint32(max(T // 32, 1))  # rows written at a time
 
     @cuda.jit(device=True)
     def lane_column(lane, n_lanes, left, width, mode):
@@ -224,10 +228,16 @@ def _make_box_packed(channels: int, run: int, threads: int, even: bool):
         enter = int32((top + kh) * pitch)  # interior: offset of the row entering next
         leave = int32(top * pitch)  # interior: offset of the row leaving next
 
-        sums_bytes = int32(batch * NL * 2)
-        stage_row = int32(((tile_w * C + 3) // 4 + 1) * 4)  # bytes per staged row
-        nruns = (out_w + RUN - 1) // RUN
-        per_row = int32(C * nruns)
+        sums_u = uint32(batch * NL * 2)  # staged means follow the column sums
+        stage_u = uint32(((tile_w * C + 3) // 4 + 1) * 4)  # bytes per staged row
+        per_row = uint32(C * ((out_w + RUN - 1) // RUN))  # horizontal items per row
+        pitch_u = uint32(pitch)
+        x0c = uint32(x0 * C)
+        outc = uint32(out_w * C)
+        out_w_u = uint32(out_w)
+        kwc = uint32(kw * C)
+        lane = uint32(tid) % LANES_U
+        warp = uint32(tid) // LANES_U
         g = int32(0)  # row within the batch
         yb = y0  # first row of the batch
         y = y0
@@ -264,62 +274,69 @@ def _make_box_packed(channels: int, run: int, threads: int, even: bool):
                 continue
             cuda.syncthreads()
             # Horizontal: each item slides over RUN outputs of one channel of one row.
-            rows = g
-            n_items = rows * per_row
-            item = tid
+            # 32-bit unsigned arithmetic throughout: Numba would otherwise widen these
+            # to 64 bits and add wraparound code to every signed index.
+            rows = uint32(g)
+            row0 = uint32(uint32(yb) * pitch_u + x0c)  # byte offset of the batch's first output
+            n_items = uint32(rows * per_row)
+            item = uint32(tid)
             while item < n_items:
-                gi = item // per_row
-                rest = item - gi * per_row
-                ri = rest // C
-                c = rest - ri * C
-                xs = ri * RUN
-                out_lane = uint32(gi * NL + xs * C + c)  # lane of the sum leaving next
-                in_lane = uint32(out_lane + kw * C)  # lane of the sum entering next
+                gi = uint32(item // per_row)
+                rest = uint32(item - gi * per_row)
+                ri = uint32(rest // C_U)
+                c = uint32(rest - ri * C_U)
+                xs = uint32(ri * RUN_U)
+                out_lane = uint32(gi * NL_U + xs * C_U + c)  # lane of the sum leaving next
+                in_lane = uint32(out_lane + kwc)  # lane of the sum entering next
                 acc = uint32(0)
                 p = out_lane
                 while p < in_lane:
-                    acc += sums16[p]
-                    p += uint32(C)
-                row_start = (yb + gi) * pitch + x0 * C
-                dst = uint32(sums_bytes + gi * stage_row + (row_start & 3) + xs * C + c)
-                if xs + RUN <= out_w:
+                    acc = uint32(acc + sums16[p])
+                    p = uint32(p + C_U)
+                phase = uint32(row0 + gi * pitch_u) & THREE
+                dst = uint32(sums_u + gi * stage_u + phase + xs * C_U + c)
+                if xs + RUN_U <= out_w_u:
                     k = uint32(0)
                     while k < RUN_U:  # a full run: a constant trip count
                         stage8[dst + k * C_U] = mean(acc, area32, magic32, shift32)
-                        acc = acc + sums16[in_lane + k * C_U] - sums16[out_lane + k * C_U]
+                        acc = uint32(acc + sums16[in_lane + k * C_U] - sums16[out_lane + k * C_U])
                         k += ONE
                 else:
-                    n_out = out_w - xs
-                    k = int32(0)
-                    while k < n_out:
-                        stage8[dst + k * C] = mean(acc, area32, magic32, shift32)
-                        acc = acc + sums16[in_lane + k * C] - sums16[out_lane + k * C]
-                        k += 1
-                item += T
+                    k = uint32(0)
+                    while k < out_w_u - xs:
+                        stage8[uint32(dst + k * C_U)] = mean(acc, area32, magic32, shift32)
+                        enter_k = uint32(in_lane + k * C_U)
+                        acc = uint32(acc + sums16[enter_k] - sums16[uint32(out_lane + k * C_U)])
+                        k = uint32(k + ONE)
+                item = uint32(item + T_U)
             cuda.syncthreads()
-            # Write the staged rows: whole aligned words, then the bytes at either end.
-            for gi in range(rows):
-                row_start = (yb + gi) * pitch + x0 * C
-                row_end = row_start + out_w * C
-                sbase = sums_bytes + gi * stage_row + (row_start & 3) - row_start
-                w_first = (row_start + 3) >> 2
-                w_end = min(row_end >> 2, n_words)
+            # Write the staged rows, one warp per row: whole aligned words, then the at
+            # most six bytes at the row's ends.
+            gi = warp
+            while gi < rows:
+                row_start = uint32(row0 + gi * pitch_u)
+                row_end = uint32(row_start + outc)
+                staged = uint32(sums_u + gi * stage_u + (row_start & THREE))  # row_start's byte
+                w_first = uint32(row_start + THREE) >> TWO
+                w_end = min(row_end >> TWO, nw)
                 if w_end <= w_first:  # no whole word: all bytes one by one
                     w_end = w_first
                     head_end = row_end
                 else:
-                    head_end = 4 * w_first
-                wi = w_first + tid
+                    head_end = uint32(w_first << TWO)
+                wi = uint32(w_first + lane)
                 while wi < w_end:
-                    out32[wi] = sums32[(sbase + 4 * wi) >> 2]
-                    wi += T
-                n_head = head_end - row_start
-                n_tail = max(row_end - max(4 * w_end, head_end), 0)
-                i = tid
-                while i < n_head + n_tail:  # at most six bytes
-                    a = row_start + i if i < n_head else row_end - n_tail + (i - n_head)
-                    out8[a] = stage8[sbase + a]
-                    i += T
+                    out32[wi] = sums32[uint32(staged + ((wi << TWO) - row_start)) >> TWO]
+                    wi = uint32(wi + LANES_U)
+                n_head = uint32(head_end - row_start)
+                tail = max(w_end << TWO, head_end)
+                n_tail = uint32(row_end - tail) if row_end > tail else uint32(0)
+                i = lane
+                while i < n_head + n_tail:  # one pass unless a row has fewer than 6 lanes
+                    a = uint32(row_start + i) if i < n_head else uint32(tail + i - n_head)
+                    out8[a] = stage8[uint32(staged + (a - row_start))]
+                    i = uint32(i + LANES_U)
+                gi = uint32(gi + WARPS_U)
             g = 0
             yb = y
 
