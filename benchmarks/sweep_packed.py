@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     space = (
         default
         if args.quick
-        else default + list(itertools.product((64, 128, 256), (16, 32, 64), (4, 8, 16)))
+        else default + list(itertools.product((64, 128, 256), (16, 24, 32, 48), (8,)))
     )
     for k in (3, 21, 101):
         run_case("seed", k, space)
