@@ -1,11 +1,11 @@
-"""Draw the worked example's scribble mask: samples/astronaut.scribbles.png.
+"""Draw the worked example's scribble mask: examples/classify/astronaut.scribbles.png.
 
 A few hand-drawn-style strokes (polylines with a small wobble, 5 px wide) on
 samples/astronaut.jpg's 512x512 grid, as a user would paint them in an editor:
 0 = unlabelled, 1 = background (wall, flag, shuttle), 2 = orange suit, 3 = face and hair.
-Also writes samples/astronaut.scribbles.jpg, the strokes drawn on the photo in the
-overlay's class colours. Run once from the repository root:
-    PYTHONPATH=. python samples/make_scribbles.py
+Also writes examples/classify/astronaut.scribbles.jpg, the strokes drawn on the photo in
+the overlay's class colours. Run once from the repository root:
+    PYTHONPATH=. python examples/classify/make_scribbles.py
 """
 
 from pathlib import Path
@@ -63,7 +63,7 @@ def main() -> None:
     # What the strokes look like on the photo (README), in the overlay's class colours.
     from imgfilter.classify import PALETTE
 
-    shown = cv2.imread(str(HERE / "astronaut.jpg"))
+    shown = cv2.imread(str(HERE.parents[1] / "samples" / "astronaut.jpg"))
     shown[mask > 0] = PALETTE[mask[mask > 0] - 1]
     cv2.imwrite(str(HERE / "astronaut.scribbles.jpg"), shown, [cv2.IMWRITE_JPEG_QUALITY, 85])
     print({int(k): int(v) for k, v in zip(*np.unique(mask, return_counts=True), strict=True)})
