@@ -185,7 +185,9 @@ def correlate(img, kernel, anchor, border, value, method):
     """cv2.filter2D semantics; the register-blocked kernel runs from its cubin where
     method auto (or blocked) picks it, anything else through Numba."""
     quick = method == "blocked" or (method == "auto" and conv_plan.auto_method(kernel) == "blocked")
-    if quick and conv_plan.fits(*kernel.shape) and isinstance(img, np.ndarray):
+    # The exported cubin is the 32-bit-offset variant: larger images go through Numba.
+    fits = conv_plan.fits(*kernel.shape) and conv_plan.offsets_fit(img.shape)
+    if quick and fits and isinstance(img, np.ndarray):
         out = _blocked_quick(np.ascontiguousarray(img), kernel, anchor, border, value)
         if out is not None:
             return out
