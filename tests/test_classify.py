@@ -430,6 +430,17 @@ def test_cuda_features_and_predict_match_cpu():
     np.testing.assert_array_equal(ccuda.gather(dX, index, F), X[index, :F])
 
 
+def test_cuda_features_gray_uint16_and_float32_match_cpu():
+    """Simulator: the one-channel and float32 inputs (raw and contour only: few launches)."""
+    img, _ = synthetic(5, 6, seed=2)
+    gray16 = cv2.cvtColor(img, cv2.COLOR_BGR2GRAY).astype(np.uint16) * 257
+    spec = normalize_spec({"raw": True, "contour": True})
+    for im in (gray16, img.astype(np.float32) / 255):
+        X = _cuda_matrix(im, spec).copy_to_host()
+        Xc = classify.extract_features(im, spec, backend="cpu")
+        np.testing.assert_allclose(X[:, : Xc.shape[1]], Xc, atol=1e-6)
+
+
 def test_cuda_training_pieces_match_cpu():
     """Simulator: one loss evaluation (C GEMVs, log-softmax, C GEMVs of Z^T)."""
     from imgfilter.classify import cuda as ccuda
