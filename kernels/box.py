@@ -299,19 +299,13 @@ def box_running(img, ksize, anchor, mode, cval, out=None):
 
 @lru_cache(maxsize=64)
 def _plans(shape: tuple, dtype: np.dtype, ksize: tuple) -> tuple[str, dict | None]:
-    fused = box_plan.plan(shape, dtype, ksize)
-    if fused is not None:
-        return "fused", fused
-    packed = box_plan.packed_plan(shape, dtype, ksize)
-    return ("packed", packed) if packed is not None else ("running", None)
+    return box_plan.choose(shape, dtype, ksize)
 
 
 def box_method(shape: tuple, dtype, ksize: tuple) -> str:
-    """The implementation `box_auto` takes: "fused" (uint8/uint16 boxes that fit its
-    tile), "packed" (uint8 boxes up to 257 rows that box_fused declines) or "running".
-
-    box_fused comes first: on the H100 box_packed is slower so far (2167x2495x3, k=21:
-    98 us at best vs 69 us; benchmarks/results/2026-11-23-h100-sweep-packed.txt)."""
+    """The implementation `box_auto` takes (`kernels.box_plan.choose`): "fused"
+    (uint8/uint16 boxes that fit its tile), "packed" (uint8 boxes up to 257 rows that
+    box_fused declines) or "running"."""
     return _plans(tuple(shape), np.dtype(dtype), tuple(ksize))[0]
 
 

@@ -182,3 +182,19 @@ def packed_args(shape: tuple, ksize: tuple, anchor: tuple, mode: int, cval, geo:
         height, width, kh, kw, ay, ax, mode, int(cval), area, m, shift_hi,
         geo["tile_w"], geo["strip"], geo["batch"],
     )  # fmt: skip
+
+
+def choose(shape: tuple, dtype, ksize: tuple) -> tuple[str, dict | None]:
+    """(method, geometry) of the box kernel `kernels.box.box_auto` runs: "fused" where
+    `plan` applies, else "packed" where `packed_plan` does, else ("running", None).
+
+    box_fused comes first: on the H100 box_packed is slower so far (2167x2495x3, k=21:
+    80 us at best vs 69 us; benchmarks/results/2026-11-23-h100-sweep-packed-32bit.txt).
+    The quick start (`imgfilter.backends.cached`) asks here too, so it looks for the
+    cubin of the kernel the Numba path ran and exported.
+    """
+    fused = plan(shape, dtype, ksize)
+    if fused is not None:
+        return "fused", fused
+    packed = packed_plan(shape, dtype, ksize)
+    return ("packed", packed) if packed is not None else ("running", None)

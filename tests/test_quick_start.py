@@ -77,6 +77,21 @@ def test_command_line_starts_before_numpy_and_only_for_gpu_commands(tmp_path, mo
     assert not warmup.wanted(["blur", "in.jpg"])
 
 
+def test_quick_box_looks_for_the_cubin_of_the_kernel_box_auto_runs(monkeypatch):
+    from imgfilter.backends import cached
+    from kernels import box_plan
+
+    asked = []
+    monkeypatch.setattr(cached, "_run", lambda name, *args, **kw: asked.append(name))
+    for dtype, ksize in [(np.uint8, (21, 21)), (np.uint16, (5, 5)), (np.uint8, (200, 3))]:
+        img = np.zeros((40, 50, 3), dtype)
+        cached._box_quick(img, ksize, (ksize[0] // 2, ksize[1] // 2), 0, 0)
+        method, geo = box_plan.choose(img.shape, img.dtype, ksize)
+        want = cubins.box_name(geo, 3, dtype) if method == "fused" else cubins.packed_name(geo, 3)
+        assert asked[-1] == want
+    assert asked[0].startswith("box_fused-uint8")  # box_fused is box_auto's first choice
+
+
 def test_array_params_follow_numbas_layout():
     # meminfo, parent, nitems, itemsize, data, shape..., strides (bytes)...
     values = [p.value for p in array_params(0x1000, (2, 3, 4), np.uint16)]

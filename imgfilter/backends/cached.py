@@ -97,13 +97,12 @@ def _run(name: str, img: np.ndarray, out_shape: tuple, launch, extra=None) -> np
 
 
 def _box_quick(img, ksize, anchor, border, value) -> np.ndarray | None:
-    packed = box_plan.packed_plan(img.shape, img.dtype, ksize)
-    if packed is not None:
-        return _packed_quick(img, ksize, anchor, border, value, packed)
-    height, width, channels = img.shape
-    geo = box_plan.plan(img.shape, img.dtype, ksize)
-    if geo is None:
+    method, geo = box_plan.choose(img.shape, img.dtype, ksize)  # as box_auto chooses
+    if method == "packed":
+        return _packed_quick(img, ksize, anchor, border, value, geo)
+    if method != "fused":
         return None
+    height, width, channels = img.shape
     flat = (img.size,)
     args = box_plan.scalar_args(img.shape, ksize, anchor, border, value, geo)
 
