@@ -10,13 +10,15 @@ correctly rounded, so the result is round(sum / area) exactly. cv2.blur equals t
 except where its 8-bit fixed-point path for boxes of at most 257 pixels rounds
 differently (it is off by one at some ties, e.g. a 2x1 box of zeros gives 1).
 
-Four implementations, and `box_auto` choosing among them (`box_method`):
-- `box_packed` (module `kernels.box_packed`): box_fused's design for uint8 images
-  with four bytes per load and two column sums per add; boxes up to 257 rows. The
-  fastest where it applies; `box_auto` uses it whenever it does.
+Four implementations, and `box_auto` choosing among them (`box_method`, which asks
+`kernels.box_plan.choose`):
 - `box_fused` (module `kernels.box_fused`): one pass for uint8/uint16 images,
   vertical running sums in registers and horizontal sliding sums in shared memory.
-  `box_auto` uses it for what box_packed does not take.
+  The fastest measured; `box_auto` uses it wherever its tile holds the box.
+- `box_packed` (module `kernels.box_packed`): box_fused's design for uint8 images
+  reading 32-bit words, two column sums per add; boxes up to 257 rows. Slower than
+  box_fused on the H100 so far; `box_auto` uses it for uint8 boxes too wide for
+  box_fused's tile.
 - `box_separable`: a row-sum pass into a scratch image, then a column-sum pass.
   Cost per pixel grows with k.
 - `box_running`: running sums. A column pass keeps a running sum down each

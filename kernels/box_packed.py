@@ -10,10 +10,9 @@ running sums in registers, horizontal slides in shared memory, rounded means sta
 and written coalesced), with the work per byte cut where box_fused spent it:
 - The image is read as 32-bit words, each thread holding two words (8 byte lanes) of
   the (H, W * C) row. A word's four column sums live in two registers as 16-bit
-  pairs (bytes 0 and 2 in one, 1 and 3 in the other), so one add updates two sums
-  and a row step costs two loads per word, not eight. Rows whose start is not 4-byte
-  aligned (W * C not a multiple of 4) are read as two aligned words and a funnel
-  shift.
+  pairs (bytes 0 and 2 in one, 1 and 3 in the other), so one add updates two sums.
+  Inside the image each row's word is two aligned loads and a funnel shift (by zero
+  bytes where W * C is a multiple of 4), all loads of a row step issued together.
 - Offsets are 32-bit; run length, channel count and words per thread are
   compile-time constants, so a full run of outputs is straight-line code.
 - The rounded means are staged so that each row's 4-byte-aligned words can be
@@ -21,6 +20,10 @@ and written coalesced), with the work per byte cut where box_fused spent it:
 Lanes at the image's left and right edges, rows outside it, and words past the end
 of the image gather their bytes one at a time with the border mapping.
 Geometry: `kernels.box_plan.packed_plan` (Numba-free).
+
+On the H100 it is exact but not faster than box_fused so far (2167x2495x3, k=21: 80
+us at best vs 69 us); BENCHMARKS.md has the profiles. `kernels.box.box_auto` runs it
+only where box_fused's tile cannot hold the box.
 """
 
 from __future__ import annotations
