@@ -1,7 +1,7 @@
 """Pixel classification on a 4K image (issue 6): each stage's time, next to torch.
 
 A 3840x2160 BGR JPEG (samples/astronaut.jpg resized) is classified with the worked
-example's model (examples/classify/astronaut.model.npz: 3 classes, the default 19
+example's model (samples/classify/astronaut.model.npz: 3 classes, the default 19
 features) or, with --train, a model trained here. Stages, on the GPU:
 
 - upload: the uint8 image, host to device (synchronised wall time);
@@ -73,12 +73,12 @@ def make_image(width: int, height: int) -> np.ndarray:
 def get_model(img: np.ndarray, train: bool):
     from imgfilter import classify
 
-    path = REPO / "examples" / "classify" / "astronaut.model.npz"
+    path = REPO / "samples" / "classify" / "astronaut.model.npz"
     if path.exists() and not train:
         return classify.load(path), str(path.relative_to(REPO))
     import cv2
 
-    scribbles = REPO / "examples" / "classify" / "astronaut.scribbles.png"
+    scribbles = REPO / "samples" / "classify" / "astronaut.scribbles.png"
     mask = cv2.imread(str(scribbles), cv2.IMREAD_UNCHANGED)
     h, w = img.shape[:2]
     mask = cv2.resize(mask, (w, h), interpolation=cv2.INTER_NEAREST)

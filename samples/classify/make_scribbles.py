@@ -1,11 +1,11 @@
-"""Draw the worked example's scribble mask: examples/classify/astronaut.scribbles.png.
+"""Draw the worked example's scribble mask: samples/classify/astronaut.scribbles.png.
 
 A few hand-drawn-style strokes (polylines with a small wobble, 5 px wide) on
 samples/astronaut.jpg's 512x512 grid, as a user would paint them in an editor:
 0 = unlabelled, 1 = background (wall, flag, shuttle), 2 = orange suit, 3 = face and hair.
-Also writes examples/classify/astronaut.scribbles.jpg, the strokes drawn on the photo in
+Also writes samples/classify/astronaut.scribbles.jpg, the strokes drawn on the photo in
 the overlay's class colours. Run once from the repository root:
-    PYTHONPATH=. python examples/classify/make_scribbles.py
+    PYTHONPATH=. python samples/classify/make_scribbles.py
 """
 
 from pathlib import Path
