@@ -92,6 +92,7 @@ def run(width: int, height: int, train: bool, calls: int) -> dict:
     from imgfilter import classify, io
     from imgfilter.classify import cuda as ccuda
     from imgfilter.classify import pipeline
+    from kernels import classify as kclassify
     from kernels.gemv import gemv
     from kernels.softmax import softmax
 
@@ -167,7 +168,7 @@ def run(width: int, height: int, train: bool, calls: int) -> dict:
     def logits_relative():
         for c in range(C - 1):
             gemv(X, relW[c], out=cols[c])
-        ccuda._zero_column[zgrid, ccuda.BLOCK](L, C - 1)
+        kclassify.zero_column[zgrid, ccuda.BLOCK](L, C - 1)
 
     rel_us = timer.kernel_us(logits_relative)
     add(
@@ -187,7 +188,7 @@ def run(width: int, height: int, train: bool, calls: int) -> dict:
         def logits_tuned():
             for c in range(C - 1):
                 gemv(X, relW[c], method=best["method"], config=cfg, out=cols[c])
-            ccuda._zero_column[zgrid, ccuda.BLOCK](L, C - 1)
+            kclassify.zero_column[zgrid, ccuda.BLOCK](L, C - 1)
 
         tuned_us = timer.kernel_us(logits_tuned)
         add(
@@ -201,20 +202,20 @@ def run(width: int, height: int, train: bool, calls: int) -> dict:
         notes.append(f"gemv autotune failed: {type(exc).__name__}: {exc}")
     sm_us = timer.kernel_us(lambda: softmax(L, out=Pr))
     add("softmax (kernels.softmax)", sm_us, "kernel", 2 * P * C * 4)
-    am_us = timer.kernel_us(lambda: ccuda._argmax_rows[grid, ccuda.BLOCK](Pr, dlut, idx))
+    am_us = timer.kernel_us(lambda: kclassify.argmax_rows[grid, ccuda.BLOCK](Pr, dlut, idx))
     add("argmax -> uint8 class numbers", am_us, "kernel", P * C * 4 + P)
-    fused_kernel = ccuda.fused_kernel(C, Fa)
-    fgrid = (P + ccuda.FUSED_ROWS - 1) // ccuda.FUSED_ROWS
+    fused_kernel = kclassify.fused_kernel(C, Fa)
+    fgrid = (P + kclassify.FUSED_ROWS - 1) // kclassify.FUSED_ROWS
     Pr2 = cuda.device_array((P, C), np.float32)
     idx2 = cuda.device_array(P, np.uint8)
     fused_us = timer.kernel_us(
-        lambda: fused_kernel[fgrid, ccuda.FUSED_ROWS](X, dW, dlut, Pr2, idx2)
+        lambda: fused_kernel[fgrid, kclassify.FUSED_ROWS](X, dW, dlut, Pr2, idx2)
     )
     add("fused (logits+softmax+argmax)", fused_us, "kernel", feat_bytes + P * C * 4 + P)
     logits_relative()
     softmax(L, out=Pr)
-    ccuda._argmax_rows[grid, ccuda.BLOCK](Pr, dlut, idx)
-    fused_kernel[fgrid, ccuda.FUSED_ROWS](X, dW, dlut, Pr2, idx2)
+    kclassify.argmax_rows[grid, ccuda.BLOCK](Pr, dlut, idx)
+    fused_kernel[fgrid, kclassify.FUSED_ROWS](X, dW, dlut, Pr2, idx2)
     ref = Pr.copy_to_host()
     agree = {
         "fused vs gemv max |dp|": float(np.abs(Pr2.copy_to_host() - ref).max()),

@@ -1,9 +1,9 @@
 """The pixel classifier's CUDA engine: features, logits and probabilities on the GPU.
 
 Features come from the CUDA backend's filters (device arrays in, device arrays out)
-and are assembled by small kernels here into one (P, Fa) float32 matrix, P pixels by
-Fa = the F features, a column of ones (the bias) and zero columns up to a multiple of
-4 (so every row is 16-byte aligned for GEMV's 128-bit loads).
+and are assembled by small kernels (`kernels.classify`) into one (P, Fa) float32
+matrix, P pixels by Fa = the F features, a column of ones (the bias) and zero columns
+up to a multiple of 4 (so every row is 16-byte aligned for GEMV's 128-bit loads).
 
 Classification (`predict`), as issue 6 asks: the logits of class c are one GEMV,
 `kernels.gemv.gemv(X, [W_c - W_last, b_c - b_last, 0...])`, written into column c of a
@@ -21,12 +21,10 @@ kernel, and C GEMVs of Z^T with the residual columns for the gradient.
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 import numpy as np
-from numba import config, cuda, float32, uint32
+from numba import config, cuda
 
+from kernels import classify as kc
 from kernels.arrays import as_device_array, is_device_array
 from kernels.gemv import gemv
 from kernels.softmax import softmax
@@ -39,7 +37,7 @@ BLOCK = 256
 MAX_FUSED_CLASSES = 16
 config.CUDA_LOW_OCCUPANCY_WARNINGS = False
 
-_WB, _WG, _WR = (float(w) for w in GRAY_WEIGHTS)
+_WB, _WG, _WR = GRAY_WEIGHTS  # float32 scalars: the gray plane's weights
 
 
 def padded_width(features: int) -> int:
@@ -49,159 +47,6 @@ def padded_width(features: int) -> int:
 
 def _grid(n: int) -> int:
     return max(1, (n + BLOCK - 1) // BLOCK)
-
-
-# ------------------------------------------------------------------------------ kernels
-
-
-@cuda.jit(cache=True)
-def _prepare3(img, scale, planes, gray):
-    """planes = first three channels * scale (float32); gray = 0.114 B + 0.587 G + 0.299 R."""
-    i = cuda.grid(1)
-    h, w, _ = planes.shape
-    if i < h * w:
-        y = uint32(i // w)
-        x = uint32(i - (i // w) * w)
-        b = float32(img[y, x, 0]) * scale
-        g = float32(img[y, x, 1]) * scale
-        r = float32(img[y, x, 2]) * scale
-        planes[y, x, 0] = b
-        planes[y, x, 1] = g
-        planes[y, x, 2] = r
-        gray[y, x, 0] = (float32(_WB) * b + float32(_WG) * g) + float32(_WR) * r
-
-
-@cuda.jit(cache=True)
-def _prepare1(img, scale, planes):
-    i = cuda.grid(1)
-    h, w, _ = planes.shape
-    if i < h * w:
-        y = uint32(i // w)
-        x = uint32(i - (i // w) * w)
-        planes[y, x, 0] = float32(img[y, x, 0]) * scale
-
-
-@cuda.jit(cache=True)
-def _put(src, X, col, scale):
-    """X[p, col + j] = src[p, j] * scale for the (P, k) source."""
-    i = cuda.grid(1)
-    n, k = src.shape
-    if i < n * k:
-        p = uint32(i // k)
-        j = uint32(i - (i // k) * k)
-        X[p, uint32(col) + j] = float32(src[p, j]) * scale
-
-
-@cuda.jit(cache=True)
-def _put_hypot(gx, gy, X, col):
-    p = cuda.grid(1)
-    if p < X.shape[0]:
-        a = gx[uint32(p)]
-        b = gy[uint32(p)]
-        X[uint32(p), uint32(col)] = math.sqrt(a * a + b * b)
-
-
-@cuda.jit(cache=True)
-def _put_tail(X, col):
-    """The bias column (ones) and the zero padding after it."""
-    p = cuda.grid(1)
-    if p < X.shape[0]:
-        X[uint32(p), uint32(col)] = float32(1.0)
-        for j in range(col + 1, X.shape[1]):
-            X[uint32(p), uint32(j)] = float32(0.0)
-
-
-@cuda.jit(cache=True)
-def _gather(X, index, out):
-    """out[i, j] = X[index[i], j] for the first out.shape[1] columns."""
-    t = cuda.grid(1)
-    n, f = out.shape
-    if t < n * f:
-        i = uint32(t // f)
-        j = uint32(t - (t // f) * f)
-        out[i, j] = X[uint32(index[i]), j]
-
-
-@cuda.jit(cache=True)
-def _argmax_rows(P, lut, out):
-    """out[p] = lut[index of the largest entry of row p] (the first on ties), uint8:
-    lut maps class indices to the model's class numbers."""
-    p = cuda.grid(1)
-    if p < P.shape[0]:
-        up = uint32(p)
-        best = P[up, 0]
-        arg = 0
-        for c in range(1, P.shape[1]):
-            v = P[up, uint32(c)]
-            if v > best:
-                best = v
-                arg = c
-        out[up] = lut[arg]
-
-
-FUSED_ROWS = 128  # pixels (rows of X) per block of the fused kernel
-
-
-def _fused_kernel(classes: int, width: int):
-    """One block per 128 pixels: the block copies its 128 rows of X (contiguous, so
-    the loads are coalesced) into shared memory with a row stride of width + 1 words
-    (no bank conflicts), then each thread computes its pixel's C logits, the softmax in
-    registers, and writes the probabilities and the argmax. Weights from shared memory."""
-    C, FA = classes, width
-    S = FA + 1
-    T = FUSED_ROWS
-    TILE_WORDS = T * S  # shared-array sizes must be plain constants for Numba
-    W_WORDS = C * FA
-
-    @cuda.jit(cache=True)
-    def fused(X, Wx, lut, probs, index):
-        tile = cuda.shared.array(TILE_WORDS, float32)
-        sw = cuda.shared.array(W_WORDS, float32)
-        t = cuda.threadIdx.x
-        i = t
-        while i < W_WORDS:
-            sw[i] = Wx[i // FA, i % FA]
-            i += T
-        n = X.shape[0]
-        row0 = cuda.blockIdx.x * T
-        rows = min(T, n - row0)
-        i = t
-        while i < rows * FA:
-            r = i // FA
-            tile[r * S + (i - r * FA)] = X[uint32(row0 + r), uint32(i - r * FA)]
-            i += T
-        cuda.syncthreads()
-        if t >= rows:
-            return
-        acc = cuda.local.array(C, float32)
-        for c in range(C):
-            acc[c] = float32(0.0)
-        base = t * S
-        for j in range(FA):
-            v = tile[base + j]
-            for c in range(C):
-                acc[c] += sw[c * FA + j] * v
-        m = acc[0]
-        arg = 0
-        for c in range(1, C):
-            if acc[c] > m:
-                m = acc[c]
-                arg = c
-        s = float32(0.0)
-        for c in range(C):
-            e = math.exp(acc[c] - m)
-            acc[c] = e
-            s += e
-        inv = float32(1.0) / s
-        p = uint32(row0 + t)
-        for c in range(C):
-            probs[p, uint32(c)] = acc[c] * inv
-        index[p] = lut[arg]
-
-    return fused
-
-
-_FUSED: dict[tuple[int, int], Any] = {}
 
 
 # ------------------------------------------------------------------------------ features
@@ -225,9 +70,9 @@ class FeatureEngine:
         scale = scale_of(img.dtype)
         if ch == 3:
             gray = cuda.device_array((h, w, 1), np.float32)
-            _prepare3[_grid(h * w), BLOCK](dimg, scale, planes, gray)
+            kc.prepare3[_grid(h * w), BLOCK](dimg, scale, _WB, _WG, _WR, planes, gray)
         else:
-            _prepare1[_grid(h * w), BLOCK](dimg, scale, planes)
+            kc.prepare1[_grid(h * w), BLOCK](dimg, scale, planes)
             gray = planes
         return planes, gray
 
@@ -251,14 +96,14 @@ class FeatureEngine:
         n = X.shape[0]
         k = 1 if a.ndim == 2 else a.shape[2]
         src = a.reshape(n, k)
-        _put[_grid(n * k), BLOCK](src, X, col, np.float32(scale))
+        kc.put[_grid(n * k), BLOCK](src, X, col, np.float32(scale))
 
     def put_hypot(self, X, col: int, gx, gy) -> None:
         n = X.shape[0]
-        _put_hypot[_grid(n), BLOCK](gx.reshape(n), gy.reshape(n), X, col)
+        kc.put_hypot[_grid(n), BLOCK](gx.reshape(n), gy.reshape(n), X, col)
 
     def finish(self, X):
-        _put_tail[_grid(X.shape[0]), BLOCK](X, self.features)
+        kc.put_tail[_grid(X.shape[0]), BLOCK](X, self.features)
         self.device_image = None
         return X
 
@@ -268,7 +113,7 @@ def gather(X, index: np.ndarray, features: int) -> np.ndarray:
     n = int(index.shape[0])
     out = cuda.device_array((n, features), np.float32)
     if n:
-        _gather[_grid(n * features), BLOCK](X, cuda.to_device(index.astype(np.int64)), out)
+        kc.gather_rows[_grid(n * features), BLOCK](X, cuda.to_device(index.astype(np.int64)), out)
     return out.copy_to_host()
 
 
@@ -293,13 +138,6 @@ def logits(X, dW):
     return out
 
 
-@cuda.jit(cache=True)
-def _zero_column(L, c):
-    p = cuda.grid(1)
-    if p < L.shape[0]:
-        L[uint32(p), uint32(c)] = float32(0.0)
-
-
 def relative_rows(rows: np.ndarray) -> np.ndarray:
     """Each class's weight row minus the last class's, for the C - 1 first classes.
 
@@ -315,7 +153,7 @@ def logits_relative(X, dWrel):
     out = cuda.device_array((n, Cm1 + 1), np.float32)
     for c in range(Cm1):
         gemv(X, dWrel[c], out=out[:, c])
-    _zero_column[_grid(n), BLOCK](out, Cm1)
+    kc.zero_column[_grid(n), BLOCK](out, Cm1)
     return out
 
 
@@ -332,16 +170,8 @@ def _lut(classes: int, lut):
 def argmax(dprobs, lut=None):
     """(P,) uint8 device array: lut[argmax of each row] (lut None: the index itself)."""
     out = cuda.device_array(dprobs.shape[0], np.uint8)
-    _argmax_rows[_grid(dprobs.shape[0]), BLOCK](dprobs, _lut(dprobs.shape[1], lut), out)
+    kc.argmax_rows[_grid(dprobs.shape[0]), BLOCK](dprobs, _lut(dprobs.shape[1], lut), out)
     return out
-
-
-def fused_kernel(classes: int, width: int):
-    key = (classes, width)
-    kernel = _FUSED.get(key)
-    if kernel is None:
-        kernel = _FUSED[key] = _fused_kernel(classes, width)
-    return kernel
 
 
 def fused(X, dW, lut=None):
@@ -352,8 +182,8 @@ def fused(X, dW, lut=None):
         raise ValueError("method 'fused' handles up to 16 classes and 63 features")
     probs = cuda.device_array((n, C), np.float32)
     index = cuda.device_array(n, np.uint8)
-    blocks = max(1, (n + FUSED_ROWS - 1) // FUSED_ROWS)
-    fused_kernel(C, width)[blocks, FUSED_ROWS](X, dW, _lut(C, lut), probs, index)
+    blocks = max(1, (n + kc.FUSED_ROWS - 1) // kc.FUSED_ROWS)
+    kc.fused_kernel(C, width)[blocks, kc.FUSED_ROWS](X, dW, _lut(C, lut), probs, index)
     return probs, index
 
 
