@@ -92,6 +92,43 @@ def test_quick_box_looks_for_the_cubin_of_the_kernel_box_auto_runs(monkeypatch):
     assert asked[0].startswith("box_fused-uint8")  # box_fused is box_auto's first choice
 
 
+@pytest.mark.parametrize("fails", [False, True])
+def test_background_context_is_what_the_quick_start_uses(tmp_path, monkeypatch, fails):
+    import threading
+
+    from imgfilter.backends import cached, driver, warmup
+
+    opened = []
+
+    class FakeDriver:
+        cc = (9, 0)
+
+        def __init__(self):
+            if fails:
+                raise driver.DriverError("cuInit failed: CUDA_ERROR_NO_DEVICE")
+            opened.append(threading.current_thread().name)
+            self.current_on = []
+
+        def make_current(self):
+            self.current_on.append(threading.current_thread().name)
+
+    monkeypatch.setattr(driver, "Driver", FakeDriver)
+    monkeypatch.setattr(warmup, "_thread", None)
+    monkeypatch.setattr(warmup, "_result", [])
+    monkeypatch.setattr(warmup, "wanted", lambda argv: True)
+    cached._driver.cache_clear()
+    try:
+        assert warmup.start(["blur", "in.jpg"])
+        drv = cached._driver()
+        if fails:
+            assert drv is None and not cached.available()
+        else:  # opened on the background thread, then bound to this one
+            assert opened == ["imgfilter-cuda-init"]
+            assert drv.current_on == [threading.current_thread().name]
+    finally:
+        cached._driver.cache_clear()
+
+
 def test_array_params_follow_numbas_layout():
     # meminfo, parent, nitems, itemsize, data, shape..., strides (bytes)...
     values = [p.value for p in array_params(0x1000, (2, 3, 4), np.uint16)]
