@@ -3,6 +3,9 @@
     python benchmarks/sweep_blocked.py --k 21 --ry 24,28,32,34,36 --sizes seed,4k,8k \
         [--old path/to/previous/conv_blocked.py] [--peers]
 
+A previous version comes from git, e.g. the one before the 2026-11-23 rewrite:
+    git show 8700dba:kernels/conv_blocked.py > /tmp/conv_blocked_old.py
+
 (a size may also be HxW: an H x W x 3 image)
 
 For each rows-per-thread value (and, with --old, the generator of a previous version
