@@ -31,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, int32, uint8, uint16, uint32, uint64
 
+from .box_fused import _lane_column
 from .box_plan import packed_args, packed_plan
 from .device import border_index
 
@@ -73,18 +74,6 @@ def _make_box_packed(channels: int, run: int, threads: int, even: bool):
     NL_U = np.uint32(NL)
     LANES_U = np.uint32(min(T, 32))  # the write-out's threads per row
     WARPS_U = np.uint32(max(T // 32, 1))  # rows written at a time
-
-    @cuda.jit(device=True)
-    def lane_column(lane, n_lanes, left, width, mode):
-        """Byte column of `lane` (pixel left + lane // C, channel lane % C) in a row,
-        border-mapped; -1 for the constant border and for lanes past the tile."""
-        if lane >= n_lanes:
-            return int32(-1)
-        p = lane // C
-        xx = border_index(left + p, width, mode)
-        if xx < 0:
-            return int32(-1)
-        return int32(xx * C + (lane - p * C))
 
     @cuda.jit(device=True)
     def byte_at(src8, row_off, col, cval):
@@ -168,14 +157,14 @@ def _make_box_packed(channels: int, run: int, threads: int, even: bool):
         col0 = l0 + lane0
         col1 = l0 + lane1
         # Mapped byte columns of the eight lanes, for words read byte by byte.
-        c00 = lane_column(lane0, n_lanes, left, width, mode)
-        c01 = lane_column(lane0 + 1, n_lanes, left, width, mode)
-        c02 = lane_column(lane0 + 2, n_lanes, left, width, mode)
-        c03 = lane_column(lane0 + 3, n_lanes, left, width, mode)
-        c10 = lane_column(lane1, n_lanes, left, width, mode)
-        c11 = lane_column(lane1 + 1, n_lanes, left, width, mode)
-        c12 = lane_column(lane1 + 2, n_lanes, left, width, mode)
-        c13 = lane_column(lane1 + 3, n_lanes, left, width, mode)
+        c00 = int32(_lane_column(lane0, n_lanes, left, width, C, mode))
+        c01 = int32(_lane_column(lane0 + 1, n_lanes, left, width, C, mode))
+        c02 = int32(_lane_column(lane0 + 2, n_lanes, left, width, C, mode))
+        c03 = int32(_lane_column(lane0 + 3, n_lanes, left, width, C, mode))
+        c10 = int32(_lane_column(lane1, n_lanes, left, width, C, mode))
+        c11 = int32(_lane_column(lane1 + 1, n_lanes, left, width, C, mode))
+        c12 = int32(_lane_column(lane1 + 2, n_lanes, left, width, C, mode))
+        c13 = int32(_lane_column(lane1 + 3, n_lanes, left, width, C, mode))
 
         y0 = int32(cuda.blockIdx.y * strip)
         y_end = min(y0 + int32(strip), int32(height))

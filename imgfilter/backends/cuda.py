@@ -157,13 +157,11 @@ def box(img, ksize, anchor, border, value, method):
 def _export_box(shape: tuple, dtype, ksize: tuple) -> None:
     """Export the cubin of the one-pass box kernel box_auto just ran, if it ran one."""
     channels = shape[2]
-    method = _box.box_method(shape, dtype, ksize)
+    method, geo = _box_plan.choose(shape, dtype, ksize)
     if method == "packed":
-        geo = _box_plan.packed_plan(shape, dtype, ksize)
         kernel = _box_packed.kernel_for(channels, geo["run"], geo["threads"], geo["even"])
         _export(kernel, cubins.packed_name(geo, channels), (dtype, np.uint32, dtype, np.uint32))
     elif method == "fused":
-        geo = _box_plan.plan(shape, dtype, ksize)
         kernel = _box_fused.kernel_for(geo["sum_type"], channels, geo["magic_rounding"])
         _export(kernel, cubins.box_name(geo, channels, dtype), (dtype, dtype))
 

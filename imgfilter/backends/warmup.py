@@ -36,6 +36,7 @@ def _backend(argv: list[str]) -> str:
 
 
 def _cubins_cached() -> bool:
+    # The folder `imgfilter.backends.cubins` keeps them in; that module imports NumPy.
     from kernels.cache import cache_dir
 
     folder = Path(cache_dir()) / "cubins"
