@@ -102,79 +102,68 @@ def scalar_args(shape: tuple, ksize: tuple, anchor: tuple, mode: int, cval, geo:
 
 # ----------------------------------------------------------------- kernels.box_packed
 
-PACKED_THREADS = 128  # threads per block: one 32-bit word of the input span each
-PACKED_BATCH = 32  # rows between block barriers; the horizontal phase has a thread per row
-PACKED_STRIP = 64  # rows per block
+PACKED_RUN = 30  # outputs per horizontal slide
+PACKED_STRIP = 32  # rows per block, boxes up to 32 rows
+PACKED_STRIP_TALL = 64  # rows per block for taller boxes
+PACKED_BATCH = 8  # rows between block barriers
 PACKED_MAX_ROWS = 257  # 257 * 255 < 2**16: a column sum fits a 16-bit lane
-PACKED_MAX_CHANNELS = 4
-PACKED_MARGIN = 16  # column sums kept left of a shared row: runs start up to 15 bytes early
-
-
-def packed_pitch(threads: int) -> int:
-    """uint16 column sums per shared row: the 4 * threads lanes, a margin on each side,
-    and 2 more so that a row is an odd number of 32-bit words (rows in distinct banks)."""
-    return 4 * threads + 2 * PACKED_MARGIN + 2
 
 
 def packed_magic(area: int) -> tuple[int, int]:
-    """(m, sh) with (t * m >> 32) >> sh == floor(t / area) for 0 <= t < 256 * area.
+    """(m, sh) with (t * m >> 32) >> sh == floor(t / (2 * area)) for 0 <= t < 2**MAGIC_BITS.
 
-    Granlund and Montgomery: with m = ceil(2**(32 + sh) / area), e = m * area - 2**(32 + sh)
-    < area, the quotient is exact while t * e < 2**(32 + sh), which 256 * area**2 <=
-    2**(32 + sh) guarantees; sh = 0 up to area 4096 (boxes to 64x64). m < 2**32 for
-    area >= 2.
+    As `magic`, with the shift raised to at least 32 so that the kernel takes the high
+    word of a 32 x 32-bit product; m < 2**32 still (for 2 * area <= 64 the shift is
+    32 and m <= 2**31 + 1, above that m < 2**27 + 1).
     """
-    if area < 2:
-        raise ValueError("packed_magic needs an area of at least 2")
-    sh = max(0, (256 * area * area - 1).bit_length() - 32)
-    return -(-(1 << (32 + sh)) // area), sh
+    d = 2 * area
+    s = max(MAGIC_BITS + (d - 1).bit_length(), 32)
+    return -(-(1 << s) // d), s - 32
 
 
 def packed_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0,
                 strip: int = 0, batch: int = 0) -> dict | None:  # fmt: skip
     """Launch geometry of `kernels.box_packed`, or None where it does not apply.
 
-    It applies to uint8 images of 1 to 4 channels and fewer than 2**31 bytes, boxes of
-    2 to 257 rows x 257 rows (16-bit column sums) and a halo that leaves the tile room
-    for outputs. A block of `threads` threads holds 4 * threads byte lanes of the
-    input span: the tile's outputs plus the (kw - 1)-pixel halo. In the horizontal
-    phase thread (row tid % batch, run tid // batch) slides over `run` output bytes (a
-    multiple of 16) of its row, so threads // batch runs must cover a tile row plus
-    the up to 15 bytes its first 16-byte aligned run starts early; run=0 picks the
-    shortest such run.
+    It applies to uint8 images of fewer than 2**31 bytes, boxes of at most 257 rows
+    whose sums stay below 2**25 (2 * sum + area < 2**MAGIC_BITS), and tiles that hold
+    at least one run of outputs. A block of T threads holds 8 T byte lanes: the tile's
+    outputs plus the (kw - 1)-pixel halo plus one pixel of slack (the slide reads one
+    column sum past its last output). threads=0 picks the fewest threads whose tile
+    holds four runs with a halo of at most a quarter of it.
     """
     height, width, channels = shape
     kh, kw = ksize
-    t = threads or PACKED_THREADS
-    rows = batch or PACKED_BATCH
-    strip = strip or PACKED_STRIP
-    if np.dtype(dtype) != np.uint8 or not 1 <= channels <= PACKED_MAX_CHANNELS:
+    run = run or PACKED_RUN
+    batch = batch or PACKED_BATCH
+    strip = strip or (PACKED_STRIP if kh <= 32 else PACKED_STRIP_TALL)
+    if np.dtype(dtype) != np.uint8 or kh > PACKED_MAX_ROWS:
         return None
-    if kh > PACKED_MAX_ROWS or kh * kw < 2 or height * width * channels >= 2**31:
+    if height * width * channels >= 2**31 or 511 * kh * kw >= 2**MAGIC_BITS:
         return None
-    if t % rows:
+
+    def tile(t: int) -> int:
+        return min((8 * t // channels - kw) // run * run, cdiv(width, run) * run)
+
+    def smem_bytes(t: int) -> int:
+        stage_row = ((tile(t) * channels + 3) // 4 + 1) * 4
+        return batch * (8 * t * 2 + stage_row)
+
+    choices = [t for t in ((threads,) if threads else (64, 128, 256, 512))
+               if tile(t) >= run and smem_bytes(t) <= SMEM_LIMIT]  # fmt: skip
+    if not choices:
         return None
-    tile_w = min(4 * t // channels - (kw - 1), width)
-    if tile_w < 1:
-        return None
-    nruns = t // rows
-    need = tile_w * channels + 15  # bytes a row's runs cover
-    run = run or cdiv(cdiv(need, nruns), 16) * 16
-    if run % 16 or nruns * run < need:
-        return None
-    smem = 2 * (rows * packed_pitch(t) + 32)
-    if smem > SMEM_LIMIT:
-        return None
+    t = next((t for t in choices if tile(t) >= 4 * run and kw - 1 <= tile(t) // 4), 0)
+    t = t or max(choices, key=tile)
+    tile_w, smem = tile(t), smem_bytes(t)
     area = kh * kw
-    _, sh = packed_magic(area)
     return {
         "threads": t,
         "tile_w": tile_w,
         "run": run,
         "strip": strip,
-        "batch": rows,
+        "batch": batch,
         "even": area % 2 == 0,
-        "shifted": sh > 0,
         "smem": smem,
         "grid": (cdiv(width, tile_w), cdiv(height, strip)),
     }
@@ -182,18 +171,16 @@ def packed_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 
 
 def packed_args(shape: tuple, ksize: tuple, anchor: tuple, mode: int, cval, geo: dict) -> tuple:
     """box_packed's arguments between n_words and out8, typed as launched:
-    (height, width, kh, kw, ay, ax, mode, cval, area, magic, shift, bias, tile_w, run,
-    strip); Python ints become int64 parameters. bias: the sum's offset that turns the
-    floor division into round-to-nearest (area // 2 for an even area, whose exact
-    halves the kernel then rounds to even)."""
+    (height, width, kh, kw, ay, ax, mode, cval, area, magic, shift_hi, tile_w, strip,
+    batch); Python ints become int64 parameters."""
     height, width, _ = shape
     kh, kw = ksize
     ay, ax = anchor
     area = kh * kw
-    m, sh = packed_magic(area)
+    m, shift_hi = packed_magic(area)
     return (
-        height, width, kh, kw, ay, ax, mode, int(cval), area, m, sh, area // 2,
-        geo["tile_w"], geo["run"], geo["strip"],
+        height, width, kh, kw, ay, ax, mode, int(cval), area, m, shift_hi,
+        geo["tile_w"], geo["strip"], geo["batch"],
     )  # fmt: skip
 
 

@@ -12,8 +12,6 @@ converted with `cvt` (a `<8 x half>` access would be split by the backend).
 - `store_pack2(arr, r, c, src, nbytes)`: writes `src[0 .. nbytes // itemsize - 1]`
   (a 1-D float32 local array) to `&arr[r, c]`, converted to the array's dtype
   (round to nearest even for float16).
-- `store_words4(arr, i, w0, w1, w2, w3)`: four 32-bit words to `&arr[i]` of a 1-D
-  uint32 array (16-byte aligned), one `st.global.v4.u32`.
 
 `arr` is a float32 or float16 array; `nbytes` must be a compile-time constant (a
 closure int) and the address must be aligned to it: the caller checks the alignment
@@ -41,10 +39,7 @@ def _simulated():
         for i in range(nbytes // arr.dtype.itemsize):
             arr[r, c + i] = src[i]
 
-    def store_words4(arr, i, w0, w1, w2, w3):
-        arr[i], arr[i + 1], arr[i + 2], arr[i + 3] = w0, w1, w2, w3
-
-    return load_pack2, load_pack1, store_pack2, store_words4
+    return load_pack2, load_pack1, store_pack2
 
 
 def _compiled():
@@ -159,29 +154,10 @@ def _compiled():
             return None
         return types.none(arr, r, c, src, nbytes), store_codegen
 
-    def words4_codegen(context, builder, sig, args):
-        ptr = pointer(context, builder, sig.args[0], args[0], args[1:2], sig.args[1:2])
-        vec = ir.Constant(ir.VectorType(i32, 4), ir.Undefined)
-        for w in range(4):
-            word = context.cast(builder, args[2 + w], sig.args[2 + w], types.uint32)
-            vec = builder.insert_element(vec, word, ir.Constant(i32, w))
-        st = builder.store(vec, builder.bitcast(ptr, ir.VectorType(i32, 4).as_pointer()))
-        st.align = 16
-        return context.get_dummy_value()
-
-    @intrinsic
-    def store_words4(typingctx, arr, i, w0, w1, w2, w3):
-        """Write the four 32-bit words to &arr[i] .. &arr[i + 3] (16-byte aligned) at once."""
-        if not isinstance(arr, types.Array) or arr.ndim != 1 or arr.dtype != types.uint32:
-            return None
-        if not all(isinstance(t, types.Integer) for t in (i, w0, w1, w2, w3)):
-            return None
-        return types.none(arr, i, w0, w1, w2, w3), words4_codegen
-
-    return load_pack2, load_pack1, store_pack2, store_words4
+    return load_pack2, load_pack1, store_pack2
 
 
-load_pack2, load_pack1, store_pack2, store_words4 = _simulated() if SIMULATOR else _compiled()
+load_pack2, load_pack1, store_pack2 = _simulated() if SIMULATOR else _compiled()
 
 
-__all__ = ["load_pack1", "load_pack2", "store_pack2", "store_words4"]
+__all__ = ["load_pack1", "load_pack2", "store_pack2"]

@@ -15,9 +15,6 @@ values (idx and down/xor clamp at 31; up at 0): an out-of-range source gives the
 caller's own value. Reading a lane outside the mask is undefined on hardware, so it
 raises here. A barrier that waits more than TIMEOUT_S seconds (a lane named in the
 mask never arrived) raises instead of hanging the test run.
-
-The simulator's `numba.cuda.libdevice` functions are stubs that return None; the few
-our kernels call (`umulhi`) get their exact integer meaning here.
 """
 
 from __future__ import annotations
@@ -143,13 +140,6 @@ def all_sync(self, mask, predicate):
 FAKE_DEVICE_ATTRIBUTES = {"MULTIPROCESSOR_COUNT": 2, "MAX_THREADS_PER_MULTIPROCESSOR": 2048}
 
 
-def umulhi(x, y):
-    """libdevice's __nv_umulhi: the high 32 bits of the product of two uint32."""
-    import numpy as np
-
-    return np.uint32(((int(x) & FULL) * (int(y) & FULL)) >> 32)
-
-
 def install() -> None:
     """Add the warp intrinsics and device attributes to the simulator (idempotent)."""
     import functools
@@ -174,9 +164,6 @@ def install() -> None:
         # own globals; device functions of other modules see the simulator's `cuda`.
         if not hasattr(simulator_cuda, fn.__name__):
             setattr(simulator_cuda, fn.__name__, functools.partial(fn, None))
-    from numba.cuda import libdevice
-
-    libdevice.umulhi = umulhi
     for name, value in FAKE_DEVICE_ATTRIBUTES.items():
         if not hasattr(devices.FakeCUDADevice, name):
             setattr(devices.FakeCUDADevice, name, value)
