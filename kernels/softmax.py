@@ -177,6 +177,27 @@ def warp_kernel(in_dtype, out_dtype, pack, cols_per_thread, width, rows_per_acce
 
 
 @functools.cache
+def _pack_loader(pack: int, nbytes: int, unroll: int):
+    """Device function `load_packs(x, row, p, stride, packs, a) -> n` of the block
+    kernels: loads packs p, p + stride, ... (up to `unroll`, those below `packs`) of
+    `pack` elements (`nbytes` bytes) of x's row into a[u, 0 .. pack - 1], all issued
+    before any is used; n is how many it loaded."""
+
+    @cuda.jit(device=True, inline="always")
+    def load_packs(x, row, p, stride, packs, a):
+        n = uint32(0)
+        for u in range(unroll):
+            q = uint32(p + u * stride)
+            if q < packs:
+                pa = load_pack2(x, row, uint32(q * pack), nbytes)
+                for i in range(pack):
+                    a[u, i] = pa[i]
+                n = uint32(u + 1)
+        return n
+
+    return load_packs
+
+
 def block_smem_kernel(in_dtype, out_dtype, pack, unroll, log, online=False):
     """The block-per-row kernel with the row cached in dynamic shared memory.
 
@@ -195,6 +216,7 @@ def block_smem_kernel(in_dtype, out_dtype, pack, unroll, log, online=False):
     NBO = pack * out_dtype.itemsize
     U = unroll
     cache_t = in_t if online else float32
+    load_packs = _pack_loader(P, NBI, U)
 
     @cuda.jit
     def softmax_block_smem(x, y, rows, cols):
@@ -213,15 +235,7 @@ def block_smem_kernel(in_dtype, out_dtype, pack, unroll, log, online=False):
             d = float32(0.0)
             p = tid
             while p < packs:
-                # U packs (fewer at the row's end) loaded before any is used.
-                n = uint32(0)
-                for u in range(U):
-                    q = uint32(p + u * nthreads)
-                    if q < packs:
-                        pa = load_pack2(x, row, uint32(q * P), NBI)
-                        for i in range(P):
-                            a[u, i] = pa[i]
-                        n = uint32(u + 1)
+                n = load_packs(x, row, p, nthreads, packs, a)
                 cm = m
                 for u in range(U):
                     if u < n:
@@ -295,6 +309,7 @@ def block_uncached_kernel(in_dtype, out_dtype, pack, unroll, log):
     NBI = pack * in_dtype.itemsize
     NBO = pack * out_dtype.itemsize
     U = unroll
+    load_packs = _pack_loader(P, NBI, U)
 
     @cuda.jit
     def softmax_block_uncached(x, y, rows, cols):
@@ -312,14 +327,7 @@ def block_uncached_kernel(in_dtype, out_dtype, pack, unroll, log):
             d = float32(0.0)
             p = tid
             while p < packs:
-                n = uint32(0)
-                for u in range(U):
-                    q = uint32(p + u * nthreads)
-                    if q < packs:
-                        pa = load_pack2(x, row, uint32(q * P), NBI)
-                        for i in range(P):
-                            a[u, i] = pa[i]
-                        n = uint32(u + 1)
+                n = load_packs(x, row, p, nthreads, packs, a)
                 cm = m
                 for u in range(U):
                     if u < n:
@@ -341,14 +349,7 @@ def block_uncached_kernel(in_dtype, out_dtype, pack, unroll, log):
             inv = float32(1.0) / rsum
             p = tid
             while p < packs:
-                n = uint32(0)
-                for u in range(U):
-                    q = uint32(p + u * nthreads)
-                    if q < packs:
-                        pa = load_pack2(x, row, uint32(q * P), NBI)
-                        for i in range(P):
-                            a[u, i] = pa[i]
-                        n = uint32(u + 1)
+                n = load_packs(x, row, p, nthreads, packs, a)
                 for u in range(U):
                     if u < n:
                         for i in range(P):
