@@ -198,3 +198,73 @@ def choose(shape: tuple, dtype, ksize: tuple) -> tuple[str, dict | None]:
         return "fused", fused
     packed = packed_plan(shape, dtype, ksize)
     return ("packed", packed) if packed is not None else ("running", None)
+
+
+# -------------------------------------------------------------- kernels.box_pipelined
+
+PIPELINED_RUN = 30  # outputs per horizontal slide (an odd number of words for C = 3)
+PIPELINED_BATCH = 8  # rows per batch: prefetched, then slid and written
+PIPELINED_STRIP = 64  # rows per block
+
+
+def pipelined_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0,
+                   strip: int = 0, batch: int = 0) -> dict | None:  # fmt: skip
+    """Launch geometry of `kernels.box_pipelined`, or None where it does not apply.
+
+    It applies where `packed_plan`'s limits hold (uint8, fewer than 2**31 bytes, at
+    most 257 box rows, sums below 2**25) and a tile holds at least one output. A block
+    of T threads holds 4 T byte lanes: the tile's outputs plus the (kw - 1)-pixel halo.
+    threads=0 picks the fewest of 128, 256, 512 whose tile is at least twice the halo.
+    """
+    height, width, channels = shape
+    kh, kw = ksize
+    run = run or PIPELINED_RUN
+    batch = batch or PIPELINED_BATCH
+    strip = strip or PIPELINED_STRIP
+    if np.dtype(dtype) != np.uint8 or kh > PACKED_MAX_ROWS:
+        return None
+    if height * width * channels >= 2**31 or 511 * kh * kw >= 2**MAGIC_BITS:
+        return None
+
+    def tile(t: int) -> int:
+        w = 4 * t // channels - (kw - 1)
+        if w >= run:
+            w = w // run * run
+        return min(w, width)
+
+    choices = (threads,) if threads else (128, 256, 512)
+    t = next((t for t in choices if tile(t) >= 2 * (kw - 1)), 0)
+    t = t or choices[-1]
+    tile_w = tile(t)
+    if tile_w < 1:
+        return None
+    stage_row = ((tile_w * channels + 3) // 4 + 1) * 4
+    smem = (batch * (8 * (t + 1) + stage_row) + 7) // 8 * 8  # whole 64-bit words
+    if smem > SMEM_LIMIT:
+        return None
+    return {
+        "threads": t,
+        "tile_w": tile_w,
+        "run": run,
+        "strip": strip,
+        "batch": batch,
+        "even": (kh * kw) % 2 == 0,
+        "smem": smem,
+        "grid": (cdiv(width, tile_w), cdiv(height, strip)),
+    }
+
+
+def pipelined_args(shape: tuple, ksize: tuple, anchor: tuple, mode: int, cval,
+                   geo: dict) -> tuple:  # fmt: skip
+    """box_pipelined's arguments between n_words and out8, typed as launched:
+    (height, width, kh, kw, ay, ax, mode, cval, area, magic, shift_hi, tile_w, strip);
+    Python ints become int64 parameters."""
+    height, width, _ = shape
+    kh, kw = ksize
+    ay, ax = anchor
+    area = kh * kw
+    m, shift_hi = packed_magic(area)
+    return (
+        height, width, kh, kw, ay, ax, mode, int(cval), area, m, shift_hi,
+        geo["tile_w"], geo["strip"],
+    )  # fmt: skip
