@@ -223,8 +223,11 @@ def _make_box_pipelined(channels: int, threads: int, batch: int, run: int, even:
                         o = uint32(0)
                     s02 = uint32(s02 + (e & PAIRS) - (o & PAIRS))
                     s13 = uint32(s13 + ((e >> EIGHT) & PAIRS) - ((o >> EIGHT) & PAIRS))
-                    w01 = uint64((s02 & LOW16) | (s13 << SIXTEEN))
-                    w23 = uint64((s02 >> SIXTEEN) | (s13 & HIGH16))
+                    # uint32() first: compiled Numba widens `s13 << 16` to 64 bits (the
+                    # simulator's NumPy scalars do not), which would leak lane 3 into
+                    # lane 2 of the 64-bit store.
+                    w01 = uint64(uint32((s02 & LOW16) | (s13 << SIXTEEN)))
+                    w23 = uint64(uint32((s02 >> SIXTEEN) | (s13 & HIGH16)))
                     sums64[uint32(i) * ROW64 + tid] = w01 | (w23 << uint64(32))
             # Prefetch the next batch; its loads fly during the passes below.
             nb = yb + B
