@@ -1,14 +1,12 @@
-"""Geometry sweep of a uint8 box kernel next to the one-pass box kernel (GPU only).
+"""Geometry sweep of the packed box kernel next to the one-pass box kernel (GPU only).
 
 For k in 3, 21, 101 on a random uint8 RGB image of the seed's size, times
-`kernels.box_packed` (or, with --kernel pipelined, `kernels.box_pipelined`) over
-threads x strip x batch and `kernels.box_fused` at its default geometry (kernel time,
-spin-queued events as in `imgfilter.bench`), checks that both give identical images,
-and prints the best geometry per k; then times both defaults on 4K and 8K images
-(--sizes), and CuPy's uniform_filter where CuPy is installed. Registers and local
-memory per thread of each compiled specialisation go into the JSON.
+`kernels.box_packed` over threads x strip x batch and `kernels.box_fused` at its
+default geometry (kernel time, spin-queued events as in `imgfilter.bench`), checks
+that both give identical images, and prints the best geometry per k; then times both
+defaults on 4K and 8K images, and CuPy's uniform_filter where CuPy is installed.
 
-    python benchmarks/sweep_packed.py --json sweep.json [--quick] [--kernel pipelined]
+    python benchmarks/sweep_packed.py --json sweep.json [--quick]
 """
 
 from __future__ import annotations
@@ -25,9 +23,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--quick", action="store_true", help="default geometries only")
-    parser.add_argument("--kernel", choices=("packed", "pipelined"), default="packed")
-    parser.add_argument("--sizes", default="4k,8k", help="sizes timed at the defaults")
-    parser.add_argument("--ks", default="3,21,101", help="box sizes")
     args = parser.parse_args(argv)
 
     from numba import cuda
@@ -35,14 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     from imgfilter.bench import Timer, copy_bandwidth_gbs
     from kernels import box_fused as kfused
     from kernels import box_packed as kpacked
-    from kernels import box_pipelined as kpipe
     from kernels import box_plan
-
-    name = f"box_{args.kernel}"
-    if args.kernel == "packed":
-        make_plan, launch = box_plan.packed_plan, kpacked.box_packed
-    else:
-        make_plan, launch = box_plan.pipelined_plan, kpipe.box_pipelined
 
     timer = Timer()
     bandwidth = copy_bandwidth_gbs(timer)
@@ -64,20 +52,20 @@ def main(argv: list[str] | None = None) -> int:
         results["rows"].append({"size": size, "k": k, "impl": "box_fused", "kernel_us": us})
         print(f"{size} k={k} box_fused {us:.1f} us (floor {floor:.1f} us)")
         for threads, strip, batch in geometries:
-            geo = make_plan(img.shape, img.dtype, (k, k), threads, 0, strip, batch)
+            geo = box_plan.packed_plan(img.shape, img.dtype, (k, k), threads, 0, strip, batch)
             if geo is None:
                 continue
-            launch(d_img, (k, k), a, 0, 0, d_out, geo)
+            kpacked.box_packed(d_img, (k, k), a, 0, 0, d_out, geo)
             if not np.array_equal(d_out.copy_to_host(), ref):
                 results["mismatches"].append({"size": size, "k": k, "geo": str(geo)})
                 print(f"MISMATCH {size} k={k} {geo}")
-            us = timer.kernel_us(lambda g=geo: launch(d_img, (k, k), a, 0, 0, d_out, g))
-            row = {"size": size, "k": k, "impl": name, "kernel_us": us}
+            us = timer.kernel_us(lambda g=geo: kpacked.box_packed(d_img, (k, k), a, 0, 0, d_out, g))
+            row = {"size": size, "k": k, "impl": "box_packed", "kernel_us": us}
             row.update(threads=geo["threads"], strip=geo["strip"], batch=geo["batch"])
             row.update(tile_w=geo["tile_w"], floor_us=floor)
             results["rows"].append(row)
             print(
-                f"{size} k={k} {name} threads {geo['threads']} strip {geo['strip']} "
+                f"{size} k={k} box_packed threads {geo['threads']} strip {geo['strip']} "
                 f"batch {geo['batch']} tile {geo['tile_w']}: {us:.1f} us"
             )
         try:
@@ -96,29 +84,19 @@ def main(argv: list[str] | None = None) -> int:
             pass
 
     default = [(0, 0, 0)]
-    if args.kernel == "packed":
-        grid = itertools.product((64, 128, 256), (16, 24, 32, 48), (8,))
-    else:
-        grid = itertools.product((128, 256, 512), (16, 32, 64, 128), (4, 8, 16))
-    space = default if args.quick else default + list(grid)
-    ks = [int(k) for k in args.ks.split(",")]
-    for k in ks:
+    space = (
+        default
+        if args.quick
+        else default + list(itertools.product((64, 128, 256), (16, 24, 32, 48), (8,)))
+    )
+    for k in (3, 21, 101):
         run_case("seed", k, space)
-    for size in filter(None, args.sizes.split(",")):
-        for k in ks:
+    for size in ("4k", "8k"):
+        for k in (3, 21, 101):
             run_case(size, k, default)
-    kernels = kpacked._KERNELS if args.kernel == "packed" else kpipe._KERNELS
-    results["registers"] = {
-        str(key): {
-            "regs": str(kern.get_regs_per_thread()),
-            "local": str(kern.get_local_mem_per_thread()),
-        }
-        for key, kern in kernels.items()
-    }
-    print("registers / local memory per thread:", json.dumps(results["registers"]))
     best: dict = {}
     for row in results["rows"]:
-        if row["impl"] == name and row["size"] == "seed":
+        if row["impl"] == "box_packed" and row["size"] == "seed":
             if row["k"] not in best or row["kernel_us"] < best[row["k"]]["kernel_us"]:
                 best[row["k"]] = row
     print("best per k:", json.dumps(best))
