@@ -7,9 +7,10 @@ up to a multiple of 4 (so every row is 16-byte aligned for GEMV's 128-bit loads)
 
 Classification (`predict`), as issue 6 asks: the logits of class c are one GEMV,
 `kernels.gemv.gemv(X, [W_c - W_last, b_c - b_last, 0...])`, written into column c of a
-(P, C) logits matrix whose last column is zero (softmax does not change when a row's
-logits all shift by the same amount, so C - 1 GEMVs suffice); `kernels.softmax.softmax`
-turns each row into probabilities; a last kernel takes each row's argmax.
+(P, C) logits matrix (through `column`, an O(1) strided view) whose last column is
+zero (softmax does not change when a row's logits all shift by the same amount, so
+C - 1 GEMVs suffice); `kernels.softmax.softmax` turns each row into probabilities; a
+last kernel takes each row's argmax.
 `predict(..., method="fused")` is the alternative measured by
 benchmarks/classify_bench.py: one kernel reads each pixel's features once and writes
 its C probabilities and label (it reads X once instead of C - 1 times).
@@ -35,6 +36,7 @@ from .features import GRAY_WEIGHTS, scale_of
 NAME = "cuda"
 BLOCK = 256
 MAX_FUSED_CLASSES = 16
+SIMULATOR = bool(config.ENABLE_CUDASIM)
 config.CUDA_LOW_OCCUPANCY_WARNINGS = False
 
 _WB, _WG, _WR = GRAY_WEIGHTS  # float32 scalars: the gray plane's weights
@@ -129,12 +131,37 @@ def weight_rows(W: np.ndarray, b: np.ndarray, width: int) -> np.ndarray:
     return rows
 
 
+def column(a, c: int):
+    """Column c of a 2-D device array `a` (positive strides): a strided 1-D view, in O(1).
+
+    Not `a[:, c]`: for a non-contiguous view, numba-cuda's DeviceNDArray.__getitem__
+    (0.30.4: `_do_getitem` -> dummyarray's `iter_contiguous_extent`) loops in Python over
+    every element, one extent each: ~13 s for a column of 8.3 M rows (a 4K image), which
+    made predict take 26 s. This builds the view Numba would build (same shape, stride
+    and memory extent, the parent's allocation kept alive by the view of its gpu_data)
+    without that loop. On the simulator the array wraps a NumPy array, whose column
+    slice is O(1); it is wrapped as the simulator's own __getitem__ wraps one."""
+    n, cols = (int(s) for s in a.shape)
+    if not 0 <= c < cols:
+        raise IndexError(f"column {c} of an array with {cols} columns")
+    if SIMULATOR:
+        return type(a)(a._ary[:, c], stream=a.stream)
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    s0, s1 = (int(s) for s in a.strides)
+    lo = c * s1
+    hi = lo + (n - 1) * s0 + a.dtype.itemsize if n else lo
+    return DeviceNDArray(
+        shape=(n,), strides=(s0,), dtype=a.dtype, stream=a.stream, gpu_data=a.gpu_data.view(lo, hi)
+    )
+
+
 def logits(X, dW):
-    """(P, C) device logits: column c is gemv(X, dW[c])."""
+    """(P, C) device logits: column c is gemv(X, dW[c]) (written through `column`)."""
     C = dW.shape[0]
     out = cuda.device_array((X.shape[0], C), np.float32)
     for c in range(C):
-        gemv(X, dW[c], out=out[:, c])
+        gemv(X, dW[c], out=column(out, c))
     return out
 
 
@@ -148,11 +175,12 @@ def relative_rows(rows: np.ndarray) -> np.ndarray:
 
 
 def logits_relative(X, dWrel):
-    """(P, C) device logits relative to the last class: C - 1 GEMVs, a zero last column."""
+    """(P, C) device logits relative to the last class: C - 1 GEMVs (each written into
+    its column through `column`), a zero last column."""
     n, Cm1 = X.shape[0], dWrel.shape[0]
     out = cuda.device_array((n, Cm1 + 1), np.float32)
     for c in range(Cm1):
-        gemv(X, dWrel[c], out=out[:, c])
+        gemv(X, dWrel[c], out=column(out, c))
     kc.zero_column[_grid(n), BLOCK](out, Cm1)
     return out
 
