@@ -198,3 +198,74 @@ def choose(shape: tuple, dtype, ksize: tuple) -> tuple[str, dict | None]:
         return "fused", fused
     packed = packed_plan(shape, dtype, ksize)
     return ("packed", packed) if packed is not None else ("running", None)
+
+
+# ------------------------------------------------------------------ kernels.box_tiled
+
+TILED_THREADS = 256
+TILED_RUN = 16  # outputs per horizontal slide
+TILED_W = 64  # output pixels per tile
+TILED_H = 32  # output rows per tile
+TILED_GROUPS = 2  # runs of rows the vertical phase splits a tile into
+
+
+def tiled_smem(channels: int, ksize: tuple, tile_w: int, tile_h: int) -> int:
+    """Bytes of shared memory `kernels.box_tiled` uses: the input rows (an odd number
+    of whole words each), then 16-bit row sums (rows of a multiple of 4 lanes)."""
+    kh, kw = ksize
+    in_words = ((tile_w + kw - 1) * channels + 3) // 4 | 1
+    in_rows = tile_h + kh - 1
+    hs0 = (in_rows * 4 * in_words // 2 + 3) // 4 * 4
+    hs_pitch = (tile_w * channels + 3) // 4 * 4
+    return 2 * (hs0 + in_rows * hs_pitch)
+
+
+def tiled_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0,
+               tile_w: int = 0, tile_h: int = 0, groups: int = 0) -> dict | None:  # fmt: skip
+    """Launch geometry of `kernels.box_tiled`, or None where it does not apply.
+
+    It applies to uint8 images of fewer than 2**31 bytes and boxes of at most 257
+    columns (16-bit row sums) whose sums stay below 2**25, where a tile's input row
+    is at most 4 * threads bytes and its shared memory fits the default 48 KiB.
+    """
+    height, width, channels = shape
+    kh, kw = ksize
+    threads = threads or TILED_THREADS
+    run = run or TILED_RUN
+    tile_w = min(tile_w or TILED_W, width)
+    tile_h = min(tile_h or TILED_H, height)
+    if np.dtype(dtype) != np.uint8 or kw > PACKED_MAX_ROWS:
+        return None
+    if height * width * channels >= 2**31 or 511 * kh * kw >= 2**MAGIC_BITS:
+        return None
+    n_q = cdiv((tile_w + kw - 1) * channels, 4)
+    smem = tiled_smem(channels, ksize, tile_w, tile_h)
+    if n_q > threads or smem > SMEM_LIMIT:
+        return None
+    n_o = cdiv(tile_w * channels, 4)
+    groups = max(1, min(groups or TILED_GROUPS, threads // n_o, tile_h))
+    return {
+        "threads": threads,
+        "run": run,
+        "tile_w": tile_w,
+        "tile_h": tile_h,
+        "groups": groups,
+        "even": (kh * kw) % 2 == 0,
+        "smem": smem,
+        "grid": (cdiv(width, tile_w), cdiv(height, tile_h)),
+    }
+
+
+def tiled_args(shape: tuple, ksize: tuple, anchor: tuple, mode: int, cval, geo: dict) -> tuple:
+    """box_tiled's arguments between n_words and out8, typed as launched: (height,
+    width, kh, kw, ay, ax, mode, cval, area, magic, shift_hi, tile_w, tile_h, groups);
+    Python ints become int64 parameters."""
+    height, width, _ = shape
+    kh, kw = ksize
+    ay, ax = anchor
+    area = kh * kw
+    m, shift_hi = packed_magic(area)
+    return (
+        height, width, kh, kw, ay, ax, mode, int(cval), area, m, shift_hi,
+        geo["tile_w"], geo["tile_h"], geo["groups"],
+    )  # fmt: skip

@@ -1,0 +1,140 @@
+"""Geometry sweep of a uint8 box kernel next to the one-pass box kernel (GPU only).
+
+For k in --ks (default 3, 21, 101) on a random uint8 RGB image of the seed's size,
+times `kernels.box_tiled` (--kernel tiled, the default) or `kernels.box_packed`
+(--kernel packed) over its geometry grid and `kernels.box_fused` at its default
+geometry (kernel time, spin-queued events as in `imgfilter.bench`), checks that both
+give identical images, and prints the best geometry per k; then times both defaults
+on the --sizes images (4K, 8K), and CuPy's uniform_filter where CuPy is installed.
+Registers and local memory per thread of each compiled specialisation go into the
+JSON. Exits 1 if any geometry disagreed with box_fused.
+
+    python benchmarks/sweep_uint8_box.py --json sweep.json [--quick] [--kernel packed]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+
+import numpy as np
+
+SIZES = {"seed": (2167, 2495), "4k": (2160, 3840), "8k": (4320, 7680)}
+
+
+def _grid(kernel: str) -> list[dict]:
+    """The geometries swept (keyword arguments of the kernel's plan function)."""
+    if kernel == "packed":
+        return [
+            dict(threads=t, strip=s, batch=8)
+            for t, s in itertools.product((64, 128, 256), (16, 24, 32, 48))
+        ]
+    return [
+        dict(threads=t, tile_w=w, tile_h=h, groups=g)
+        for t, w, h, g in itertools.product((128, 256), (32, 64, 96), (16, 32, 64), (1, 2, 4))
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--quick", action="store_true", help="default geometries only")
+    parser.add_argument("--kernel", choices=("tiled", "packed"), default="tiled")
+    parser.add_argument("--sizes", default="4k,8k", help="sizes timed at the defaults")
+    parser.add_argument("--ks", default="3,21,101", help="box sizes")
+    args = parser.parse_args(argv)
+
+    from numba import cuda
+
+    from imgfilter.bench import Timer, copy_bandwidth_gbs
+    from kernels import box_fused as kfused
+    from kernels import box_packed as kpacked
+    from kernels import box_plan
+    from kernels import box_tiled as ktiled
+
+    name = f"box_{args.kernel}"
+    if args.kernel == "packed":
+        make_plan, launch, compiled = box_plan.packed_plan, kpacked.box_packed, kpacked._KERNELS
+    else:
+        make_plan, launch, compiled = box_plan.tiled_plan, ktiled.box_tiled, ktiled._KERNELS
+
+    timer = Timer()
+    bandwidth = copy_bandwidth_gbs(timer)
+    rng = np.random.default_rng(0)
+    print(f"device {cuda.get_current_device().name}, copy bandwidth {bandwidth:.0f} GB/s")
+    results: dict = {"copy_bandwidth_GBps": bandwidth, "rows": [], "mismatches": []}
+
+    def run_case(size: str, k: int, geometries: list[dict]) -> None:
+        h, w = SIZES[size]
+        img = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        d_img = cuda.to_device(img)
+        d_ref, d_out = cuda.device_array_like(d_img), cuda.device_array_like(d_img)
+        floor = 2 * img.nbytes / (bandwidth * 1e3)
+        a = (k // 2, k // 2)
+        kfused.box_fused(d_img, (k, k), a, 0, 0, d_ref)
+        ref = d_ref.copy_to_host()
+        us = timer.kernel_us(lambda: kfused.box_fused(d_img, (k, k), a, 0, 0, d_ref))
+        results["rows"].append({"size": size, "k": k, "impl": "box_fused", "kernel_us": us})
+        print(f"{size} k={k} box_fused {us:.1f} us (floor {floor:.1f} us)")
+        for kwargs in geometries:
+            geo = make_plan(img.shape, img.dtype, (k, k), **kwargs)
+            if geo is None:
+                continue
+            launch(d_img, (k, k), a, 0, 0, d_out, geo)
+            if not np.array_equal(d_out.copy_to_host(), ref):
+                results["mismatches"].append({"size": size, "k": k, "geo": str(geo)})
+                print(f"MISMATCH {size} k={k} {geo}")
+            us = timer.kernel_us(lambda g=geo: launch(d_img, (k, k), a, 0, 0, d_out, g))
+            shown = {key: v for key, v in geo.items() if key not in ("grid", "even", "sum_type")}
+            results["rows"].append(
+                {"size": size, "k": k, "impl": name, "kernel_us": us, "floor_us": floor, **shown}
+            )
+            print(f"{size} k={k} {name} {shown}: {us:.1f} us")
+        try:
+            import cupy
+            from cupyx.scipy import ndimage
+
+            c_img = cupy.asarray(img)
+            c_out = cupy.empty_like(c_img)
+            us = timer.kernel_us(
+                lambda: ndimage.uniform_filter(c_img, (k, k, 1), output=c_out, mode="mirror"),
+                launches=3,
+            )
+            results["rows"].append({"size": size, "k": k, "impl": "cupy", "kernel_us": us})
+            print(f"{size} k={k} cupy uniform_filter {us:.1f} us")
+        except ImportError:
+            pass
+
+    default = [{}]
+    space = default if args.quick else default + _grid(args.kernel)
+    ks = [int(k) for k in args.ks.split(",")]
+    for k in ks:
+        run_case("seed", k, space)
+    for size in filter(None, args.sizes.split(",")):
+        for k in ks:
+            run_case(size, k, default)
+    results["registers"] = {
+        str(key): {
+            "regs": str(kern.get_regs_per_thread()),
+            "local": str(kern.get_local_mem_per_thread()),
+        }
+        for key, kern in compiled.items()
+    }
+    print("registers / local memory per thread:", json.dumps(results["registers"]))
+    best: dict = {}
+    for row in results["rows"]:
+        if row["impl"] == name and row["size"] == "seed":
+            if row["k"] not in best or row["kernel_us"] < best[row["k"]]["kernel_us"]:
+                best[row["k"]] = row
+    print("best per k:", json.dumps(best))
+    results["best"] = best
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=1)
+    return 1 if results["mismatches"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

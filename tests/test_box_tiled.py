@@ -1,0 +1,115 @@
+"""The shared-memory tile box kernel (`kernels.box_tiled`) against an exact reference.
+
+On the simulator a shrunk geometry (few threads, small tiles, short runs) makes small
+images span several tiles across and down: border tiles, interior tiles (rows
+aligned and not), partial tiles, runs and row groups, boxes larger than the image,
+one row, one column, the image's last bytes outside any whole word. Tests marked
+`gpu` use the default geometry at full size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import cuda
+from test_box_fused import box_sums, exact_box
+from test_box_packed import _image
+
+from imgfilter.border import BORDERS
+from kernels import box_plan
+from kernels import box_tiled as ktiled
+
+
+def _tiled(img, ksize, anchor, border, cval, **geometry):
+    geo = box_plan.tiled_plan(img.shape, img.dtype, ksize, **geometry)
+    assert geo is not None
+    out = ktiled.box_tiled(cuda.to_device(img), ksize, anchor, BORDERS[border], cval, None, geo)
+    return out.copy_to_host(), geo
+
+
+# (shape, ksize, anchor, geometry)
+CASES = [
+    ((13, 30, 3), (5, 7), (2, 3), dict(threads=16, run=4, tile_w=9, tile_h=5, groups=2)),
+    ((30, 41, 1), (3, 3), (1, 1), dict(threads=8, run=4, tile_w=12, tile_h=7, groups=3)),
+    ((9, 26, 4), (4, 6), (1, 2), dict(threads=16, run=3, tile_w=8, tile_h=4, groups=1)),
+    ((7, 5, 3), (11, 9), (5, 4), dict(threads=32, run=2, tile_w=5, tile_h=7, groups=2)),
+    ((1, 33, 3), (3, 5), (1, 2), dict(threads=16, run=4, tile_w=10, tile_h=1, groups=2)),
+    ((19, 1, 1), (7, 1), (3, 0), dict(threads=4, run=1, tile_w=1, tile_h=6, groups=2)),
+]
+# Several tiles across and down: interior tiles among border tiles.
+INTERIOR_CASES = [
+    ((30, 100, 3), (3, 3), (1, 1), dict(threads=16, run=4, tile_w=12, tile_h=8, groups=2)),
+    ((30, 101, 3), (5, 3), (2, 1), dict(threads=16, run=4, tile_w=12, tile_h=6, groups=1)),
+    ((26, 90, 1), (4, 2), (3, 0), dict(threads=8, run=3, tile_w=16, tile_h=5, groups=2)),
+]
+
+
+@pytest.mark.parametrize("shape, ksize, anchor, geometry", CASES, ids=[str(c[0]) for c in CASES])
+def test_every_border_is_exact(shape, ksize, anchor, geometry):
+    img = _image(shape, seed=sum(shape))
+    for border in BORDERS:
+        got, _ = _tiled(img, ksize, anchor, border, 200, **geometry)
+        np.testing.assert_array_equal(got, exact_box(img, ksize, anchor, border, 200))
+
+
+@pytest.mark.parametrize(
+    "shape, ksize, anchor, geometry", INTERIOR_CASES, ids=[str(c[0]) for c in INTERIOR_CASES]
+)
+def test_interior_tiles_are_exact(shape, ksize, anchor, geometry):
+    img = _image(shape, seed=sum(shape) + 1)
+    for border in ("reflect101", "constant"):
+        got, geo = _tiled(img, ksize, anchor, border, 7, **geometry)
+        assert min(geo["grid"]) >= 3  # tiles away from every edge
+        np.testing.assert_array_equal(got, exact_box(img, ksize, anchor, border, 7))
+
+
+def test_extreme_values_and_ties_round_to_even():
+    # All-255 rows next to random rows: sums at their largest; the even area (24)
+    # makes exact halves, which must round to even.
+    img = _image((12, 62, 3), seed=1)
+    img[::2] = 255
+    for anchor in [(0, 0), (3, 5)]:
+        geometry = dict(threads=32, run=4, tile_w=10, tile_h=5)
+        got, geo = _tiled(img, (4, 6), anchor, "reflect", 0, **geometry)
+        assert geo["even"]
+        np.testing.assert_array_equal(got, exact_box(img, (4, 6), anchor, "reflect", 0))
+        assert (box_sums(img, (4, 6), anchor, "reflect", 0) % 24 == 12).any()
+
+
+def test_widest_box_keeps_sixteen_bit_row_sums_exact():
+    img = np.full((6, 262, 1), 255, np.uint8)
+    img[:, ::7] = _image((6, 1, 1), seed=3)
+    geometry = dict(threads=256, run=64, tile_w=262, tile_h=6)
+    got, _ = _tiled(img, (3, 257), (1, 128), "replicate", 0, **geometry)
+    np.testing.assert_array_equal(got, exact_box(img, (3, 257), (1, 128), "replicate", 0))
+
+
+def test_plan_declines_what_it_cannot_do():
+    assert box_plan.tiled_plan((10, 10, 3), np.uint16, (3, 3)) is None
+    assert box_plan.tiled_plan((10, 300, 1), np.uint8, (3, 258)) is None  # 16-bit row sums
+    assert box_plan.tiled_plan((2167, 2495, 3), np.uint8, (101, 101)) is None  # tile too small
+    geo = box_plan.tiled_plan((2167, 2495, 3), np.uint8, (21, 21))
+    assert geo["smem"] <= box_plan.SMEM_LIMIT
+    assert (geo["tile_w"] + 20) * 3 <= 4 * geo["threads"]
+    with pytest.raises(ValueError, match="box_tiled handles"):
+        ktiled.box_tiled(cuda.to_device(np.ones((4, 4, 1), np.uint16)), (3, 3), (1, 1), 0, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [2, 3, 21, 31])
+@pytest.mark.parametrize("border", list(BORDERS))
+def test_full_size_default_geometry(k, border):
+    img = _image((2167, 2495, 3), seed=6)
+    anchor = (k // 2, k // 2)
+    got, _ = _tiled(img, (k, k), anchor, border, 7)
+    np.testing.assert_array_equal(got, exact_box(img, (k, k), anchor, border, 7))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(4320, 7680, 3), (2160, 3840, 1), (777, 1001, 4), (5, 3, 3)])
+def test_other_sizes(shape):
+    for k in (1, 9, 31):
+        img = _image(shape, seed=7)
+        anchor = (k // 2, k // 3)
+        got, _ = _tiled(img, (k, k), anchor, "reflect101", 0)
+        np.testing.assert_array_equal(got, exact_box(img, (k, k), anchor, "reflect101", 0))
