@@ -33,7 +33,7 @@ def _grid(kernel: str) -> list[dict]:
         ]
     return [
         dict(threads=t, tile_w=w, tile_h=h, groups=g)
-        for t, w, h, g in itertools.product((128, 256), (32, 64, 96), (16, 32, 64), (1, 2, 4))
+        for t, w, h, g in itertools.product((128, 256), (32, 64, 96), (16, 32), (2, 4))
     ]
 
 

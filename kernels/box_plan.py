@@ -207,16 +207,17 @@ TILED_RUN = 16  # outputs per horizontal slide
 TILED_W = 64  # output pixels per tile
 TILED_H = 32  # output rows per tile
 TILED_GROUPS = 2  # runs of rows the vertical phase splits a tile into
+TILED_MIN_H = 8  # the shortest tile the default geometry shrinks to
 
 
 def tiled_smem(channels: int, ksize: tuple, tile_w: int, tile_h: int) -> int:
     """Bytes of shared memory `kernels.box_tiled` uses: the input rows (an odd number
-    of whole words each), then 16-bit row sums (rows of a multiple of 4 lanes)."""
+    of whole words each), then 16-bit row sums (rows of an odd number of words)."""
     kh, kw = ksize
     in_words = ((tile_w + kw - 1) * channels + 3) // 4 | 1
     in_rows = tile_h + kh - 1
     hs0 = (in_rows * 4 * in_words // 2 + 3) // 4 * 4
-    hs_pitch = (tile_w * channels + 3) // 4 * 4
+    hs_pitch = (tile_w * channels + 3) // 4 * 4 + 2
     return 2 * (hs0 + in_rows * hs_pitch)
 
 
@@ -226,18 +227,23 @@ def tiled_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0
 
     It applies to uint8 images of fewer than 2**31 bytes and boxes of at most 257
     columns (16-bit row sums) whose sums stay below 2**25, where a tile's input row
-    is at most 4 * threads bytes and its shared memory fits the default 48 KiB.
+    is at most 4 * threads bytes and its shared memory fits the default 48 KiB. With
+    tile_h=0, a default tile too tall for that memory is halved until it fits, down
+    to TILED_MIN_H rows (box rows re-read per tile beyond that cost more than the tile).
     """
     height, width, channels = shape
     kh, kw = ksize
     threads = threads or TILED_THREADS
     run = run or TILED_RUN
     tile_w = min(tile_w or TILED_W, width)
-    tile_h = min(tile_h or TILED_H, height)
+    h = min(tile_h or TILED_H, height)
     if np.dtype(dtype) != np.uint8 or kw > PACKED_MAX_ROWS:
         return None
     if height * width * channels >= 2**31 or 511 * kh * kw >= 2**MAGIC_BITS:
         return None
+    while not tile_h and h > TILED_MIN_H and tiled_smem(channels, ksize, tile_w, h) > SMEM_LIMIT:
+        h //= 2
+    tile_h = h
     n_q = cdiv((tile_w + kw - 1) * channels, 4)
     smem = tiled_smem(channels, ksize, tile_w, tile_h)
     if n_q > threads or smem > SMEM_LIMIT:

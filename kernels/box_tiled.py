@@ -96,11 +96,14 @@ def _make_box_tiled(channels: int, threads: int, run: int, even: bool):
         n_out_lanes = uint32(out_w * C_U)
         # Shared layout: input rows of in_pitch bytes (a whole, odd number of words:
         # rows start in different banks), then the row sums, rows of hs_pitch 16-bit
-        # lanes (a multiple of 4: a thread's four lanes are two aligned words).
+        # lanes: every word a thread reads in phase 3 plus one, an odd number of words,
+        # so that phase 2's threads, on consecutive rows, store to different banks (an
+        # even row stride put a warp's stores in one bank: ncu saw shared memory 82%
+        # busy and half the stalls on it).
         in_words = uint32(((tile_w + kw - 1) * C + 3) // 4)
         in_words = uint32(in_words | ONE)
         in_pitch = uint32(4 * in_words)
-        hs_pitch = uint32((tile_w * C + 3) // 4 * 4)
+        hs_pitch = uint32((tile_w * C + 3) // 4 * 4 + 2)
         hs0 = uint32((tile_h + kh - 1) * in_pitch // 2)  # first row sum, in 16-bit lanes
         hs0 = uint32((hs0 + THREE) & ~THREE)
 
