@@ -32,8 +32,8 @@ def _grid(kernel: str) -> list[dict]:
             for t, s in itertools.product((64, 128, 256), (16, 24, 32, 48))
         ]
     return [
-        dict(threads=t, tile_w=w, tile_h=h, groups=g)
-        for t, w, h, g in itertools.product((128, 256), (32, 64, 96), (16, 32), (2, 4))
+        dict(threads=t, run=r, tile_w=w, tile_h=h, groups=g)
+        for t, r, w, h, g in itertools.product((128, 256), (16, 32), (64, 96), (16, 32), (2, 4))
     ]
 
 

@@ -168,15 +168,21 @@ def _make_box_tiled(channels: int, threads: int, run: int, even: bool):
                 acc = uint32(acc + in8[p])
                 p = uint32(p + C_U)
             dst = uint32(hs0 + rr * hs_pitch + xs * C_U + c)
-            last = uint32(min(RUN_U, out_w - xs) * C_U)
             hs16[dst] = acc
-            k = C_U
-            while k < last:
-                acc = uint32(acc + in8[entering] - in8[leaving])
-                hs16[dst + k] = acc
-                entering = uint32(entering + C_U)
-                leaving = uint32(leaving + C_U)
-                k = uint32(k + C_U)
+            if xs + RUN_U <= out_w:  # a full run: straight-line code, constant offsets
+                for k in range(1, RUN):
+                    j = uint32((k - 1) * C)
+                    acc = uint32(acc + in8[entering + j] - in8[leaving + j])
+                    hs16[dst + uint32(k * C)] = acc
+            else:
+                last = uint32((out_w - xs) * C_U)
+                k = C_U
+                while k < last:
+                    acc = uint32(acc + in8[entering] - in8[leaving])
+                    hs16[dst + k] = acc
+                    entering = uint32(entering + C_U)
+                    leaving = uint32(leaving + C_U)
+                    k = uint32(k + C_U)
             item = uint32(item + T_U)
         cuda.syncthreads()
 
