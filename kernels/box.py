@@ -10,11 +10,16 @@ correctly rounded, so the result is round(sum / area) exactly. cv2.blur equals t
 except where its 8-bit fixed-point path for boxes of at most 257 pixels rounds
 differently (it is off by one at some ties, e.g. a 2x1 box of zeros gives 1).
 
-Four implementations, and `box_auto` choosing among them (`box_method`, which asks
+Five implementations, and `box_auto` choosing among them (`box_method`, which asks
 `kernels.box_plan.choose`):
+- `box_tiled` (module `kernels.box_tiled`): uint8 images, one shared-memory tile per
+  block in three phases (load the tile and halo, horizontal row sums, vertical sums
+  written out). The fastest measured for boxes up to `kernels.box_plan.TILED_MAX_BOX`
+  (25) on a side; `box_auto` uses it there wherever its tile holds the box.
 - `box_fused` (module `kernels.box_fused`): one pass for uint8/uint16 images,
   vertical running sums in registers and horizontal sliding sums in shared memory.
-  The fastest measured; `box_auto` uses it wherever its tile holds the box.
+  `box_auto` uses it for uint16 images and larger uint8 boxes wherever its tile
+  holds the box.
 - `box_packed` (module `kernels.box_packed`): box_fused's design for uint8 images
   reading 32-bit words, two column sums per add; boxes up to 257 rows. Slower than
   box_fused on the H100 so far; `box_auto` uses it for uint8 boxes too wide for
@@ -37,6 +42,7 @@ from numba import cuda, float32, float64, uint64
 from . import box_fused as _fused
 from . import box_packed as _packed
 from . import box_plan
+from . import box_tiled as _tiled
 from .device import border_index, saturate_int
 from .launch import SMEM_LIMIT, cdiv, image_grid, scratch
 from .saturate import output_limits
@@ -305,16 +311,19 @@ def _plans(shape: tuple, dtype: np.dtype, ksize: tuple) -> tuple[str, dict | Non
 
 
 def box_method(shape: tuple, dtype, ksize: tuple) -> str:
-    """The implementation `box_auto` takes (`kernels.box_plan.choose`): "fused"
-    (uint8/uint16 boxes that fit its tile), "packed" (uint8 boxes up to 257 rows that
-    box_fused declines) or "running"."""
+    """The implementation `box_auto` takes (`kernels.box_plan.choose`): "tiled" (uint8
+    boxes up to TILED_MAX_BOX on a side that its tile holds), "fused" (uint8/uint16
+    boxes that fit its tile), "packed" (uint8 boxes up to 257 rows that box_fused
+    declines) or "running"."""
     return _plans(tuple(shape), np.dtype(dtype), tuple(ksize))[0]
 
 
 def box_auto(img, ksize, anchor, mode, cval, out=None):
-    """The fastest exact box filter for the case (see `box_method`): `box_packed`,
-    `box_fused` or `box_running`. Same contract as all three."""
+    """The fastest exact box filter for the case (see `box_method`): `box_tiled`,
+    `box_fused`, `box_packed` or `box_running`. Same contract as all four."""
     method, geometry = _plans(tuple(img.shape), np.dtype(img.dtype), tuple(ksize))
+    if method == "tiled":
+        return _tiled.box_tiled(img, ksize, anchor, mode, cval, out, geometry)
     if method == "packed":
         return _packed.box_packed(img, ksize, anchor, mode, cval, out, geometry)
     if method == "fused":

@@ -1,7 +1,9 @@
-"""Launch geometry and arguments of `kernels.box_fused`, free of Numba.
+"""Launch geometry and arguments of `kernels.box_fused`, `kernels.box_packed` and
+`kernels.box_tiled`, and `choose` among them, free of Numba.
 
-Both the Numba launch (`kernels.box_fused.box_fused`) and the cached-cubin path of the
-CLI (`imgfilter.backends.cached`, which must not import Numba) plan with these.
+Both the Numba launches (`kernels.box_fused.box_fused` and the others) and the
+cached-cubin path of the CLI (`imgfilter.backends.cached`, which must not import
+Numba) plan with these.
 """
 
 from __future__ import annotations
@@ -185,14 +187,21 @@ def packed_args(shape: tuple, ksize: tuple, anchor: tuple, mode: int, cval, geo:
 
 
 def choose(shape: tuple, dtype, ksize: tuple) -> tuple[str, dict | None]:
-    """(method, geometry) of the box kernel `kernels.box.box_auto` runs: "fused" where
-    `plan` applies, else "packed" where `packed_plan` does, else ("running", None).
+    """(method, geometry) of the box kernel `kernels.box.box_auto` runs: "tiled" where
+    `tiled_plan` applies and the box is at most TILED_MAX_BOX on a side, else "fused"
+    where `plan` applies, else "packed" where `packed_plan` does, else ("running", None).
 
-    box_fused comes first: on the H100 box_packed is slower so far (2167x2495x3, k=21:
-    80 us at best vs 69 us; benchmarks/results/2026-11-23-h100-sweep-packed-32bit.txt).
+    box_tiled comes first for uint8 boxes up to TILED_MAX_BOX (faster on the H100, see
+    there); box_fused keeps larger boxes and uint16 images. box_fused comes before
+    box_packed: on the H100 box_packed is slower so far (2167x2495x3, k=21: 80 us at
+    best vs 69 us; benchmarks/results/2026-11-23-h100-sweep-packed-32bit.txt).
     The quick start (`imgfilter.backends.cached`) asks here too, so it looks for the
     cubin of the kernel the Numba path ran and exported.
     """
+    if max(ksize) <= TILED_MAX_BOX:
+        tiled = tiled_plan(shape, dtype, ksize)
+        if tiled is not None:
+            return "tiled", tiled
     fused = plan(shape, dtype, ksize)
     if fused is not None:
         return "fused", fused
@@ -208,6 +217,10 @@ TILED_W = 64  # output pixels per tile
 TILED_H = 32  # output rows per tile
 TILED_GROUPS = 2  # runs of rows the vertical phase splits a tile into
 TILED_MIN_H = 8  # the shortest tile the default geometry shrinks to
+# The largest box side `choose` gives box_tiled. H100 2026-11-23, 2167x2495x3: box_tiled
+# 36.5/56.5/74.7 us vs box_fused 54.4/69.3/82.5 us at k=3/21/31; at 8K 193/293/400 vs
+# 282/316/394 us, i.e. level at 31: box_fused keeps larger boxes.
+TILED_MAX_BOX = 25
 
 
 def tiled_smem(channels: int, ksize: tuple, tile_w: int, tile_h: int) -> int:

@@ -107,13 +107,19 @@ def test_magic_division_is_exact_for_every_area_up_to_257_squared():
         np.testing.assert_array_equal(((t * np.uint64(m)) >> np.uint64(32 + sh)), t // (2 * area))
 
 
-def test_box_auto_prefers_box_fused():
+def test_box_auto_choice():
     img = _image((9, 14, 3), seed=5)
     got = kbox.box_auto(cuda.to_device(img), (3, 5), (1, 2), 0, 0).copy_to_host()
     np.testing.assert_array_equal(got, exact_box(img, (3, 5), (1, 2), "reflect101", 0))
-    assert kbox.box_method(img.shape, img.dtype, (3, 5)) == "fused"  # faster so far
+    assert kbox.box_method(img.shape, img.dtype, (3, 5)) == "tiled"  # fastest up to 25
+    big = box_plan.TILED_MAX_BOX + 1
+    assert box_plan.tiled_plan(img.shape, img.dtype, (3, big)) is not None
+    assert kbox.box_method(img.shape, img.dtype, (3, big)) == "fused"  # box_fused keeps it
+    assert kbox.box_method(img.shape, img.dtype, (big, 3)) == "fused"
     assert kbox.box_method(img.shape, np.uint16, (3, 5)) == "fused"
     assert kbox.box_method(img.shape, np.float32, (3, 5)) == "running"
+    got = kbox.box_auto(cuda.to_device(img), (3, big), (1, 2), 0, 0).copy_to_host()
+    np.testing.assert_array_equal(got, exact_box(img, (3, big), (1, 2), "reflect101", 0))
 
 
 @pytest.mark.gpu

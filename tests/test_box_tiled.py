@@ -16,6 +16,7 @@ from test_box_fused import box_sums, exact_box
 from test_box_packed import _image
 
 from imgfilter.border import BORDERS
+from kernels import box as kbox
 from kernels import box_plan
 from kernels import box_tiled as ktiled
 
@@ -93,6 +94,18 @@ def test_plan_declines_what_it_cannot_do():
     assert (geo["tile_w"] + 20) * 3 <= 4 * geo["threads"]
     with pytest.raises(ValueError, match="box_tiled handles"):
         ktiled.box_tiled(cuda.to_device(np.ones((4, 4, 1), np.uint16)), (3, 3), (1, 1), 0, 0)
+
+
+def test_box_auto_runs_box_tiled_for_small_uint8_boxes(monkeypatch):
+    ran = []
+    real = ktiled.box_tiled
+    monkeypatch.setattr(ktiled, "box_tiled", lambda *a: ran.append(a[-1]) or real(*a))
+    img = _image((35, 70, 3), seed=11)  # default geometry: 2 x 2 tiles
+    for ksize, anchor, border in [((5, 5), (2, 2), "reflect101"), ((3, 7), (0, 6), "constant")]:
+        d_img = cuda.to_device(img)
+        got = kbox.box_auto(d_img, ksize, anchor, BORDERS[border], 9).copy_to_host()
+        np.testing.assert_array_equal(got, exact_box(img, ksize, anchor, border, 9))
+    assert [geo["grid"] for geo in ran] == [(2, 2), (2, 2)]
 
 
 @pytest.mark.gpu

@@ -81,15 +81,22 @@ def test_quick_box_looks_for_the_cubin_of_the_kernel_box_auto_runs(monkeypatch):
     from imgfilter.backends import cached
     from kernels import box_plan
 
-    asked = []
+    names = {
+        "tiled": lambda geo, dtype: cubins.tiled_name(geo, 3),
+        "fused": lambda geo, dtype: cubins.box_name(geo, 3, dtype),
+        "packed": lambda geo, dtype: cubins.packed_name(geo, 3),
+    }
+    asked, methods = [], []
     monkeypatch.setattr(cached, "_run", lambda name, *args, **kw: asked.append(name))
-    for dtype, ksize in [(np.uint8, (21, 21)), (np.uint16, (5, 5)), (np.uint8, (200, 3))]:
+    cases = [(np.uint8, (21, 21)), (np.uint16, (5, 5)), (np.uint8, (200, 3)), (np.uint8, (3, 31))]
+    for dtype, ksize in cases:
         img = np.zeros((40, 50, 3), dtype)
         cached._box_quick(img, ksize, (ksize[0] // 2, ksize[1] // 2), 0, 0)
         method, geo = box_plan.choose(img.shape, img.dtype, ksize)
-        want = cubins.box_name(geo, 3, dtype) if method == "fused" else cubins.packed_name(geo, 3)
-        assert asked[-1] == want
-    assert asked[0].startswith("box_fused-uint8")  # box_fused is box_auto's first choice
+        assert asked[-1] == names[method](geo, dtype)
+        methods.append(method)
+    assert methods == ["tiled", "fused", "fused", "fused"]
+    assert asked[0].startswith("box_tiled-c3")  # box_tiled: uint8 boxes up to 25
 
 
 @pytest.mark.parametrize("fails", [False, True])
@@ -182,6 +189,8 @@ def test_cubin_store_round_trip_and_refusals(tmp_path, monkeypatch):
 def test_store_name_carries_the_specialisation():
     geo = {"sum_type": np.uint16, "magic_rounding": True}
     assert cubins.box_name(geo, 3, np.uint8) == "box_fused-uint8-uint16-c3-m1"
+    tiled = {"threads": 256, "run": 16, "even": False}
+    assert cubins.tiled_name(tiled, 3) == "box_tiled-c3-t256-r16-e0"
     assert cubins.contour_name(4, np.uint16) == "contour-uint16-c4"
     assert cubins.blocked_name(21, 5, np.float32) == "blocked-float32-21x5"
 
@@ -211,7 +220,7 @@ def test_second_process_filters_without_numba_and_matches(tmp_path):
     first = _python(code.replace("{out}", str(tmp_path / "first.npz")), env)
     assert first.returncode == 0 and "failed" not in first.stderr, first.stderr
     assert first.stdout.strip() == "True"  # compiled through Numba, cubins exported
-    for kind in ("box_fused", "contour", "blocked"):
+    for kind in ("box_tiled", "box_fused", "contour", "blocked"):
         assert any((tmp_path / "cubins").glob(f"{kind}-*.cubin")), kind
     second = _python(code.replace("{out}", str(tmp_path / "second.npz")), env)
     assert second.returncode == 0, second.stderr
@@ -240,5 +249,5 @@ def test_command_line_quick_start_gives_the_numba_result(tmp_path):
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         outs.append(cv2.imread(str(out), cv2.IMREAD_UNCHANGED))
-    assert any((tmp_path / "cache" / "cubins").glob("box_fused-*.cubin"))
+    assert any((tmp_path / "cache" / "cubins").glob("box_tiled-*.cubin"))  # k=21, uint8
     np.testing.assert_array_equal(outs[0], outs[1])

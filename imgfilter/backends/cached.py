@@ -98,6 +98,8 @@ def _run(name: str, img: np.ndarray, out_shape: tuple, launch, extra=None) -> np
 
 def _box_quick(img, ksize, anchor, border, value) -> np.ndarray | None:
     method, geo = box_plan.choose(img.shape, img.dtype, ksize)  # as box_auto chooses
+    if method == "tiled":
+        return _tiled_quick(img, ksize, anchor, border, value, geo)
     if method == "packed":
         return _packed_quick(img, ksize, anchor, border, value, geo)
     if method != "fused":
@@ -127,6 +129,21 @@ def _packed_quick(img, ksize, anchor, border, value, geo) -> np.ndarray | None:
         drv.launch(fn, geo["grid"], (geo["threads"],), geo["smem"], params)
 
     return _run(cubins.packed_name(geo, img.shape[2]), img, img.shape, launch)
+
+
+def _tiled_quick(img, ksize, anchor, border, value, geo) -> np.ndarray | None:
+    n = img.size
+    args = box_plan.tiled_args(img.shape, ksize, anchor, border, value, geo)
+
+    def launch(drv, fn, d_img, d_out):
+        # The image goes in twice, as bytes and as its whole 32-bit words; the output
+        # as bytes only.
+        params = array_params(d_img, (n,), np.uint8) + array_params(d_img, (n // 4,), np.uint32)
+        params += [scalar_param(a) for a in (n // 4, *args)]
+        params += array_params(d_out, (n,), np.uint8)
+        drv.launch(fn, geo["grid"], (geo["threads"],), geo["smem"], params)
+
+    return _run(cubins.tiled_name(geo, img.shape[2]), img, img.shape, launch)
 
 
 def _contour_quick(img, border, value) -> np.ndarray | None:

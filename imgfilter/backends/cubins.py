@@ -40,6 +40,13 @@ def packed_name(geometry: dict, channels: int) -> str:
     return f"box_packed-c{channels}-r{g['run']}-t{g['threads']}-e{int(g['even'])}"
 
 
+def tiled_name(geometry: dict, channels: int) -> str:
+    """Name of the box_tiled specialisation that `kernels.box_plan.tiled_plan` chose
+    (`kernels.box_tiled.kernel_for(channels, threads, run, even)`)."""
+    g = geometry
+    return f"box_tiled-c{channels}-t{g['threads']}-r{g['run']}-e{int(g['even'])}"
+
+
 def contour_name(channels: int, dtype) -> str:
     return f"contour-{np.dtype(dtype).name}-c{channels}"
 

@@ -14,6 +14,7 @@ from kernels import box as _box
 from kernels import box_fused as _box_fused
 from kernels import box_packed as _box_packed
 from kernels import box_plan as _box_plan
+from kernels import box_tiled as _box_tiled
 from kernels import contour as _contour
 from kernels import conv as _conv
 from kernels import conv_blocked as _blocked
@@ -132,9 +133,9 @@ def correlate(img, kernel, anchor, border, value, method):
 def box(img, ksize, anchor, border, value, method):
     """cv2.blur semantics on the GPU.
 
-    auto: one fused pass of running sums for uint8/uint16 (`kernels.box_packed` or
-    `kernels.box_fused`), else
-    a column running-sum pass then a row pass (cost ~ independent of k either way);
+    auto: one pass for uint8/uint16 (`kernels.box_tiled` for uint8 boxes up to 25,
+    else running sums in `kernels.box_fused` or `kernels.box_packed`), else a column
+    running-sum pass then a row pass (cost ~ independent of k for running sums);
     separable: a row-sum pass and a column-sum pass; naive/padded/tiled/blocked: the
     general correlation kernels with a constant kernel of 1 / (kh * kw).
     """
@@ -158,7 +159,10 @@ def _export_box(shape: tuple, dtype, ksize: tuple) -> None:
     """Export the cubin of the one-pass box kernel box_auto just ran, if it ran one."""
     channels = shape[2]
     method, geo = _box_plan.choose(shape, dtype, ksize)
-    if method == "packed":
+    if method == "tiled":
+        kernel = _box_tiled.kernel_for(channels, geo["threads"], geo["run"], geo["even"])
+        _export(kernel, cubins.tiled_name(geo, channels), (dtype, np.uint32, dtype))
+    elif method == "packed":
         kernel = _box_packed.kernel_for(channels, geo["run"], geo["threads"], geo["even"])
         _export(kernel, cubins.packed_name(geo, channels), (dtype, np.uint32, dtype, np.uint32))
     elif method == "fused":
