@@ -217,10 +217,12 @@ TILED_W = 64  # output pixels per tile
 TILED_H = 32  # output rows per tile
 TILED_GROUPS = 2  # runs of rows the vertical phase splits a tile into
 TILED_MIN_H = 8  # the shortest tile the default geometry shrinks to
-# The largest box side `choose` gives box_tiled. H100 2026-11-23, 2167x2495x3: box_tiled
-# 36.5/56.5/74.7 us vs box_fused 54.4/69.3/82.5 us at k=3/21/31; at 8K 193/293/400 vs
-# 282/316/394 us, i.e. level at 31: box_fused keeps larger boxes.
-TILED_MAX_BOX = 25
+# The largest box side `choose` gives box_tiled. H100 2026-11-23 21:07 UTC
+# (benchmarks/results/2026-11-23d-h100-sweep-tiled.txt), box_tiled vs box_fused in one
+# run: 2167x2495x3 34.6/54.3/71.4 vs 54.1/69.1/82.1 us at k=3/21/31, 4K 53.5/79.9/108.7
+# vs 82.8/98.1/120.9, 8K 183.8/278.3/381.6 vs 281.7/315.2/393.3. Larger boxes were not
+# measured (box_tiled's tiles shrink and re-read more halo): box_fused keeps them.
+TILED_MAX_BOX = 31
 
 
 def tiled_smem(channels: int, ksize: tuple, tile_w: int, tile_h: int) -> int:

@@ -88,7 +88,7 @@ def test_quick_box_looks_for_the_cubin_of_the_kernel_box_auto_runs(monkeypatch):
     }
     asked, methods = [], []
     monkeypatch.setattr(cached, "_run", lambda name, *args, **kw: asked.append(name))
-    cases = [(np.uint8, (21, 21)), (np.uint16, (5, 5)), (np.uint8, (200, 3)), (np.uint8, (3, 31))]
+    cases = [(np.uint8, (21, 21)), (np.uint16, (5, 5)), (np.uint8, (200, 3)), (np.uint8, (3, 33))]
     for dtype, ksize in cases:
         img = np.zeros((40, 50, 3), dtype)
         cached._box_quick(img, ksize, (ksize[0] // 2, ksize[1] // 2), 0, 0)
@@ -96,7 +96,7 @@ def test_quick_box_looks_for_the_cubin_of_the_kernel_box_auto_runs(monkeypatch):
         assert asked[-1] == names[method](geo, dtype)
         methods.append(method)
     assert methods == ["tiled", "fused", "fused", "fused"]
-    assert asked[0].startswith("box_tiled-c3")  # box_tiled: uint8 boxes up to 25
+    assert asked[0].startswith("box_tiled-c3")  # box_tiled: uint8 boxes up to 31
 
 
 @pytest.mark.parametrize("fails", [False, True])
