@@ -132,15 +132,25 @@ DEFAULTS = {
 def default_config(n: int, k: int, dtype) -> tuple[str, Config]:
     """What `auto` runs without a tuned entry: tree, lanes per row sized to K.
 
-    A row gets as many lanes (up to 128) as it has 16-byte packs (so short rows do
-    not idle a warp), and rows fill a block of 128..256 threads.
+    A row of at least 32 16-byte packs gets the power of two of lanes at or above its
+    pack count (up to 128), and rows fill a block of 256 threads. A shorter row gets
+    the power of two at or below it (no idle lane; some lanes take two packs) and
+    rows fill 128 threads: for the classifier's (8.3 M x 20) float32 feature matrix
+    that is autotune's winner on the H100 (4 lanes, 32 rows: 683.6 us for two GEMVs
+    against 1003.9 us with 8 lanes and 32 rows; benchmarks/results/2026-11-23d-h100-classify.txt).
     """
     pack = 16 // np.dtype(dtype).itemsize
     packs = max(1, cdiv(k, pack))
     rt = 1
-    while rt < packs and rt < 128:
-        rt *= 2
-    block_n = max(1, min(MAX_BLOCK_N, 256 // rt, n))
+    if packs < 32:
+        while 2 * rt <= packs:
+            rt *= 2
+        threads = 128
+    else:
+        while rt < packs and rt < 128:
+            rt *= 2
+        threads = 256
+    block_n = max(1, min(MAX_BLOCK_N, threads // rt, n))
     unroll = 4 if packs >= 4 * rt else 2 if packs >= 2 * rt else 1
     return "tree", Config(block_n=block_n, reduce_threads=rt, unroll=unroll, vec_bytes=16)
 

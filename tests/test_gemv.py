@@ -85,6 +85,9 @@ def test_default_config_sizes_lanes_to_k():
     assert cfg.reduce_threads == 2 and cfg.block_n == 64
     m, cfg = G.default_config(1, 1, np.float32)
     assert cfg.reduce_threads == 1 and cfg.block_n == 1
+    # Short rows: no idle lane (the classifier's feature matrix: autotune's H100 winner).
+    m, cfg = G.default_config(3840 * 2160, 20, np.float32)
+    assert (cfg.reduce_threads, cfg.block_n, cfg.unroll) == (4, 32, 1)
 
 
 def test_candidates_are_valid_and_include_both_reductions():
