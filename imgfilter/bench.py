@@ -275,7 +275,7 @@ def _bench_blur(ctx: _Context, size: str, img: np.ndarray, k: int) -> None:
         Row(
             op,
             size,
-            "imgfilter cuda (fused running sums)",
+            f"imgfilter cuda (box_{kbox.box_method(img.shape, img.dtype, (k, k))})",
             t.kernel_us(lambda: kbox.box_auto(d_img, (k, k), anchor, 0, 0, d_out)),
             t.call_us(lambda: imgfilter.blur(d_img, k)),
         ),
