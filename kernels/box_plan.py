@@ -171,19 +171,23 @@ def packed_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 
     }
 
 
-def packed_args(shape: tuple, ksize: tuple, anchor: tuple, mode: int, cval, geo: dict) -> tuple:
-    """box_packed's arguments between n_words and out8, typed as launched:
-    (height, width, kh, kw, ay, ax, mode, cval, area, magic, shift_hi, tile_w, strip,
-    batch); Python ints become int64 parameters."""
+def _word_kernel_args(shape: tuple, ksize: tuple, anchor: tuple, mode: int, cval) -> tuple:
+    """The leading scalar arguments of the word-reading uint8 kernels (box_packed,
+    box_tiled): (height, width, kh, kw, ay, ax, mode, cval, area, magic, shift_hi)."""
     height, width, _ = shape
     kh, kw = ksize
     ay, ax = anchor
     area = kh * kw
     m, shift_hi = packed_magic(area)
-    return (
-        height, width, kh, kw, ay, ax, mode, int(cval), area, m, shift_hi,
-        geo["tile_w"], geo["strip"], geo["batch"],
-    )  # fmt: skip
+    return (height, width, kh, kw, ay, ax, mode, int(cval), area, m, shift_hi)
+
+
+def packed_args(shape: tuple, ksize: tuple, anchor: tuple, mode: int, cval, geo: dict) -> tuple:
+    """box_packed's arguments between n_words and out8, typed as launched:
+    (height, width, kh, kw, ay, ax, mode, cval, area, magic, shift_hi, tile_w, strip,
+    batch); Python ints become int64 parameters."""
+    lead = _word_kernel_args(shape, ksize, anchor, mode, cval)
+    return (*lead, geo["tile_w"], geo["strip"], geo["batch"])
 
 
 def choose(shape: tuple, dtype, ksize: tuple) -> tuple[str, dict | None]:
@@ -281,12 +285,5 @@ def tiled_args(shape: tuple, ksize: tuple, anchor: tuple, mode: int, cval, geo: 
     """box_tiled's arguments between n_words and out8, typed as launched: (height,
     width, kh, kw, ay, ax, mode, cval, area, magic, shift_hi, tile_w, tile_h, groups);
     Python ints become int64 parameters."""
-    height, width, _ = shape
-    kh, kw = ksize
-    ay, ax = anchor
-    area = kh * kw
-    m, shift_hi = packed_magic(area)
-    return (
-        height, width, kh, kw, ay, ax, mode, int(cval), area, m, shift_hi,
-        geo["tile_w"], geo["tile_h"], geo["groups"],
-    )  # fmt: skip
+    lead = _word_kernel_args(shape, ksize, anchor, mode, cval)
+    return (*lead, geo["tile_w"], geo["tile_h"], geo["groups"])

@@ -118,32 +118,30 @@ def _box_quick(img, ksize, anchor, border, value) -> np.ndarray | None:
 
 
 def _packed_quick(img, ksize, anchor, border, value, geo) -> np.ndarray | None:
-    n = img.size
     args = box_plan.packed_args(img.shape, ksize, anchor, border, value, geo)
-
-    def launch(drv, fn, d_img, d_out):
-        # Each image goes in twice, as bytes and as its whole 32-bit words.
-        params = array_params(d_img, (n,), np.uint8) + array_params(d_img, (n // 4,), np.uint32)
-        params += [scalar_param(a) for a in (n // 4, *args)]
-        params += array_params(d_out, (n,), np.uint8) + array_params(d_out, (n // 4,), np.uint32)
-        drv.launch(fn, geo["grid"], (geo["threads"],), geo["smem"], params)
-
-    return _run(cubins.packed_name(geo, img.shape[2]), img, img.shape, launch)
+    name = cubins.packed_name(geo, img.shape[2])
+    return _word_kernel_quick(img, geo, args, name, out_words=True)
 
 
 def _tiled_quick(img, ksize, anchor, border, value, geo) -> np.ndarray | None:
-    n = img.size
     args = box_plan.tiled_args(img.shape, ksize, anchor, border, value, geo)
+    return _word_kernel_quick(img, geo, args, cubins.tiled_name(geo, img.shape[2]), out_words=False)
+
+
+def _word_kernel_quick(img, geo, args, name: str, out_words: bool) -> np.ndarray | None:
+    """Launch a cached uint8 box kernel that reads the image as bytes and as its whole
+    32-bit words (box_packed, box_tiled): (src8, src32, n_words, *args, out8[, out32])."""
+    n = img.size
 
     def launch(drv, fn, d_img, d_out):
-        # The image goes in twice, as bytes and as its whole 32-bit words; the output
-        # as bytes only.
         params = array_params(d_img, (n,), np.uint8) + array_params(d_img, (n // 4,), np.uint32)
         params += [scalar_param(a) for a in (n // 4, *args)]
         params += array_params(d_out, (n,), np.uint8)
+        if out_words:
+            params += array_params(d_out, (n // 4,), np.uint32)
         drv.launch(fn, geo["grid"], (geo["threads"],), geo["smem"], params)
 
-    return _run(cubins.tiled_name(geo, img.shape[2]), img, img.shape, launch)
+    return _run(name, img, img.shape, launch)
 
 
 def _contour_quick(img, border, value) -> np.ndarray | None:
