@@ -23,3 +23,12 @@ def as_device_array(obj: Any):
     from numba import cuda
 
     return cuda.as_cuda_array(obj)
+
+
+def start_address(obj: Any) -> int:
+    """The address of a device array's first element (on the simulator, of the NumPy
+    array it wraps: the offsets of views are the same)."""
+    try:
+        return int(obj.__cuda_array_interface__["data"][0])
+    except AttributeError:
+        return int(obj.__array_interface__["data"][0])

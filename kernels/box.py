@@ -15,7 +15,8 @@ Five implementations, and `box_auto` choosing among them (`box_method`, which as
 - `box_tiled` (module `kernels.box_tiled`): uint8 images, one shared-memory tile per
   block in three phases (load the tile and halo, horizontal row sums, vertical sums
   written out). The fastest measured for boxes up to `kernels.box_plan.TILED_MAX_BOX`
-  (25) on a side; `box_auto` uses it there wherever its tile holds the box.
+  (31) on a side; `box_auto` uses it there wherever its tile holds the box and the
+  image starts on a 4-byte boundary (`box_choice`).
 - `box_fused` (module `kernels.box_fused`): one pass for uint8/uint16 images,
   vertical running sums in registers and horizontal sliding sums in shared memory.
   `box_auto` uses it for uint16 images and larger uint8 boxes wherever its tile
@@ -43,6 +44,7 @@ from . import box_fused as _fused
 from . import box_packed as _packed
 from . import box_plan
 from . import box_tiled as _tiled
+from .arrays import start_address
 from .device import border_index, saturate_int
 from .launch import SMEM_LIMIT, cdiv, image_grid, scratch
 from .saturate import output_limits
@@ -318,10 +320,22 @@ def box_method(shape: tuple, dtype, ksize: tuple) -> str:
     return _plans(tuple(shape), np.dtype(dtype), tuple(ksize))[0]
 
 
-def box_auto(img, ksize, anchor, mode, cval, out=None):
-    """The fastest exact box filter for the case (see `box_method`): `box_tiled`,
-    `box_fused`, `box_packed` or `box_running`. Same contract as all four."""
+def box_choice(img, ksize: tuple) -> tuple[str, dict | None]:
+    """(method, geometry) `box_auto` runs for this device image: `box_method`'s choice,
+    except that an image whose first byte is not 4-byte aligned (a view such as
+    d[1:] of an odd-width uint8 image) goes to box_fused (or box_running), because
+    box_tiled and box_packed read it as 32-bit words."""
     method, geometry = _plans(tuple(img.shape), np.dtype(img.dtype), tuple(ksize))
+    if method in ("tiled", "packed") and start_address(img) % 4:
+        fused = box_plan.plan(tuple(img.shape), img.dtype, tuple(ksize))
+        return ("fused", fused) if fused is not None else ("running", None)
+    return method, geometry
+
+
+def box_auto(img, ksize, anchor, mode, cval, out=None):
+    """The fastest exact box filter for the case (see `box_choice`): `box_tiled`,
+    `box_fused`, `box_packed` or `box_running`. Same contract as all four."""
+    method, geometry = box_choice(img, ksize)
     if method == "tiled":
         return _tiled.box_tiled(img, ksize, anchor, mode, cval, out, geometry)
     if method == "packed":

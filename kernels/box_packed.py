@@ -31,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, int32, uint8, uint16, uint32, uint64
 
+from .arrays import start_address
 from .box_fused import _lane_column
 from .box_plan import packed_args, packed_plan
 from .device import border_index
@@ -362,6 +363,8 @@ def box_packed(img, ksize, anchor, mode, cval, out=None, geometry: dict | None =
     geo = geometry or packed_plan(img.shape, img.dtype, ksize)
     if geo is None:
         raise ValueError("box_packed handles uint8 images with boxes of at most 257 rows")
+    if start_address(img) % 4:
+        raise ValueError("box_packed reads 32-bit words: the image must start on a 4-byte boundary")
     if out is None:
         out = cuda.device_array(img.shape, dtype=img.dtype)
     n = height * width * channels

@@ -247,8 +247,9 @@ def tiled_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0
     It applies to uint8 images of fewer than 2**31 bytes and boxes of at most 257
     columns (16-bit row sums) whose sums stay below 2**25, where a tile's input row
     is at most 4 * threads bytes and its shared memory fits the default 48 KiB. With
-    tile_h=0, a default tile too tall for that memory is halved until it fits, down
-    to TILED_MIN_H rows (box rows re-read per tile beyond that cost more than the tile).
+    tile_h=0, a default tile too tall for that memory is halved while it is taller
+    than TILED_MIN_H rows (below that the box rows re-read per tile cost more than the
+    tile). Grids taller than CUDA's 65535 blocks are declined.
     """
     height, width, channels = shape
     kh, kw = ksize
@@ -266,6 +267,8 @@ def tiled_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0
     n_q = cdiv((tile_w + kw - 1) * channels, 4)
     smem = tiled_smem(channels, ksize, tile_w, tile_h)
     if n_q > threads or smem > SMEM_LIMIT:
+        return None
+    if cdiv(height, tile_h) > 65535:
         return None
     n_o = cdiv(tile_w * channels, 4)
     groups = max(1, min(groups or TILED_GROUPS, threads // n_o, tile_h))

@@ -18,7 +18,10 @@ phases separated by barriers, with no state carried between tiles:
 3. Vertical: each thread owns a 4-lane word of the output row and one of `groups`
    runs of rows; it sums kh row sums, then slides down, rounding each mean by a
    multiply-high (`kernels.box_plan.packed_magic`) and storing the bytes to global
-   memory, a warp writing 128 consecutive bytes per row.
+   memory, one byte per store, so a warp's store covers up to 128 consecutive bytes
+   of a row.
+The image must start on a 4-byte boundary (the words are read aligned);
+`kernels.box.box_choice` sends other views to box_fused.
 Many small blocks are resident per SM, so one block's loads overlap another's
 arithmetic. The halo is re-read per tile (from L2), so the tile must be large next to
 the box: `kernels.box_plan.tiled_plan` declines boxes too big for its tiles.
@@ -29,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, int32, uint8, uint16, uint32, uint64
 
+from .arrays import start_address
 from .box_fused import _lane_column
 from .box_packed import words
 from .box_plan import tiled_args, tiled_plan
@@ -267,6 +271,8 @@ def box_tiled(img, ksize, anchor, mode, cval, out=None, geometry: dict | None = 
     geo = geometry or tiled_plan(img.shape, img.dtype, ksize)
     if geo is None:
         raise ValueError("box_tiled handles uint8 images with boxes small next to its tiles")
+    if start_address(img) % 4:
+        raise ValueError("box_tiled reads 32-bit words: the image must start on a 4-byte boundary")
     if out is None:
         out = cuda.device_array(img.shape, dtype=img.dtype)
     n = height * width * channels

@@ -42,6 +42,10 @@ INTERIOR_CASES = [
     ((30, 100, 3), (3, 3), (1, 1), dict(threads=16, run=4, tile_w=12, tile_h=8, groups=2)),
     ((30, 101, 3), (5, 3), (2, 1), dict(threads=16, run=4, tile_w=12, tile_h=6, groups=1)),
     ((26, 90, 1), (4, 2), (3, 0), dict(threads=8, run=3, tile_w=16, tile_h=5, groups=2)),
+    # The last tile's words reach the image's last whole word: n_words decides.
+    ((13, 31, 1), (3, 3), (2, 2), dict(threads=16, run=4, tile_w=9, tile_h=5, groups=2)),
+    # Anchor at the box's far corner: interior tiles whose words end at the row's end.
+    ((20, 48, 1), (3, 3), (2, 2), dict(threads=16, run=4, tile_w=8, tile_h=5, groups=2)),
 ]
 
 
@@ -77,6 +81,20 @@ def test_extreme_values_and_ties_round_to_even():
         assert (box_sums(img, (4, 6), anchor, "reflect", 0) % 24 == 12).any()
 
 
+def test_box_auto_sends_views_off_a_word_boundary_to_box_fused(monkeypatch):
+    img = _image((9, 21, 3), seed=4)  # rows of 63 bytes: d[1:] starts 63 bytes in
+    d_img = cuda.to_device(img)[1:]
+    assert kbox.box_choice(d_img, (3, 3))[0] == "fused"
+    assert kbox.box_choice(cuda.to_device(img), (3, 3))[0] == "tiled"
+    called, original = [], ktiled.box_tiled
+    monkeypatch.setattr(ktiled, "box_tiled", lambda *a, **k: called.append(a))
+    got = kbox.box_auto(d_img, (3, 3), (1, 1), BORDERS["reflect101"], 0).copy_to_host()
+    assert not called
+    np.testing.assert_array_equal(got, exact_box(img[1:], (3, 3), (1, 1), "reflect101", 0))
+    with pytest.raises(ValueError, match="4-byte boundary"):
+        original(d_img, (3, 3), (1, 1), 0, 0)
+
+
 def test_widest_box_keeps_sixteen_bit_row_sums_exact():
     img = np.full((6, 262, 1), 255, np.uint8)
     img[:, ::7] = _image((6, 1, 1), seed=3)
@@ -89,6 +107,7 @@ def test_plan_declines_what_it_cannot_do():
     assert box_plan.tiled_plan((10, 10, 3), np.uint16, (3, 3)) is None
     assert box_plan.tiled_plan((10, 300, 1), np.uint8, (3, 258)) is None  # 16-bit row sums
     assert box_plan.tiled_plan((2167, 2495, 3), np.uint8, (101, 101)) is None  # tile too small
+    assert box_plan.tiled_plan((2_200_000, 1, 1), np.uint8, (3, 3)) is None  # grid y > 65535
     geo = box_plan.tiled_plan((2167, 2495, 3), np.uint8, (21, 21))
     assert geo["smem"] <= box_plan.SMEM_LIMIT
     assert (geo["tile_w"] + 20) * 3 <= 4 * geo["threads"]

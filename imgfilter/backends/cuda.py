@@ -13,7 +13,6 @@ from numba import config, cuda
 from kernels import box as _box
 from kernels import box_fused as _box_fused
 from kernels import box_packed as _box_packed
-from kernels import box_plan as _box_plan
 from kernels import box_tiled as _box_tiled
 from kernels import contour as _contour
 from kernels import conv as _conv
@@ -147,7 +146,7 @@ def box(img, ksize, anchor, border, value, method):
             dimg, from_host = _to_device(img)
             out = run(dimg, ksize, anchor, border, value)
             if method == "auto":
-                _export_box(dimg.shape, dimg.dtype, ksize)
+                _export_box(dimg, ksize)
             return _finish(out, from_host)
 
         return _run(go)
@@ -155,10 +154,10 @@ def box(img, ksize, anchor, border, value, method):
     return correlate(img, weights, anchor, border, value, method)
 
 
-def _export_box(shape: tuple, dtype, ksize: tuple) -> None:
+def _export_box(dimg, ksize: tuple) -> None:
     """Export the cubin of the one-pass box kernel box_auto just ran, if it ran one."""
-    channels = shape[2]
-    method, geo = _box_plan.choose(shape, dtype, ksize)
+    channels, dtype = dimg.shape[2], dimg.dtype
+    method, geo = _box.box_choice(dimg, ksize)
     if method == "tiled":
         kernel = _box_tiled.kernel_for(channels, geo["threads"], geo["run"], geo["even"])
         _export(kernel, cubins.tiled_name(geo, channels), (dtype, np.uint32, dtype))
