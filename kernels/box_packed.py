@@ -354,22 +354,31 @@ def words(flat):
     return flat[: 4 * n4].view(np.uint32)
 
 
+def flat_images(img, out, kernel_name: str):
+    """(out, src, dst, n): the output (allocated when None), then the (H, W, C) uint8
+    device image and the output as flat byte arrays of n elements, for the kernels that
+    read the image as 32-bit words; ValueError unless the image starts on a 4-byte
+    boundary."""
+    if start_address(img) % 4:
+        raise ValueError(
+            f"{kernel_name} reads 32-bit words: the image must start on a 4-byte boundary"
+        )
+    if out is None:
+        out = cuda.device_array(img.shape, dtype=img.dtype)
+    n = img.shape[0] * img.shape[1] * img.shape[2]
+    return out, img.reshape(n), out.reshape(n), n
+
+
 def box_packed(img, ksize, anchor, mode, cval, out=None, geometry: dict | None = None):
     """Box filter of a uint8 (H, W, C) device image, four bytes per load (see the
     module docstring); `geometry` from `kernels.box_plan.packed_plan`. Raises
     ValueError when the plan says the case is not handled.
     """
-    height, width, channels = img.shape
     geo = geometry or packed_plan(img.shape, img.dtype, ksize)
     if geo is None:
         raise ValueError("box_packed handles uint8 images with boxes of at most 257 rows")
-    if start_address(img) % 4:
-        raise ValueError("box_packed reads 32-bit words: the image must start on a 4-byte boundary")
-    if out is None:
-        out = cuda.device_array(img.shape, dtype=img.dtype)
-    n = height * width * channels
-    src, dst = img.reshape(n), out.reshape(n)
-    kernel = kernel_for(channels, geo["run"], geo["threads"], geo["even"])
+    out, src, dst, n = flat_images(img, out, "box_packed")
+    kernel = kernel_for(img.shape[2], geo["run"], geo["threads"], geo["even"])
     args = packed_args(img.shape, ksize, anchor, mode, cval, geo)
     kernel[geo["grid"], geo["threads"], 0, geo["smem"]](
         src, words(src), n // 4, *args, dst, words(dst)

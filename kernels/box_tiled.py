@@ -32,9 +32,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, int32, uint8, uint16, uint32, uint64
 
-from .arrays import start_address
 from .box_fused import _lane_column
-from .box_packed import words
+from .box_packed import flat_images, words
 from .box_plan import tiled_args, tiled_plan
 from .device import border_index
 
@@ -267,17 +266,11 @@ def box_tiled(img, ksize, anchor, mode, cval, out=None, geometry: dict | None = 
     (see the module docstring); `geometry` from `kernels.box_plan.tiled_plan`. Raises
     ValueError when the plan says the case is not handled.
     """
-    height, width, channels = img.shape
     geo = geometry or tiled_plan(img.shape, img.dtype, ksize)
     if geo is None:
         raise ValueError("box_tiled handles uint8 images with boxes small next to its tiles")
-    if start_address(img) % 4:
-        raise ValueError("box_tiled reads 32-bit words: the image must start on a 4-byte boundary")
-    if out is None:
-        out = cuda.device_array(img.shape, dtype=img.dtype)
-    n = height * width * channels
-    src, dst = img.reshape(n), out.reshape(n)
-    kernel = kernel_for(channels, geo["threads"], geo["run"], geo["even"])
+    out, src, dst, n = flat_images(img, out, "box_tiled")
+    kernel = kernel_for(img.shape[2], geo["threads"], geo["run"], geo["even"])
     args = tiled_args(img.shape, ksize, anchor, mode, cval, geo)
     kernel[geo["grid"], geo["threads"], 0, geo["smem"]](src, words(src), n // 4, *args, dst)
     return out
