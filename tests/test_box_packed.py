@@ -49,35 +49,51 @@ INTERIOR_CASES = [
 ]
 
 
-@pytest.mark.parametrize("shape, ksize, anchor, geometry", CASES, ids=[str(c[0]) for c in CASES])
-def test_every_border_is_exact(shape, ksize, anchor, geometry):
+# Checks shared with tests/test_box_tiled.py. `run(img, ksize, anchor, border, cval,
+# **geometry)` filters with a word-reading uint8 kernel and returns (image, geometry).
+
+
+def check_every_border(run, shape, ksize, anchor, geometry) -> None:
     img = _image(shape, seed=sum(shape))
     for border in BORDERS:
-        got, _ = _packed(img, ksize, anchor, border, 200, **geometry)
+        got, _ = run(img, ksize, anchor, border, 200, **geometry)
         np.testing.assert_array_equal(got, exact_box(img, ksize, anchor, border, 200))
+
+
+def check_interior(run, shape, ksize, anchor, geometry) -> None:
+    img = _image(shape, seed=sum(shape) + 1)
+    for border in ("reflect101", "constant"):
+        got, geo = run(img, ksize, anchor, border, 7, **geometry)
+        assert min(geo["grid"]) >= 3  # blocks away from every edge
+        np.testing.assert_array_equal(got, exact_box(img, ksize, anchor, border, 7))
+
+
+def check_ties_round_to_even(run, geometry) -> None:
+    # All-255 rows next to random rows: sums at their largest; the even area (24)
+    # makes exact halves, which must round to even.
+    img = _image((12, 62, 3), seed=1)
+    img[::2] = 255
+    for anchor in [(0, 0), (3, 5)]:
+        got, geo = run(img, (4, 6), anchor, "reflect", 0, **geometry)
+        assert geo["even"]
+        np.testing.assert_array_equal(got, exact_box(img, (4, 6), anchor, "reflect", 0))
+        assert (box_sums(img, (4, 6), anchor, "reflect", 0) % 24 == 12).any()
+
+
+@pytest.mark.parametrize("shape, ksize, anchor, geometry", CASES, ids=[str(c[0]) for c in CASES])
+def test_every_border_is_exact(shape, ksize, anchor, geometry):
+    check_every_border(_packed, shape, ksize, anchor, geometry)
 
 
 @pytest.mark.parametrize(
     "shape, ksize, anchor, geometry", INTERIOR_CASES, ids=[str(c[0]) for c in INTERIOR_CASES]
 )
 def test_interior_blocks_are_exact(shape, ksize, anchor, geometry):
-    img = _image(shape, seed=sum(shape) + 1)
-    for border in ("reflect101", "constant"):
-        got, geo = _packed(img, ksize, anchor, border, 7, **geometry)
-        assert min(geo["grid"]) >= 3  # blocks away from every edge
-        np.testing.assert_array_equal(got, exact_box(img, ksize, anchor, border, 7))
+    check_interior(_packed, shape, ksize, anchor, geometry)
 
 
 def test_extreme_values_and_ties_round_to_even():
-    # All-255 rows next to random rows: sums at their largest; the even area (24)
-    # makes exact halves, which must round to even.
-    img = _image((12, 62, 3), seed=1)
-    img[::2] = 255
-    for anchor in [(0, 0), (3, 5)]:
-        got, geo = _packed(img, (4, 6), anchor, "reflect", 0, threads=8, run=4, strip=5, batch=2)
-        assert geo["even"]
-        np.testing.assert_array_equal(got, exact_box(img, (4, 6), anchor, "reflect", 0))
-        assert (box_sums(img, (4, 6), anchor, "reflect", 0) % 24 == 12).any()
+    check_ties_round_to_even(_packed, dict(threads=8, run=4, strip=5, batch=2))
 
 
 def test_tallest_box_keeps_sixteen_bit_column_sums_exact():

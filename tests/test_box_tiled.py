@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from numba import cuda
-from test_box_fused import box_sums, exact_box
-from test_box_packed import _image
+from test_box_fused import exact_box
+from test_box_packed import _image, check_every_border, check_interior, check_ties_round_to_even
 
 from imgfilter.border import BORDERS
 from kernels import box as kbox
@@ -51,34 +51,18 @@ INTERIOR_CASES = [
 
 @pytest.mark.parametrize("shape, ksize, anchor, geometry", CASES, ids=[str(c[0]) for c in CASES])
 def test_every_border_is_exact(shape, ksize, anchor, geometry):
-    img = _image(shape, seed=sum(shape))
-    for border in BORDERS:
-        got, _ = _tiled(img, ksize, anchor, border, 200, **geometry)
-        np.testing.assert_array_equal(got, exact_box(img, ksize, anchor, border, 200))
+    check_every_border(_tiled, shape, ksize, anchor, geometry)
 
 
 @pytest.mark.parametrize(
     "shape, ksize, anchor, geometry", INTERIOR_CASES, ids=[str(c[0]) for c in INTERIOR_CASES]
 )
 def test_interior_tiles_are_exact(shape, ksize, anchor, geometry):
-    img = _image(shape, seed=sum(shape) + 1)
-    for border in ("reflect101", "constant"):
-        got, geo = _tiled(img, ksize, anchor, border, 7, **geometry)
-        assert min(geo["grid"]) >= 3  # tiles away from every edge
-        np.testing.assert_array_equal(got, exact_box(img, ksize, anchor, border, 7))
+    check_interior(_tiled, shape, ksize, anchor, geometry)
 
 
 def test_extreme_values_and_ties_round_to_even():
-    # All-255 rows next to random rows: sums at their largest; the even area (24)
-    # makes exact halves, which must round to even.
-    img = _image((12, 62, 3), seed=1)
-    img[::2] = 255
-    for anchor in [(0, 0), (3, 5)]:
-        geometry = dict(threads=32, run=4, tile_w=10, tile_h=5)
-        got, geo = _tiled(img, (4, 6), anchor, "reflect", 0, **geometry)
-        assert geo["even"]
-        np.testing.assert_array_equal(got, exact_box(img, (4, 6), anchor, "reflect", 0))
-        assert (box_sums(img, (4, 6), anchor, "reflect", 0) % 24 == 12).any()
+    check_ties_round_to_even(_tiled, dict(threads=32, run=4, tile_w=10, tile_h=5))
 
 
 def test_box_auto_sends_views_off_a_word_boundary_to_box_fused(monkeypatch):
