@@ -138,21 +138,34 @@ def test_box_auto_choice():
     np.testing.assert_array_equal(got, exact_box(img, (3, big), (1, 2), "reflect101", 0))
 
 
+def check_full_size(run, k: int, border: str) -> None:
+    """The default geometry on a seed-size RGB image (GPU tests)."""
+    img = _image((2167, 2495, 3), seed=6)
+    anchor = (k // 2, k // 2)
+    got, _ = run(img, (k, k), anchor, border, 7)
+    np.testing.assert_array_equal(got, exact_box(img, (k, k), anchor, border, 7))
+
+
+def check_other_sizes(run, shape) -> None:
+    """The default geometry on other sizes and channel counts (GPU tests)."""
+    for k in (1, 9, 31):
+        img = _image(shape, seed=7)
+        anchor = (k // 2, k // 3)
+        got, _ = run(img, (k, k), anchor, "reflect101", 0)
+        np.testing.assert_array_equal(got, exact_box(img, (k, k), anchor, "reflect101", 0))
+
+
+OTHER_SIZES = [(4320, 7680, 3), (2160, 3840, 1), (777, 1001, 4), (5, 3, 3)]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("k", [2, 3, 21, 101, 201])
 @pytest.mark.parametrize("border", list(BORDERS))
 def test_full_size_default_geometry(k, border):
-    img = _image((2167, 2495, 3), seed=6)
-    anchor = (k // 2, k // 2)
-    got, _ = _packed(img, (k, k), anchor, border, 7)
-    np.testing.assert_array_equal(got, exact_box(img, (k, k), anchor, border, 7))
+    check_full_size(_packed, k, border)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(4320, 7680, 3), (2160, 3840, 1), (777, 1001, 4), (5, 3, 3)])
+@pytest.mark.parametrize("shape", OTHER_SIZES)
 def test_other_sizes(shape):
-    for k in (1, 9, 31):
-        img = _image(shape, seed=7)
-        anchor = (k // 2, k // 3)
-        got, _ = _packed(img, (k, k), anchor, "reflect101", 0)
-        np.testing.assert_array_equal(got, exact_box(img, (k, k), anchor, "reflect101", 0))
+    check_other_sizes(_packed, shape)

@@ -13,7 +13,15 @@ import numpy as np
 import pytest
 from numba import cuda
 from test_box_fused import exact_box
-from test_box_packed import _image, check_every_border, check_interior, check_ties_round_to_even
+from test_box_packed import (
+    OTHER_SIZES,
+    _image,
+    check_every_border,
+    check_full_size,
+    check_interior,
+    check_other_sizes,
+    check_ties_round_to_even,
+)
 
 from imgfilter.border import BORDERS
 from kernels import box as kbox
@@ -115,17 +123,10 @@ def test_box_auto_runs_box_tiled_for_small_uint8_boxes(monkeypatch):
 @pytest.mark.parametrize("k", [2, 3, 21, 31])
 @pytest.mark.parametrize("border", list(BORDERS))
 def test_full_size_default_geometry(k, border):
-    img = _image((2167, 2495, 3), seed=6)
-    anchor = (k // 2, k // 2)
-    got, _ = _tiled(img, (k, k), anchor, border, 7)
-    np.testing.assert_array_equal(got, exact_box(img, (k, k), anchor, border, 7))
+    check_full_size(_tiled, k, border)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(4320, 7680, 3), (2160, 3840, 1), (777, 1001, 4), (5, 3, 3)])
+@pytest.mark.parametrize("shape", OTHER_SIZES)
 def test_other_sizes(shape):
-    for k in (1, 9, 31):
-        img = _image(shape, seed=7)
-        anchor = (k // 2, k // 3)
-        got, _ = _tiled(img, (k, k), anchor, "reflect101", 0)
-        np.testing.assert_array_equal(got, exact_box(img, (k, k), anchor, "reflect101", 0))
+    check_other_sizes(_tiled, shape)
