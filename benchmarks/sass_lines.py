@@ -41,7 +41,7 @@ def _fake_device() -> None:
     dispatcher.get_current_device = lambda: _Device()
 
 
-def _kernel(name: str, channels: int):
+def _kernel(name: str, channels: int, box: int = 21, geometry: dict | None = None):
     """(python function, signature, source file) of a box kernel specialisation."""
     from numba import types
 
@@ -51,7 +51,11 @@ def _kernel(name: str, channels: int):
     if name == "tiled":
         from kernels import box_tiled as mod
 
-        k = mod.kernel_for(channels, 256, 16, False)
+        from kernels.box_plan import tiled_plan
+
+        ksize = (box, box)
+        geo = tiled_plan((2167, 2495, channels), "uint8", ksize, **(geometry or {}))
+        k = mod.kernel_for(channels, ksize, geo)
         return k.py_func, (u8, u32, i64) + (i64,) * 14 + (u8,), mod.__file__
     if name == "packed":
         from kernels import box_packed as mod
@@ -71,13 +75,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernel", choices=("tiled", "fused", "packed"), default="tiled")
     ap.add_argument("--channels", type=int, default=3)
+    ap.add_argument("--box", type=int, default=21, help="box side (tiled: a constant)")
+    ap.add_argument("--geometry", default="", help="tiled: e.g. tile_h=64,threads=512")
     ap.add_argument("--nvdisasm", default="nvdisasm", help="path of nvdisasm")
     ap.add_argument("--ptxas", default="ptxas", help="path of ptxas")
     args = ap.parse_args(argv)
     _fake_device()
     from numba import cuda
 
-    func, sig, source = _kernel(args.kernel, args.channels)
+    geometry = {k: int(v) for k, v in (kv.split("=") for kv in args.geometry.split(",") if kv)}
+    func, sig, source = _kernel(args.kernel, args.channels, args.box, geometry)
     ptx, _ = cuda.compile_ptx(func, sig, cc=(9, 0), lineinfo=True)
     with tempfile.TemporaryDirectory() as tmp:
         ptx_path, cubin = Path(tmp, "k.ptx"), Path(tmp, "k.cubin")

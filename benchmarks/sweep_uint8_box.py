@@ -31,9 +31,14 @@ def _grid(kernel: str) -> list[dict]:
             dict(threads=t, strip=s, batch=8)
             for t, s in itertools.product((64, 128, 256), (16, 24, 32, 48))
         ]
+    big = 100 * 1024  # taller tiles opt in to more than 48 KiB of shared memory
     return [
-        dict(threads=t, run=r, tile_w=w, tile_h=h, groups=g)
-        for t, r, w, h, g in itertools.product((128, 256), (16, 32), (64, 96), (16, 32), (2, 4))
+        *(dict(threads=256, tile_w=64, tile_h=32, groups=g) for g in (1, 2, 3)),
+        dict(threads=256, tile_w=64, tile_h=32, groups=2, run=32),
+        *(dict(threads=256, tile_w=128, tile_h=32, groups=g) for g in (1, 2)),
+        *(dict(threads=128, tile_w=64, tile_h=32, groups=g) for g in (1, 2)),
+        *(dict(threads=256, tile_w=64, tile_h=64, groups=g, smem_limit=big) for g in (2, 4)),
+        *(dict(threads=512, tile_w=64, tile_h=64, groups=g, smem_limit=big) for g in (4, 8)),
     ]
 
 

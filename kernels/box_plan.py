@@ -241,7 +241,8 @@ def tiled_smem(channels: int, ksize: tuple, tile_w: int, tile_h: int) -> int:
 
 
 def tiled_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0,
-               tile_w: int = 0, tile_h: int = 0, groups: int = 0) -> dict | None:  # fmt: skip
+               tile_w: int = 0, tile_h: int = 0, groups: int = 0,
+               smem_limit: int = SMEM_LIMIT) -> dict | None:  # fmt: skip
     """Launch geometry of `kernels.box_tiled`, or None where it does not apply.
 
     It applies to uint8 images of fewer than 2**31 bytes and boxes of at most 257
@@ -249,7 +250,9 @@ def tiled_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0
     is at most 4 * threads bytes and its shared memory fits the default 48 KiB. With
     tile_h=0, a default tile too tall for that memory is halved while it is taller
     than TILED_MIN_H rows (below that the box rows re-read per tile cost more than the
-    tile). Grids taller than CUDA's 65535 blocks are declined.
+    tile). Grids taller than CUDA's 65535 blocks are declined. A `smem_limit` above
+    48 KiB allows taller tiles: `kernels.box_tiled` then opts in to that much shared
+    memory (H100: up to 227 KiB per block).
     """
     height, width, channels = shape
     kh, kw = ksize
@@ -261,12 +264,12 @@ def tiled_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0
         return None
     if height * width * channels >= 2**31 or 511 * kh * kw >= 2**MAGIC_BITS:
         return None
-    while not tile_h and h > TILED_MIN_H and tiled_smem(channels, ksize, tile_w, h) > SMEM_LIMIT:
+    while not tile_h and h > TILED_MIN_H and tiled_smem(channels, ksize, tile_w, h) > smem_limit:
         h //= 2
     tile_h = h
     n_q = cdiv((tile_w + kw - 1) * channels, 4)
     smem = tiled_smem(channels, ksize, tile_w, tile_h)
-    if n_q > threads or smem > SMEM_LIMIT:
+    if n_q > threads or smem > smem_limit:
         return None
     if cdiv(height, tile_h) > 65535:
         return None

@@ -30,18 +30,17 @@ the box: `kernels.box_plan.tiled_plan` declines boxes too big for its tiles.
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, int32, uint8, uint16, uint32, uint64
+from numba import cuda, int64, typeof, uint8, uint16, uint32, uint64
 
 from .box_fused import _lane_column
 from .box_packed import flat_images, words
-from .box_plan import tiled_args, tiled_plan
+from .box_plan import packed_magic, tiled_args, tiled_plan
 from .device import border_index
+from .launch import SMEM_LIMIT, allow_dynamic_smem
 
 LOW16 = np.uint32(0xFFFF)
 ZERO = np.uint32(0)
 ONE = np.uint32(1)
-TWO = np.uint32(2)
-THREE = np.uint32(3)
 EIGHT = np.uint32(8)
 SIXTEEN = np.uint32(16)
 TWENTY_FOUR = np.uint32(24)
@@ -66,186 +65,188 @@ def _mean(acc, area, magic, shift_hi, even):
     return q
 
 
-def _make_box_tiled(channels: int, threads: int, run: int, even: bool):
-    """The kernel for `channels` channels, `threads` per block, `run` outputs per
-    horizontal slide and an even (ties possible) or odd box area."""
+def _make_box_tiled(channels: int, ksize: tuple, threads: int, run: int, tile_w: int,
+                    tile_h: int, groups: int):  # fmt: skip
+    """The kernel for one specialisation: `channels`, the box `ksize` = (kh, kw), and
+    the geometry of `kernels.box_plan.tiled_plan` (threads per block, outputs per
+    horizontal slide, tile_w x tile_h output pixels per tile, row groups of the
+    vertical phase). Every size is a compile-time constant, so divisions become
+    multiplies, the box loops unroll and shared-memory offsets fold into the loads.
+    Tiles past the image's right or bottom edge compute their whole area from
+    border-mapped input and store only what lies inside."""
     C = channels
-    RUN = run
-    EVEN = even
-    C_U = np.uint32(C)
-    T_U = np.uint32(threads)
-    RUN_U = np.uint32(RUN)
+    KH, KW = ksize
+    T, RUN, TW, TH, G = threads, run, tile_w, tile_h, groups
+    AREA = KH * KW
+    EVEN = AREA % 2 == 0
+    magic, shift_hi = packed_magic(AREA)
+    AREA_U, MAGIC_U, SHIFT_U = np.uint32(AREA), np.uint32(magic), np.uint32(shift_hi)
+    IN_LANES = (TW + KW - 1) * C  # byte lanes of one input row of the tile
+    NQ = (IN_LANES + 3) // 4  # words loaded per input row
+    IN_WORDS = NQ | 1  # row stride in words, odd: rows start in different banks
+    IN_PITCH = 4 * IN_WORDS
+    IN_ROWS = TH + KH - 1
+    ROW_STEP = T // NQ  # input rows one sweep of the block loads
+    LOAD_ITERS = (IN_ROWS + ROW_STEP - 1) // ROW_STEP
+    OUT_LANES = TW * C
+    # Row sums: rows of HS_PITCH 16-bit lanes (an odd number of words, so phase 2's
+    # threads, on consecutive rows, store to different banks: an even stride put a
+    # warp's stores in one bank, ncu saw shared memory 82% busy), from lane HS0 on.
+    HS_PITCH = (OUT_LANES + 3) // 4 * 4 + 2
+    HS_WORDS = HS_PITCH // 2
+    HS0 = (IN_ROWS * IN_PITCH // 2 + 3) // 4 * 4
+    FULL_RUNS = TW // RUN
+    LAST_RUN = TW - FULL_RUNS * RUN  # outputs of the partial run at the tile's end
+    N_ITEMS = IN_ROWS * C * ((TW + RUN - 1) // RUN)
+    ITEM_ITERS = (N_ITEMS + T - 1) // T
+    NO = (OUT_LANES + 3) // 4  # output words per row
+    PER_GROUP = (TH + G - 1) // G
+    # Index arithmetic is unsigned 64-bit: Numba adds a negative-index wraparound to
+    # every signed index, and 32-bit wrapping keeps constant offsets out of the loads.
+    U = np.uint64
+    NQ_U, IN_WORDS_U, IN_ROWS_U, IN_PITCH_U = U(NQ), U(IN_WORDS), U(IN_ROWS), U(IN_PITCH)
+    C_U, RUN_U, FULL_RUNS_U, N_ITEMS_U = U(C), U(RUN), U(FULL_RUNS), U(N_ITEMS)
+    HS0_U, HS0W_U, HS_PITCH_U, HS_WORDS_U = U(HS0), U(HS0 // 2), U(HS_PITCH), U(HS_WORDS)
+    NO_U, G_U, PER_GROUP_U, ROW_STEP_U = U(NO), U(G), U(PER_GROUP), U(ROW_STEP)
+    ONE_U, TWO_U, THREE_U, FOUR_U, EIGHT_U = U(1), U(2), U(3), U(4), U(8)
 
     @cuda.jit(cache=True)
     def box_tiled(src8, src32, n_words, height, width, kh, kw, ay, ax, mode, cval, area,
                   magic, shift_hi, tile_w, tile_h, groups, out8):  # fmt: skip
-        """src8/out8: the image as flat bytes; src32: its whole 32-bit words."""
+        """src8/out8: the image as flat bytes; src32: its whole 32-bit words. kh, kw,
+        area, magic, shift_hi, tile_w, tile_h and groups are the specialisation's own
+        constants (kept in the signature the launchers share)."""
         in32 = cuda.shared.array(0, dtype=uint32)
         in8 = cuda.shared.array(0, dtype=uint8)
         hs16 = cuda.shared.array(0, dtype=uint16)
         hs32 = cuda.shared.array(0, dtype=uint32)
-        tid = uint32(cuda.threadIdx.x)
-        pitch = int32(width * C)
-        kw_u = uint32(kw)
-        kh_u = uint32(kh)
-        x0 = int32(cuda.blockIdx.x * tile_w)
-        y0 = int32(cuda.blockIdx.y * tile_h)
-        out_w = uint32(min(int32(tile_w), int32(width) - x0))
-        out_h = uint32(min(int32(tile_h), int32(height) - y0))
-        left = x0 - int32(ax)
-        top = y0 - int32(ay)
-        n_in_lanes = uint32((out_w + kw_u - ONE) * C_U)
-        n_in_rows = uint32(out_h + kh_u - ONE)
-        n_out_lanes = uint32(out_w * C_U)
-        # Shared layout: input rows of in_pitch bytes (a whole, odd number of words:
-        # rows start in different banks), then the row sums, rows of hs_pitch 16-bit
-        # lanes: every word a thread reads in phase 3 plus one, an odd number of words,
-        # so that phase 2's threads, on consecutive rows, store to different banks (an
-        # even row stride put a warp's stores in one bank: ncu saw shared memory 82%
-        # busy and half the stalls on it).
-        in_words = uint32(((tile_w + kw - 1) * C + 3) // 4)
-        in_words = uint32(in_words | ONE)
-        in_pitch = uint32(4 * in_words)
-        hs_pitch = uint32((tile_w * C + 3) // 4 * 4 + 2)
-        hs0 = uint32((tile_h + kh - 1) * in_pitch // 2)  # first row sum, in 16-bit lanes
-        hs0 = uint32((hs0 + THREE) & ~THREE)
+        tid = uint64(cuda.threadIdx.x)
+        pitch = width * C
+        upitch = uint64(pitch)
+        x0 = cuda.blockIdx.x * TW
+        y0 = cuda.blockIdx.y * TH
+        left = x0 - ax
+        top = y0 - ay
 
-        # 1. Load. Thread (r0, q) loads word q of rows r0, r0 + row_step, ...
-        n_q = uint32((n_in_lanes + THREE) >> TWO)
-        row_step = uint32(T_U // n_q)
-        r = uint32(tid // n_q)
-        q = uint32(tid - r * n_q)
-        if r >= row_step:  # a partial group of rows would load words twice
-            r = n_in_rows
-        bottom = top + int32(n_in_rows) - 1
-        word_end = left * C + int32(4 * n_q)
+        # 1. Load. Thread (r, q) loads word q of input rows r, r + ROW_STEP, ...
+        r = tid // NQ_U
+        q = tid - r * NQ_U
+        word_end = left * C + 4 * NQ
         interior = (
-            top >= 0 and bottom < height and left >= 0 and word_end <= pitch
-            and uint32(bottom * pitch + word_end) // uint32(4) < uint32(n_words)
+            top >= 0 and top + IN_ROWS <= height and left >= 0 and word_end <= pitch
+            and ((top + IN_ROWS - 1) * pitch + word_end) // 4 < n_words
         )  # fmt: skip
-        lane = int32(4 * q)
-        if interior:
-            col = uint32(left * C + lane)
-            while r < n_in_rows:
-                a = uint32(uint32(top + int32(r)) * uint32(pitch) + col)
-                wi = uint32(a >> TWO)
-                lo = uint64(src32[wi])
-                hi = uint64(src32[wi + ONE])
-                shift = uint64(EIGHT * (a & THREE))
-                in32[r * in_words + q] = uint32(((hi << uint64(32)) | lo) >> shift)
-                r = uint32(r + row_step)
-        elif r < n_in_rows:
-            c0 = int32(_lane_column(lane, n_in_lanes, left, width, C, mode))
-            c1 = int32(_lane_column(lane + 1, n_in_lanes, left, width, C, mode))
-            c2 = int32(_lane_column(lane + 2, n_in_lanes, left, width, C, mode))
-            c3 = int32(_lane_column(lane + 3, n_in_lanes, left, width, C, mode))
-            while r < n_in_rows:
-                yy = border_index(top + int32(r), height, mode)
-                ro = int32(-1) if yy < 0 else int32(yy * pitch)
-                b0 = _byte(src8, ro, c0, cval)
-                b1 = _byte(src8, ro, c1, cval)
-                b2 = _byte(src8, ro, c2, cval)
-                b3 = _byte(src8, ro, c3, cval)
-                word = uint32(b0 | (b1 << EIGHT) | (b2 << SIXTEEN) | (b3 << TWENTY_FOUR))
-                in32[r * in_words + q] = word
-                r = uint32(r + row_step)
-        cuda.syncthreads()
-
-        # 2. Horizontal: item (rr, c, run) slides over RUN outputs of channel c of input
-        # row rr; consecutive threads take consecutive rows (rows start in different banks).
-        n_runs = uint32((out_w + RUN_U - ONE) // RUN_U)
-        n_items = uint32(n_in_rows * C_U * n_runs)
-        kwc = uint32(kw_u * C_U)
-        item = tid
-        while item < n_items:
-            rest = uint32(item // n_in_rows)
-            rr = uint32(item - rest * n_in_rows)
-            ri = uint32(rest // C_U)
-            c = uint32(rest - ri * C_U)
-            xs = uint32(ri * RUN_U)
-            leaving = uint32(rr * in_pitch + xs * C_U + c)
-            entering = uint32(leaving + kwc)
-            acc = uint32(0)
-            p = leaving
-            while p < entering:
-                acc = uint32(acc + in8[p])
-                p = uint32(p + C_U)
-            dst = uint32(hs0 + rr * hs_pitch + xs * C_U + c)
-            hs16[dst] = acc
-            if xs + RUN_U <= out_w:  # a full run: straight-line code, constant offsets
-                for k in range(1, RUN):
-                    j = uint32((k - 1) * C)
-                    acc = uint32(acc + in8[entering + j] - in8[leaving + j])
-                    hs16[dst + uint32(k * C)] = acc
+        if r < ROW_STEP_U:  # a partial sweep of rows would load words twice
+            if interior:
+                col = uint64(top * pitch + left * C) + FOUR_U * q
+                for i in range(LOAD_ITERS):
+                    rr = r + U(i * ROW_STEP)
+                    if rr < IN_ROWS_U:
+                        a = col + rr * upitch
+                        wi = a >> TWO_U
+                        lo = uint64(src32[wi])
+                        hi = uint64(src32[wi + ONE_U])
+                        shift = (a & THREE_U) * EIGHT_U
+                        in32[rr * IN_WORDS_U + q] = uint32(((hi << U(32)) | lo) >> shift)
             else:
-                last = uint32((out_w - xs) * C_U)
-                k = C_U
-                while k < last:
-                    acc = uint32(acc + in8[entering] - in8[leaving])
-                    hs16[dst + k] = acc
-                    entering = uint32(entering + C_U)
-                    leaving = uint32(leaving + C_U)
-                    k = uint32(k + C_U)
-            item = uint32(item + T_U)
+                lane = int64(FOUR_U * q)
+                c0 = _lane_column(lane, IN_LANES, left, width, C, mode)
+                c1 = _lane_column(lane + 1, IN_LANES, left, width, C, mode)
+                c2 = _lane_column(lane + 2, IN_LANES, left, width, C, mode)
+                c3 = _lane_column(lane + 3, IN_LANES, left, width, C, mode)
+                rr = r
+                while rr < IN_ROWS_U:
+                    yy = border_index(top + int64(rr), height, mode)
+                    ro = -1 if yy < 0 else yy * pitch
+                    b0 = _byte(src8, ro, c0, cval)
+                    b1 = _byte(src8, ro, c1, cval)
+                    b2 = _byte(src8, ro, c2, cval)
+                    b3 = _byte(src8, ro, c3, cval)
+                    word = uint32(b0 | (b1 << EIGHT) | (b2 << SIXTEEN) | (b3 << TWENTY_FOUR))
+                    in32[rr * IN_WORDS_U + q] = word
+                    rr += ROW_STEP_U
         cuda.syncthreads()
 
-        # 3. Vertical: thread (g, q) sums lanes 4q..4q+3 over the rows of group g.
-        n_o = uint32((n_out_lanes + THREE) >> TWO)
-        g = uint32(tid // n_o)
-        q = uint32(tid - g * n_o)
-        per_group = uint32((out_h + uint32(groups) - ONE) // uint32(groups))
-        first = uint32(g * per_group)
-        if g < uint32(groups) and first < out_h:
-            end = uint32(min(first + per_group, out_h))
-            area32 = uint32(area)
-            magic32 = uint32(magic)
-            shift32 = uint32(shift_hi)
-            hs_words = uint32(hs_pitch >> ONE)
-            base = uint32((hs0 >> ONE) + first * hs_words + 2 * q)  # in 32-bit words
+        # 2. Horizontal: item (rr, c, run) slides over the outputs of one run of channel
+        # c of input row rr; consecutive threads take consecutive rows (rows start in
+        # different banks).
+        for it in range(ITEM_ITERS):
+            item = tid + U(it * T)
+            if item < N_ITEMS_U:
+                rest = item // IN_ROWS_U
+                rr = item - rest * IN_ROWS_U
+                ri = rest // C_U
+                c = rest - ri * C_U
+                xs = ri * RUN_U
+                leaving = rr * IN_PITCH_U + xs * C_U + c
+                acc = uint32(0)
+                for j in range(KW):
+                    acc = uint32(acc + in8[leaving + U(j * C)])
+                dst = HS0_U + rr * HS_PITCH_U + xs * C_U + c
+                hs16[dst] = acc
+                if ri < FULL_RUNS_U:
+                    for k in range(1, RUN):
+                        enter = in8[leaving + U((k - 1 + KW) * C)]
+                        acc = uint32(acc + enter - in8[leaving + U((k - 1) * C)])
+                        hs16[dst + U(k * C)] = acc
+                else:
+                    for k in range(1, LAST_RUN):
+                        enter = in8[leaving + U((k - 1 + KW) * C)]
+                        acc = uint32(acc + enter - in8[leaving + U((k - 1) * C)])
+                        hs16[dst + U(k * C)] = acc
+        cuda.syncthreads()
+
+        # 3. Vertical: thread (g, q) sums lanes 4q..4q+3 over the rows of group g and
+        # stores the rounded means of the rows inside the image.
+        g = tid // NO_U
+        q = tid - g * NO_U
+        first = int64(g * PER_GROUP_U)
+        out_h = min(TH, height - y0)
+        lane = FOUR_U * q
+        n_valid = min(TW, width - x0) * C - int64(lane)  # lanes of this word in the image
+        if g < G_U and first < out_h and n_valid > 0:
+            base = HS0W_U + g * (PER_GROUP_U * HS_WORDS_U) + TWO_U * q  # in 32-bit words
             s0 = uint32(0)
             s1 = uint32(0)
             s2 = uint32(0)
             s3 = uint32(0)
-            i = uint32(0)
-            while i < kh_u:
-                a = hs32[base + i * hs_words]
-                b = hs32[base + i * hs_words + ONE]
+            for i in range(KH):
+                a = hs32[base + U(i * HS_WORDS)]
+                b = hs32[base + U(i * HS_WORDS + 1)]
                 s0 = uint32(s0 + (a & LOW16))
                 s1 = uint32(s1 + (a >> SIXTEEN))
                 s2 = uint32(s2 + (b & LOW16))
                 s3 = uint32(s3 + (b >> SIXTEEN))
-                i = uint32(i + ONE)
-            lane_u = uint32(4 * q)
-            n_valid = uint32(min(n_out_lanes - lane_u, uint32(4)))
-            out_row = uint32(uint32(y0) + first) * uint32(pitch) + uint32(x0 * C) + lane_u
+            o = uint64((y0 + first) * pitch + x0 * C) + lane
             leave = base
-            enter = uint32(base + kh_u * hs_words)
+            enter = base + U(KH * HS_WORDS)
+            end = min(first + PER_GROUP, out_h)
             y = first
             while True:
-                out8[out_row] = _mean(s0, area32, magic32, shift32, EVEN)
-                if n_valid == uint32(4):
-                    out8[out_row + ONE] = _mean(s1, area32, magic32, shift32, EVEN)
-                    out8[out_row + TWO] = _mean(s2, area32, magic32, shift32, EVEN)
-                    out8[out_row + THREE] = _mean(s3, area32, magic32, shift32, EVEN)
+                out8[o] = _mean(s0, AREA_U, MAGIC_U, SHIFT_U, EVEN)
+                if n_valid >= 4:
+                    out8[o + ONE_U] = _mean(s1, AREA_U, MAGIC_U, SHIFT_U, EVEN)
+                    out8[o + TWO_U] = _mean(s2, AREA_U, MAGIC_U, SHIFT_U, EVEN)
+                    out8[o + THREE_U] = _mean(s3, AREA_U, MAGIC_U, SHIFT_U, EVEN)
                 else:
-                    if n_valid > ONE:
-                        out8[out_row + ONE] = _mean(s1, area32, magic32, shift32, EVEN)
-                    if n_valid > TWO:
-                        out8[out_row + TWO] = _mean(s2, area32, magic32, shift32, EVEN)
-                y = uint32(y + ONE)
+                    if n_valid > 1:
+                        out8[o + ONE_U] = _mean(s1, AREA_U, MAGIC_U, SHIFT_U, EVEN)
+                    if n_valid > 2:
+                        out8[o + TWO_U] = _mean(s2, AREA_U, MAGIC_U, SHIFT_U, EVEN)
+                y += 1
                 if y >= end:
                     break
                 a = hs32[enter]
-                b = hs32[enter + ONE]
+                b = hs32[enter + ONE_U]
                 d = hs32[leave]
-                e = hs32[leave + ONE]
+                e = hs32[leave + ONE_U]
                 s0 = uint32(s0 + (a & LOW16) - (d & LOW16))
                 s1 = uint32(s1 + (a >> SIXTEEN) - (d >> SIXTEEN))
                 s2 = uint32(s2 + (b & LOW16) - (e & LOW16))
                 s3 = uint32(s3 + (b >> SIXTEEN) - (e >> SIXTEEN))
-                enter = uint32(enter + hs_words)
-                leave = uint32(leave + hs_words)
-                out_row = uint32(out_row + uint32(pitch))
+                enter += HS_WORDS_U
+                leave += HS_WORDS_U
+                o += upitch
 
     return box_tiled
 
@@ -253,9 +254,11 @@ def _make_box_tiled(channels: int, threads: int, run: int, even: bool):
 _KERNELS: dict = {}
 
 
-def kernel_for(channels: int, threads: int, run: int, even: bool):
-    """The compiled-on-demand kernel for this specialisation (kept per process)."""
-    key = (channels, threads, run, bool(even))
+def kernel_for(channels: int, ksize: tuple, geometry: dict):
+    """The compiled-on-demand kernel for this image's channels, box and
+    `kernels.box_plan.tiled_plan` geometry (kept per process)."""
+    g = geometry
+    key = (channels, tuple(ksize), g["threads"], g["run"], g["tile_w"], g["tile_h"], g["groups"])
     if key not in _KERNELS:
         _KERNELS[key] = _make_box_tiled(*key)
     return _KERNELS[key]
@@ -270,7 +273,11 @@ def box_tiled(img, ksize, anchor, mode, cval, out=None, geometry: dict | None = 
     if geo is None:
         raise ValueError("box_tiled handles uint8 images with boxes small next to its tiles")
     out, src, dst, n = flat_images(img, out, "box_tiled")
-    kernel = kernel_for(img.shape[2], geo["threads"], geo["run"], geo["even"])
-    args = tiled_args(img.shape, ksize, anchor, mode, cval, geo)
-    kernel[geo["grid"], geo["threads"], 0, geo["smem"]](src, words(src), n // 4, *args, dst)
+    kernel = kernel_for(img.shape[2], ksize, geo)
+    args = (src, words(src), n // 4, *tiled_args(img.shape, ksize, anchor, mode, cval, geo), dst)
+    if geo["smem"] > SMEM_LIMIT:
+        compiled = kernel.compile(tuple(typeof(a) for a in args))
+        if not allow_dynamic_smem(compiled, geo["smem"]):
+            raise ValueError(f"the device cannot give box_tiled {geo['smem']} bytes of shared memory")
+    kernel[geo["grid"], geo["threads"], 0, geo["smem"]](*args)
     return out

@@ -82,7 +82,7 @@ def test_quick_box_looks_for_the_cubin_of_the_kernel_box_auto_runs(monkeypatch):
     from kernels import box_plan
 
     names = {
-        "tiled": lambda geo, dtype: cubins.tiled_name(geo, 3),
+        "tiled": lambda geo, dtype: cubins.tiled_name(geo, 3, (21, 21)),
         "fused": lambda geo, dtype: cubins.box_name(geo, 3, dtype),
         "packed": lambda geo, dtype: cubins.packed_name(geo, 3),
     }
@@ -189,8 +189,8 @@ def test_cubin_store_round_trip_and_refusals(tmp_path, monkeypatch):
 def test_store_name_carries_the_specialisation():
     geo = {"sum_type": np.uint16, "magic_rounding": True}
     assert cubins.box_name(geo, 3, np.uint8) == "box_fused-uint8-uint16-c3-m1"
-    tiled = {"threads": 256, "run": 16, "even": False}
-    assert cubins.tiled_name(tiled, 3) == "box_tiled-c3-t256-r16-e0"
+    tiled = {"threads": 256, "run": 16, "tile_w": 64, "tile_h": 32, "groups": 2}
+    assert cubins.tiled_name(tiled, 3, (21, 5)) == "box_tiled-c3-k21x5-t256-r16-w64-h32-g2"
     assert cubins.contour_name(4, np.uint16) == "contour-uint16-c4"
     assert cubins.blocked_name(21, 5, np.float32) == "blocked-float32-21x5"
 

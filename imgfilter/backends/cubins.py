@@ -40,11 +40,15 @@ def packed_name(geometry: dict, channels: int) -> str:
     return f"box_packed-c{channels}-r{g['run']}-t{g['threads']}-e{int(g['even'])}"
 
 
-def tiled_name(geometry: dict, channels: int) -> str:
+def tiled_name(geometry: dict, channels: int, ksize: tuple) -> str:
     """Name of the box_tiled specialisation that `kernels.box_plan.tiled_plan` chose
-    (`kernels.box_tiled.kernel_for(channels, threads, run, even)`)."""
+    (`kernels.box_tiled.kernel_for(channels, ksize, geometry)`)."""
     g = geometry
-    return f"box_tiled-c{channels}-t{g['threads']}-r{g['run']}-e{int(g['even'])}"
+    kh, kw = ksize
+    return (
+        f"box_tiled-c{channels}-k{kh}x{kw}-t{g['threads']}-r{g['run']}"
+        f"-w{g['tile_w']}-h{g['tile_h']}-g{g['groups']}"
+    )
 
 
 def contour_name(channels: int, dtype) -> str:

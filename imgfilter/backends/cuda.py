@@ -159,8 +159,8 @@ def _export_box(dimg, ksize: tuple) -> None:
     channels, dtype = dimg.shape[2], dimg.dtype
     method, geo = _box.box_choice(dimg, ksize)
     if method == "tiled":
-        kernel = _box_tiled.kernel_for(channels, geo["threads"], geo["run"], geo["even"])
-        _export(kernel, cubins.tiled_name(geo, channels), (dtype, np.uint32, dtype))
+        kernel = _box_tiled.kernel_for(channels, ksize, geo)
+        _export(kernel, cubins.tiled_name(geo, channels, ksize), (dtype, np.uint32, dtype))
     elif method == "packed":
         kernel = _box_packed.kernel_for(channels, geo["run"], geo["threads"], geo["even"])
         _export(kernel, cubins.packed_name(geo, channels), (dtype, np.uint32, dtype, np.uint32))
