@@ -50,7 +50,6 @@ def _kernel(name: str, channels: int, box: int = 21, geometry: dict | None = Non
     i64 = types.int64
     if name == "tiled":
         from kernels import box_tiled as mod
-
         from kernels.box_plan import tiled_plan
 
         ksize = (box, box)

@@ -278,6 +278,6 @@ def box_tiled(img, ksize, anchor, mode, cval, out=None, geometry: dict | None = 
     if geo["smem"] > SMEM_LIMIT:
         compiled = kernel.compile(tuple(typeof(a) for a in args))
         if not allow_dynamic_smem(compiled, geo["smem"]):
-            raise ValueError(f"the device cannot give box_tiled {geo['smem']} bytes of shared memory")
+            raise ValueError(f"the device cannot give box_tiled {geo['smem']} B of shared memory")
     kernel[geo["grid"], geo["threads"], 0, geo["smem"]](*args)
     return out

@@ -125,7 +125,8 @@ def _packed_quick(img, ksize, anchor, border, value, geo) -> np.ndarray | None:
 
 def _tiled_quick(img, ksize, anchor, border, value, geo) -> np.ndarray | None:
     args = box_plan.tiled_args(img.shape, ksize, anchor, border, value, geo)
-    return _word_kernel_quick(img, geo, args, cubins.tiled_name(geo, img.shape[2], ksize), out_words=False)
+    name = cubins.tiled_name(geo, img.shape[2], ksize)
+    return _word_kernel_quick(img, geo, args, name, out_words=False)
 
 
 def _word_kernel_quick(img, geo, args, name: str, out_words: bool) -> np.ndarray | None:
