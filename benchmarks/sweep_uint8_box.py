@@ -33,12 +33,15 @@ def _grid(kernel: str) -> list[dict]:
         ]
     big = 100 * 1024  # taller tiles opt in to more than 48 KiB of shared memory
     return [
-        *(dict(threads=256, tile_w=64, tile_h=32, groups=g) for g in (1, 2, 3)),
-        dict(threads=256, tile_w=64, tile_h=32, groups=2, run=32),
-        *(dict(threads=256, tile_w=128, tile_h=32, groups=g) for g in (1, 2)),
-        *(dict(threads=128, tile_w=64, tile_h=32, groups=g) for g in (1, 2)),
-        *(dict(threads=256, tile_w=64, tile_h=64, groups=g, smem_limit=big) for g in (2, 4)),
-        *(dict(threads=512, tile_w=64, tile_h=64, groups=g, smem_limit=big) for g in (4, 8)),
+        *(dict(threads=256, tile_w=64, tile_h=32, groups=2, min_blocks=b) for b in (0, 6, 8)),
+        *(dict(threads=256, tile_w=64, tile_h=48, groups=3, min_blocks=b) for b in (0, 5)),
+        dict(threads=384, tile_w=64, tile_h=48, groups=6, min_blocks=0),
+        dict(threads=256, tile_w=128, tile_h=32, groups=2, min_blocks=0),
+        dict(threads=256, tile_w=64, tile_h=64, groups=4, smem_limit=big, min_blocks=0),
+        *(
+            dict(threads=512, tile_w=64, tile_h=64, groups=g, smem_limit=big, min_blocks=b)
+            for g, b in ((8, 0), (8, 4), (4, 4))
+        ),  # fmt: skip
     ]
 
 

@@ -221,6 +221,7 @@ TILED_W = 64  # output pixels per tile
 TILED_H = 32  # output rows per tile
 TILED_GROUPS = 2  # runs of rows the vertical phase splits a tile into
 TILED_MIN_H = 8  # the shortest tile the default geometry shrinks to
+TILED_MIN_BLOCKS = 0  # launch bounds: resident blocks per SM the registers must allow
 # The largest box side `choose` gives box_tiled. H100 2026-11-23 21:07 UTC
 # (benchmarks/results/2026-11-23d-h100-sweep-tiled.txt), box_tiled vs box_fused in one
 # run: 2167x2495x3 34.6/54.3/71.4 vs 54.1/69.1/82.1 us at k=3/21/31, 4K 53.5/79.9/108.7
@@ -242,7 +243,7 @@ def tiled_smem(channels: int, ksize: tuple, tile_w: int, tile_h: int) -> int:
 
 def tiled_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0,
                tile_w: int = 0, tile_h: int = 0, groups: int = 0,
-               smem_limit: int = SMEM_LIMIT) -> dict | None:  # fmt: skip
+               smem_limit: int = SMEM_LIMIT, min_blocks: int = -1) -> dict | None:  # fmt: skip
     """Launch geometry of `kernels.box_tiled`, or None where it does not apply.
 
     It applies to uint8 images of fewer than 2**31 bytes and boxes of at most 257
@@ -252,7 +253,9 @@ def tiled_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0
     than TILED_MIN_H rows (below that the box rows re-read per tile cost more than the
     tile). Grids taller than CUDA's 65535 blocks are declined. A `smem_limit` above
     48 KiB allows taller tiles: `kernels.box_tiled` then opts in to that much shared
-    memory (H100: up to 227 KiB per block).
+    memory (H100: up to 227 KiB per block). `min_blocks` > 0 caps the kernel's
+    registers so that many blocks fit an SM (launch bounds; 0: the compiler's
+    choice; -1: TILED_MIN_BLOCKS).
     """
     height, width, channels = shape
     kh, kw = ksize
@@ -281,6 +284,7 @@ def tiled_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0
         "tile_w": tile_w,
         "tile_h": tile_h,
         "groups": groups,
+        "min_blocks": TILED_MIN_BLOCKS if min_blocks < 0 else min_blocks,
         "even": (kh * kw) % 2 == 0,
         "smem": smem,
         "grid": (cdiv(width, tile_w), cdiv(height, tile_h)),

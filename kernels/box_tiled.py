@@ -30,7 +30,7 @@ the box: `kernels.box_plan.tiled_plan` declines boxes too big for its tiles.
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, int64, typeof, uint8, uint16, uint32, uint64
+from numba import config, cuda, int64, typeof, uint8, uint16, uint32, uint64
 
 from .box_fused import _lane_column
 from .box_packed import flat_images, words
@@ -38,6 +38,7 @@ from .box_plan import packed_magic, tiled_args, tiled_plan
 from .device import border_index
 from .launch import SMEM_LIMIT, allow_dynamic_smem
 
+SIMULATOR = bool(config.ENABLE_CUDASIM)
 LOW16 = np.uint32(0xFFFF)
 ZERO = np.uint32(0)
 ONE = np.uint32(1)
@@ -54,6 +55,19 @@ def _byte(src8, row_off, col, cval):
     return uint32(src8[row_off + col])
 
 
+def _reciprocal(d: int) -> np.uint64:
+    """m with (n * m) >> 32 == n // d for every n * d < 2**32 (m = ceil(2**32 / d):
+    the error n * (m * d - 2**32) / (d * 2**32) stays below 1 / d)."""
+    return np.uint64(-(-(1 << 32) // d))
+
+
+@cuda.jit(device=True)
+def _div(n, m):
+    """n // d for small n, with m = _reciprocal(d): one 32 x 32-bit multiply-high
+    (Numba's own division by a constant runs in 64 bits)."""
+    return uint64((uint64(uint32(n)) * m) >> uint64(32))
+
+
 @cuda.jit(device=True)
 def _mean(acc, area, magic, shift_hi, even):
     """round(acc / area) half to even: floor(t / (2 area)) with t = 2 acc + area, by a
@@ -66,12 +80,14 @@ def _mean(acc, area, magic, shift_hi, even):
 
 
 def _make_box_tiled(channels: int, ksize: tuple, threads: int, run: int, tile_w: int,
-                    tile_h: int, groups: int):  # fmt: skip
+                    tile_h: int, groups: int, min_blocks: int):  # fmt: skip
     """The kernel for one specialisation: `channels`, the box `ksize` = (kh, kw), and
     the geometry of `kernels.box_plan.tiled_plan` (threads per block, outputs per
     horizontal slide, tile_w x tile_h output pixels per tile, row groups of the
-    vertical phase). Every size is a compile-time constant, so divisions become
-    multiplies, the box loops unroll and shared-memory offsets fold into the loads.
+    vertical phase, and min_blocks > 0 to ask the compiler for registers enough for
+    that many resident blocks per SM: CUDA launch bounds). Every size is a
+    compile-time constant, so divisions become multiplies, the box loops unroll and
+    shared-memory offsets fold into the loads.
     Tiles past the image's right or bottom edge compute their whole area from
     border-mapped input and store only what lies inside."""
     C = channels
@@ -108,9 +124,14 @@ def _make_box_tiled(channels: int, ksize: tuple, threads: int, run: int, tile_w:
     C_U, RUN_U, FULL_RUNS_U, N_ITEMS_U = U(C), U(RUN), U(FULL_RUNS), U(N_ITEMS)
     HS0_U, HS0W_U, HS_PITCH_U, HS_WORDS_U = U(HS0), U(HS0 // 2), U(HS_PITCH), U(HS_WORDS)
     NO_U, G_U, PER_GROUP_U, ROW_STEP_U = U(NO), U(G), U(PER_GROUP), U(ROW_STEP)
-    ONE_U, TWO_U, THREE_U, FOUR_U, EIGHT_U = U(1), U(2), U(3), U(4), U(8)
+    ONE_U, TWO_U, THREE_U, FOUR_U = U(1), U(2), U(3), U(4)
+    BY_NQ, BY_IN_ROWS, BY_C, BY_NO = (_reciprocal(d) for d in (NQ, IN_ROWS, C, NO))
+    FULL_SWEEPS = IN_ROWS // ROW_STEP  # sweeps whose rows all exist
+    STEP32 = np.uint32(ROW_STEP)
+    # Launch bounds are a compile option; the simulator's jit takes none.
+    bounds = {"launch_bounds": (T, min_blocks)} if min_blocks and not SIMULATOR else {}
 
-    @cuda.jit(cache=True)
+    @cuda.jit(cache=True, **bounds)
     def box_tiled(src8, src32, n_words, height, width, kh, kw, ay, ax, mode, cval, area,
                   magic, shift_hi, tile_w, tile_h, groups, out8):  # fmt: skip
         """src8/out8: the image as flat bytes; src32: its whole 32-bit words. kh, kw,
@@ -129,7 +150,7 @@ def _make_box_tiled(channels: int, ksize: tuple, threads: int, run: int, tile_w:
         top = y0 - ay
 
         # 1. Load. Thread (r, q) loads word q of input rows r, r + ROW_STEP, ...
-        r = tid // NQ_U
+        r = _div(tid, BY_NQ)
         q = tid - r * NQ_U
         word_end = left * C + 4 * NQ
         interior = (
@@ -138,16 +159,19 @@ def _make_box_tiled(channels: int, ksize: tuple, threads: int, run: int, tile_w:
         )  # fmt: skip
         if r < ROW_STEP_U:  # a partial sweep of rows would load words twice
             if interior:
-                col = uint64(top * pitch + left * C) + FOUR_U * q
+                # 32-bit byte offsets (the image is < 2 GiB), one multiply-add per row.
+                a0 = uint32(uint32((top + int64(r)) * pitch + left * C) + uint32(FOUR_U * q))
+                step = uint32(STEP32 * uint32(pitch))
+                dst = r * IN_WORDS_U + q
                 for i in range(LOAD_ITERS):
-                    rr = r + U(i * ROW_STEP)
-                    if rr < IN_ROWS_U:
-                        a = col + rr * upitch
-                        wi = a >> TWO_U
+                    if i < FULL_SWEEPS or r + U(i * ROW_STEP) < IN_ROWS_U:
+                        a = uint32(a0 + uint32(i) * step)
+                        wi = uint32(a >> 2)
                         lo = uint64(src32[wi])
-                        hi = uint64(src32[wi + ONE_U])
-                        shift = (a & THREE_U) * EIGHT_U
-                        in32[rr * IN_WORDS_U + q] = uint32(((hi << U(32)) | lo) >> shift)
+                        hi = uint64(src32[uint32(wi + 1)])
+                        shift = uint64(uint32(a & 3) * uint32(8))
+                        word = uint32(((hi << U(32)) | lo) >> shift)
+                        in32[dst + U(i * ROW_STEP * IN_WORDS)] = word
             else:
                 lane = int64(FOUR_U * q)
                 c0 = _lane_column(lane, IN_LANES, left, width, C, mode)
@@ -173,9 +197,9 @@ def _make_box_tiled(channels: int, ksize: tuple, threads: int, run: int, tile_w:
         for it in range(ITEM_ITERS):
             item = tid + U(it * T)
             if item < N_ITEMS_U:
-                rest = item // IN_ROWS_U
+                rest = _div(item, BY_IN_ROWS)
                 rr = item - rest * IN_ROWS_U
-                ri = rest // C_U
+                ri = _div(rest, BY_C)
                 c = rest - ri * C_U
                 xs = ri * RUN_U
                 leaving = rr * IN_PITCH_U + xs * C_U + c
@@ -198,7 +222,7 @@ def _make_box_tiled(channels: int, ksize: tuple, threads: int, run: int, tile_w:
 
         # 3. Vertical: thread (g, q) sums lanes 4q..4q+3 over the rows of group g and
         # stores the rounded means of the rows inside the image.
-        g = tid // NO_U
+        g = _div(tid, BY_NO)
         q = tid - g * NO_U
         first = int64(g * PER_GROUP_U)
         out_h = min(TH, height - y0)
@@ -258,7 +282,8 @@ def kernel_for(channels: int, ksize: tuple, geometry: dict):
     """The compiled-on-demand kernel for this image's channels, box and
     `kernels.box_plan.tiled_plan` geometry (kept per process)."""
     g = geometry
-    key = (channels, tuple(ksize), g["threads"], g["run"], g["tile_w"], g["tile_h"], g["groups"])
+    key = (channels, tuple(ksize), g["threads"], g["run"], g["tile_w"], g["tile_h"], g["groups"],
+           g.get("min_blocks", 0))  # fmt: skip
     if key not in _KERNELS:
         _KERNELS[key] = _make_box_tiled(*key)
     return _KERNELS[key]

@@ -190,7 +190,7 @@ def test_store_name_carries_the_specialisation():
     geo = {"sum_type": np.uint16, "magic_rounding": True}
     assert cubins.box_name(geo, 3, np.uint8) == "box_fused-uint8-uint16-c3-m1"
     tiled = {"threads": 256, "run": 16, "tile_w": 64, "tile_h": 32, "groups": 2}
-    assert cubins.tiled_name(tiled, 3, (21, 5)) == "box_tiled-c3-k21x5-t256-r16-w64-h32-g2"
+    assert cubins.tiled_name(tiled, 3, (21, 5)) == "box_tiled-c3-k21x5-t256-r16-w64-h32-g2-b0"
     assert cubins.contour_name(4, np.uint16) == "contour-uint16-c4"
     assert cubins.blocked_name(21, 5, np.float32) == "blocked-float32-21x5"
 
