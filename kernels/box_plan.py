@@ -215,13 +215,20 @@ def choose(shape: tuple, dtype, ksize: tuple) -> tuple[str, dict | None]:
 
 # ------------------------------------------------------------------ kernels.box_tiled
 
-TILED_THREADS = 256
+# Default geometry: H100 2026-11-24 16:2x UTC sweep (benchmarks/results/
+# 2026-11-24-h100-sweep-tiled.txt), 2167x2495x3, k=3/21/31: 512 threads on 64x64 tiles,
+# 4 row groups, launch bounds for 4 blocks per SM: 31.8/42.4/53.3 us; 256 threads on
+# 64x32 tiles, 2 groups (the previous default): 32.2/45.8/65.1 us.
+TILED_THREADS = 512
 TILED_RUN = 16  # outputs per horizontal slide
 TILED_W = 64  # output pixels per tile
-TILED_H = 32  # output rows per tile
-TILED_GROUPS = 2  # runs of rows the vertical phase splits a tile into
+TILED_H = 64  # output rows per tile
+TILED_GROUPS = 4  # runs of rows the vertical phase splits a tile into
 TILED_MIN_H = 8  # the shortest tile the default geometry shrinks to
-TILED_MIN_BLOCKS = 0  # launch bounds: resident blocks per SM the registers must allow
+TILED_MIN_BLOCKS = 4  # launch bounds: resident blocks per SM the registers must allow
+# Shared memory the default geometry may use (k=31 on 64x64 tiles: 63168 bytes); above
+# 48 KiB the launch opts in (an H100 gives up to 227 KiB per block).
+TILED_SMEM_LIMIT = 96 * 1024
 # The largest box side `choose` gives box_tiled. H100 2026-11-23 21:07 UTC
 # (benchmarks/results/2026-11-23d-h100-sweep-tiled.txt), box_tiled vs box_fused in one
 # run: 2167x2495x3 34.6/54.3/71.4 vs 54.1/69.1/82.1 us at k=3/21/31, 4K 53.5/79.9/108.7
@@ -243,17 +250,18 @@ def tiled_smem(channels: int, ksize: tuple, tile_w: int, tile_h: int) -> int:
 
 def tiled_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0,
                tile_w: int = 0, tile_h: int = 0, groups: int = 0,
-               smem_limit: int = SMEM_LIMIT, min_blocks: int = -1) -> dict | None:  # fmt: skip
+               smem_limit: int = TILED_SMEM_LIMIT, min_blocks: int = -1,
+               ) -> dict | None:  # fmt: skip
     """Launch geometry of `kernels.box_tiled`, or None where it does not apply.
 
     It applies to uint8 images of fewer than 2**31 bytes and boxes of at most 257
     columns (16-bit row sums) whose sums stay below 2**25, where a tile's input row
-    is at most 4 * threads bytes and its shared memory fits the default 48 KiB. With
+    is at most 4 * threads bytes and its shared memory fits `smem_limit`. With
     tile_h=0, a default tile too tall for that memory is halved while it is taller
     than TILED_MIN_H rows (below that the box rows re-read per tile cost more than the
-    tile). Grids taller than CUDA's 65535 blocks are declined. A `smem_limit` above
-    48 KiB allows taller tiles: `kernels.box_tiled` then opts in to that much shared
-    memory (H100: up to 227 KiB per block). `min_blocks` > 0 caps the kernel's
+    tile). Grids taller than CUDA's 65535 blocks are declined. Above 48 KiB of shared
+    memory `kernels.box_tiled` (and the quick start's launch) opts in to it (H100: up
+    to 227 KiB per block). `min_blocks` > 0 caps the kernel's
     registers so that many blocks fit an SM (launch bounds; 0: the compiler's
     choice; -1: TILED_MIN_BLOCKS).
     """

@@ -98,11 +98,14 @@ def test_widest_box_keeps_sixteen_bit_row_sums_exact():
 def test_plan_declines_what_it_cannot_do():
     assert box_plan.tiled_plan((10, 10, 3), np.uint16, (3, 3)) is None
     assert box_plan.tiled_plan((10, 300, 1), np.uint8, (3, 258)) is None  # 16-bit row sums
-    assert box_plan.tiled_plan((2167, 2495, 3), np.uint8, (101, 101)) is None  # tile too small
-    assert box_plan.tiled_plan((2_200_000, 1, 1), np.uint8, (3, 3)) is None  # grid y > 65535
+    too_small = box_plan.tiled_plan((2167, 2495, 3), np.uint8, (101, 101), smem_limit=48 * 1024)
+    assert too_small is None  # a 48 KiB tile would be shorter than TILED_MIN_H rows
+    assert box_plan.tiled_plan((4_200_000, 1, 1), np.uint8, (3, 3)) is None  # grid y > 65535
     geo = box_plan.tiled_plan((2167, 2495, 3), np.uint8, (21, 21))
-    assert geo["smem"] <= box_plan.SMEM_LIMIT
+    assert box_plan.SMEM_LIMIT < geo["smem"] <= box_plan.TILED_SMEM_LIMIT  # opts in
     assert (geo["tile_w"] + 20) * 3 <= 4 * geo["threads"]
+    small = box_plan.tiled_plan((2167, 2495, 3), np.uint8, (31, 31), smem_limit=48 * 1024)
+    assert small["smem"] <= 48 * 1024 and small["tile_h"] == box_plan.TILED_H // 2
     with pytest.raises(ValueError, match="box_tiled handles"):
         ktiled.box_tiled(cuda.to_device(np.ones((4, 4, 1), np.uint16)), (3, 3), (1, 1), 0, 0)
 
@@ -111,7 +114,7 @@ def test_box_auto_runs_box_tiled_for_small_uint8_boxes(monkeypatch):
     ran = []
     real = ktiled.box_tiled
     monkeypatch.setattr(ktiled, "box_tiled", lambda *a: ran.append(a[-1]) or real(*a))
-    img = _image((35, 70, 3), seed=11)  # default geometry: 2 x 2 tiles
+    img = _image((70, 70, 3), seed=11)  # default geometry: 2 x 2 tiles
     for ksize, anchor, border in [((5, 5), (2, 2), "reflect101"), ((3, 7), (0, 6), "constant")]:
         d_img = cuda.to_device(img)
         got = kbox.box_auto(d_img, ksize, anchor, BORDERS[border], 9).copy_to_host()

@@ -21,6 +21,8 @@ if TYPE_CHECKING:  # NumPy is imported where needed: the driver may open before 
 
 _LIBS = ("libcuda.so.1", "libcuda.so", "nvcuda.dll")
 _ATTR_CC_MAJOR, _ATTR_CC_MINOR = 75, 76  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_*
+_ATTR_MAX_DYNAMIC_SMEM = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_SMEM_DEFAULT = 48 * 1024  # dynamic shared memory a launch gets without opting in
 
 
 class DriverError(RuntimeError):
@@ -100,7 +102,10 @@ class Driver:
         return out
 
     def launch(self, fn, grid: Sequence[int], block: Sequence[int], smem: int, params) -> None:
-        """Launch on the default stream and wait; `params` are ctypes values in order."""
+        """Launch on the default stream and wait; `params` are ctypes values in order.
+        More than 48 KiB of dynamic shared memory is opted in to first."""
+        if smem > _SMEM_DEFAULT:
+            self._call("cuFuncSetAttribute", fn, _ATTR_MAX_DYNAMIC_SMEM, ctypes.c_int(smem))
         grid = tuple(grid) + (1,) * (3 - len(grid))
         block = tuple(block) + (1,) * (3 - len(block))
         pointers = (ctypes.c_void_p * len(params))(
