@@ -33,15 +33,12 @@ def _grid(kernel: str) -> list[dict]:
         ]
     big = 100 * 1024  # taller tiles opt in to more than 48 KiB of shared memory
     return [
-        *(dict(threads=256, tile_w=64, tile_h=32, groups=2, min_blocks=b) for b in (0, 6, 8)),
-        *(dict(threads=256, tile_w=64, tile_h=48, groups=3, min_blocks=b) for b in (0, 5)),
-        dict(threads=384, tile_w=64, tile_h=48, groups=6, min_blocks=0),
-        dict(threads=256, tile_w=128, tile_h=32, groups=2, min_blocks=0),
-        dict(threads=256, tile_w=64, tile_h=64, groups=4, smem_limit=big, min_blocks=0),
-        *(
-            dict(threads=512, tile_w=64, tile_h=64, groups=g, smem_limit=big, min_blocks=b)
-            for g, b in ((8, 0), (8, 4), (4, 4))
-        ),  # fmt: skip
+        dict(run=32),
+        dict(groups=6),
+        dict(groups=8, min_blocks=0),
+        dict(threads=1024, tile_h=128, groups=8, min_blocks=2, smem_limit=big),
+        dict(threads=384, tile_h=48, groups=6, min_blocks=0),
+        dict(threads=256, tile_h=32, groups=2, min_blocks=0),  # the 2026-11-23 default
     ]
 
 
