@@ -215,10 +215,10 @@ def choose(shape: tuple, dtype, ksize: tuple) -> tuple[str, dict | None]:
 
 # ------------------------------------------------------------------ kernels.box_tiled
 
-# Default geometry: H100 2026-11-24 16:2x UTC sweep (benchmarks/results/
-# 2026-11-24-h100-sweep-tiled.txt), 2167x2495x3, k=3/21/31: 512 threads on 64x64 tiles,
-# 4 row groups, launch bounds for 4 blocks per SM: 31.8/42.4/53.3 us; 256 threads on
-# 64x32 tiles, 2 groups (the previous default): 32.2/45.8/65.1 us.
+# Default geometry: H100 2026-11-24 16:2x-16:5x UTC sweeps (benchmarks/results/
+# 2026-11-24-h100-sweep-tiled*.txt), 2167x2495x3, k=3/21/31: 512 threads on 64x64
+# tiles, 4 row groups, launch bounds for 4 blocks per SM: 32.1/42.8/53.3 us; 256 threads
+# on 64x32 tiles, 2 groups (the 2026-11-23 default): 32.1/45.7/65.2 us.
 TILED_THREADS = 512
 TILED_RUN = 16  # outputs per horizontal slide
 TILED_W = 64  # output pixels per tile
@@ -226,15 +226,15 @@ TILED_H = 64  # output rows per tile
 TILED_GROUPS = 4  # runs of rows the vertical phase splits a tile into
 TILED_MIN_H = 8  # the shortest tile the default geometry shrinks to
 TILED_MIN_BLOCKS = 4  # launch bounds: resident blocks per SM the registers must allow
-# Shared memory the default geometry may use (k=31 on 64x64 tiles: 63168 bytes); above
+# Shared memory the default geometry may use (k=41 on 64x64 tiles: 73216 bytes); above
 # 48 KiB the launch opts in (an H100 gives up to 227 KiB per block).
 TILED_SMEM_LIMIT = 96 * 1024
-# The largest box side `choose` gives box_tiled. H100 2026-11-23 21:07 UTC
-# (benchmarks/results/2026-11-23d-h100-sweep-tiled.txt), box_tiled vs box_fused in one
-# run: 2167x2495x3 34.6/54.3/71.4 vs 54.1/69.1/82.1 us at k=3/21/31, 4K 53.5/79.9/108.7
-# vs 82.8/98.1/120.9, 8K 183.8/278.3/381.6 vs 281.7/315.2/393.3. Larger boxes were not
-# measured (box_tiled's tiles shrink and re-read more halo): box_fused keeps them.
-TILED_MAX_BOX = 31
+# The largest box side `choose` gives box_tiled: H100 2026-11-24 16:5x UTC
+# (benchmarks/results/2026-11-24b-h100-sweep-tiled.txt), box_tiled vs box_fused in one
+# run at k=31/41: 2167x2495x3 53.3/67.2 vs 82.6/94.2 us, 4K 74.9/95.0 vs 121.3/141.2,
+# 8K 251.9/326.1 vs 393.6/394.5. Larger boxes were not measured (the tiles shrink
+# and re-read more halo): box_fused keeps them.
+TILED_MAX_BOX = 41
 
 
 def tiled_smem(channels: int, ksize: tuple, tile_w: int, tile_h: int) -> int:

@@ -127,7 +127,7 @@ def test_box_auto_choice():
     img = _image((9, 14, 3), seed=5)
     got = kbox.box_auto(cuda.to_device(img), (3, 5), (1, 2), 0, 0).copy_to_host()
     np.testing.assert_array_equal(got, exact_box(img, (3, 5), (1, 2), "reflect101", 0))
-    assert kbox.box_method(img.shape, img.dtype, (3, 5)) == "tiled"  # fastest up to 31
+    assert kbox.box_method(img.shape, img.dtype, (3, 5)) == "tiled"  # fastest up to TILED_MAX_BOX
     big = box_plan.TILED_MAX_BOX + 1
     assert box_plan.tiled_plan(img.shape, img.dtype, (3, big)) is not None
     assert kbox.box_method(img.shape, img.dtype, (3, big)) == "fused"  # box_fused keeps it

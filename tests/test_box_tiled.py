@@ -123,7 +123,7 @@ def test_box_auto_runs_box_tiled_for_small_uint8_boxes(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("k", [2, 3, 21, 31])
+@pytest.mark.parametrize("k", [2, 3, 21, 31, 41])
 @pytest.mark.parametrize("border", list(BORDERS))
 def test_full_size_default_geometry(k, border):
     check_full_size(_tiled, k, border)

@@ -82,21 +82,21 @@ def test_quick_box_looks_for_the_cubin_of_the_kernel_box_auto_runs(monkeypatch):
     from kernels import box_plan
 
     names = {
-        "tiled": lambda geo, dtype: cubins.tiled_name(geo, 3, (21, 21)),
-        "fused": lambda geo, dtype: cubins.box_name(geo, 3, dtype),
-        "packed": lambda geo, dtype: cubins.packed_name(geo, 3),
+        "tiled": lambda geo, dtype, ksize: cubins.tiled_name(geo, 3, ksize),
+        "fused": lambda geo, dtype, ksize: cubins.box_name(geo, 3, dtype),
+        "packed": lambda geo, dtype, ksize: cubins.packed_name(geo, 3),
     }
     asked, methods = [], []
     monkeypatch.setattr(cached, "_run", lambda name, *args, **kw: asked.append(name))
-    cases = [(np.uint8, (21, 21)), (np.uint16, (5, 5)), (np.uint8, (200, 3)), (np.uint8, (3, 33))]
+    cases = [(np.uint8, (21, 21)), (np.uint16, (5, 5)), (np.uint8, (200, 3)), (np.uint8, (3, 45))]
     for dtype, ksize in cases:
         img = np.zeros((40, 50, 3), dtype)
         cached._box_quick(img, ksize, (ksize[0] // 2, ksize[1] // 2), 0, 0)
         method, geo = box_plan.choose(img.shape, img.dtype, ksize)
-        assert asked[-1] == names[method](geo, dtype)
+        assert asked[-1] == names[method](geo, dtype, ksize)
         methods.append(method)
     assert methods == ["tiled", "fused", "fused", "fused"]
-    assert asked[0].startswith("box_tiled-c3")  # box_tiled: uint8 boxes up to 31
+    assert asked[0].startswith("box_tiled-c3")  # box_tiled: uint8 boxes up to TILED_MAX_BOX
 
 
 @pytest.mark.parametrize("fails", [False, True])

@@ -132,7 +132,7 @@ def correlate(img, kernel, anchor, border, value, method):
 def box(img, ksize, anchor, border, value, method):
     """cv2.blur semantics on the GPU.
 
-    auto: one pass for uint8/uint16 (`kernels.box_tiled` for uint8 boxes up to 31,
+    auto: one pass for uint8/uint16 (`kernels.box_tiled` for uint8 boxes up to 41,
     else running sums in `kernels.box_fused` or `kernels.box_packed`), else a column
     running-sum pass then a row pass (cost ~ independent of k for running sums);
     separable: a row-sum pass and a column-sum pass; naive/padded/tiled/blocked: the
