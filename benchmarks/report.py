@@ -17,6 +17,8 @@ from pathlib import Path
 
 from imgfilter.bench import best_ours
 
+SHAPES = {"seed": "2167x2495x3", "4k": "3840x2160x3", "8k": "7680x4320x3"}
+
 
 def _size_of(op: str) -> int | None:
     m = re.match(r"(?:filter2d (\d+)x\d+|blur k=(\d+))", op)
@@ -29,6 +31,8 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    blur_sizes = [r["size"] for r in result["rows"] if r["op"].startswith("blur")]
+    size = blur_sizes[0] if blur_sizes else "seed"
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for ax, prefix, title in (
         (axes[0], "filter2d", "filter2d, random k x k kernel"),
@@ -36,12 +40,14 @@ def plot(result: dict, path: Path) -> None:
     ):
         series = defaultdict(list)
         for r in result["rows"]:
-            if r["size"] != "seed" or not r["op"].startswith(prefix):
+            if r["size"] != size or not r["op"].startswith(prefix):
                 continue
             t = r["kernel_us"] or r["call_us"]
             k = _size_of(r["op"])
             if t and k and not r["impl"].endswith(("tiled", "padded", "naive")):
-                series[r["impl"]].append((k, t / 1000.0))
+                # box_auto's kernel depends on k (box_tiled, box_fused): one line.
+                impl = re.sub(r"\(box_\w+\)", "(box_auto)", r["impl"])
+                series[impl].append((k, t / 1000.0))
         for impl, points in sorted(series.items()):
             points.sort()
             ax.plot(*zip(*points, strict=True), marker="o", label=impl)
@@ -52,7 +58,8 @@ def plot(result: dict, path: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(
-        f"2167x2495x3 uint8 on {result['device']}, {result['date'][:10]} (lower is better)"
+        f"{SHAPES.get(size, size)} uint8 on {result['device']}, {result['date'][:10]} "
+        "(lower is better)"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
