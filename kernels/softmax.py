@@ -16,9 +16,14 @@ The design is OneFlow's softmax.cuh (three kernels and a dispatch on the row wid
 - `block_uncached`: a block (1024 threads) per row that reads the row twice from
   global memory: one pass for the max and an online (rescaled) sum, one for the
   output. OneFlow reads it three times (max, sum, output).
-- `auto`: warp for cols <= 1024, else block_smem when it can launch, else
-  block_uncached; unroll and online from the H100 measurements (smem_defaults,
-  uncached_unroll).
+- `split` (kernels.softmax_split): a row cut into chunks, one block per chunk holding
+  it in shared memory; the blocks of a row combine their (max, sum of exp) through
+  global memory (atomic counters, a spin wait) and each writes its chunk. Reads the
+  row once where block_uncached reads it twice. Needs the device to hold a row's
+  blocks at once (checked with the occupancy calculator).
+- `auto`: warp for cols <= 1024, else block_smem when it can launch, else split
+  when the device can hold a row's blocks at once, else block_uncached; unroll and
+  online from the H100 measurements (smem_defaults, uncached_unroll).
 
 Every path loads and stores packs of up to 16 bytes (8 float16 or 4 float32, the
 widest that divides cols and suits the pointers' alignment) as one vector access
@@ -59,7 +64,7 @@ from .reduce import (
     warp_allreduce_sum,
 )
 
-METHODS = ("auto", "warp", "block_smem", "block_uncached")
+METHODS = ("auto", "warp", "block_smem", "block_uncached", "split")
 DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 WARP_MAX_COLS = 1024
 WARP_BLOCK = 128  # threads per block of the warp kernel (OneFlow's choice)
@@ -106,6 +111,7 @@ class Plan:
     rows_per_access: int = 1  # warp path
     unroll: int = 1  # block paths: packs in flight per thread
     online: bool = False  # block_smem: input cached in its dtype, online sum
+    chunks: int = 0  # split: blocks (chunks) per row
 
 
 # ------------------------------------------------------------------------------ kernels
@@ -439,6 +445,7 @@ def plan(
     online: bool | None = None,
     blocks_per_sm: int | None = None,
     max_pack_bytes: int | None = None,
+    chunks: int | None = None,
 ) -> tuple[Plan, object]:
     """Choose the path and launch geometry; returns (plan, kernel).
 
@@ -448,7 +455,10 @@ def plan(
     and keeping an online sum) and `blocks_per_sm` (block_uncached: at most this many
     blocks per SM in the grid, so fewer rows are in flight and their second read
     hits L2) override the block paths' defaults, `max_pack_bytes` (16, 8, 4 or 2)
-    the widest load and store (benchmarks).
+    the widest load and store (benchmarks), `chunks` the split path's blocks per row.
+    The kernel of the split path is a kernels.softmax_split.SplitLauncher, launched
+    the same way (`kernel[grid, block, stream, smem](x, y, rows, cols)`) with its own
+    scratch counters.
     Raises ValueError when the requested method cannot run this width.
     """
     in_dtype = np.dtype(in_dtype)
@@ -474,8 +484,11 @@ def plan(
         return Plan("warp", pack, grid, (width, groups), 0, width, cpt, rpa), kernel
 
     pack = _pack_size(cols, dtypes, addresses, max_pack_bytes or BLOCK_PACK_BYTES)
+    if method == "split":
+        return _plan_split(rows, cols, in_dtype, out_dtype, pack, log, block_size, unroll, chunks)
     # auto: block_smem whenever it can launch (it beat block_uncached at every width
-    # measured where both run), else block_uncached.
+    # measured where both run), else split (one read of the row instead of two) when
+    # the device holds a row's blocks at once, else block_uncached.
     path = "block_smem" if method == "auto" else method
     if path == "block_smem":
         default_unroll, default_online = smem_defaults(cols, in_dtype)
@@ -484,7 +497,9 @@ def plan(
         smem = cols * (in_dtype.itemsize if online else 4)
         kernel = block_smem_kernel(in_dtype, out_dtype, pack, unroll, log, online)
         size = block_size
-        if size is None or smem > SMEM_LIMIT:
+        if SIMULATOR and smem > SMEM_LIMIT:
+            size = 0  # the simulator cannot be asked for more (no opt-in attribute)
+        elif size is None or smem > SMEM_LIMIT:
             compiled = kernel.compile(_block_signature(in_dtype, out_dtype))
             if not allow_dynamic_smem(compiled, smem):
                 size = 0
@@ -502,6 +517,10 @@ def plan(
                 f"method 'block_smem' cannot launch: a row of {cols} columns needs {smem} "
                 "bytes of shared memory, more than this device gives a block"
             )
+        try:
+            return _plan_split(rows, cols, in_dtype, out_dtype, pack, log, block_size, None, chunks)
+        except ValueError:
+            pass
         unroll = None
 
     size = block_size or UNCACHED_BLOCK
@@ -513,6 +532,22 @@ def plan(
     if blocks_per_sm:
         grid = max(1, min(grid, device_limits()[0] * blocks_per_sm))
     return Plan("block_uncached", pack, grid, (size, 1), unroll=unroll), kernel
+
+
+def _plan_split(rows, cols, in_dtype, out_dtype, pack, log, block_size, unroll, chunks):
+    from .softmax_split import plan_split  # imports this module's device functions
+
+    return plan_split(
+        rows,
+        cols,
+        in_dtype,
+        out_dtype,
+        pack,
+        log,
+        block_size=block_size,
+        unroll=unroll,
+        chunks=chunks,
+    )
 
 
 # ------------------------------------------------------------------------------ the API
@@ -564,8 +599,8 @@ def softmax(
     __cuda_array_interface__). Returns an array of x's shape and dtype, on the host for
     a host input and on the device (a Numba device array) for a device input; with
     `out` (host or device, same shape, float32 or float16) the result is written there
-    and `out` is returned. method: "auto", "warp", "block_smem" or "block_uncached"
-    (see the module docstring). block_size forces the block paths' threads per block.
+    and `out` is returned. method: "auto", "warp", "block_smem", "block_uncached" or
+    "split" (see the module docstring). block_size forces the block paths' threads per block.
     """
     if method not in METHODS:
         raise ValueError(f"unknown softmax method {method!r}; choose one of {', '.join(METHODS)}")

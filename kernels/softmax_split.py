@@ -1,0 +1,280 @@
+"""Softmax of rows too wide for one block's shared memory, read from global memory once.
+
+`split` path of kernels.softmax. A row is cut into `chunks` consecutive pieces of
+`span` packs; each piece is one work item, handled by one block that keeps it in
+dynamic shared memory (in the input dtype). The blocks of a row exchange their
+partial results through global memory:
+
+1. Thread 0 takes a ticket (an atomic counter): item t is chunk t % chunks of row
+   t // chunks. Tickets, not blockIdx, name the work, so items are taken in the
+   order blocks actually start.
+2. The block loads its chunk into shared memory, keeping per thread the running max
+   and an online sum of exp (as block_uncached), and reduces them to the chunk's
+   (max, sum of exp(x - max)).
+3. Thread 0 stores that pair in `partials`, fences, adds 1 to the row's arrival
+   counter, and spins (atomic reads) until all `chunks` blocks of the row arrived.
+4. The block reads the row's pairs (atomically, so at L2: never a stale L1 line),
+   combines them into the row's max and sum, and writes its chunk's outputs from
+   shared memory: exp(x - max) / sum, or x - max - log(sum).
+
+Forward progress: a block only waits for blocks of its own row. Tickets are taken
+in order, so only the row holding the newest ticket can have chunks nobody took
+yet; a deadlock would need every resident block to be waiting in that one row, at
+most chunks - 1 blocks. So the kernel completes whenever the device can hold at
+least `chunks` of its blocks at once, which plan_split checks (CUDA occupancy
+calculator; Numba's simulator answers 1 there, so the path is refused on it unless
+a test makes it run blocks concurrently).
+
+The counters re-arm themselves: the block taking the last ticket zeroes the ticket
+counter, and the last of a row's blocks to finish (second increment) zeroes the
+row's counter, so consecutive launches need no memset. One launcher's scratch
+(counters and partials) must not be used by two launches running concurrently
+(e.g. on two streams); `softmax()` launches on the default stream only.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import config as _numba_config
+from numba import cuda, float32, from_dtype, int32, types, uint32
+
+from .launch import allow_dynamic_smem, cdiv, largest_block_keeping_occupancy
+from .packs import store_pack2
+from .reduce import block_allreduce_max, block_allreduce_sum
+
+SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
+NEG_INF = float32(-math.inf)
+SPLIT_CHUNK_BYTES = 32 * 1024  # auto: a row's chunks hold at most this much each
+BLOCK_SIZES = (128, 256, 512, 1024)
+
+
+@functools.cache
+def split_kernel(in_dtype, out_dtype, pack: int, unroll: int, chunks: int, log: bool):
+    """The split-row kernel for one (dtypes, pack, unroll, chunks, log) combination.
+
+    Launch with grid = rows * chunks, a 1-D block and `span * pack * itemsize(in)`
+    bytes of dynamic shared memory (span = ceil((cols // pack) / chunks)), as
+    `kernel(x, y, rows, cols, counters, partials)`: counters an int32 array of
+    1 + rows zeros (left zeroed again on exit), partials float32 of 2 * rows * chunks.
+    """
+    # Imported here: kernels.softmax imports this module inside plan().
+    from .softmax import _pack_loader, exp32
+
+    in_t = from_dtype(np.dtype(in_dtype))
+    P, U, C = pack, unroll, chunks
+    NBI = pack * np.dtype(in_dtype).itemsize
+    NBO = pack * np.dtype(out_dtype).itemsize
+    load_packs = _pack_loader(P, NBI, U)
+
+    @cuda.jit
+    def softmax_split(x, y, rows, cols, counters, partials):
+        buf = cuda.shared.array(0, in_t)
+        item = cuda.shared.array(1, int32)
+        a = cuda.local.array((U, P), float32)
+        tout = cuda.local.array(P, float32)
+        tid = uint32(cuda.threadIdx.x)
+        nthreads = uint32(cuda.blockDim.x)
+        if tid == 0:
+            t = cuda.atomic.add(counters, 0, 1)
+            if t == cuda.gridDim.x - 1:
+                counters[0] = 0  # every block holds its ticket: re-arm for the next launch
+            item[0] = t
+        cuda.syncthreads()
+        t = uint32(item[0])
+        row = uint32(t // C)
+        chunk = uint32(t - row * C)
+        packs = uint32(cols // P)
+        span = uint32((packs + (C - 1)) // C)
+        start = uint32(min(chunk * span, packs))
+        end = uint32(min(start + span, packs))
+
+        # Pass 1: the chunk into shared memory (element i of local pack q at
+        # i * span + q: a warp's stores hit 32 banks), running max and online sum.
+        m = NEG_INF
+        d = float32(0.0)
+        p = uint32(start + tid)
+        while p < end:
+            n = load_packs(x, row, p, nthreads, end, a)
+            cm = m
+            for u in range(U):
+                if u < n:
+                    q = uint32(p - start + u * nthreads)
+                    for i in range(P):
+                        v = a[u, i]
+                        buf[uint32(i * span + q)] = in_t(v)
+                        cm = max(cm, v)
+            if cm > m:
+                d *= exp32(m - cm)
+                m = cm
+            if m > NEG_INF:
+                for u in range(U):
+                    if u < n:
+                        for i in range(P):
+                            d += exp32(a[u, i] - m)
+            p = uint32(p + U * nthreads)
+        cmax = block_allreduce_max(m)
+        csum = block_allreduce_sum(d * exp32(m - cmax) if m > NEG_INF else float32(0.0))
+
+        # Publish this chunk's pair, then wait for the row's other chunks.
+        slot = uint32(1 + row)
+        if tid == 0:
+            partials[uint32(2 * t)] = cmax
+            partials[uint32(2 * t + 1)] = csum
+            cuda.threadfence()
+            cuda.atomic.add(counters, slot, 1)
+            while cuda.atomic.add(counters, slot, 0) < C:
+                pass
+            cuda.threadfence()
+        cuda.syncthreads()
+
+        # The row's max and sum from its chunks' pairs (any number of chunks).
+        m = NEG_INF
+        d = float32(0.0)
+        j = tid
+        while j < C:
+            k = uint32(2 * (row * C + j))
+            pm = cuda.atomic.add(partials, k, float32(0.0))
+            pd = cuda.atomic.add(partials, uint32(k + 1), float32(0.0))
+            if pm > m:
+                d *= exp32(m - pm)
+                m = pm
+            if pm > NEG_INF:
+                d += pd * exp32(pm - m)
+            j = uint32(j + nthreads)
+        rmax = block_allreduce_max(m)
+        rsum = block_allreduce_sum(d * exp32(m - rmax) if m > NEG_INF else float32(0.0))
+        # block_allreduce_sum ends with a barrier: every thread has read its pairs.
+        if tid == 0:
+            if cuda.atomic.add(counters, slot, 1) == 2 * C - 1:
+                counters[slot] = 0  # the row's last block out re-arms its counter
+
+        # Pass 2: outputs from shared memory (a thread reads the slots it wrote).
+        lse = math.log(rsum)
+        inv = float32(1.0) / rsum
+        q = tid
+        while q < end - start:
+            for i in range(P):
+                v = float32(buf[uint32(i * span + q)]) - rmax
+                tout[i] = v - lse if log else exp32(v) * inv
+            store_pack2(y, row, uint32((start + q) * P), tout, NBO)
+            q = uint32(q + nthreads)
+
+    return softmax_split
+
+
+def signature(in_dtype, out_dtype) -> tuple:
+    """The Numba signature split_kernel's kernels are launched with."""
+    arr = types.Array
+    return (
+        arr(from_dtype(np.dtype(in_dtype)), 2, "C"),
+        arr(from_dtype(np.dtype(out_dtype)), 2, "C"),
+        types.int64,
+        types.int64,
+        arr(types.int32, 1, "C"),
+        arr(types.float32, 1, "C"),
+    )
+
+
+def resident_blocks(kernel, sig: tuple, block: int, smem: int) -> int:
+    """How many blocks of `kernel` (`block` threads, `smem` dynamic shared bytes) the
+    device holds at once: occupancy per SM times the SMs (0: cannot launch). On the
+    simulator, its own answer to max_cooperative_grid_blocks (1: it runs blocks one
+    after another)."""
+    if SIMULATOR:
+        return int(kernel.overloads[sig].max_cooperative_grid_blocks(block))
+    compiled = kernel.compile(sig)
+    if not allow_dynamic_smem(compiled, smem):
+        return 0
+    return int(compiled.max_cooperative_grid_blocks(block, smem))
+
+
+def default_chunks(cols: int, pack: int, itemsize: int) -> int:
+    """Chunks per row under `auto`: pieces of at most SPLIT_CHUNK_BYTES, at least 2,
+    at most one per pack."""
+    packs = cols // pack
+    return max(1, min(packs, max(2, cdiv(cols * itemsize, SPLIT_CHUNK_BYTES))))
+
+
+def split_unroll(span: int, block: int) -> int:
+    """Packs in flight per thread: as block_uncached's rule (uncached_unroll)."""
+    per_thread = span // block
+    return 4 if per_thread >= 8 else 2 if per_thread >= 2 else 1
+
+
+class SplitLauncher:
+    """Kernel-like front of split_kernel: `launcher[grid, block, stream, smem](x, y,
+    rows, cols)` launches it with this launcher's scratch (allocated on first use,
+    zeroed, and left zeroed by every completed launch). Made for one row count."""
+
+    def __init__(self, kernel, rows: int, chunks: int):
+        self.kernel = kernel
+        self.rows = rows
+        self.chunks = chunks
+        self._scratch = None
+
+    def scratch(self) -> tuple:
+        """(counters, partials) device arrays of this launcher."""
+        if self._scratch is None:
+            counters = cuda.to_device(np.zeros(1 + self.rows, np.int32))
+            partials = cuda.device_array(2 * self.rows * self.chunks, np.float32)
+            self._scratch = (counters, partials)
+        return self._scratch
+
+    def __getitem__(self, config):
+        configured = self.kernel[config]
+
+        def launch(x, y, rows: int, cols: int) -> None:
+            if rows != self.rows:
+                raise ValueError(f"this split launcher is for {self.rows} rows, got {rows}")
+            configured(x, y, rows, cols, *self.scratch())
+
+        return launch
+
+
+def plan_split(
+    rows: int,
+    cols: int,
+    in_dtype,
+    out_dtype,
+    pack: int,
+    log: bool,
+    *,
+    block_size: int | None = None,
+    unroll: int | None = None,
+    chunks: int | None = None,
+):
+    """(Plan, SplitLauncher) of the split path for this shape and pack.
+
+    Defaults: `chunks` from default_chunks, the block size by OneFlow's occupancy rule
+    (the largest of 128..1024 keeping the most blocks resident), `unroll` from
+    split_unroll. Raises ValueError when chunks is not in 1..cols // pack, or when
+    the device cannot hold a row's `chunks` blocks at once (the kernel could
+    deadlock), or cannot launch it at all.
+    """
+    from .softmax import Plan  # kernels.softmax imports this module inside plan()
+
+    in_dtype, out_dtype = np.dtype(in_dtype), np.dtype(out_dtype)
+    packs = cols // pack
+    if chunks is None:
+        chunks = default_chunks(cols, pack, in_dtype.itemsize)
+    if not 1 <= chunks <= packs:
+        raise ValueError(f"chunks must be in 1..{packs} (packs per row), got {chunks}")
+    span = cdiv(packs, chunks)
+    smem = span * pack * in_dtype.itemsize
+    sizes = (block_size,) if block_size else BLOCK_SIZES
+    unroll = unroll or split_unroll(span, block_size or 256)
+    kernel = split_kernel(in_dtype, out_dtype, pack, unroll, chunks, bool(log))
+    sig = signature(in_dtype, out_dtype)
+    held = {size: resident_blocks(kernel, sig, size, smem) for size in sizes}
+    size = largest_block_keeping_occupancy(held.get, sizes)
+    if not size or held[size] < chunks:
+        raise ValueError(
+            f"method 'split' cannot run {chunks} chunks of {smem} bytes: the device holds "
+            f"{held[size or sizes[0]]} such blocks at once, and a row's blocks wait for "
+            "each other"
+        )
+    how = Plan("split", pack, rows * chunks, (size, 1), smem, unroll=unroll, chunks=chunks)
+    return how, SplitLauncher(kernel, rows, chunks)

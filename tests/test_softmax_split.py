@@ -1,0 +1,333 @@
+"""kernels.softmax's `split` path (kernels.softmax_split) against float64 NumPy.
+
+The kernel's blocks wait for each other (a row's chunks combine through global
+memory), which Numba's simulator cannot run: it runs a grid's blocks one after
+another, with one shared memory for all of them, and says it holds one block at a
+time (max_cooperative_grid_blocks is 1, so plan() refuses `split` there). On the
+simulator these tests run under `concurrent_blocks`, a shim that makes it schedule
+blocks as a GPU does (see its docstring); tests marked `gpu` run full-size shapes
+on a real device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+import numpy as np
+import pytest
+from numba import cuda
+from test_softmax import check, random_rows, reference, special_rows
+
+from kernels import softmax as sm
+from kernels import softmax_split as ss
+from kernels.softmax import plan, softmax
+
+SLOT_TIMEOUT_S = 120.0  # a launch waiting this long for a block slot is deadlocked
+
+
+@contextlib.contextmanager
+def concurrent_blocks(resident: int):
+    """Run simulated launches as a GPU's block scheduler does (simulator only).
+
+    Blocks start in blockIdx order, each as soon as one of `resident` slots is free,
+    and run concurrently (each block's threads are the simulator's threads, as
+    before); each block gets its own shared memory (the simulator keeps one per
+    launch); the kernel overloads' max_cooperative_grid_blocks answers `resident`,
+    the device's "blocks held at once". Global memory, atomics (under the
+    simulator's locks) and fences (no-ops: Python threads see every store in
+    order) are the simulator's own. A launch returns when all its blocks have
+    finished; the first exception of any block is raised then. A launch that waits
+    SLOT_TIMEOUT_S for a free slot, or for its blocks to finish, raises (its blocks
+    deadlocked).
+    """
+    from numba.cuda.simulator import kernel as sim_kernel
+    from numba.cuda.simulator import kernelapi
+
+    base = sim_kernel.BlockManager
+    launch: dict = {}
+    lock = threading.Lock()
+
+    class ConcurrentBlockManager(base):
+        def run(self, grid_point, *args):
+            if not any(grid_point):
+                launch.update(slots=threading.Semaphore(resident), threads=[], errors=[])
+            if not launch["slots"].acquire(timeout=SLOT_TIMEOUT_S):
+                raise RuntimeError(f"no block slot freed in {SLOT_TIMEOUT_S} s: deadlock")
+
+            def block():
+                try:
+                    base.run(self, grid_point, *args)
+                except BaseException as exc:  # handed to the launching thread
+                    launch["errors"].append(exc)
+                finally:
+                    launch["slots"].release()
+
+            thread = threading.Thread(target=block, daemon=True)
+            thread.start()
+            launch["threads"].append(thread)
+            if all(g == n - 1 for g, n in zip(grid_point, self._grid_dim, strict=True)):
+                for thread in launch["threads"]:
+                    thread.join(SLOT_TIMEOUT_S)
+                    if thread.is_alive():
+                        raise RuntimeError(f"blocks still running after {SLOT_TIMEOUT_S} s")
+                if launch["errors"]:
+                    raise launch["errors"][0]
+
+    class YieldingBlockThread(sim_kernel.BlockThread):
+        def is_alive(self):
+            # Each block's manager polls its threads in a busy loop; yielding the GIL
+            # at every poll keeps many concurrent managers from starving the threads.
+            time.sleep(0)
+            return super().is_alive()
+
+    atomic_add = kernelapi.FakeCUDAAtomic.add
+
+    def yielding_atomic_add(self, array, index, val):
+        old = atomic_add(self, array, index, val)
+        time.sleep(0)  # a thread spinning on an atomic lets the others run, as on a GPU
+        return old
+
+    def block_shared(module):
+        manager = threading.current_thread()._manager
+        with lock:
+            shared = manager.__dict__.get("_shim_shared")
+            if shared is None:
+                size = module._shared._dynshared_size
+                shared = manager._shim_shared = kernelapi.FakeCUDAShared(size)
+        return shared
+
+    def held(self, blockdim, dynsmemsize=0):
+        return resident
+
+    saved = (sim_kernel.BlockManager, sim_kernel.BlockThread, kernelapi.FakeCUDAModule.shared)
+    saved_held = sim_kernel.FakeOverload.max_cooperative_grid_blocks
+    sm._PLANS.clear()  # plans made under the shim must not outlive it
+    sim_kernel.BlockManager = ConcurrentBlockManager
+    sim_kernel.BlockThread = YieldingBlockThread
+    kernelapi.FakeCUDAAtomic.add = yielding_atomic_add
+    kernelapi.FakeCUDAModule.shared = property(block_shared)
+    sim_kernel.FakeOverload.max_cooperative_grid_blocks = held
+    try:
+        yield
+    finally:
+        sim_kernel.BlockManager, sim_kernel.BlockThread, kernelapi.FakeCUDAModule.shared = saved
+        sim_kernel.FakeOverload.max_cooperative_grid_blocks = saved_held
+        kernelapi.FakeCUDAAtomic.add = atomic_add
+        sm._PLANS.clear()
+
+
+SIM = bool(ss.SIMULATOR)
+sim_only = pytest.mark.skipif(not SIM, reason="simulator shim")
+
+
+def run_split(x, log=False, resident=64, **kw):
+    """softmax(x, method="split", block_size=32 on the simulator, ...) under the shim."""
+    if SIM:
+        kw.setdefault("block_size", 32)
+    rows, cols = x.shape
+    dx, dy = cuda.to_device(x), cuda.device_array(x.shape, x.dtype)
+    with concurrent_blocks(resident) if SIM else contextlib.nullcontext():
+        how, launcher = plan(rows, cols, x.dtype, log=log, method="split", **kw)
+        assert how.method == "split" and how.grid == rows * how.chunks
+        launcher[how.grid, how.block, 0, how.smem](dx, dy, rows, cols)
+    return dy.copy_to_host(), how, launcher
+
+
+# ------------------------------------------------------------------------- the shim
+
+
+@cuda.jit
+def _neighbours(out, flags):
+    """Block b waits for block b + 1's flag: runs only if blocks run concurrently.
+    Also checks shared memory is per block (each block reads back its own value)."""
+    b = cuda.blockIdx.x
+    own = cuda.shared.array(1, np.int32)
+    if cuda.threadIdx.x == 0:
+        own[0] = b
+        cuda.atomic.add(flags, b, 1)
+        if b + 1 < cuda.gridDim.x:
+            while cuda.atomic.add(flags, b + 1, 0) == 0:
+                pass
+    cuda.syncthreads()
+    out[b, cuda.threadIdx.x] = own[0]
+
+
+@sim_only
+def test_shim_runs_blocks_concurrently_with_their_own_shared_memory():
+    out = np.full((6, 4), -1, np.int64)
+    flags = np.zeros(6, np.int32)
+    with concurrent_blocks(resident=6):
+        _neighbours[6, 4](out, flags)
+    assert (out == np.arange(6)[:, None]).all()
+
+
+@sim_only
+def test_shim_reports_residency_and_restores_the_simulator():
+    sig = ss.signature(np.float32, np.float32)
+    kernel = ss.split_kernel(np.dtype(np.float32), np.dtype(np.float32), 1, 1, 2, False)
+    with concurrent_blocks(resident=5):
+        assert ss.resident_blocks(kernel, sig, 32, 64) == 5
+    assert ss.resident_blocks(kernel, sig, 32, 64) == 1
+
+
+# ----------------------------------------------------------------- planning (host)
+
+
+@sim_only
+def test_split_refused_where_a_row_blocks_cannot_be_held_at_once():
+    # The plain simulator holds one block at a time.
+    with pytest.raises(ValueError, match="at once"):
+        plan(2, 64, np.float32, method="split", block_size=32, chunks=2)
+    with concurrent_blocks(resident=3):
+        with pytest.raises(ValueError, match="at once"):
+            plan(2, 64, np.float32, method="split", block_size=32, chunks=4)
+        assert plan(2, 64, np.float32, method="split", block_size=32, chunks=3)[0].chunks == 3
+    with pytest.raises(ValueError, match="chunks"):
+        plan(2, 8, np.float32, method="split", block_size=32, chunks=3)  # 2 packs of 4
+
+
+@sim_only
+def test_auto_takes_split_for_rows_wider_than_a_block_else_block_uncached():
+    cols = 20000  # 80 KB of float32: more than the simulator's 48 KiB per block
+    with concurrent_blocks(resident=64):
+        how = plan(3, cols, np.float32, block_size=32)[0]
+        assert how.method == "split" and how.chunks == ss.default_chunks(cols, 4, 4) == 3
+        assert plan(3, 1000, np.float32, block_size=32)[0].method == "warp"
+        assert plan(3, 2000, np.float32, block_size=32)[0].method == "block_smem"
+    assert plan(3, cols, np.float32, block_size=32)[0].method == "block_uncached"
+
+
+def test_default_chunks():
+    assert ss.default_chunks(131072, 4, 4) == 16  # 512 KiB rows in 32 KiB pieces
+    assert ss.default_chunks(131072, 8, 2) == 8
+    assert ss.default_chunks(4096, 4, 4) == 2  # at least two
+    assert ss.default_chunks(3, 1, 4) == 2
+    assert ss.default_chunks(4, 4, 4) == 1  # at most one per pack
+
+
+# ------------------------------------------------------------------ correctness (sim)
+
+SPLIT_CASES = [  # (rows, cols, dtype, log, chunks, resident)
+    (1, 70, np.float32, False, 4, 4),  # 35 packs of 2: chunks of 9, 9, 9, 8
+    (2, 70, np.float16, True, 3, 3),  # exactly a row's blocks held at once
+    (3, 37, np.float32, True, 3, 64),  # packs of 1; every block at once
+    (3, 40, np.float16, False, 2, 2),
+    (5, 20, np.float32, False, 4, 6),  # 5 packs of 4: chunks of 2, 2, 1 and 0 packs
+    (2, 33, np.float16, False, 1, 1),  # one chunk: no waiting
+]
+
+
+@sim_only
+@pytest.mark.parametrize(
+    "rows,cols,dtype,log,chunks,resident",
+    SPLIT_CASES,
+    ids=lambda v: getattr(v, "__name__", str(v)),
+)
+def test_split_path(rows, cols, dtype, log, chunks, resident):
+    x = random_rows(rows, cols, dtype)
+    y, how, _ = run_split(x, log, resident, chunks=chunks)
+    assert how.chunks == chunks
+    check(y, x, log)
+
+
+@sim_only
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+def test_split_huge_and_infinite_values(dtype):
+    # -inf entries, all -inf but one, 1e30 / 6e4. (A row of only -inf gives NaN on a
+    # GPU; the simulator's math.log(0) raises, as on the other paths.)
+    x = special_rows(40, dtype)
+    for log in (False, True):
+        y, _, _ = run_split(x, log, chunks=3)
+        check(y, x, log)
+
+
+@sim_only
+def test_split_counters_rearm_for_the_next_launch():
+    x = random_rows(3, 48, np.float32)
+    z = random_rows(3, 48, np.float32, seed=5)
+    y, how, launcher = run_split(x, chunks=3, resident=5)
+    check(y, x, False)
+    counters, _ = launcher.scratch()
+    assert not counters.copy_to_host().any()
+    dz, dy = cuda.to_device(z), cuda.device_array(z.shape, z.dtype)
+    with concurrent_blocks(resident=5):
+        launcher[how.grid, how.block, 0, how.smem](dz, dy, 3, 48)
+        with pytest.raises(ValueError, match="3 rows"):
+            launcher[how.grid, how.block, 0, how.smem](dz[:2], dy[:2], 2, 48)
+    check(dy.copy_to_host(), z, False)
+    assert not counters.copy_to_host().any()
+
+
+@sim_only
+def test_split_through_softmax():
+    x = random_rows(2, 36, np.float16)
+    with concurrent_blocks(resident=8):
+        y = softmax(x, method="split", block_size=32)
+        out = np.zeros((2, 36), np.float32)
+        softmax(cuda.to_device(x), method="split", block_size=32, out=out, log=True)
+    check(y, x, False)
+    np.testing.assert_allclose(out, reference(x, True), rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------- full size (GPU)
+
+
+def _gpu_rows(cols: int) -> list[int]:
+    return sorted({1, 2, 3, 37, max(4, min(20000, (1 << 24) // cols))})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cols", [4097, 65536, 131072, 131073, 2**20])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+def test_gpu_split_shapes(cols, dtype):
+    for rows in _gpu_rows(cols):
+        x = random_rows(rows, cols, dtype)
+        for log in (False, True):
+            y, how, _ = run_split(x, log)
+            check(y, x, log)
+    assert how.chunks == ss.default_chunks(cols, how.pack, np.dtype(dtype).itemsize)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cols", [131072, 12345])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+def test_gpu_split_special_values(cols, dtype):
+    x = special_rows(cols, dtype)
+    x = np.concatenate([x, np.full((1, cols), -np.inf, dtype)])
+    for log in (False, True):
+        y, _, _ = run_split(x, log)
+        check(y, x, log)
+
+
+@pytest.mark.gpu
+def test_gpu_split_variants_and_repeated_launches():
+    """Chunks, block sizes and unrolls the benchmark sweeps; 50 launches in a row on
+    one launcher (the counters re-arm themselves), 512 rows of 131072 (2^26)."""
+    rows, cols = 512, 131072
+    x = random_rows(rows, cols, np.float32)
+    dx, dy = cuda.to_device(x), cuda.device_array(x.shape, x.dtype)
+    ref_rows = [0, 1, 255, 511]
+    for kw in (
+        dict(chunks=4),
+        dict(chunks=8, block_size=1024),
+        dict(chunks=32, block_size=128, unroll=1),
+        dict(chunks=64, unroll=2),
+    ):
+        how, launcher = plan(rows, cols, np.float32, method="split", **kw)
+        launch = launcher[how.grid, how.block, 0, how.smem]
+        for _ in range(50):
+            launch(dx, dy, rows, cols)
+        y = dy.copy_to_host()
+        check(y[ref_rows], x[ref_rows], False)
+        assert not launcher.scratch()[0].copy_to_host().any()
+
+
+@pytest.mark.gpu
+def test_gpu_auto_takes_split_for_wide_rows():
+    for dtype in (np.float32, np.float16):
+        how = plan(512, 131072, dtype)[0]
+        assert how.method == "split" and how.chunks >= 2
+    assert plan(100, 2**20, np.float32)[0].method == "split"
+    assert plan(1000, 32768, np.float32)[0].method == "block_smem"
