@@ -5,7 +5,11 @@ kernel time per launch from launches queued behind a spin kernel (imgfilter.benc
 Timer, CUDA events), per-call time of the public `kernels.softmax` on device arrays
 (synchronised wall time, Numba's launch cost included), effective bandwidth = bytes
 read + written once / kernel time, and its share of the device-to-device copy
-bandwidth measured in the same run. The path `auto` chooses is marked.
+bandwidth measured in the same run. The path `auto` chooses is marked. The split path
+(a row over several blocks) runs at every block width; where auto picks it (rows
+wider than one block's shared memory) also with other chunk counts and block sizes
+(SPLIT_SWEEP), and float16 rows up to 1024 columns also run the warp path with
+8-byte packs (the 1000-column case sits at the 90% line with 16-byte ones).
 
     python benchmarks/softmax_bench.py --json out/softmax.json --plot out/softmax.png
 """
@@ -29,6 +33,11 @@ from kernels import softmax as sm  # noqa: E402
 
 WIDTHS = [32, 128, 512, 1000, 1024, 2048, 4096, 8192, 32768, 131072]
 DTYPES = {"float32": np.float32, "float16": np.float16}
+# split's chunks per row and block sizes measured where auto picks split (its
+# defaults, 32 KiB chunks and OneFlow's occupancy rule, are not yet measured).
+SPLIT_SWEEP = [dict(chunks=c) for c in (4, 8, 16, 32, 64)] + [
+    dict(block_size=b) for b in (128, 256, 512, 1024)
+]
 
 
 def _torch():
@@ -59,16 +68,15 @@ def run(
             dy = cuda.device_array((rows, cols), dtype=dtype)
             nbytes = 2 * n * np.dtype(dtype).itemsize
             auto_plan = sm.plan(rows, cols, dtype)[0]
-            chosen = (
-                auto_plan.method,
-                auto_plan.pack,
-                auto_plan.unroll,
-                auto_plan.online,
-                auto_plan.block,
-                auto_plan.grid,
-            )
+            chosen = _ident(auto_plan)
             methods = [("warp", {})] if cols <= sm.WARP_MAX_COLS else []
             methods += [("block_smem", {}), ("block_uncached", {})]
+            if cols > sm.WARP_MAX_COLS:
+                methods += [("split", {})]
+            if auto_plan.method == "split":
+                methods += [("split", kw) for kw in SPLIT_SWEEP]
+            if dname == "float16" and cols <= sm.WARP_MAX_COLS and not variants:
+                methods += [("warp", dict(max_pack_bytes=8))]
             if variants and cols <= sm.WARP_MAX_COLS:
                 methods += [("warp", dict(max_pack_bytes=8))]  # the 64-bit packs of before
             if variants and cols > sm.WARP_MAX_COLS:
@@ -86,7 +94,7 @@ def run(
                         continue
                     rows_out.append(dict(dtype=dname, cols=cols, impl=method, note=str(exc)))
                     continue
-                ident = (how.method, how.pack, how.unroll, how.online, how.block, how.grid)
+                ident = _ident(how)
                 if ident in seen:
                     continue
                 seen.add(ident)
@@ -108,6 +116,8 @@ def run(
                 label = method
                 if how.method == "warp":
                     label += f" p{how.pack}"
+                elif how.method == "split":
+                    label += f" c{how.chunks} b{how.block[0]} u{how.unroll}"
                 else:
                     label += f" u{how.unroll}" + (" on" if how.online else "")
                     label += f" b{how.block[0]}" if kw.get("block_size") else ""
@@ -121,6 +131,7 @@ def run(
                         method=method,
                         unroll=how.unroll,
                         online=how.online,
+                        chunks=how.chunks,
                         auto=ident == chosen,
                         kernel_us=round(k_us, 2),
                         call_us=None if c_us is None else round(c_us, 1),
@@ -167,6 +178,11 @@ def run(
         copy_gbs=round(copy_gbs, 1),
         rows=rows_out,
     )
+
+
+def _ident(how) -> tuple:
+    """What makes two plans the same launch."""
+    return (how.method, how.pack, how.unroll, how.online, how.block, how.grid, how.chunks)
 
 
 def _line(r: dict) -> str:
