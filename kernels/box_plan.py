@@ -215,7 +215,7 @@ def choose(shape: tuple, dtype, ksize: tuple) -> tuple[str, dict | None]:
 
 # ------------------------------------------------------------------ kernels.box_tiled
 
-# Default geometry: H100 2026-11-24 16:2x-16:5x UTC sweeps (benchmarks/results/
+# Default geometry: H100 2026-11-24 15:4x-15:5x UTC sweeps (benchmarks/results/
 # 2026-11-24-h100-sweep-tiled*.txt), 2167x2495x3, k=3/21/31: 512 threads on 64x64
 # tiles, 4 row groups, launch bounds for 4 blocks per SM: 32.1/42.8/53.3 us; 256 threads
 # on 64x32 tiles, 2 groups (the 2026-11-23 default): 32.1/45.7/65.2 us.
@@ -229,7 +229,7 @@ TILED_MIN_BLOCKS = 4  # launch bounds: resident blocks per SM the registers must
 # Shared memory the default geometry may use (k=41 on 64x64 tiles: 73216 bytes); above
 # 48 KiB the launch opts in (an H100 gives up to 227 KiB per block).
 TILED_SMEM_LIMIT = 96 * 1024
-# The largest box side `choose` gives box_tiled: H100 2026-11-24 16:5x UTC
+# The largest box side `choose` gives box_tiled: H100 2026-11-24 ~15:58 UTC
 # (benchmarks/results/2026-11-24b-h100-sweep-tiled.txt), box_tiled vs box_fused in one
 # run at k=31/41: 2167x2495x3 53.3/67.2 vs 82.6/94.2 us, 4K 74.9/95.0 vs 121.3/141.2,
 # 8K 251.9/326.1 vs 393.6/394.5. Larger boxes were not measured (the tiles shrink
