@@ -31,13 +31,11 @@ def _grid(kernel: str) -> list[dict]:
             dict(threads=t, strip=s, batch=8)
             for t, s in itertools.product((64, 128, 256), (16, 24, 32, 48))
         ]
-    big = 100 * 1024  # taller tiles opt in to more than 48 KiB of shared memory
     return [
-        dict(run=32),
+        dict(tile_h=56),
+        dict(tile_h=48),
+        dict(tile_h=40),
         dict(groups=6),
-        dict(groups=8, min_blocks=0),
-        dict(threads=1024, tile_h=128, groups=8, min_blocks=2, smem_limit=big),
-        dict(threads=384, tile_h=48, groups=6, min_blocks=0),
         dict(threads=256, tile_h=32, groups=2, min_blocks=0),  # the 2026-11-23 default
     ]
 
