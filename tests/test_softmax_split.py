@@ -11,6 +11,7 @@ on a real device.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 import time
@@ -68,19 +69,22 @@ def concurrent_blocks(resident: int):
             thread.start()
             launch["threads"].append(thread)
             if all(g == n - 1 for g, n in zip(grid_point, self._grid_dim, strict=True)):
+                deadline = time.monotonic() + SLOT_TIMEOUT_S
                 for thread in launch["threads"]:
-                    thread.join(SLOT_TIMEOUT_S)
+                    while thread.is_alive() and time.monotonic() < deadline:
+                        if launch["errors"]:
+                            break  # its row's other blocks may wait forever
+                        thread.join(0.05)
+                    if launch["errors"]:
+                        raise launch["errors"][0]
                     if thread.is_alive():
                         raise RuntimeError(f"blocks still running after {SLOT_TIMEOUT_S} s")
-                if launch["errors"]:
-                    raise launch["errors"][0]
 
-    class YieldingBlockThread(sim_kernel.BlockThread):
-        def is_alive(self):
-            # Each block's manager polls its threads in a busy loop; yielding the GIL
-            # at every poll keeps many concurrent managers from starving the threads.
-            time.sleep(0)
-            return super().is_alive()
+    def yielding_is_alive(thread):
+        # Each block's manager polls its threads in a busy loop; yielding the GIL at
+        # every poll keeps many concurrent managers from starving the threads.
+        time.sleep(0)
+        return threading.Thread.is_alive(thread)
 
     atomic_add = kernelapi.FakeCUDAAtomic.add
 
@@ -101,21 +105,59 @@ def concurrent_blocks(resident: int):
     def held(self, blockdim, dynsmemsize=0):
         return resident
 
-    saved = (sim_kernel.BlockManager, sim_kernel.BlockThread, kernelapi.FakeCUDAModule.shared)
+    saved = (sim_kernel.BlockManager, kernelapi.FakeCUDAModule.shared)
+    saved_swap = sim_kernel.swapped_cuda_module
     saved_held = sim_kernel.FakeOverload.max_cooperative_grid_blocks
     sm._PLANS.clear()  # plans made under the shim must not outlive it
     sim_kernel.BlockManager = ConcurrentBlockManager
-    sim_kernel.BlockThread = YieldingBlockThread
+    sim_kernel.BlockThread.is_alive = yielding_is_alive
     kernelapi.FakeCUDAAtomic.add = yielding_atomic_add
     kernelapi.FakeCUDAModule.shared = property(block_shared)
     sim_kernel.FakeOverload.max_cooperative_grid_blocks = held
+    if not hasattr(kernelapi, "_swap_refcount"):
+        sim_kernel.swapped_cuda_module = _refcounted_swap()
     try:
         yield
     finally:
-        sim_kernel.BlockManager, sim_kernel.BlockThread, kernelapi.FakeCUDAModule.shared = saved
+        sim_kernel.BlockManager, kernelapi.FakeCUDAModule.shared = saved
+        sim_kernel.swapped_cuda_module = saved_swap
+        del sim_kernel.BlockThread.is_alive  # back to threading.Thread's
         sim_kernel.FakeOverload.max_cooperative_grid_blocks = saved_held
         kernelapi.FakeCUDAAtomic.add = atomic_add
         sm._PLANS.clear()
+
+
+def _refcounted_swap():
+    """swapped_cuda_module as newer simulators have it (numba-cuda 0.21's restores a
+    module's `cuda` when any thread leaves a device function, under threads of other
+    blocks still inside it): the fake module stays in place while any thread is in."""
+    from numba import cuda
+
+    registry = threading.Lock()
+    locks: dict = collections.defaultdict(threading.Lock)
+    counts: dict = collections.defaultdict(int)
+    originals: dict = {}
+
+    @contextlib.contextmanager
+    def swapped_cuda_module(fn, fake_cuda_module):
+        globs = fn.__globals__
+        key = id(globs)
+        with registry:
+            lock = locks[key]
+        with lock:
+            if counts[key] == 0:
+                originals[key] = {k: v for k, v in globs.items() if v is cuda}
+                globs.update(dict.fromkeys(originals[key], fake_cuda_module))
+            counts[key] += 1
+        try:
+            yield
+        finally:
+            with lock:
+                counts[key] -= 1
+                if counts[key] == 0:
+                    globs.update(originals.pop(key))
+
+    return swapped_cuda_module
 
 
 SIM = bool(ss.SIMULATOR)
