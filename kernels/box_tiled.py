@@ -69,24 +69,6 @@ def _div(n, m):
 
 
 @cuda.jit(device=True)
-def _pack(b0, b1, b2, b3):
-    """Four bytes as one little-endian 32-bit word."""
-    b0, b1, b2, b3 = uint32(b0), uint32(b1), uint32(b2), uint32(b3)
-    return uint32(b0 | (b1 << EIGHT) | (b2 << SIXTEEN) | (b3 << TWENTY_FOUR))
-
-
-@cuda.jit(device=True)
-def _funnel(src32, a):
-    """The 4 bytes at byte offset `a` (uint32) of the image, from the two aligned words
-    around it (the caller checks that both exist)."""
-    wi = uint32(a >> 2)
-    lo = uint64(src32[wi])
-    hi = uint64(src32[uint32(wi + 1)])
-    shift = uint64(uint32(a & 3) * uint32(8))
-    return uint32(((hi << uint64(32)) | lo) >> shift)
-
-
-@cuda.jit(device=True)
 def _mean(acc, area, magic, shift_hi, even):
     """round(acc / area) half to even: floor(t / (2 area)) with t = 2 acc + area, by a
     multiply-high (`kernels.box_plan.packed_magic`); a tie goes to the even side."""
@@ -183,40 +165,28 @@ def _make_box_tiled(channels: int, ksize: tuple, threads: int, run: int, tile_w:
                 dst = r * IN_WORDS_U + q
                 for i in range(LOAD_ITERS):
                     if i < FULL_SWEEPS or r + U(i * ROW_STEP) < IN_ROWS_U:
-                        word = _funnel(src32, uint32(a0 + uint32(i) * step))
+                        a = uint32(a0 + uint32(i) * step)
+                        wi = uint32(a >> 2)
+                        lo = uint64(src32[wi])
+                        hi = uint64(src32[uint32(wi + 1)])
+                        shift = uint64(uint32(a & 3) * uint32(8))
+                        word = uint32(((hi << U(32)) | lo) >> shift)
                         in32[dst + U(i * ROW_STEP * IN_WORDS)] = word
             else:
-                # Rows map through the border mode one at a time; a word wholly inside
-                # the row loads whole from the mapped row, and only words reaching past
-                # the image's left or right edge gather their bytes.
                 lane = int64(FOUR_U * q)
-                first_byte = left * C + lane
-                whole = first_byte >= 0 and first_byte + 4 <= pitch
-                c0 = c1 = c2 = c3 = -1
-                if not whole:
-                    c0 = _lane_column(lane, IN_LANES, left, width, C, mode)
-                    c1 = _lane_column(lane + 1, IN_LANES, left, width, C, mode)
-                    c2 = _lane_column(lane + 2, IN_LANES, left, width, C, mode)
-                    c3 = _lane_column(lane + 3, IN_LANES, left, width, C, mode)
-                fill = uint32(uint32(cval) * uint32(0x01010101))
+                c0 = _lane_column(lane, IN_LANES, left, width, C, mode)
+                c1 = _lane_column(lane + 1, IN_LANES, left, width, C, mode)
+                c2 = _lane_column(lane + 2, IN_LANES, left, width, C, mode)
+                c3 = _lane_column(lane + 3, IN_LANES, left, width, C, mode)
                 rr = r
                 while rr < IN_ROWS_U:
                     yy = border_index(top + int64(rr), height, mode)
-                    if yy < 0:
-                        word = fill
-                    elif whole:
-                        a = uint32(yy * pitch + first_byte)
-                        if uint32(a >> 2) + 1 < n_words:
-                            word = _funnel(src32, a)
-                        else:  # the image's last bytes lie outside its whole words
-                            word = _pack(src8[a], src8[a + 1], src8[a + 2], src8[a + 3])
-                    else:
-                        ro = yy * pitch
-                        b0 = _byte(src8, ro, c0, cval)
-                        b1 = _byte(src8, ro, c1, cval)
-                        b2 = _byte(src8, ro, c2, cval)
-                        b3 = _byte(src8, ro, c3, cval)
-                        word = _pack(b0, b1, b2, b3)
+                    ro = -1 if yy < 0 else yy * pitch
+                    b0 = _byte(src8, ro, c0, cval)
+                    b1 = _byte(src8, ro, c1, cval)
+                    b2 = _byte(src8, ro, c2, cval)
+                    b3 = _byte(src8, ro, c3, cval)
+                    word = uint32(b0 | (b1 << EIGHT) | (b2 << SIXTEEN) | (b3 << TWENTY_FOUR))
                     in32[rr * IN_WORDS_U + q] = word
                     rr += ROW_STEP_U
         cuda.syncthreads()
