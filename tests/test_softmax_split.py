@@ -235,15 +235,15 @@ def test_auto_takes_split_for_rows_wider_than_a_block_else_block_uncached():
     cols = 20000  # 80 KB of float32: more than the simulator's 48 KiB per block
     with concurrent_blocks(resident=64):
         how = plan(3, cols, np.float32, block_size=32)[0]
-        assert how.method == "split" and how.chunks == ss.default_chunks(cols, 4, 4) == 3
+        assert how.method == "split" and how.chunks == ss.default_chunks(cols, 4, 4) == 2
         assert plan(3, 1000, np.float32, block_size=32)[0].method == "warp"
         assert plan(3, 2000, np.float32, block_size=32)[0].method == "block_smem"
     assert plan(3, cols, np.float32, block_size=32)[0].method == "block_uncached"
 
 
 def test_default_chunks():
-    assert ss.default_chunks(131072, 4, 4) == 16  # 512 KiB rows in 32 KiB pieces
-    assert ss.default_chunks(131072, 8, 2) == 8
+    assert ss.default_chunks(131072, 4, 4) == 8  # 512 KiB rows in 64 KiB pieces
+    assert ss.default_chunks(131072, 8, 2) == 4
     assert ss.default_chunks(4096, 4, 4) == 2  # at least two
     assert ss.default_chunks(3, 1, 4) == 2
     assert ss.default_chunks(4, 4, 4) == 1  # at most one per pack
