@@ -204,6 +204,27 @@ def _pack_loader(pack: int, nbytes: int, unroll: int):
     return load_packs
 
 
+@functools.cache
+def _online_folder(pack: int, unroll: int):
+    """Device function `fold(a, n, cm, m, d) -> (m, d)` of the online normaliser:
+    with cm the max of m and the n loaded packs a[0 .. n - 1], rescale the running
+    sum d of exp(x - m) to the new max and add the packs' exp(x - max)."""
+
+    @cuda.jit(device=True, inline="always")
+    def fold(a, n, cm, m, d):
+        if cm > m:
+            d *= exp32(m - cm)
+            m = cm
+        if m > NEG_INF:
+            for u in range(unroll):
+                if u < n:
+                    for i in range(pack):
+                        d += exp32(a[u, i] - m)
+        return m, d
+
+    return fold
+
+
 def block_smem_kernel(in_dtype, out_dtype, pack, unroll, log, online=False):
     """The block-per-row kernel with the row cached in dynamic shared memory.
 
@@ -223,6 +244,7 @@ def block_smem_kernel(in_dtype, out_dtype, pack, unroll, log, online=False):
     U = unroll
     cache_t = in_t if online else float32
     load_packs = _pack_loader(P, NBI, U)
+    fold = _online_folder(P, U)
 
     @cuda.jit
     def softmax_block_smem(x, y, rows, cols):
@@ -251,14 +273,7 @@ def block_smem_kernel(in_dtype, out_dtype, pack, unroll, log, online=False):
                             buf[uint32(i * packs + q)] = cache_t(v)
                             cm = max(cm, v)
                 if online:
-                    if cm > m:
-                        d *= exp32(m - cm)
-                        m = cm
-                    if m > NEG_INF:
-                        for u in range(U):
-                            if u < n:
-                                for i in range(P):
-                                    d += exp32(a[u, i] - m)
+                    m, d = fold(a, n, cm, m, d)
                 else:
                     m = cm
                 p = uint32(p + U * nthreads)
@@ -316,6 +331,7 @@ def block_uncached_kernel(in_dtype, out_dtype, pack, unroll, log):
     NBO = pack * out_dtype.itemsize
     U = unroll
     load_packs = _pack_loader(P, NBI, U)
+    fold = _online_folder(P, U)
 
     @cuda.jit
     def softmax_block_uncached(x, y, rows, cols):
@@ -339,14 +355,7 @@ def block_uncached_kernel(in_dtype, out_dtype, pack, unroll, log):
                     if u < n:
                         for i in range(P):
                             cm = max(cm, a[u, i])
-                if cm > m:
-                    d *= exp32(m - cm)
-                    m = cm
-                if m > NEG_INF:
-                    for u in range(U):
-                        if u < n:
-                            for i in range(P):
-                                d += exp32(a[u, i] - m)
+                m, d = fold(a, n, cm, m, d)
                 p = uint32(p + U * nthreads)
             rmax = block_allreduce_max(m)
             s = d * exp32(m - rmax) if m > NEG_INF else float32(0.0)

@@ -65,13 +65,14 @@ def split_kernel(in_dtype, out_dtype, pack: int, unroll: int, chunks: int, log: 
     1 + rows zeros (left zeroed again on exit), partials float32 of 2 * rows * chunks.
     """
     # Imported here: kernels.softmax imports this module inside plan().
-    from .softmax import _pack_loader, exp32
+    from .softmax import _online_folder, _pack_loader, exp32
 
     in_t = from_dtype(np.dtype(in_dtype))
     P, U, C = pack, unroll, chunks
     NBI = pack * np.dtype(in_dtype).itemsize
     NBO = pack * np.dtype(out_dtype).itemsize
     load_packs = _pack_loader(P, NBI, U)
+    fold = _online_folder(P, U)
 
     @cuda.jit
     def softmax_split(x, y, rows, cols, counters, partials):
@@ -110,14 +111,7 @@ def split_kernel(in_dtype, out_dtype, pack: int, unroll: int, chunks: int, log: 
                         v = a[u, i]
                         buf[uint32(i * span + q)] = in_t(v)
                         cm = max(cm, v)
-            if cm > m:
-                d *= exp32(m - cm)
-                m = cm
-            if m > NEG_INF:
-                for u in range(U):
-                    if u < n:
-                        for i in range(P):
-                            d += exp32(a[u, i] - m)
+            m, d = fold(a, n, cm, m, d)
             p = uint32(p + U * nthreads)
         cmax = block_allreduce_max(m)
         csum = block_allreduce_sum(d * exp32(m - cmax) if m > NEG_INF else float32(0.0))
