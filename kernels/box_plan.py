@@ -305,3 +305,62 @@ def tiled_args(shape: tuple, ksize: tuple, anchor: tuple, mode: int, cval, geo: 
     Python ints become int64 parameters."""
     lead = _word_kernel_args(shape, ksize, anchor, mode, cval)
     return (*lead, geo["tile_w"], geo["tile_h"], geo["groups"])
+
+
+# ---------------------------------------------------------------- kernels.box_twopass
+
+TWOPASS_STRIP = 128  # rows per thread of the column pass
+TWOPASS_COLUMN_THREADS = 128
+TWOPASS_RUN = 33  # outputs per slide; 1 (mod 32): a warp's slides read 32 banks
+TWOPASS_TILE_RUNS = 16  # runs per tile row: tile_w = 528 pixels
+TWOPASS_ROWS = 4  # rows per block of the row pass
+TWOPASS_MAX_ROWS = 256  # (256 + 1) * 255 < 2**16: a packed 16-bit column sum never carries
+
+
+def twopass_plan(shape: tuple, dtype, ksize: tuple, strip: int = 0, column_threads: int = 0,
+                 threads: int = 0, run: int = 0, tile_w: int = 0, rows: int = 0,
+                 ) -> dict | None:  # fmt: skip
+    """Launch geometry of `kernels.box_twopass`, or None where it does not apply.
+
+    It applies to uint8 images of fewer than 2**31 bytes and boxes of at most 256 rows
+    (16-bit column sums, two per 32-bit register) whose sums stay below 2**25, where a row-pass block's shared
+    memory (4 bytes per staged column sum, 1 per staged output) fits 48 KiB; a tile
+    that does not fit is given fewer rows, then fewer runs. tile_w is rounded up to
+    whole runs and capped at the image's width in runs; threads=0 gives each
+    (row, run, channel) slide of a block its own thread.
+    """
+    height, width, channels = shape
+    kh, kw = ksize
+    run = run or TWOPASS_RUN
+    tile_w = cdiv(min(tile_w or run * TWOPASS_TILE_RUNS, cdiv(width, run) * run), run) * run
+    rows = min(rows or TWOPASS_ROWS, height)
+    strip = max(strip or TWOPASS_STRIP, cdiv(height, 65535))  # CUDA's grid-y limit
+    column_threads = column_threads or TWOPASS_COLUMN_THREADS
+    if np.dtype(dtype) != np.uint8 or kh > TWOPASS_MAX_ROWS:
+        return None
+    if height * width * channels >= 2**31 or 511 * kh * kw >= 2**MAGIC_BITS:
+        return None
+
+    def smem_bytes(tile: int, n_rows: int) -> int:
+        return n_rows * channels * (4 * (tile + kw - 1) + tile)
+
+    while smem_bytes(tile_w, rows) > SMEM_LIMIT and rows > 1:
+        rows //= 2
+    while smem_bytes(tile_w, rows) > SMEM_LIMIT and tile_w > run:
+        tile_w -= run
+    smem = smem_bytes(tile_w, rows)
+    if smem > SMEM_LIMIT:
+        return None
+    items = rows * channels * (tile_w // run)
+    threads = threads or min(1024, cdiv(items, 32) * 32)
+    return {
+        "strip": strip,
+        "columns_threads": column_threads,
+        "columns_grid": (cdiv(cdiv(width * channels, 4), column_threads), cdiv(height, strip)),
+        "threads": threads,
+        "run": run,
+        "tile_w": tile_w,
+        "rows": rows,
+        "smem": smem,
+        "grid": (cdiv(width, tile_w), min(cdiv(height, rows), 65535)),
+    }
