@@ -26,6 +26,14 @@ SIZES = {"seed": (2167, 2495), "4k": (2160, 3840), "8k": (4320, 7680)}
 
 def _grid(kernel: str) -> list[dict]:
     """The geometries swept (keyword arguments of the kernel's plan function)."""
+    if kernel == "strips":
+        return [
+            dict(strip=32),
+            dict(strip=128),
+            dict(tile_w=33 * 4),
+            dict(tile_w=33 * 4, strip=128),
+            dict(run=17, tile_w=17 * 16),
+        ]
     if kernel == "twopass":
         return [
             dict(strip=32),
@@ -85,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--quick", action="store_true", help="default geometries only")
-    parser.add_argument("--kernel", choices=("tiled", "packed", "twopass"), default="tiled")
+    parser.add_argument("--kernel", choices=("tiled", "packed", "twopass", "strips"), default="tiled")
     parser.add_argument("--sizes", default="4k,8k", help="sizes timed at the defaults")
     parser.add_argument("--ks", default="3,21,101", help="box sizes")
     args = parser.parse_args(argv)
@@ -96,12 +104,15 @@ def main(argv: list[str] | None = None) -> int:
     from kernels import box_fused as kfused
     from kernels import box_packed as kpacked
     from kernels import box_plan
+    from kernels import box_strips as kstrips
     from kernels import box_tiled as ktiled
     from kernels import box_twopass as ktwopass
 
     name = f"box_{args.kernel}"
     if args.kernel == "packed":
         make_plan, launch, compiled = box_plan.packed_plan, kpacked.box_packed, kpacked._KERNELS
+    elif args.kernel == "strips":
+        make_plan, launch, compiled = box_plan.strips_plan, kstrips.box_strips, kstrips._KERNELS
     elif args.kernel == "twopass":
         make_plan, launch = box_plan.twopass_plan, ktwopass.box_twopass
         compiled = {**ktwopass._COLUMNS, **ktwopass._ROWS}

@@ -364,3 +364,61 @@ def twopass_plan(shape: tuple, dtype, ksize: tuple, strip: int = 0, column_threa
         "smem": smem,
         "grid": (cdiv(width, tile_w), min(cdiv(height, rows), 65535)),
     }
+
+
+# ----------------------------------------------------------------- kernels.box_strips
+
+STRIPS_RUN = 33  # outputs per slide
+STRIPS_TILE_RUNS = 8  # runs per tile row: tile_w = 264 pixels
+STRIPS_STRIP = 64  # output rows per block
+STRIPS_CHUNK = 8  # rows per load phase
+STRIPS_MAX_ROWS = 256  # (256 + 1) * 255 < 2**16: a packed 16-bit column sum never carries
+
+
+def strips_smem(channels: int, ksize: tuple, tile_w: int, chunk: int) -> int:
+    """Bytes of shared memory `kernels.box_strips` uses: 2 chunk input rows and chunk
+    rows of 16-bit column sums, both of the tile's words, then chunk rows of outputs."""
+    nq = cdiv((tile_w + ksize[1] - 1) * channels, 4)
+    return chunk * (16 * nq + tile_w * channels)
+
+
+def strips_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0,
+                tile_w: int = 0, strip: int = 0, chunk: int = 0) -> dict | None:  # fmt: skip
+    """Launch geometry of `kernels.box_strips`, or None where it does not apply.
+
+    It applies to uint8 images of fewer than 2**31 bytes and boxes of at most 256 rows
+    whose sums stay below 2**25, where one thread per word of the tile and halo (at
+    most 1024) and the shared memory (48 KiB at most) fit; a chunk too large for that
+    memory is halved, then the tile loses runs. tile_w is a whole number of runs, at
+    most the image's width rounded up to runs. threads=0: the tile's words rounded up
+    to a warp, at least enough for one chunk's slides.
+    """
+    height, width, channels = shape
+    kh, kw = ksize
+    run = run or STRIPS_RUN
+    tile_w = cdiv(min(tile_w or run * STRIPS_TILE_RUNS, cdiv(width, run) * run), run) * run
+    strip = strip or STRIPS_STRIP
+    chunk = min(chunk or STRIPS_CHUNK, strip)
+    if np.dtype(dtype) != np.uint8 or kh > STRIPS_MAX_ROWS:
+        return None
+    if height * width * channels >= 2**31 or 511 * kh * kw >= 2**MAGIC_BITS:
+        return None
+    while strips_smem(channels, ksize, tile_w, chunk) > SMEM_LIMIT and chunk > 1:
+        chunk //= 2
+    while strips_smem(channels, ksize, tile_w, chunk) > SMEM_LIMIT and tile_w > run:
+        tile_w -= run
+    smem = strips_smem(channels, ksize, tile_w, chunk)
+    nq = cdiv((tile_w + kw - 1) * channels, 4)
+    threads = threads or max(cdiv(nq, 32) * 32, chunk * channels * (tile_w // run))
+    threads = cdiv(threads, 32) * 32
+    if smem > SMEM_LIMIT or nq > threads or threads > 1024 or cdiv(height, strip) > 65535:
+        return None
+    return {
+        "threads": threads,
+        "run": run,
+        "tile_w": tile_w,
+        "strip": strip,
+        "chunk": chunk,
+        "smem": smem,
+        "grid": (cdiv(width, tile_w), cdiv(height, strip)),
+    }
