@@ -56,14 +56,6 @@ def _kernel(name: str, channels: int, box: int = 21, geometry: dict | None = Non
         geo = tiled_plan((2167, 2495, channels), "uint8", ksize, **(geometry or {}))
         k = mod.kernel_for(channels, ksize, geo)
         return k.py_func, (u8, u32, i64) + (i64,) * 14 + (u8,), mod.__file__
-    if name == "strips":
-        from kernels import box_strips as mod
-        from kernels.box_plan import strips_plan
-
-        ksize = (box, box)
-        geo = strips_plan((2167, 2495, channels), "uint8", ksize, **(geometry or {}))
-        k = mod.kernel_for(channels, ksize, geo)
-        return k.py_func, (u8, u32) + (i64,) * 7 + (u8,), mod.__file__
     if name == "packed":
         from kernels import box_packed as mod
 
@@ -80,7 +72,7 @@ def _kernel(name: str, channels: int, box: int = 21, geometry: dict | None = Non
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kernel", choices=("tiled", "fused", "packed", "strips"), default="tiled")
+    ap.add_argument("--kernel", choices=("tiled", "fused", "packed"), default="tiled")
     ap.add_argument("--channels", type=int, default=3)
     ap.add_argument("--box", type=int, default=21, help="box side (tiled: a constant)")
     ap.add_argument("--geometry", default="", help="tiled: e.g. tile_h=64,threads=512")

@@ -26,25 +26,6 @@ SIZES = {"seed": (2167, 2495), "4k": (2160, 3840), "8k": (4320, 7680)}
 
 def _grid(kernel: str) -> list[dict]:
     """The geometries swept (keyword arguments of the kernel's plan function)."""
-    if kernel == "strips":
-        return [
-            dict(strip=32),
-            dict(strip=128),
-            dict(tile_w=33 * 4),
-            dict(tile_w=33 * 4, strip=128),
-            dict(run=17, tile_w=17 * 16),
-        ]
-    if kernel == "twopass":
-        return [
-            dict(strip=32),
-            dict(strip=64),
-            dict(strip=256),
-            dict(column_threads=64),
-            dict(column_threads=256),
-            dict(rows=2),
-            dict(rows=8, tile_w=33 * 8),
-            dict(run=65, tile_w=65 * 8),
-        ]
     if kernel == "packed":
         return [
             dict(threads=t, strip=s, batch=8)
@@ -59,41 +40,11 @@ def _grid(kernel: str) -> list[dict]:
     ]
 
 
-def _time_passes(timer, results, size, k, d_img, d_out, geo) -> None:
-    """box_twopass's two kernels timed apart (default geometry)."""
-    from kernels import box_twopass as ktwopass
-    from kernels.launch import scratch
-
-    from kernels.box_packed import words
-
-    h, w, c = d_img.shape
-    n, pitch = h * w * c, w * c
-    spitch = -(-pitch // 4) * 4
-    sums = scratch((h * spitch,), np.uint16)
-    columns, rows = ktwopass.kernels_for(c, (k, k), geo)
-    src, dst = d_img.reshape(n), d_out.reshape(n)
-    src32, sums64 = words(src), sums.view(np.uint64)
-    a = k // 2
-    col_us = timer.kernel_us(
-        lambda: columns[geo["columns_grid"], geo["columns_threads"]](
-            src, src32, n // 4, h, pitch, spitch, a, 0, 0, sums, sums64
-        )
-    )
-    row_us = timer.kernel_us(
-        lambda: rows[geo["grid"], geo["threads"], 0, geo["smem"]](
-            sums, h, w, spitch, a, 0, 0, dst
-        )
-    )
-    results["rows"].append({"size": size, "k": k, "impl": "twopass_columns", "kernel_us": col_us})
-    results["rows"].append({"size": size, "k": k, "impl": "twopass_rows", "kernel_us": row_us})
-    print(f"{size} k={k} twopass passes: columns {col_us:.1f} us, rows {row_us:.1f} us")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--quick", action="store_true", help="default geometries only")
-    parser.add_argument("--kernel", choices=("tiled", "packed", "twopass", "strips"), default="tiled")
+    parser.add_argument("--kernel", choices=("tiled", "packed"), default="tiled")
     parser.add_argument("--sizes", default="4k,8k", help="sizes timed at the defaults")
     parser.add_argument("--ks", default="3,21,101", help="box sizes")
     args = parser.parse_args(argv)
@@ -104,18 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     from kernels import box_fused as kfused
     from kernels import box_packed as kpacked
     from kernels import box_plan
-    from kernels import box_strips as kstrips
     from kernels import box_tiled as ktiled
-    from kernels import box_twopass as ktwopass
 
     name = f"box_{args.kernel}"
     if args.kernel == "packed":
         make_plan, launch, compiled = box_plan.packed_plan, kpacked.box_packed, kpacked._KERNELS
-    elif args.kernel == "strips":
-        make_plan, launch, compiled = box_plan.strips_plan, kstrips.box_strips, kstrips._KERNELS
-    elif args.kernel == "twopass":
-        make_plan, launch = box_plan.twopass_plan, ktwopass.box_twopass
-        compiled = {**ktwopass._COLUMNS, **ktwopass._ROWS}
     else:
         make_plan, launch, compiled = box_plan.tiled_plan, ktiled.box_tiled, ktiled._KERNELS
 
@@ -151,8 +95,6 @@ def main(argv: list[str] | None = None) -> int:
                 {"size": size, "k": k, "impl": name, "kernel_us": us, "floor_us": floor, **shown}
             )
             print(f"{size} k={k} {name} {shown}: {us:.1f} us")
-            if args.kernel == "twopass" and not kwargs:
-                _time_passes(timer, results, size, k, d_img, d_out, geo)
         try:
             import cupy
             from cupyx.scipy import ndimage
@@ -176,8 +118,6 @@ def main(argv: list[str] | None = None) -> int:
     for size in filter(None, args.sizes.split(",")):
         for k in ks:
             run_case(size, k, default)
-    if args.kernel == "twopass":
-        compiled = {**ktwopass._COLUMNS, **ktwopass._ROWS}
     results["registers"] = {
         str(key): {
             "regs": str(kern.get_regs_per_thread()),
