@@ -29,14 +29,22 @@ the box: `kernels.box_plan.tiled_plan` declines boxes too big for its tiles.
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 from numba import config, cuda, int64, typeof, uint8, uint16, uint32, uint64
 
+from .arrays import start_address
 from .box_fused import _lane_column
 from .box_packed import flat_images, words
 from .box_plan import packed_magic, tiled_args, tiled_plan
 from .device import border_index
-from .launch import SMEM_LIMIT, allow_dynamic_smem
+from .launch import SMEM_LIMIT, allow_dynamic_smem, core_launcher, flat_array_args
+
+try:
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+except ImportError:  # Numba's simulator: no direct launches
+    DeviceNDArray = ()
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 LOW16 = np.uint32(0xFFFF)
@@ -299,13 +307,50 @@ def box_tiled(img, ksize, anchor, mode, cval, out=None, geometry: dict | None = 
     geo = geometry or tiled_plan(img.shape, img.dtype, ksize)
     if geo is None:
         raise ValueError("box_tiled handles uint8 images with boxes small next to its tiles")
-    out, src, dst, n = flat_images(img, out, "box_tiled")
     kernel = kernel_for(img.shape[2], ksize, geo)
-    args = (src, words(src), n // 4, *tiled_args(img.shape, ksize, anchor, mode, cval, geo), dst)
+    scalars = tiled_args(img.shape, ksize, anchor, mode, cval, geo)
+    key = (kernel, geo["grid"], geo["smem"])
+    launch = _LAUNCHERS.get(key)
+    if launch and _whole_bytes(img) and (out is None or _whole_bytes(out)):
+        try:
+            return _launch_direct(launch, img, out, scalars)
+        except (TypeError, AttributeError):  # a cuda.core whose launch takes other types
+            _LAUNCHERS[key] = None  # Numba's launch from now on
+    out, src, dst, n = flat_images(img, out, "box_tiled")
+    args = (src, words(src), n // 4, *scalars, dst)
     if geo["smem"] > SMEM_LIMIT and kernel not in _OPTED_IN:  # once per kernel: ~0.2 ms
         compiled = kernel.compile(tuple(typeof(a) for a in args))
         if not allow_dynamic_smem(compiled, geo["smem"]):
             raise ValueError(f"the device cannot give box_tiled {geo['smem']} B of shared memory")
         _OPTED_IN.add(kernel)
     kernel[geo["grid"], geo["threads"], 0, geo["smem"]](*args)
+    if key not in _LAUNCHERS:
+        _LAUNCHERS[key] = core_launcher(kernel, args, geo["grid"], geo["threads"], geo["smem"])
+    return out
+
+
+# Later launches of a (kernel, grid, shared memory) skip Numba's dispatch and the flat
+# views: ~0.1 ms of Python per call (kernels.launch.core_launcher).
+_LAUNCHERS: dict = {}
+
+
+def _whole_bytes(a) -> bool:
+    """A C-contiguous Numba uint8 device array (what the direct launch passes as is)."""
+    return isinstance(a, DeviceNDArray) and a.dtype == np.uint8 and a.is_c_contiguous()
+
+
+def _launch_direct(launch, img, out, scalars: tuple):
+    """box_tiled's launch through `launch` (a core_launcher of its kernel): the same
+    arguments as the Numba launch, built from the arrays' addresses."""
+    if start_address(img) % 4:
+        raise ValueError("box_tiled reads 32-bit words: the image must start on a 4-byte boundary")
+    if out is None:
+        out = cuda.device_array(img.shape, dtype=img.dtype)
+    n = img.size
+    src = img.device_ctypes_pointer.value
+    launch(
+        *flat_array_args(src, n, 1), *flat_array_args(src, n // 4, 4), ctypes.c_int64(n // 4),
+        *(ctypes.c_int64(int(a)) for a in scalars),
+        *flat_array_args(out.device_ctypes_pointer.value, n, 1),
+    )  # fmt: skip
     return out

@@ -166,3 +166,42 @@ def direct_launcher(configured, args, sharedmem: int = 0):
         core_launch(stream, cfg, kern, *kargs)
 
     return launch
+
+
+def flat_array_args(ptr: int, nitems: int, itemsize: int) -> tuple:
+    """A 1-D C-contiguous device array argument as Numba passes it to a kernel
+    (meminfo, parent, size, itemsize, data, shape, strides), for `core_launcher`."""
+    return (0, 0, nitems, itemsize, ptr, nitems, itemsize)
+
+
+def core_launcher(dispatcher, args: tuple, grid: tuple, block: int, sharedmem: int = 0):
+    """`launch(*kernelargs)` of the overload of `dispatcher` that `args` (just launched
+    through Numba, so compiled) select, with this grid, 1-D block and dynamic shared
+    memory on the default stream. It takes the arguments already flattened as Numba
+    flattens them (arrays: `flat_array_args`; integers: ctypes.c_int64) and hands them
+    to cuda.core's launch, skipping Numba's dispatch and the array views a caller
+    would build for it. None where this numba-cuda has no such path (the simulator,
+    older releases, debug kernels): callers keep launching through Numba.
+    """
+    try:
+        from numba.cuda import dispatcher as nd
+        from numba.cuda.cudadrv import driver
+
+        stream = driver._to_core_stream(0)  # the default stream, as Numba launches on
+        types = tuple(dispatcher.typeof_pyval(a) for a in args)
+        overload = dispatcher.overloads[types]
+        if overload.debug or overload.cooperative or getattr(overload, "extensions", None):
+            return None
+        grid3 = tuple(grid) + (1,) * (3 - len(grid))
+        coop = "is_cooperative" if nd.CUDA_CORE_GE_1_0 else "cooperative_launch"
+        cfg = nd.LaunchConfig(grid=grid3, block=(block, 1, 1), shmem_size=sharedmem,
+                              **{coop: False})  # fmt: skip
+        kern = overload._codelibrary.get_cufunc().kernel
+        core_launch = nd.launch
+    except Exception:  # noqa: BLE001 - private numba-cuda attributes may change
+        return None
+
+    def launch(*kernelargs):
+        core_launch(stream, cfg, kern, *kernelargs)
+
+    return launch
