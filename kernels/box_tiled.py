@@ -307,6 +307,10 @@ def box_tiled(img, ksize, anchor, mode, cval, out=None, geometry: dict | None = 
     geo = geometry or tiled_plan(img.shape, img.dtype, ksize)
     if geo is None:
         raise ValueError("box_tiled handles uint8 images with boxes small next to its tiles")
+    if out is not None and tuple(out.shape) != tuple(img.shape):
+        raise ValueError(
+            f"box_tiled: out has shape {tuple(out.shape)}, the image {tuple(img.shape)}"
+        )
     kernel = kernel_for(img.shape[2], ksize, geo)
     scalars = tiled_args(img.shape, ksize, anchor, mode, cval, geo)
     key = (kernel, geo["grid"], geo["smem"])

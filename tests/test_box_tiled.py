@@ -152,3 +152,11 @@ def test_repeat_calls_launch_directly_and_agree():
     with pytest.raises(ValueError, match="4-byte boundary"):
         view = cuda.to_device(_image((301, 301, 3), seed=4))[1:]  # same shape, 903 bytes in
         ktiled.box_tiled(view, (7, 7), (3, 3), 0, 0)
+
+
+def test_an_output_of_another_shape_is_refused():
+    img = _image((9, 21, 3), seed=4)
+    with pytest.raises(ValueError, match="out has shape"):
+        ktiled.box_tiled(
+            cuda.to_device(img), (3, 3), (1, 1), 0, 0, cuda.device_array((9, 20, 3), np.uint8)
+        )
