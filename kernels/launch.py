@@ -133,29 +133,20 @@ def direct_launcher(configured, args, sharedmem: int = 0):
     `configured` is `kernel[grid, block]` (or with stream and shared memory), just
     launched with `args` through Numba (so the kernel is compiled for their types).
     The returned `launch(*arrays)` passes Numba device arrays of the same types
-    straight to cuda.core's launch, as Numba's own launch does at its end, skipping
-    Numba's per-call dispatch (argument typing, overload lookup, launch-config
-    bookkeeping): about half of Numba's Python cost per launch. Only arrays are
-    supported. Returns None where this numba-cuda has no such path (older releases,
-    the simulator, a debug kernel): callers then keep using `configured`.
+    straight to cuda.core's launch (`core_launcher`), skipping Numba's per-call
+    dispatch (argument typing, overload lookup, launch-config bookkeeping): about half
+    of Numba's Python cost per launch. Only arrays are supported. Returns None where
+    this numba-cuda has no such path (older releases, the simulator, a debug kernel):
+    callers then keep using `configured`.
     """
+    if not all(hasattr(a, "device_ctypes_pointer") for a in args):
+        return None
     try:
-        from numba.cuda import dispatcher as nd
-
-        core_launch, core_config = nd.launch, nd.LaunchConfig
-        disp = configured.dispatcher
-        types = tuple(disp.typeof_pyval(a) for a in args)
-        overload = disp.overloads[types]
-        if overload.debug or overload.cooperative or getattr(overload, "extensions", None):
-            return None
-        if not all(hasattr(a, "device_ctypes_pointer") for a in args):
-            return None
-        grid, block = configured.griddim, configured.blockdim
-        coop = "is_cooperative" if nd.CUDA_CORE_GE_1_0 else "cooperative_launch"
-        cfg = core_config(grid=grid, block=block, shmem_size=sharedmem, **{coop: False})
-        kern = overload._codelibrary.get_cufunc().kernel
-        stream = configured.stream
-    except Exception:
+        grid, block, stream = configured.griddim, configured.blockdim, configured.stream
+    except AttributeError:
+        return None
+    core = core_launcher(configured.dispatcher, args, grid, block, sharedmem, stream)
+    if core is None:
         return None
 
     def launch(*arrays):
@@ -163,7 +154,7 @@ def direct_launcher(configured, args, sharedmem: int = 0):
         for a in arrays:
             ptr = a.device_ctypes_pointer.value or 0
             kargs += (0, 0, a.size, a.dtype.itemsize, ptr, *a.shape, *a.strides)
-        core_launch(stream, cfg, kern, *kargs)
+        core(*kargs)
 
     return launch
 
@@ -174,34 +165,39 @@ def flat_array_args(ptr: int, nitems: int, itemsize: int) -> tuple:
     return (0, 0, nitems, itemsize, ptr, nitems, itemsize)
 
 
-def core_launcher(dispatcher, args: tuple, grid: tuple, block: int, sharedmem: int = 0):
+def core_launcher(dispatcher, args: tuple, grid: tuple, block, sharedmem: int = 0, stream=0):
     """`launch(*kernelargs)` of the overload of `dispatcher` that `args` (just launched
-    through Numba, so compiled) select, with this grid, 1-D block and dynamic shared
-    memory on the default stream. It takes the arguments already flattened as Numba
-    flattens them (arrays: `flat_array_args`; integers: ctypes.c_int64) and hands them
-    to cuda.core's launch, skipping Numba's dispatch and the array views a caller
-    would build for it. None where this numba-cuda has no such path (the simulator,
-    older releases, debug kernels): callers keep launching through Numba.
+    through Numba, so compiled) select, with this grid, block (an int or a tuple),
+    dynamic shared memory and stream (0: the default one). It takes the arguments
+    already flattened as Numba flattens them (arrays: `flat_array_args`; integers:
+    ctypes.c_int64) and hands them to cuda.core's launch, skipping Numba's dispatch
+    and the array views a caller would build for it. None where this numba-cuda has no
+    such path (the simulator, older releases, debug kernels): callers keep launching
+    through Numba.
     """
     try:
         from numba.cuda import dispatcher as nd
         from numba.cuda.cudadrv import driver
 
-        stream = driver._to_core_stream(0)  # the default stream, as Numba launches on
+        core_stream = driver._to_core_stream(stream)
         types = tuple(dispatcher.typeof_pyval(a) for a in args)
         overload = dispatcher.overloads[types]
         if overload.debug or overload.cooperative or getattr(overload, "extensions", None):
             return None
-        grid3 = tuple(grid) + (1,) * (3 - len(grid))
+        block = (block,) if isinstance(block, int) else tuple(block)
         coop = "is_cooperative" if nd.CUDA_CORE_GE_1_0 else "cooperative_launch"
-        cfg = nd.LaunchConfig(grid=grid3, block=(block, 1, 1), shmem_size=sharedmem,
-                              **{coop: False})  # fmt: skip
+        cfg = nd.LaunchConfig(
+            grid=tuple(grid) + (1,) * (3 - len(grid)),
+            block=block + (1,) * (3 - len(block)),
+            shmem_size=sharedmem,
+            **{coop: False},
+        )
         kern = overload._codelibrary.get_cufunc().kernel
         core_launch = nd.launch
     except Exception:  # noqa: BLE001 - private numba-cuda attributes may change
         return None
 
     def launch(*kernelargs):
-        core_launch(stream, cfg, kern, *kernelargs)
+        core_launch(core_stream, cfg, kern, *kernelargs)
 
     return launch
