@@ -9,9 +9,10 @@ converted with `cvt` (a `<8 x half>` access would be split by the backend).
 
 - `load_pack2(arr, r, c, nbytes)` / `load_pack1(arr, c, nbytes)`: the `nbytes` at
   `&arr[r, c]` / `&arr[c]` as a tuple of float32 (`nbytes // itemsize` of them).
-- `store_pack2(arr, r, c, src, nbytes)`: writes `src[0 .. nbytes // itemsize - 1]`
-  (a 1-D float32 local array) to `&arr[r, c]`, converted to the array's dtype
-  (round to nearest even for float16).
+- `store_pack2(arr, r, c, src, nbytes)` / `store_pack1(arr, c, src, nbytes)`: writes
+  `src[0 .. nbytes // itemsize - 1]` (a 1-D float32 local array) to `&arr[r, c]` /
+  `&arr[c]`, converted to the array's dtype (round to nearest even for float16).
+  `arr` may be a shared array (e.g. a row cached pack by pack).
 
 `arr` is a float32 or float16 array; `nbytes` must be a compile-time constant (a
 closure int) and the address must be aligned to it: the caller checks the alignment
@@ -39,7 +40,11 @@ def _simulated():
         for i in range(nbytes // arr.dtype.itemsize):
             arr[r, c + i] = src[i]
 
-    return load_pack2, load_pack1, store_pack2
+    def store_pack1(arr, c, src, nbytes):
+        for i in range(nbytes // arr.dtype.itemsize):
+            arr[c + i] = src[i]
+
+    return load_pack2, load_pack1, store_pack2, store_pack1
 
 
 def _compiled():
@@ -111,12 +116,13 @@ def _compiled():
         return types.UniTuple(types.float32, count)(arr, c, nbytes), load_codegen
 
     def store_codegen(context, builder, sig, args):
-        aryty, srcty = sig.args[0], sig.args[3]
+        aryty, srcty = sig.args[0], sig.args[-2]
         isz = aryty.dtype.bitwidth // 8
-        nbytes = sig.args[4].literal_value
+        nbytes = sig.args[-1].literal_value
         count = nbytes // isz
-        ptr = pointer(context, builder, aryty, args[0], args[1:3], sig.args[1:3])
-        src = context.make_array(srcty)(context, builder, value=args[3])
+        nd = aryty.ndim
+        ptr = pointer(context, builder, aryty, args[0], args[1 : 1 + nd], sig.args[1 : 1 + nd])
+        src = context.make_array(srcty)(context, builder, value=args[1 + nd])
         vals = []
         for i in range(count):
             sptr = cgutils.get_item_pointer(
@@ -154,10 +160,20 @@ def _compiled():
             return None
         return types.none(arr, r, c, src, nbytes), store_codegen
 
-    return load_pack2, load_pack1, store_pack2
+    @intrinsic
+    def store_pack1(typingctx, arr, c, src, nbytes):
+        """Write src[0 .. nbytes / itemsize) (float32) to &arr[c], aligned to nbytes."""
+        count = count_of(arr, (c,), nbytes)
+        if count is None:
+            return None
+        if not isinstance(src, types.Array) or src.ndim != 1 or src.dtype != types.float32:
+            return None
+        return types.none(arr, c, src, nbytes), store_codegen
+
+    return load_pack2, load_pack1, store_pack2, store_pack1
 
 
-load_pack2, load_pack1, store_pack2 = _simulated() if SIMULATOR else _compiled()
+load_pack2, load_pack1, store_pack2, store_pack1 = _simulated() if SIMULATOR else _compiled()
 
 
-__all__ = ["load_pack1", "load_pack2", "store_pack2"]
+__all__ = ["load_pack1", "load_pack2", "store_pack1", "store_pack2"]

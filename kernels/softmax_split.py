@@ -42,7 +42,7 @@ from numba import config as _numba_config
 from numba import cuda, float32, from_dtype, int32, types, uint32
 
 from .launch import allow_dynamic_smem, cdiv, largest_block_keeping_occupancy
-from .packs import store_pack2
+from .packs import load_pack1, store_pack1, store_pack2
 from .reduce import block_allreduce_max, block_allreduce_sum
 
 SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
@@ -56,13 +56,26 @@ BLOCK_SIZES = (128, 256, 512, 1024)
 
 
 @functools.cache
-def split_kernel(in_dtype, out_dtype, pack: int, unroll: int, chunks: int, log: bool):
+def split_kernel(
+    in_dtype,
+    out_dtype,
+    pack: int,
+    unroll: int,
+    chunks: int,
+    log: bool,
+    persistent: bool = True,
+    packed: bool = True,
+):
     """The split-row kernel for one (dtypes, pack, unroll, chunks, log) combination.
 
-    Launch with grid = rows * chunks, a 1-D block and `span * pack * itemsize(in)`
-    bytes of dynamic shared memory (span = ceil((cols // pack) / chunks)), as
+    Launch with a 1-D block and `span * pack * itemsize(in)` bytes of dynamic shared
+    memory (span = ceil((cols // pack) / chunks)), as
     `kernel(x, y, rows, cols, counters, partials)`: counters an int32 array of
     1 + rows zeros (left zeroed again on exit), partials float32 of 2 * rows * chunks.
+    persistent: any grid of resident blocks, each taking tickets until none is left
+    (else grid = rows * chunks, one item per block). packed: the piece is cached in
+    shared memory a pack at a time (one vector store and load per pack; else element
+    by element, element i of local pack q at i * span + q).
     """
     # Imported here: kernels.softmax imports this module inside plan().
     from .softmax import _online_folder, _pack_loader, exp32
@@ -71,6 +84,7 @@ def split_kernel(in_dtype, out_dtype, pack: int, unroll: int, chunks: int, log: 
     P, U, C = pack, unroll, chunks
     NBI = pack * np.dtype(in_dtype).itemsize
     NBO = pack * np.dtype(out_dtype).itemsize
+    PERSIST, PACKED = persistent, packed
     load_packs = _pack_loader(P, NBI, U)
     fold = _online_folder(P, U)
 
@@ -79,86 +93,105 @@ def split_kernel(in_dtype, out_dtype, pack: int, unroll: int, chunks: int, log: 
         buf = cuda.shared.array(0, in_t)
         item = cuda.shared.array(1, int32)
         a = cuda.local.array((U, P), float32)
+        tin = cuda.local.array(P, float32)
         tout = cuda.local.array(P, float32)
         tid = uint32(cuda.threadIdx.x)
         nthreads = uint32(cuda.blockDim.x)
-        if tid == 0:
-            t = cuda.atomic.add(counters, 0, 1)
-            if t == cuda.gridDim.x - 1:
-                counters[0] = 0  # every block holds its ticket: re-arm for the next launch
-            item[0] = t
-        cuda.syncthreads()
-        t = uint32(item[0])
-        row = uint32(t // C)
-        chunk = uint32(t - row * C)
+        items = uint32(rows * C)
+        # Every block takes one ticket past the last item (persistent) or one in all.
+        last_ticket = uint32(items + cuda.gridDim.x - 1) if PERSIST else uint32(items - 1)
         packs = uint32(cols // P)
         span = uint32((packs + (C - 1)) // C)
-        start = uint32(min(chunk * span, packs))
-        end = uint32(min(start + span, packs))
+        while True:
+            if tid == 0:
+                t = cuda.atomic.add(counters, 0, 1)
+                if t == last_ticket:
+                    counters[0] = 0  # every block holds its last ticket: re-arm
+                item[0] = t
+            cuda.syncthreads()
+            t = uint32(item[0])
+            if t >= items:
+                break
+            row = uint32(t // C)
+            chunk = uint32(t - row * C)
+            start = uint32(min(chunk * span, packs))
+            end = uint32(min(start + span, packs))
 
-        # Pass 1: the chunk into shared memory (element i of local pack q at
-        # i * span + q: a warp's stores hit 32 banks), running max and online sum.
-        m = NEG_INF
-        d = float32(0.0)
-        p = uint32(start + tid)
-        while p < end:
-            n = load_packs(x, row, p, nthreads, end, a)
-            cm = m
-            for u in range(U):
-                if u < n:
-                    q = uint32(p - start + u * nthreads)
-                    for i in range(P):
-                        v = a[u, i]
-                        buf[uint32(i * span + q)] = in_t(v)
-                        cm = max(cm, v)
-            m, d = fold(a, n, cm, m, d)
-            p = uint32(p + U * nthreads)
-        cmax = block_allreduce_max(m)
-        csum = block_allreduce_sum(d * exp32(m - cmax) if m > NEG_INF else float32(0.0))
+            # Pass 1: the chunk into shared memory (a thread's slots are the local
+            # packs q = tid (mod nthreads), every item), running max and online sum.
+            m = NEG_INF
+            d = float32(0.0)
+            p = uint32(start + tid)
+            while p < end:
+                n = load_packs(x, row, p, nthreads, end, a)
+                cm = m
+                for u in range(U):
+                    if u < n:
+                        q = uint32(p - start + u * nthreads)
+                        for i in range(P):
+                            v = a[u, i]
+                            cm = max(cm, v)
+                            if PACKED:
+                                tin[i] = v
+                            else:
+                                buf[uint32(i * span + q)] = in_t(v)
+                        if PACKED:
+                            store_pack1(buf, uint32(q * P), tin, NBI)
+                m, d = fold(a, n, cm, m, d)
+                p = uint32(p + U * nthreads)
+            cmax = block_allreduce_max(m)
+            csum = block_allreduce_sum(d * exp32(m - cmax) if m > NEG_INF else float32(0.0))
 
-        # Publish this chunk's pair, then wait for the row's other chunks.
-        slot = uint32(1 + row)
-        if tid == 0:
-            partials[uint32(2 * t)] = cmax
-            partials[uint32(2 * t + 1)] = csum
-            cuda.threadfence()
-            cuda.atomic.add(counters, slot, 1)
-            while cuda.atomic.add(counters, slot, 0) < C:
-                pass
-            cuda.threadfence()
-        cuda.syncthreads()
+            # Publish this chunk's pair, then wait for the row's other chunks.
+            slot = uint32(1 + row)
+            if tid == 0:
+                partials[uint32(2 * t)] = cmax
+                partials[uint32(2 * t + 1)] = csum
+                cuda.threadfence()
+                cuda.atomic.add(counters, slot, 1)
+                while cuda.atomic.add(counters, slot, 0) < C:
+                    pass
+                cuda.threadfence()
+            cuda.syncthreads()
 
-        # The row's max and sum from its chunks' pairs (any number of chunks).
-        m = NEG_INF
-        d = float32(0.0)
-        j = tid
-        while j < C:
-            k = uint32(2 * (row * C + j))
-            pm = cuda.atomic.add(partials, k, float32(0.0))
-            pd = cuda.atomic.add(partials, uint32(k + 1), float32(0.0))
-            if pm > m:
-                d *= exp32(m - pm)
-                m = pm
-            if pm > NEG_INF:
-                d += pd * exp32(pm - m)
-            j = uint32(j + nthreads)
-        rmax = block_allreduce_max(m)
-        rsum = block_allreduce_sum(d * exp32(m - rmax) if m > NEG_INF else float32(0.0))
-        # block_allreduce_sum ends with a barrier: every thread has read its pairs.
-        if tid == 0:
-            if cuda.atomic.add(counters, slot, 1) == 2 * C - 1:
-                counters[slot] = 0  # the row's last block out re-arms its counter
+            # The row's max and sum from its chunks' pairs (any number of chunks).
+            m = NEG_INF
+            d = float32(0.0)
+            j = tid
+            while j < C:
+                k = uint32(2 * (row * C + j))
+                pm = cuda.atomic.add(partials, k, float32(0.0))
+                pd = cuda.atomic.add(partials, uint32(k + 1), float32(0.0))
+                if pm > m:
+                    d *= exp32(m - pm)
+                    m = pm
+                if pm > NEG_INF:
+                    d += pd * exp32(pm - m)
+                j = uint32(j + nthreads)
+            rmax = block_allreduce_max(m)
+            rsum = block_allreduce_sum(d * exp32(m - rmax) if m > NEG_INF else float32(0.0))
+            # block_allreduce_sum ends with a barrier: every thread has read its pairs.
+            if tid == 0:
+                if cuda.atomic.add(counters, slot, 1) == 2 * C - 1:
+                    counters[slot] = 0  # the row's last block out re-arms its counter
 
-        # Pass 2: outputs from shared memory (a thread reads the slots it wrote).
-        lse = math.log(rsum)
-        inv = float32(1.0) / rsum
-        q = tid
-        while q < end - start:
-            for i in range(P):
-                v = float32(buf[uint32(i * span + q)]) - rmax
-                tout[i] = v - lse if log else exp32(v) * inv
-            store_pack2(y, row, uint32((start + q) * P), tout, NBO)
-            q = uint32(q + nthreads)
+            # Pass 2: outputs from shared memory (a thread reads the slots it wrote).
+            lse = math.log(rsum)
+            inv = float32(1.0) / rsum
+            q = tid
+            while q < end - start:
+                if PACKED:
+                    pa = load_pack1(buf, uint32(q * P), NBI)
+                for i in range(P):
+                    if PACKED:
+                        v = pa[i] - rmax
+                    else:
+                        v = float32(buf[uint32(i * span + q)]) - rmax
+                    tout[i] = v - lse if log else exp32(v) * inv
+                store_pack2(y, row, uint32((start + q) * P), tout, NBO)
+                q = uint32(q + nthreads)
+            if not PERSIST:
+                break
 
     return softmax_split
 
@@ -243,6 +276,8 @@ def plan_split(
     block_size: int | None = None,
     unroll: int | None = None,
     chunks: int | None = None,
+    persistent: bool = True,
+    packed: bool = True,
 ):
     """(Plan, SplitLauncher) of the split path for this shape and pack.
 
@@ -264,7 +299,7 @@ def plan_split(
     smem = span * pack * in_dtype.itemsize
     sizes = (block_size,) if block_size else BLOCK_SIZES
     unroll = unroll or split_unroll(span, block_size or 256)
-    kernel = split_kernel(in_dtype, out_dtype, pack, unroll, chunks, bool(log))
+    kernel = split_kernel(in_dtype, out_dtype, pack, unroll, chunks, bool(log), persistent, packed)
     sig = signature(in_dtype, out_dtype)
     held = {size: resident_blocks(kernel, sig, size, smem) for size in sizes}
     size = largest_block_keeping_occupancy(held.get, sizes)
@@ -274,5 +309,6 @@ def plan_split(
             f"{held[size or sizes[0]]} such blocks at once, and a row's blocks wait for "
             "each other"
         )
-    how = Plan("split", pack, rows * chunks, (size, 1), smem, unroll=unroll, chunks=chunks)
+    grid = min(rows * chunks, held[size]) if persistent else rows * chunks
+    how = Plan("split", pack, grid, (size, 1), smem, unroll=unroll, chunks=chunks)
     return how, SplitLauncher(kernel, rows, chunks)

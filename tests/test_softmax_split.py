@@ -172,7 +172,9 @@ def run_split(x, log=False, resident=64, **kw):
     dx, dy = cuda.to_device(x), cuda.device_array(x.shape, x.dtype)
     with concurrent_blocks(resident) if SIM else contextlib.nullcontext():
         how, launcher = plan(rows, cols, x.dtype, log=log, method="split", **kw)
-        assert how.method == "split" and how.grid == rows * how.chunks
+        assert how.method == "split" and 1 <= how.grid <= rows * how.chunks
+        if SIM:  # persistent blocks: as many as are resident, at most one per item
+            assert how.grid == min(rows * how.chunks, resident)
         launcher[how.grid, how.block, 0, how.smem](dx, dy, rows, cols)
     return dy.copy_to_host(), how, launcher
 

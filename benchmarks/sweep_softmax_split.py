@@ -1,0 +1,121 @@
+"""Sweep of the softmax `split` path's build options and geometry on the GPU.
+
+For (2**26 / cols, cols) arrays: kernel time per launch (launches queued behind a spin
+kernel, imgfilter.bench's Timer) of kernels.softmax_split for every combination of
+`persistent` (resident blocks taking tickets, or one block per piece) and `packed`
+(the piece cached a pack at a time, or element by element) over chunk counts and
+block sizes, the share of the copy bandwidth measured in the same run, and a check
+of a few rows against float64 NumPy (the sweep's own sanity check; the tests are in
+tests/test_softmax_split.py).
+
+    python benchmarks/sweep_softmax_split.py --json out/sweep.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from imgfilter.bench import Timer, copy_bandwidth_gbs  # noqa: E402
+from kernels import softmax_split as ss  # noqa: E402
+
+GEOMETRIES = {  # dtype -> (chunks, block size) pairs
+    "float16": [(4, 256), (4, 512), (8, 128), (8, 256), (16, 128), (2, 512)],
+    "float32": [(8, 512), (8, 256), (16, 256), (4, 1024)],
+}
+DTYPES = {"float32": np.float32, "float16": np.float16}
+
+
+def _max_rel_error(y: np.ndarray, x: np.ndarray) -> float:
+    x64 = x.astype(np.float64)
+    e = np.exp(x64 - x64.max(axis=1, keepdims=True))
+    ref = e / e.sum(axis=1, keepdims=True)
+    return float(np.max(np.abs(y.astype(np.float64) - ref) / np.maximum(ref, 1e-30)))
+
+
+def run(elements: int, cols: int, dtypes: list[str], launches: int) -> dict:
+    from numba import cuda
+
+    timer = Timer(repeats=5)
+    copy_gbs = copy_bandwidth_gbs(timer)
+    rng = np.random.default_rng(0)
+    out = []
+    for dname in dtypes:
+        dtype = DTYPES[dname]
+        rows = elements // cols
+        x = (rng.standard_normal((rows, cols), dtype=np.float32) * 3).astype(dtype)
+        dx, dy = cuda.to_device(x), cuda.device_array((rows, cols), dtype)
+        nbytes = 2 * rows * cols * np.dtype(dtype).itemsize
+        pack = 16 // np.dtype(dtype).itemsize
+        for (chunks, block), persistent, packed in itertools.product(
+            GEOMETRIES[dname], (False, True), (False, True)
+        ):
+            try:
+                how, launcher = ss.plan_split(
+                    rows, cols, dtype, dtype, pack, False, block_size=block, chunks=chunks,
+                    persistent=persistent, packed=packed,
+                )  # fmt: skip
+            except ValueError as exc:
+                print(f"{dname} c{chunks} b{block}: {exc}", flush=True)
+                continue
+            cfg = launcher[how.grid, how.block, 0, how.smem]
+
+            def launch(cfg=cfg, dx=dx, dy=dy, rows=rows):
+                cfg(dx, dy, rows, cols)
+
+            k_us = timer.kernel_us(launch, launches)
+            picked = [0, rows // 2, rows - 1]
+            err = _max_rel_error(dy.copy_to_host()[picked], x[picked])
+            gbs = nbytes / (k_us * 1e-6) / 1e9
+            r = dict(
+                dtype=dname, cols=cols, rows=rows, chunks=chunks, block=block,
+                unroll=how.unroll, grid=how.grid, smem=how.smem, persistent=persistent,
+                packed=packed, kernel_us=round(k_us, 2), gbs=round(gbs, 1),
+                pct_copy=round(100 * gbs / copy_gbs, 1), max_rel_error=err,
+            )  # fmt: skip
+            out.append(r)
+            print(
+                f"{dname:8} c{chunks:<3} b{block:<5} u{how.unroll} grid {how.grid:5} "
+                f"persistent={persistent!s:5} packed={packed!s:5} {k_us:8.1f} us "
+                f"{gbs:6.0f} GB/s {r['pct_copy']:5.1f}%  err {err:.1e}",
+                flush=True,
+            )
+    dev = cuda.get_current_device()
+    return dict(
+        when=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        device=dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name),
+        elements=elements,
+        copy_gbs=round(copy_gbs, 1),
+        rows=out,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--elements", type=int, default=1 << 26)
+    ap.add_argument("--cols", type=int, default=131072)
+    ap.add_argument("--dtypes", nargs="*", default=["float16", "float32"], choices=list(DTYPES))
+    ap.add_argument("--launches", type=int, default=20)
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    result = run(args.elements, args.cols, args.dtypes, args.launches)
+    result["sweep_seconds"] = round(time.perf_counter() - t0, 1)
+    print(f"copy bandwidth {result['copy_gbs']} GB/s, {result['sweep_seconds']} s")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
