@@ -1,10 +1,11 @@
-"""Launch softmax block kernels once per case on 2**26 random elements, for ncu (GPU only).
+"""Launch softmax block or split kernels once per case on 2**26 random elements, for ncu (GPU only).
 
     ncu --clock-control none -k regex:softmax_block --section SpeedOfLight \\
         python benchmarks/profile_softmax.py 8192:float16:block_smem 131072:float32:block_uncached
 
 A case is COLS:DTYPE:METHOD[:OPTION...], options an unroll (1, 2, 4), `online`
-(block_smem) or gN (block_uncached: at most N blocks per SM); each case runs twice
+(block_smem), gN (block_uncached: at most N blocks per SM), cN / bN (split: chunks,
+block size) or `packed` (split: raw packs in shared memory); each case runs twice
 (the first launch compiles), so `-c` counts two launches per case.
 """
 
@@ -19,6 +20,7 @@ from numba import cuda
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels import softmax as sm  # noqa: E402
+from kernels import softmax_split as ss  # noqa: E402
 
 
 def main(cases: list[str]) -> None:
@@ -29,15 +31,23 @@ def main(cases: list[str]) -> None:
         rows = (1 << 26) // cols
         kw = {}
         for item in rest:
-            if item == "online":
-                kw["online"] = True
+            if item in ("online", "packed"):
+                kw[item] = True
+            elif item.startswith("c"):
+                kw["chunks"] = int(item[1:])
+            elif item.startswith("b"):
+                kw["block_size"] = int(item[1:])
             elif item.startswith("g"):
                 kw["blocks_per_sm"] = int(item[1:])
             else:
                 kw["unroll"] = int(item)
         dx = cuda.to_device(rng.standard_normal((rows, cols), dtype=np.float32).astype(dtype))
         dy = cuda.device_array_like(dx)
-        how, kernel = sm.plan(rows, cols, dtype, method=method, **kw)
+        if method == "split":
+            pack = 16 // dtype.itemsize
+            how, kernel = ss.plan_split(rows, cols, dtype, dtype, pack, False, **kw)
+        else:
+            how, kernel = sm.plan(rows, cols, dtype, method=method, **kw)
         for _ in range(2):
             kernel[how.grid, how.block, 0, how.smem](dx, dy, rows, cols)
         cuda.synchronize()

@@ -13,6 +13,11 @@ converted with `cvt` (a `<8 x half>` access would be split by the backend).
   `src[0 .. nbytes // itemsize - 1]` (a 1-D float32 local array) to `&arr[r, c]` /
   `&arr[c]`, converted to the array's dtype (round to nearest even for float16).
   `arr` may be a shared array (e.g. a row cached pack by pack).
+- `load_words2(arr, r, c, nbytes)`: the same access as load_pack2, as raw uint32
+  words (nbytes >= 4); `store_words1(arr, c, src, nwords)` writes nwords such words
+  (a 1-D uint32 local array) to `&arr[c]` in one access; `unpack_word(word,
+  itemsize)` turns one word into its float32 values (two float16 halves, low first,
+  or one float32). A piece is copied to shared memory without converting it twice.
 
 `arr` is a float32 or float16 array; `nbytes` must be a compile-time constant (a
 closure int) and the address must be aligned to it: the caller checks the alignment
@@ -44,7 +49,21 @@ def _simulated():
         for i in range(nbytes // arr.dtype.itemsize):
             arr[c + i] = src[i]
 
-    return load_pack2, load_pack1, store_pack2, store_pack1
+    def load_words2(arr, r, c, nbytes):
+        n = nbytes // arr.dtype.itemsize
+        return tuple(int(w) for w in np.ascontiguousarray(arr[r, c : c + n]).view(np.uint32))
+
+    def store_words1(arr, c, src, nwords):
+        raw = np.array(src[:nwords], dtype=np.uint32).view(arr.dtype)
+        for i in range(raw.size):
+            arr[c + i] = raw[i]
+
+    def unpack_word(word, itemsize):
+        vals = np.array([word], dtype=np.uint32).view(np.float16 if itemsize == 2 else np.float32)
+        return tuple(np.float32(v) for v in vals)
+
+    return (load_pack2, load_pack1, store_pack2, store_pack1, load_words2, store_words1,
+            unpack_word)  # fmt: skip
 
 
 def _compiled():
@@ -170,10 +189,88 @@ def _compiled():
             return None
         return types.none(arr, c, src, nbytes), store_codegen
 
-    return load_pack2, load_pack1, store_pack2, store_pack1
+    @intrinsic
+    def load_words2(typingctx, arr, r, c, nbytes):
+        """The nbytes (4, 8 or 16) at &arr[r, c], aligned to nbytes, as raw uint32 words."""
+        count = count_of(arr, (r, c), nbytes)
+        if count is None or nbytes.literal_value < 4:
+            return None
+        nwords = nbytes.literal_value // 4
+
+        def codegen(context, builder, sig, args):
+            ptr = pointer(context, builder, sig.args[0], args[0], args[1:3], sig.args[1:3])
+            raw = builder.load(builder.bitcast(ptr, ir.VectorType(i32, nwords).as_pointer()))
+            raw.align = 4 * nwords
+            words = [builder.extract_element(raw, ir.Constant(i32, w)) for w in range(nwords)]
+            return context.make_tuple(builder, sig.return_type, words)
+
+        return types.UniTuple(types.uint32, nwords)(arr, r, c, nbytes), codegen
+
+    @intrinsic
+    def store_words1(typingctx, arr, c, src, nwords):
+        """Write src[0 .. nwords) (a 1-D uint32 array; nwords 1, 2 or 4, a compile-time
+        int) to &arr[c] as one access aligned to 4 * nwords bytes."""
+        if not isinstance(nwords, types.IntegerLiteral) or nwords.literal_value not in (1, 2, 4):
+            return None
+        if not isinstance(src, types.Array) or src.ndim != 1 or src.dtype != types.uint32:
+            return None
+        if not isinstance(arr, types.Array) or arr.ndim != 1:
+            return None
+        n = nwords.literal_value
+
+        def codegen(context, builder, sig, args):
+            ptr = pointer(context, builder, sig.args[0], args[0], args[1:2], sig.args[1:2])
+            srcty = sig.args[2]
+            srcarr = context.make_array(srcty)(context, builder, value=args[2])
+            vec = ir.Constant(ir.VectorType(i32, n), ir.Undefined)
+            for w in range(n):
+                wptr = cgutils.get_item_pointer(
+                    context, builder, srcty, srcarr, [ir.Constant(ir.IntType(64), w)]
+                )
+                vec = builder.insert_element(vec, builder.load(wptr), ir.Constant(i32, w))
+            st = builder.store(vec, builder.bitcast(ptr, ir.VectorType(i32, n).as_pointer()))
+            st.align = 4 * n
+            return context.get_dummy_value()
+
+        return types.none(arr, c, src, nwords), codegen
+
+    @intrinsic
+    def unpack_word(typingctx, word, itemsize):
+        """A raw uint32 word as float32 values: two float16 halves (low first) when
+        itemsize is 2, the word's own float32 when 4 (itemsize a compile-time int)."""
+        if word != types.uint32 or not isinstance(itemsize, types.IntegerLiteral):
+            return None
+        two = itemsize.literal_value == 2
+
+        def codegen(context, builder, sig, args):
+            w = args[0]
+            if not two:
+                return context.make_tuple(
+                    builder, sig.return_type, [builder.bitcast(w, ir.FloatType())]
+                )
+            hi = builder.lshr(w, ir.Constant(i32, 16))
+            halves = [builder.trunc(w, i16), builder.trunc(hi, i16)]
+            f32 = ir.FloatType()
+            vals = [builder.fpext(builder.bitcast(h, ir.HalfType()), f32) for h in halves]
+            return context.make_tuple(builder, sig.return_type, vals)
+
+        return types.UniTuple(types.float32, 2 if two else 1)(word, itemsize), codegen
+
+    return (load_pack2, load_pack1, store_pack2, store_pack1, load_words2, store_words1,
+            unpack_word)  # fmt: skip
 
 
-load_pack2, load_pack1, store_pack2, store_pack1 = _simulated() if SIMULATOR else _compiled()
+(load_pack2, load_pack1, store_pack2, store_pack1, load_words2, store_words1, unpack_word) = (
+    _simulated() if SIMULATOR else _compiled()
+)
 
 
-__all__ = ["load_pack1", "load_pack2", "store_pack1", "store_pack2"]
+__all__ = [
+    "load_pack1",
+    "load_pack2",
+    "load_words2",
+    "store_pack1",
+    "store_pack2",
+    "store_words1",
+    "unpack_word",
+]

@@ -42,11 +42,11 @@ from numba import config as _numba_config
 from numba import cuda, float32, from_dtype, int32, types, uint32
 
 from .launch import allow_dynamic_smem, cdiv, largest_block_keeping_occupancy
-from .packs import load_pack1, store_pack1, store_pack2
-from .reduce import block_allreduce_max, block_allreduce_sum
+from .packs import load_pack1, load_words2, store_pack2, store_words1, unpack_word
 
 SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
 NEG_INF = float32(-math.inf)
+FULL_MASK = 0xFFFFFFFF
 # auto: a row's chunks hold at most this much each. H100 2026-11-24 ~16:53 UTC
 # (benchmarks/results/2026-11-24-h100-softmax.txt), 131072 columns: float32 8 chunks
 # of 64 KiB with 512 threads 90.8% of copy, 16 of 32 KiB 85.6-87.5%; float16 4 chunks
@@ -63,19 +63,20 @@ def split_kernel(
     unroll: int,
     chunks: int,
     log: bool,
-    persistent: bool = True,
-    packed: bool = True,
+    packed: bool = False,
+    bounds: tuple | None = None,
 ):
     """The split-row kernel for one (dtypes, pack, unroll, chunks, log) combination.
 
-    Launch with a 1-D block and `span * pack * itemsize(in)` bytes of dynamic shared
-    memory (span = ceil((cols // pack) / chunks)), as
-    `kernel(x, y, rows, cols, counters, partials)`: counters an int32 array of
-    1 + rows zeros (left zeroed again on exit), partials float32 of 2 * rows * chunks.
-    persistent: any grid of resident blocks, each taking tickets until none is left
-    (else grid = rows * chunks, one item per block). packed: the piece is cached in
-    shared memory a pack at a time (one vector store and load per pack; else element
-    by element, element i of local pack q at i * span + q).
+    Launch with any grid of blocks the device holds at once (at most rows * chunks
+    are useful), a 1-D block of a multiple of 32 threads and `span * pack *
+    itemsize(in)` bytes of dynamic shared memory (span = ceil((cols // pack) /
+    chunks)), as `kernel(x, y, rows, cols, counters, partials)`: counters an int32
+    array of 1 + rows zeros (left zeroed again on exit), partials float32 of
+    2 * rows * chunks. packed: the piece is cached as the raw words of whole packs
+    (one vector store and load per pack; packs of 4 bytes or more), else element by
+    element (element i of local pack q at i * span + q). bounds: CUDA launch bounds
+    (threads, blocks per SM) asked of the compiler.
     """
     # Imported here: kernels.softmax imports this module inside plan().
     from .softmax import _online_folder, _pack_loader, exp32
@@ -84,25 +85,73 @@ def split_kernel(
     P, U, C = pack, unroll, chunks
     NBI = pack * np.dtype(in_dtype).itemsize
     NBO = pack * np.dtype(out_dtype).itemsize
-    PERSIST, PACKED = persistent, packed
+    PACKED = packed and NBI >= 4
+    NW = max(1, NBI // 4)  # raw words per pack (packed)
+    PW = P // NW  # elements per word
+    ISZ = np.dtype(in_dtype).itemsize
     load_packs = _pack_loader(P, NBI, U)
     fold = _online_folder(P, U)
 
-    @cuda.jit
+    @cuda.jit(device=True, inline="always")
+    def load_words(x, row, p, stride, packs, w):
+        """As load_packs, the packs' raw words into w[u, 0 .. NW - 1]; returns n."""
+        n = uint32(0)
+        for u in range(U):
+            q = uint32(p + u * stride)
+            if q < packs:
+                wv = load_words2(x, row, uint32(q * P), NBI)
+                for k in range(NW):
+                    w[u, k] = wv[k]
+                n = uint32(u + 1)
+        return n
+
+    @cuda.jit(device=True, inline="always")
+    def merge(m, d, om, od):
+        """The (max, sum of exp(x - max)) pair of two sets given as pairs."""
+        nm = max(m, om)
+        if nm == NEG_INF:
+            return nm, float32(0.0)
+        return nm, d * exp32(m - nm) + od * exp32(om - nm)
+
+    @cuda.jit(device=True, inline="always")
+    def warp_merge(m, d):
+        """merge over the 32 lanes of a warp; every lane gets the result."""
+        offset = 16
+        while offset > 0:
+            om = cuda.shfl_xor_sync(FULL_MASK, m, offset)
+            od = cuda.shfl_xor_sync(FULL_MASK, d, offset)
+            m, d = merge(m, d, om, od)
+            offset //= 2
+        return m, d
+
+    options = {"launch_bounds": bounds} if bounds and not SIMULATOR else {}
+
+    @cuda.jit(**options)
     def softmax_split(x, y, rows, cols, counters, partials):
         buf = cuda.shared.array(0, in_t)
+        # Shared slots: the block's ticket, the row's (max, sum), the warps' pairs.
         item = cuda.shared.array(1, int32)
+        row_pair = cuda.shared.array(2, float32)
+        warp_max = cuda.shared.array(32, float32)
+        warp_sum = cuda.shared.array(32, float32)
         a = cuda.local.array((U, P), float32)
-        tin = cuda.local.array(P, float32)
+        w = cuda.local.array((U, NW), uint32)
+        wrow = cuda.local.array(NW, uint32)
         tout = cuda.local.array(P, float32)
         tid = uint32(cuda.threadIdx.x)
+        lane = uint32(tid % 32)
+        warp = uint32(tid // 32)
         nthreads = uint32(cuda.blockDim.x)
         items = uint32(rows * C)
-        # Every block takes one ticket past the last item (persistent) or one in all.
-        last_ticket = uint32(items + cuda.gridDim.x - 1) if PERSIST else uint32(items - 1)
+        # Each block takes one ticket per item plus one past the last item: the block
+        # taking ticket items + gridDim.x - 1 is the last to take one.
+        last_ticket = uint32(items + cuda.gridDim.x - 1)
         packs = uint32(cols // P)
         span = uint32((packs + (C - 1)) // C)
         while True:
+            # A ticket is taken when the block is ready to load: the chunks of a row go
+            # to the next blocks to be free, so they arrive close together. (Taking it
+            # before the previous item's pass 2 was measured 15% slower.)
             if tid == 0:
                 t = cuda.atomic.add(counters, 0, 1)
                 if t == last_ticket:
@@ -123,57 +172,76 @@ def split_kernel(
             d = float32(0.0)
             p = uint32(start + tid)
             while p < end:
-                n = load_packs(x, row, p, nthreads, end, a)
                 cm = m
-                for u in range(U):
-                    if u < n:
-                        q = uint32(p - start + u * nthreads)
-                        for i in range(P):
-                            v = a[u, i]
-                            cm = max(cm, v)
-                            if PACKED:
-                                tin[i] = v
-                            else:
+                if PACKED:
+                    # Raw words into shared memory, float32 values from the same words.
+                    n = load_words(x, row, p, nthreads, end, w)
+                    for u in range(U):
+                        if u < n:
+                            for k in range(NW):
+                                wrow[k] = w[u, k]
+                                vals = unpack_word(w[u, k], ISZ)
+                                for h in range(PW):
+                                    a[u, k * PW + h] = vals[h]
+                                    cm = max(cm, vals[h])
+                            q = uint32(p - start + u * nthreads)
+                            store_words1(buf, uint32(q * P), wrow, NW)
+                else:
+                    n = load_packs(x, row, p, nthreads, end, a)
+                    for u in range(U):
+                        if u < n:
+                            q = uint32(p - start + u * nthreads)
+                            for i in range(P):
+                                v = a[u, i]
+                                cm = max(cm, v)
                                 buf[uint32(i * span + q)] = in_t(v)
-                        if PACKED:
-                            store_pack1(buf, uint32(q * P), tin, NBI)
                 m, d = fold(a, n, cm, m, d)
                 p = uint32(p + U * nthreads)
-            cmax = block_allreduce_max(m)
-            csum = block_allreduce_sum(d * exp32(m - cmax) if m > NEG_INF else float32(0.0))
 
-            # Publish this chunk's pair, then wait for the row's other chunks.
-            slot = uint32(1 + row)
-            if tid == 0:
-                partials[uint32(2 * t)] = cmax
-                partials[uint32(2 * t + 1)] = csum
-                cuda.threadfence()
-                cuda.atomic.add(counters, slot, 1)
-                while cuda.atomic.add(counters, slot, 0) < C:
-                    pass
-                cuda.threadfence()
+            # The chunk's pair: per warp, then warp 0 over the warps' pairs.
+            m, d = warp_merge(m, d)
+            if lane == 0:
+                warp_max[warp] = m
+                warp_sum[warp] = d
             cuda.syncthreads()
-
-            # The row's max and sum from its chunks' pairs (any number of chunks).
-            m = NEG_INF
-            d = float32(0.0)
-            j = tid
-            while j < C:
-                k = uint32(2 * (row * C + j))
-                pm = cuda.atomic.add(partials, k, float32(0.0))
-                pd = cuda.atomic.add(partials, uint32(k + 1), float32(0.0))
-                if pm > m:
-                    d *= exp32(m - pm)
-                    m = pm
-                if pm > NEG_INF:
-                    d += pd * exp32(pm - m)
-                j = uint32(j + nthreads)
-            rmax = block_allreduce_max(m)
-            rsum = block_allreduce_sum(d * exp32(m - rmax) if m > NEG_INF else float32(0.0))
-            # block_allreduce_sum ends with a barrier: every thread has read its pairs.
-            if tid == 0:
-                if cuda.atomic.add(counters, slot, 1) == 2 * C - 1:
-                    counters[slot] = 0  # the row's last block out re-arms its counter
+            slot = uint32(1 + row)
+            if warp == 0:
+                nwarps = nthreads // 32
+                m = warp_max[lane] if lane < nwarps else NEG_INF
+                d = warp_sum[lane] if lane < nwarps else float32(0.0)
+                m, d = warp_merge(m, d)
+                if lane == 0:
+                    # Publish it, wait for the row's other chunks, take the next ticket.
+                    partials[uint32(2 * t)] = m
+                    partials[uint32(2 * t + 1)] = d
+                    cuda.threadfence()
+                    cuda.atomic.add(counters, slot, 1)
+                    while cuda.atomic.add(counters, slot, 0) < C:
+                        pass
+                    cuda.threadfence()
+                cuda.syncwarp()
+                # The row's pair from its chunks' pairs (read at L2, never a stale line).
+                m = NEG_INF
+                d = float32(0.0)
+                j = lane
+                while j < C:
+                    k = uint32(2 * (row * C + j))
+                    m, d = merge(
+                        m,
+                        d,
+                        cuda.atomic.add(partials, k, float32(0.0)),
+                        cuda.atomic.add(partials, uint32(k + 1), float32(0.0)),
+                    )
+                    j = uint32(j + 32)
+                m, d = warp_merge(m, d)  # every lane has read its pairs now
+                if lane == 0:
+                    row_pair[0] = m
+                    row_pair[1] = d
+                    if cuda.atomic.add(counters, slot, 1) == 2 * C - 1:
+                        counters[slot] = 0  # the row's last block out re-arms its counter
+            cuda.syncthreads()
+            rmax = row_pair[0]
+            rsum = row_pair[1]
 
             # Pass 2: outputs from shared memory (a thread reads the slots it wrote).
             lse = math.log(rsum)
@@ -190,8 +258,6 @@ def split_kernel(
                     tout[i] = v - lse if log else exp32(v) * inv
                 store_pack2(y, row, uint32((start + q) * P), tout, NBO)
                 q = uint32(q + nthreads)
-            if not PERSIST:
-                break
 
     return softmax_split
 
@@ -276,8 +342,8 @@ def plan_split(
     block_size: int | None = None,
     unroll: int | None = None,
     chunks: int | None = None,
-    persistent: bool = True,
-    packed: bool = True,
+    packed: bool = False,
+    bounds: tuple | None = None,
 ):
     """(Plan, SplitLauncher) of the split path for this shape and pack.
 
@@ -299,7 +365,7 @@ def plan_split(
     smem = span * pack * in_dtype.itemsize
     sizes = (block_size,) if block_size else BLOCK_SIZES
     unroll = unroll or split_unroll(span, block_size or 256)
-    kernel = split_kernel(in_dtype, out_dtype, pack, unroll, chunks, bool(log), persistent, packed)
+    kernel = split_kernel(in_dtype, out_dtype, pack, unroll, chunks, bool(log), packed, bounds)
     sig = signature(in_dtype, out_dtype)
     held = {size: resident_blocks(kernel, sig, size, smem) for size in sizes}
     size = largest_block_keeping_occupancy(held.get, sizes)
@@ -309,6 +375,6 @@ def plan_split(
             f"{held[size or sizes[0]]} such blocks at once, and a row's blocks wait for "
             "each other"
         )
-    grid = min(rows * chunks, held[size]) if persistent else rows * chunks
+    grid = min(rows * chunks, held[size])
     how = Plan("split", pack, grid, (size, 1), smem, unroll=unroll, chunks=chunks)
     return how, SplitLauncher(kernel, rows, chunks)
