@@ -342,20 +342,24 @@ def plan_split(
     block_size: int | None = None,
     unroll: int | None = None,
     chunks: int | None = None,
-    packed: bool = False,
+    packed: bool | None = None,
     bounds: tuple | None = None,
 ):
     """(Plan, SplitLauncher) of the split path for this shape and pack.
 
     Defaults: `chunks` from default_chunks, the block size by OneFlow's occupancy rule
     (the largest of 128..1024 keeping the most blocks resident), `unroll` from
-    split_unroll. Raises ValueError when chunks is not in 1..cols // pack, or when
+    split_unroll, `packed` for 2-byte inputs only (H100 2026-11-25 ~02:58 UTC,
+    benchmarks/results/2026-11-25-h100-softmax-split.txt, 131072 columns at auto's
+    geometry: float16 84.0% of copy packed, 82.0% not; float32 89.5% packed, 93.2%
+    not). Raises ValueError when chunks is not in 1..cols // pack, or when
     the device cannot hold a row's `chunks` blocks at once (the kernel could
     deadlock), or cannot launch it at all.
     """
     from .softmax import Plan  # kernels.softmax imports this module inside plan()
 
     in_dtype, out_dtype = np.dtype(in_dtype), np.dtype(out_dtype)
+    packed = in_dtype.itemsize == 2 if packed is None else packed
     packs = cols // pack
     if chunks is None:
         chunks = default_chunks(cols, pack, in_dtype.itemsize)

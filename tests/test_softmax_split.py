@@ -287,6 +287,29 @@ def test_split_huge_and_infinite_values(dtype):
         check(y, x, log)
 
 
+def _split_layout(x, packed: bool, chunks: int, block: int, pack: int):
+    """The split kernel with the piece cached as raw packs or element by element."""
+    rows, cols = x.shape
+    dx, dy = cuda.to_device(x), cuda.device_array(x.shape, x.dtype)
+    with concurrent_blocks(8) if SIM else contextlib.nullcontext():
+        how, launcher = ss.plan_split(
+            rows, cols, x.dtype, x.dtype, pack, False, block_size=block, chunks=chunks,
+            packed=packed,
+        )  # fmt: skip
+        launcher[how.grid, how.block, 0, how.smem](dx, dy, rows, cols)
+    return dy.copy_to_host()
+
+
+@sim_only
+@pytest.mark.parametrize("packed", [False, True], ids=["elements", "packs"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+def test_split_both_piece_layouts(dtype, packed):
+    # auto caches 2-byte inputs as raw packs, 4-byte ones element by element; both
+    # layouts are exact for both (35 packs of 2 in 3 chunks: 12, 12, 11).
+    x = random_rows(3, 70, dtype)
+    check(_split_layout(x, packed, chunks=3, block=32, pack=2), x, False)
+
+
 @sim_only
 def test_split_counters_rearm_for_the_next_launch():
     x = random_rows(3, 48, np.float32)
@@ -366,6 +389,15 @@ def test_gpu_split_variants_and_repeated_launches():
         y = dy.copy_to_host()
         check(y[ref_rows], x[ref_rows], False)
         assert not launcher.scratch()[0].copy_to_host().any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("packed", [False, True], ids=["elements", "packs"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+def test_gpu_split_both_piece_layouts(dtype, packed):
+    x = random_rows(64, 131072, dtype)
+    pack = 16 // np.dtype(dtype).itemsize
+    check(_split_layout(x, packed, chunks=4, block=256, pack=pack), x, False)
 
 
 @pytest.mark.gpu
