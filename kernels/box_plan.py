@@ -251,7 +251,7 @@ def tiled_smem(channels: int, ksize: tuple, tile_w: int, tile_h: int) -> int:
 def tiled_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0,
                tile_w: int = 0, tile_h: int = 0, groups: int = 0,
                smem_limit: int = TILED_SMEM_LIMIT, min_blocks: int = -1,
-               persistent: int = 0) -> dict | None:  # fmt: skip
+               ) -> dict | None:  # fmt: skip
     """Launch geometry of `kernels.box_tiled`, or None where it does not apply.
 
     It applies to uint8 images of fewer than 2**31 bytes and boxes of at most 257
@@ -263,10 +263,7 @@ def tiled_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0
     memory `kernels.box_tiled` (and the quick start's launch) opts in to it (H100: up
     to 227 KiB per block). `min_blocks` > 0 caps the kernel's
     registers so that many blocks fit an SM (launch bounds; 0: the compiler's
-    choice; -1: TILED_MIN_BLOCKS). `persistent` > 0 launches at most that many blocks
-    (a 1-D grid), each looping over tiles with the next tile's loads overlapping the
-    vertical phase (`kernels.box_tiled`); it needs threads enough for the vertical
-    phase's whole warps plus one input row of loads.
+    choice; -1: TILED_MIN_BLOCKS).
     """
     height, width, channels = shape
     kh, kw = ksize
@@ -289,11 +286,6 @@ def tiled_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0
         return None
     n_o = cdiv(tile_w * channels, 4)
     groups = max(1, min(groups or TILED_GROUPS, threads // n_o, tile_h))
-    grid = (cdiv(width, tile_w), cdiv(height, tile_h))
-    if persistent:
-        if n_q > threads - cdiv(groups * n_o, 32) * 32:
-            return None
-        grid = (min(persistent, grid[0] * grid[1]),)
     return {
         "threads": threads,
         "run": run,
@@ -303,8 +295,7 @@ def tiled_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0
         "min_blocks": TILED_MIN_BLOCKS if min_blocks < 0 else min_blocks,
         "even": (kh * kw) % 2 == 0,
         "smem": smem,
-        "persistent": persistent > 0,
-        "grid": grid,
+        "grid": (cdiv(width, tile_w), cdiv(height, tile_h)),
     }
 
 

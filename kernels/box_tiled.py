@@ -88,15 +88,14 @@ def _mean(acc, area, magic, shift_hi, even):
 
 
 def _make_box_tiled(channels: int, ksize: tuple, threads: int, run: int, tile_w: int,
-                    tile_h: int, groups: int, min_blocks: int,
-                    persistent: bool = False):  # fmt: skip
+                    tile_h: int, groups: int, min_blocks: int):  # fmt: skip
     """The kernel for one specialisation: `channels`, the box `ksize` = (kh, kw), and
     the geometry of `kernels.box_plan.tiled_plan` (threads per block, outputs per
     horizontal slide, tile_w x tile_h output pixels per tile, row groups of the
-    vertical phase, min_blocks > 0 to ask the compiler for registers enough for that
-    many resident blocks per SM: CUDA launch bounds, and `persistent`: see the module
-    docstring). Every size is a compile-time constant, so divisions become multiplies,
-    the box loops unroll and shared-memory offsets fold into the loads.
+    vertical phase, and min_blocks > 0 to ask the compiler for registers enough for
+    that many resident blocks per SM: CUDA launch bounds). Every size is a
+    compile-time constant, so divisions become multiplies, the box loops unroll and
+    shared-memory offsets fold into the loads.
     Tiles past the image's right or bottom edge compute their whole area from
     border-mapped input and store only what lies inside."""
     C = channels
@@ -111,6 +110,8 @@ def _make_box_tiled(channels: int, ksize: tuple, threads: int, run: int, tile_w:
     IN_WORDS = NQ | 1  # row stride in words, odd: rows start in different banks
     IN_PITCH = 4 * IN_WORDS
     IN_ROWS = TH + KH - 1
+    ROW_STEP = T // NQ  # input rows one sweep of the block loads
+    LOAD_ITERS = (IN_ROWS + ROW_STEP - 1) // ROW_STEP
     OUT_LANES = TW * C
     # Row sums: rows of HS_PITCH 16-bit lanes (an odd number of words, so phase 2's
     # threads, on consecutive rows, store to different banks: an even stride put a
@@ -124,80 +125,83 @@ def _make_box_tiled(channels: int, ksize: tuple, threads: int, run: int, tile_w:
     ITEM_ITERS = (N_ITEMS + T - 1) // T
     NO = (OUT_LANES + 3) // 4  # output words per row
     PER_GROUP = (TH + G - 1) // G
-    # Persistent: the first VT threads (whole warps) run the vertical phase while the
-    # others load the next tile; otherwise every thread takes part in every phase.
-    VT = (G * NO + 31) // 32 * 32 if persistent else 0
-    LT = T - VT  # loading threads
     # Index arithmetic is unsigned 64-bit: Numba adds a negative-index wraparound to
     # every signed index, and 32-bit wrapping keeps constant offsets out of the loads.
     U = np.uint64
     NQ_U, IN_WORDS_U, IN_ROWS_U, IN_PITCH_U = U(NQ), U(IN_WORDS), U(IN_ROWS), U(IN_PITCH)
     C_U, RUN_U, FULL_RUNS_U, N_ITEMS_U = U(C), U(RUN), U(FULL_RUNS), U(N_ITEMS)
     HS0_U, HS0W_U, HS_PITCH_U, HS_WORDS_U = U(HS0), U(HS0 // 2), U(HS_PITCH), U(HS_WORDS)
-    NO_U, G_U, PER_GROUP_U = U(NO), U(G), U(PER_GROUP)
+    NO_U, G_U, PER_GROUP_U, ROW_STEP_U = U(NO), U(G), U(PER_GROUP), U(ROW_STEP)
     ONE_U, TWO_U, THREE_U, FOUR_U = U(1), U(2), U(3), U(4)
     BY_NQ, BY_IN_ROWS, BY_C, BY_NO = (_reciprocal(d) for d in (NQ, IN_ROWS, C, NO))
-    ROW_STEP = LT // NQ  # input rows one sweep of the loading threads loads
-    ROW_STEP_U = U(ROW_STEP)
-    LOAD_ITERS = (IN_ROWS + ROW_STEP - 1) // ROW_STEP
     FULL_SWEEPS = IN_ROWS // ROW_STEP  # sweeps whose rows all exist
     STEP32 = np.uint32(ROW_STEP)
     # Launch bounds are a compile option; the simulator's jit takes none.
     bounds = {"launch_bounds": (T, min_blocks)} if min_blocks and not SIMULATOR else {}
 
-    @cuda.jit(device=True, inline="always")
-    def load(src8, src32, n_words, height, width, mode, cval, x0, y0, ay, ax, lt, in32):
-        """Phase 1: the tile's input rows into in32; loading thread lt (< LT) takes word
-        q of input rows r, r + ROW_STEP, ..."""
+    @cuda.jit(cache=True, **bounds)
+    def box_tiled(src8, src32, n_words, height, width, kh, kw, ay, ax, mode, cval, area,
+                  magic, shift_hi, tile_w, tile_h, groups, out8):  # fmt: skip
+        """src8/out8: the image as flat bytes; src32: its whole 32-bit words. kh, kw,
+        area, magic, shift_hi, tile_w, tile_h and groups are the specialisation's own
+        constants (kept in the signature the launchers share)."""
+        in32 = cuda.shared.array(0, dtype=uint32)
+        in8 = cuda.shared.array(0, dtype=uint8)
+        hs16 = cuda.shared.array(0, dtype=uint16)
+        hs32 = cuda.shared.array(0, dtype=uint32)
+        tid = uint64(cuda.threadIdx.x)
         pitch = width * C
+        upitch = uint64(pitch)
+        x0 = cuda.blockIdx.x * TW
+        y0 = cuda.blockIdx.y * TH
         left = x0 - ax
         top = y0 - ay
-        r = _div(lt, BY_NQ)
-        q = lt - r * NQ_U
+
+        # 1. Load. Thread (r, q) loads word q of input rows r, r + ROW_STEP, ...
+        r = _div(tid, BY_NQ)
+        q = tid - r * NQ_U
         word_end = left * C + 4 * NQ
         interior = (
             top >= 0 and top + IN_ROWS <= height and left >= 0 and word_end <= pitch
             and ((top + IN_ROWS - 1) * pitch + word_end) // 4 < n_words
         )  # fmt: skip
-        if r >= ROW_STEP_U:  # a partial sweep of rows would load words twice
-            return
-        if interior:
-            # 32-bit byte offsets (the image is < 2 GiB), one multiply-add per row.
-            a0 = uint32(uint32((top + int64(r)) * pitch + left * C) + uint32(FOUR_U * q))
-            step = uint32(STEP32 * uint32(pitch))
-            dst = r * IN_WORDS_U + q
-            for i in range(LOAD_ITERS):
-                if i < FULL_SWEEPS or r + U(i * ROW_STEP) < IN_ROWS_U:
-                    a = uint32(a0 + uint32(i) * step)
-                    wi = uint32(a >> 2)
-                    lo = uint64(src32[wi])
-                    hi = uint64(src32[uint32(wi + 1)])
-                    shift = uint64(uint32(a & 3) * uint32(8))
-                    word = uint32(((hi << U(32)) | lo) >> shift)
-                    in32[dst + U(i * ROW_STEP * IN_WORDS)] = word
-        else:
-            lane = int64(FOUR_U * q)
-            c0 = _lane_column(lane, IN_LANES, left, width, C, mode)
-            c1 = _lane_column(lane + 1, IN_LANES, left, width, C, mode)
-            c2 = _lane_column(lane + 2, IN_LANES, left, width, C, mode)
-            c3 = _lane_column(lane + 3, IN_LANES, left, width, C, mode)
-            rr = r
-            while rr < IN_ROWS_U:
-                yy = border_index(top + int64(rr), height, mode)
-                ro = -1 if yy < 0 else yy * pitch
-                b0 = _byte(src8, ro, c0, cval)
-                b1 = _byte(src8, ro, c1, cval)
-                b2 = _byte(src8, ro, c2, cval)
-                b3 = _byte(src8, ro, c3, cval)
-                word = uint32(b0 | (b1 << EIGHT) | (b2 << SIXTEEN) | (b3 << TWENTY_FOUR))
-                in32[rr * IN_WORDS_U + q] = word
-                rr += ROW_STEP_U
+        if r < ROW_STEP_U:  # a partial sweep of rows would load words twice
+            if interior:
+                # 32-bit byte offsets (the image is < 2 GiB), one multiply-add per row.
+                a0 = uint32(uint32((top + int64(r)) * pitch + left * C) + uint32(FOUR_U * q))
+                step = uint32(STEP32 * uint32(pitch))
+                dst = r * IN_WORDS_U + q
+                for i in range(LOAD_ITERS):
+                    if i < FULL_SWEEPS or r + U(i * ROW_STEP) < IN_ROWS_U:
+                        a = uint32(a0 + uint32(i) * step)
+                        wi = uint32(a >> 2)
+                        lo = uint64(src32[wi])
+                        hi = uint64(src32[uint32(wi + 1)])
+                        shift = uint64(uint32(a & 3) * uint32(8))
+                        word = uint32(((hi << U(32)) | lo) >> shift)
+                        in32[dst + U(i * ROW_STEP * IN_WORDS)] = word
+            else:
+                lane = int64(FOUR_U * q)
+                c0 = _lane_column(lane, IN_LANES, left, width, C, mode)
+                c1 = _lane_column(lane + 1, IN_LANES, left, width, C, mode)
+                c2 = _lane_column(lane + 2, IN_LANES, left, width, C, mode)
+                c3 = _lane_column(lane + 3, IN_LANES, left, width, C, mode)
+                rr = r
+                while rr < IN_ROWS_U:
+                    yy = border_index(top + int64(rr), height, mode)
+                    ro = -1 if yy < 0 else yy * pitch
+                    b0 = _byte(src8, ro, c0, cval)
+                    b1 = _byte(src8, ro, c1, cval)
+                    b2 = _byte(src8, ro, c2, cval)
+                    b3 = _byte(src8, ro, c3, cval)
+                    word = uint32(b0 | (b1 << EIGHT) | (b2 << SIXTEEN) | (b3 << TWENTY_FOUR))
+                    in32[rr * IN_WORDS_U + q] = word
+                    rr += ROW_STEP_U
+        cuda.syncthreads()
 
-    @cuda.jit(device=True, inline="always")
-    def horizontal(tid, in8, hs16):
-        """Phase 2: item (rr, c, run) slides over the outputs of one run of channel c of
-        input row rr; consecutive threads take consecutive rows (rows start in
-        different banks)."""
+        # 2. Horizontal: item (rr, c, run) slides over the outputs of one run of channel
+        # c of input row rr; consecutive threads take consecutive rows (rows start in
+        # different banks).
         for it in range(ITEM_ITERS):
             item = tid + U(it * T)
             if item < N_ITEMS_U:
@@ -222,12 +226,10 @@ def _make_box_tiled(channels: int, ksize: tuple, threads: int, run: int, tile_w:
                         enter = in8[leaving + U((k - 1 + KW) * C)]
                         acc = uint32(acc + enter - in8[leaving + U((k - 1) * C)])
                         hs16[dst + U(k * C)] = acc
+        cuda.syncthreads()
 
-    @cuda.jit(device=True, inline="always")
-    def vertical(tid, height, width, x0, y0, hs32, out8):
-        """Phase 3: thread (g, q) sums lanes 4q..4q+3 over the rows of group g and
-        stores the rounded means of the rows inside the image."""
-        pitch = width * C
+        # 3. Vertical: thread (g, q) sums lanes 4q..4q+3 over the rows of group g and
+        # stores the rounded means of the rows inside the image.
         g = _div(tid, BY_NO)
         q = tid - g * NO_U
         first = int64(g * PER_GROUP_U)
@@ -276,68 +278,9 @@ def _make_box_tiled(channels: int, ksize: tuple, threads: int, run: int, tile_w:
                 s3 = uint32(s3 + (b >> SIXTEEN) - (e >> SIXTEEN))
                 enter += HS_WORDS_U
                 leave += HS_WORDS_U
-                o += uint64(pitch)
+                o += upitch
 
-    @cuda.jit(cache=True, **bounds)
-    def box_tiled(src8, src32, n_words, height, width, kh, kw, ay, ax, mode, cval, area,
-                  magic, shift_hi, tile_w, tile_h, groups, out8):  # fmt: skip
-        """src8/out8: the image as flat bytes; src32: its whole 32-bit words. kh, kw,
-        area, magic, shift_hi, tile_w, tile_h and groups are the specialisation's own
-        constants (kept in the signature the launchers share). One tile per block,
-        the grid (tiles across, tiles down)."""
-        in32 = cuda.shared.array(0, dtype=uint32)
-        in8 = cuda.shared.array(0, dtype=uint8)
-        hs16 = cuda.shared.array(0, dtype=uint16)
-        hs32 = cuda.shared.array(0, dtype=uint32)
-        tid = uint64(cuda.threadIdx.x)
-        x0 = cuda.blockIdx.x * TW
-        y0 = cuda.blockIdx.y * TH
-        load(src8, src32, n_words, height, width, mode, cval, x0, y0, ay, ax, tid, in32)
-        cuda.syncthreads()
-        horizontal(tid, in8, hs16)
-        cuda.syncthreads()
-        vertical(tid, height, width, x0, y0, hs32, out8)
-
-    @cuda.jit(cache=True, **bounds)
-    def box_tiled_persistent(src8, src32, n_words, height, width, kh, kw, ay, ax, mode,
-                             cval, area, magic, shift_hi, tile_w, tile_h, groups,
-                             out8):  # fmt: skip
-        """As box_tiled, on a 1-D grid of any size: block b takes tiles b, b + grid,
-        ... (row-major over the tiles), and its loading threads fetch the next tile
-        while its first VT threads run the vertical phase of the current one."""
-        in32 = cuda.shared.array(0, dtype=uint32)
-        in8 = cuda.shared.array(0, dtype=uint8)
-        hs16 = cuda.shared.array(0, dtype=uint16)
-        hs32 = cuda.shared.array(0, dtype=uint32)
-        tid = uint64(cuda.threadIdx.x)
-        loader = tid >= U(VT)
-        across = (width + (TW - 1)) // TW
-        tiles = across * ((height + (TH - 1)) // TH)
-        t = cuda.blockIdx.x
-        ty = t // across
-        x0 = (t - ty * across) * TW
-        y0 = ty * TH
-        if loader and t < tiles:
-            lt = tid - U(VT)
-            load(src8, src32, n_words, height, width, mode, cval, x0, y0, ay, ax, lt, in32)
-        cuda.syncthreads()
-        while t < tiles:
-            horizontal(tid, in8, hs16)
-            cuda.syncthreads()
-            tn = t + cuda.gridDim.x
-            nty = tn // across
-            nx0 = (tn - nty * across) * TW
-            ny0 = nty * TH
-            if not loader:
-                vertical(tid, height, width, x0, y0, hs32, out8)
-            elif tn < tiles:
-                lt = tid - U(VT)
-                load(src8, src32, n_words, height, width, mode, cval, nx0, ny0, ay, ax, lt,
-                     in32)  # fmt: skip
-            cuda.syncthreads()
-            t, x0, y0 = tn, nx0, ny0
-
-    return box_tiled_persistent if persistent else box_tiled
+    return box_tiled
 
 
 _KERNELS: dict = {}
@@ -350,7 +293,7 @@ def kernel_for(channels: int, ksize: tuple, geometry: dict):
     `kernels.box_plan.tiled_plan` geometry (kept per process)."""
     g = geometry
     key = (channels, tuple(ksize), g["threads"], g["run"], g["tile_w"], g["tile_h"], g["groups"],
-           g.get("min_blocks", 0), bool(g.get("persistent", 0)))  # fmt: skip
+           g.get("min_blocks", 0))  # fmt: skip
     if key not in _KERNELS:
         _KERNELS[key] = _make_box_tiled(*key)
     return _KERNELS[key]

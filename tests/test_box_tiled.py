@@ -9,8 +9,6 @@ one row, one column, the image's last bytes outside any whole word. Tests marked
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import pytest
 from numba import cuda
@@ -69,40 +67,6 @@ def test_every_border_is_exact(shape, ksize, anchor, geometry):
 )
 def test_interior_tiles_are_exact(shape, ksize, anchor, geometry):
     check_interior(_tiled, shape, ksize, anchor, geometry)
-
-
-# Persistent blocks (fewer than the tiles; each loops over tiles and loads the next
-# one while its first warps run the vertical phase): several tiles per block, interior
-# tiles among border tiles, rows not word-aligned, the image's last whole word.
-PERSISTENT_CASES = [
-    (shape, ksize, anchor, dict(geometry, threads=64, persistent=blocks))
-    for (shape, ksize, anchor, geometry), blocks in [
-        (CASES[0], 5),
-        (CASES[3], 1),
-        (CASES[5], 3),
-        (INTERIOR_CASES[0], 7),
-        (INTERIOR_CASES[3], 4),
-    ]
-]
-
-
-@pytest.mark.parametrize(
-    "shape, ksize, anchor, geometry", PERSISTENT_CASES, ids=[str(c[0]) for c in PERSISTENT_CASES]
-)
-def test_persistent_blocks_are_exact(shape, ksize, anchor, geometry):
-    _, geo = _tiled(_image(shape, seed=1), ksize, anchor, "constant", 0, **geometry)
-    assert len(geo["grid"]) == 1 and geo["persistent"]
-    check_every_border(_tiled, shape, ksize, anchor, geometry)
-
-
-def test_persistent_plan_needs_threads_for_both_roles():
-    # 12 words per input row, 7 output words x 2 groups (one warp) for the vertical
-    # phase: 44 threads are too few, 64 enough.
-    args = ((13, 30, 3), np.uint8, (5, 7))
-    geometry = dict(run=4, tile_w=9, tile_h=5, groups=2, persistent=4)
-    assert box_plan.tiled_plan(*args, threads=40, **geometry) is None
-    assert box_plan.tiled_plan(*args, threads=64, **geometry)["grid"] == (4,)
-    assert box_plan.tiled_plan(*args, threads=64, **dict(geometry, persistent=99))["grid"] == (12,)
 
 
 def test_extreme_values_and_ties_round_to_even():
@@ -169,20 +133,6 @@ def test_full_size_default_geometry(k, border):
 @pytest.mark.parametrize("shape", OTHER_SIZES)
 def test_other_sizes(shape):
     check_other_sizes(_tiled, shape)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("k", [3, 21, 41])
-@pytest.mark.parametrize("border", ["reflect101", "constant", "wrap"])
-def test_full_size_persistent_blocks(k, border):
-    # 4 blocks of 512 threads on each of an H100's 132 SMs: 2-3 tiles per block.
-    check_full_size(functools.partial(_tiled, persistent=528), k, border)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("shape", OTHER_SIZES)
-def test_other_sizes_persistent_blocks(shape):
-    check_other_sizes(functools.partial(_tiled, persistent=528), shape)
 
 
 @pytest.mark.gpu
