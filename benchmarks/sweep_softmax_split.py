@@ -1,9 +1,9 @@
 """Sweep of the softmax `split` path's build options and geometry on the GPU.
 
 For (2**26 / cols, cols) arrays: kernel time per launch (launches queued behind a spin
-kernel, imgfilter.bench's Timer) of kernels.softmax_split over chunk counts, block
-sizes and unrolls, each with the piece cached as raw packs or element by element
-(`packed`) and with or without launch bounds asking for 3 blocks per SM; the share
+kernel, imgfilter.bench's Timer) of kernels.softmax_split over the GEOMETRIES below:
+chunk counts, block sizes, unrolls, the piece cached as raw packs or element by
+element (`packed`), and launch bounds asking for N blocks per SM; the share
 of the copy bandwidth measured in the same run, and a check of three rows against
 float64 NumPy as error / tolerance (the tests' tolerances: <= 1 passes; the tests
 themselves are tests/test_softmax_split.py).
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import itertools
 import json
 import sys
 import time
@@ -28,12 +27,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from imgfilter.bench import Timer, copy_bandwidth_gbs  # noqa: E402
 from kernels import softmax_split as ss  # noqa: E402
 
-GEOMETRIES = {  # dtype -> (chunks, block size, unroll or None for split_unroll's)
-    "float16": [(4, 256, None), (4, 512, 2), (8, 256, 2), (8, 128, None)],
-    "float32": [(8, 512, None), (16, 256, None)],
+# dtype -> (chunks, block size, unroll or None for split_unroll's, packed, launch
+# bounds' blocks per SM or 0): auto's geometry first.
+GEOMETRIES = {
+    "float16": [
+        (4, 256, None, True, 0), (3, 256, None, True, 0), (3, 512, None, True, 0),
+        (5, 256, None, True, 0), (5, 512, None, True, 0), (6, 256, None, True, 0),
+        (6, 256, 2, True, 5), (7, 256, None, True, 0), (8, 256, 2, True, 6),
+        (8, 256, 2, True, 4), (12, 128, 2, True, 0),
+    ],
+    "float32": [(8, 512, None, False, 0), (6, 512, None, False, 0), (10, 512, None, False, 0)],
 }  # fmt: skip
-# (packed, launch bounds' blocks per SM or 0): raw packs or elements in shared memory
-VARIANTS = [(False, 0), (True, 0)]
 DTYPES = {"float32": np.float32, "float16": np.float16}
 
 
@@ -63,9 +67,7 @@ def run(elements: int, cols: int, dtypes: list[str], launches: int) -> dict:
         dx, dy = cuda.to_device(x), cuda.device_array((rows, cols), dtype)
         nbytes = 2 * rows * cols * np.dtype(dtype).itemsize
         pack = 16 // np.dtype(dtype).itemsize
-        for (chunks, block, unroll), (packed, per_sm) in itertools.product(
-            GEOMETRIES[dname], VARIANTS
-        ):
+        for chunks, block, unroll, packed, per_sm in GEOMETRIES[dname]:
             bounds = (block, per_sm) if per_sm else None
             try:
                 how, launcher = ss.plan_split(
