@@ -28,14 +28,15 @@ from imgfilter.bench import Timer, copy_bandwidth_gbs  # noqa: E402
 from kernels import softmax_split as ss  # noqa: E402
 
 # dtype -> (chunks, block size, unroll or None for split_unroll's, packed, launch
-# bounds' blocks per SM or 0, packs per thread in flight in pass 2): auto's first.
+# bounds' blocks per SM or 0): auto's geometry first.
 GEOMETRIES = {
     "float16": [
-        (4, 256, None, True, 0, 1), (4, 256, None, True, 0, 2), (4, 256, None, True, 0, 4),
-        (4, 256, 2, True, 0, 2), (4, 256, 2, True, 0, 4), (4, 256, None, True, 3, 2),
-        (8, 256, 2, True, 6, 1), (8, 256, 2, True, 6, 2), (8, 128, 4, True, 0, 2),
+        (4, 256, None, True, 0), (3, 256, None, True, 0), (3, 512, None, True, 0),
+        (5, 256, None, True, 0), (5, 512, None, True, 0), (6, 256, None, True, 0),
+        (6, 256, 2, True, 5), (7, 256, None, True, 0), (8, 256, 2, True, 6),
+        (8, 256, 2, True, 4), (12, 128, 2, True, 0),
     ],
-    "float32": [(8, 512, None, False, 0, 1), (8, 512, None, True, 0, 2)],
+    "float32": [(8, 512, None, False, 0), (6, 512, None, False, 0), (10, 512, None, False, 0)],
 }  # fmt: skip
 DTYPES = {"float32": np.float32, "float16": np.float16}
 
@@ -66,12 +67,12 @@ def run(elements: int, cols: int, dtypes: list[str], launches: int) -> dict:
         dx, dy = cuda.to_device(x), cuda.device_array((rows, cols), dtype)
         nbytes = 2 * rows * cols * np.dtype(dtype).itemsize
         pack = 16 // np.dtype(dtype).itemsize
-        for chunks, block, unroll, packed, per_sm, out_unroll in GEOMETRIES[dname]:
+        for chunks, block, unroll, packed, per_sm in GEOMETRIES[dname]:
             bounds = (block, per_sm) if per_sm else None
             try:
                 how, launcher = ss.plan_split(
                     rows, cols, dtype, dtype, pack, False, block_size=block, chunks=chunks,
-                    unroll=unroll, packed=packed, bounds=bounds, out_unroll=out_unroll,
+                    unroll=unroll, packed=packed, bounds=bounds,
                 )  # fmt: skip
             except ValueError as exc:
                 print(f"{dname} c{chunks} b{block}: {exc}", flush=True)
@@ -88,13 +89,13 @@ def run(elements: int, cols: int, dtypes: list[str], launches: int) -> dict:
             r = dict(
                 dtype=dname, cols=cols, rows=rows, chunks=chunks, block=block,
                 unroll=how.unroll, grid=how.grid, smem=how.smem, packed=packed,
-                bounds=per_sm, out_unroll=out_unroll, kernel_us=round(k_us, 2), gbs=round(gbs, 1),
+                bounds=per_sm, kernel_us=round(k_us, 2), gbs=round(gbs, 1),
                 pct_copy=round(100 * gbs / copy_gbs, 1), error_to_tolerance=err,
             )  # fmt: skip
             out.append(r)
             print(
                 f"{dname:8} c{chunks:<3} b{block:<5} u{how.unroll} grid {how.grid:5} "
-                f"packed={packed!s:5} bounds={per_sm} o{out_unroll} {k_us:8.1f} us "
+                f"packed={packed!s:5} bounds={per_sm} {k_us:8.1f} us "
                 f"{gbs:6.0f} GB/s {r['pct_copy']:5.1f}%  err {err:.1e}",
                 flush=True,
             )

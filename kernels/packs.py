@@ -13,12 +13,11 @@ converted with `cvt` (a `<8 x half>` access would be split by the backend).
   `src[0 .. nbytes // itemsize - 1]` (a 1-D float32 local array) to `&arr[r, c]` /
   `&arr[c]`, converted to the array's dtype (round to nearest even for float16).
   `arr` may be a shared array (e.g. a row cached pack by pack).
-- `load_words2(arr, r, c, nbytes)` / `load_words1(arr, c, nbytes)`: the same access
-  as load_pack2 / load_pack1, as raw uint32 words (nbytes >= 4); `store_words1(arr,
-  c, src, nwords)` writes nwords such words (a 1-D uint32 local array) to `&arr[c]`
-  in one access; `unpack_word(word, itemsize)` turns one word into its float32
-  values (two float16 halves, low first, or one float32). A piece is copied to
-  shared memory without converting it twice.
+- `load_words2(arr, r, c, nbytes)`: the same access as load_pack2, as raw uint32
+  words (nbytes >= 4); `store_words1(arr, c, src, nwords)` writes nwords such words
+  (a 1-D uint32 local array) to `&arr[c]` in one access; `unpack_word(word,
+  itemsize)` turns one word into its float32 values (two float16 halves, low first,
+  or one float32). A piece is copied to shared memory without converting it twice.
 
 `arr` is a float32 or float16 array; `nbytes` must be a compile-time constant (a
 closure int) and the address must be aligned to it: the caller checks the alignment
@@ -54,10 +53,6 @@ def _simulated():
         n = nbytes // arr.dtype.itemsize
         return tuple(int(w) for w in np.ascontiguousarray(arr[r, c : c + n]).view(np.uint32))
 
-    def load_words1(arr, c, nbytes):
-        n = nbytes // arr.dtype.itemsize
-        return tuple(int(w) for w in np.ascontiguousarray(arr[c : c + n]).view(np.uint32))
-
     def store_words1(arr, c, src, nwords):
         raw = np.array(src[:nwords], dtype=np.uint32).view(arr.dtype)
         for i in range(raw.size):
@@ -67,8 +62,8 @@ def _simulated():
         vals = np.array([word], dtype=np.uint32).view(np.float16 if itemsize == 2 else np.float32)
         return tuple(np.float32(v) for v in vals)
 
-    return (load_pack2, load_pack1, store_pack2, store_pack1, load_words2, load_words1,
-            store_words1, unpack_word)  # fmt: skip
+    return (load_pack2, load_pack1, store_pack2, store_pack1, load_words2, store_words1,
+            unpack_word)  # fmt: skip
 
 
 def _compiled():
@@ -194,35 +189,22 @@ def _compiled():
             return None
         return types.none(arr, c, src, nbytes), store_codegen
 
-    def words_codegen(context, builder, sig, args):
-        nwords = sig.return_type.count
-        nd = sig.args[0].ndim
-        ptr = pointer(
-            context, builder, sig.args[0], args[0], args[1 : 1 + nd], sig.args[1 : 1 + nd]
-        )
-        raw = builder.load(builder.bitcast(ptr, ir.VectorType(i32, nwords).as_pointer()))
-        raw.align = 4 * nwords
-        words = [builder.extract_element(raw, ir.Constant(i32, w)) for w in range(nwords)]
-        return context.make_tuple(builder, sig.return_type, words)
-
-    def words_type(arr, index, nbytes):
-        """The signature of a raw-word load at arr[index], or None (nbytes >= 4)."""
-        count = count_of(arr, index, nbytes)
-        if count is None or nbytes.literal_value < 4:
-            return None
-        return types.UniTuple(types.uint32, nbytes.literal_value // 4)(arr, *index, nbytes)
-
     @intrinsic
     def load_words2(typingctx, arr, r, c, nbytes):
         """The nbytes (4, 8 or 16) at &arr[r, c], aligned to nbytes, as raw uint32 words."""
-        sig = words_type(arr, (r, c), nbytes)
-        return None if sig is None else (sig, words_codegen)
+        count = count_of(arr, (r, c), nbytes)
+        if count is None or nbytes.literal_value < 4:
+            return None
+        nwords = nbytes.literal_value // 4
 
-    @intrinsic
-    def load_words1(typingctx, arr, c, nbytes):
-        """The nbytes (4, 8 or 16) at &arr[c], aligned to nbytes, as raw uint32 words."""
-        sig = words_type(arr, (c,), nbytes)
-        return None if sig is None else (sig, words_codegen)
+        def codegen(context, builder, sig, args):
+            ptr = pointer(context, builder, sig.args[0], args[0], args[1:3], sig.args[1:3])
+            raw = builder.load(builder.bitcast(ptr, ir.VectorType(i32, nwords).as_pointer()))
+            raw.align = 4 * nwords
+            words = [builder.extract_element(raw, ir.Constant(i32, w)) for w in range(nwords)]
+            return context.make_tuple(builder, sig.return_type, words)
+
+        return types.UniTuple(types.uint32, nwords)(arr, r, c, nbytes), codegen
 
     @intrinsic
     def store_words1(typingctx, arr, c, src, nwords):
@@ -274,20 +256,18 @@ def _compiled():
 
         return types.UniTuple(types.float32, 2 if two else 1)(word, itemsize), codegen
 
-    return (load_pack2, load_pack1, store_pack2, store_pack1, load_words2, load_words1,
-            store_words1, unpack_word)  # fmt: skip
+    return (load_pack2, load_pack1, store_pack2, store_pack1, load_words2, store_words1,
+            unpack_word)  # fmt: skip
 
 
-(
-    load_pack2, load_pack1, store_pack2, store_pack1, load_words2, load_words1, store_words1,
-    unpack_word,
-) = _simulated() if SIMULATOR else _compiled()  # fmt: skip
+(load_pack2, load_pack1, store_pack2, store_pack1, load_words2, store_words1, unpack_word) = (
+    _simulated() if SIMULATOR else _compiled()
+)
 
 
 __all__ = [
     "load_pack1",
     "load_pack2",
-    "load_words1",
     "load_words2",
     "store_pack1",
     "store_pack2",

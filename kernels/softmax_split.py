@@ -42,7 +42,7 @@ from numba import config as _numba_config
 from numba import cuda, float32, from_dtype, int32, types, uint32
 
 from .launch import allow_dynamic_smem, cdiv, largest_block_keeping_occupancy
-from .packs import load_words1, load_words2, store_pack2, store_words1, unpack_word
+from .packs import load_pack1, load_words2, store_pack2, store_words1, unpack_word
 
 SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
 NEG_INF = float32(-math.inf)
@@ -65,7 +65,6 @@ def split_kernel(
     log: bool,
     packed: bool = False,
     bounds: tuple | None = None,
-    out_unroll: int = 1,
 ):
     """The split-row kernel for one (dtypes, pack, unroll, chunks, log) combination.
 
@@ -77,10 +76,7 @@ def split_kernel(
     2 * rows * chunks. packed: the piece is cached as the raw words of whole packs
     (one vector store and load per pack; packs of 4 bytes or more), else element by
     element (element i of local pack q at i * span + q). bounds: CUDA launch bounds
-    (threads, blocks per SM) asked of the compiler. out_unroll: packs each thread
-    reads from shared memory before converting any in pass 2 (packed only: with
-    three blocks of 256 threads per SM, one pack at a time left pass 2 waiting on
-    shared memory, ncu 2026-11-25).
+    (threads, blocks per SM) asked of the compiler.
     """
     # Imported here: kernels.softmax imports this module inside plan().
     from .softmax import _online_folder, _pack_loader, exp32
@@ -93,7 +89,6 @@ def split_kernel(
     NW = max(1, NBI // 4)  # raw words per pack (packed)
     PW = P // NW  # elements per word
     ISZ = np.dtype(in_dtype).itemsize
-    U2 = out_unroll if PACKED else 1
     load_packs = _pack_loader(P, NBI, U)
     fold = _online_folder(P, U)
 
@@ -142,7 +137,6 @@ def split_kernel(
         a = cuda.local.array((U, P), float32)
         w = cuda.local.array((U, NW), uint32)
         wrow = cuda.local.array(NW, uint32)
-        wout = cuda.local.array((U2, NW), uint32)
         tout = cuda.local.array(P, float32)
         tid = uint32(cuda.threadIdx.x)
         lane = uint32(tid % 32)
@@ -253,31 +247,17 @@ def split_kernel(
             lse = math.log(rsum)
             inv = float32(1.0) / rsum
             q = tid
-            nq = uint32(end - start)
-            while q < nq:
+            while q < end - start:
                 if PACKED:
-                    # U2 packs' raw words from shared memory, then their outputs.
-                    for u in range(U2):
-                        qu = uint32(q + u * nthreads)
-                        if qu < nq:
-                            wv = load_words1(buf, uint32(qu * P), NBI)
-                            for k in range(NW):
-                                wout[u, k] = wv[k]
-                    for u in range(U2):
-                        qu = uint32(q + u * nthreads)
-                        if qu < nq:
-                            for k in range(NW):
-                                vals = unpack_word(wout[u, k], ISZ)
-                                for h in range(PW):
-                                    v = vals[h] - rmax
-                                    tout[k * PW + h] = v - lse if log else exp32(v) * inv
-                            store_pack2(y, row, uint32((start + qu) * P), tout, NBO)
-                else:
-                    for i in range(P):
+                    pa = load_pack1(buf, uint32(q * P), NBI)
+                for i in range(P):
+                    if PACKED:
+                        v = pa[i] - rmax
+                    else:
                         v = float32(buf[uint32(i * span + q)]) - rmax
-                        tout[i] = v - lse if log else exp32(v) * inv
-                    store_pack2(y, row, uint32((start + q) * P), tout, NBO)
-                q = uint32(q + U2 * nthreads)
+                    tout[i] = v - lse if log else exp32(v) * inv
+                store_pack2(y, row, uint32((start + q) * P), tout, NBO)
+                q = uint32(q + nthreads)
 
     return softmax_split
 
@@ -364,7 +344,6 @@ def plan_split(
     chunks: int | None = None,
     packed: bool | None = None,
     bounds: tuple | None = None,
-    out_unroll: int = 1,
 ):
     """(Plan, SplitLauncher) of the split path for this shape and pack.
 
@@ -390,9 +369,7 @@ def plan_split(
     smem = span * pack * in_dtype.itemsize
     sizes = (block_size,) if block_size else BLOCK_SIZES
     unroll = unroll or split_unroll(span, block_size or 256)
-    kernel = split_kernel(
-        in_dtype, out_dtype, pack, unroll, chunks, bool(log), packed, bounds, out_unroll
-    )
+    kernel = split_kernel(in_dtype, out_dtype, pack, unroll, chunks, bool(log), packed, bounds)
     sig = signature(in_dtype, out_dtype)
     held = {size: resident_blocks(kernel, sig, size, smem) for size in sizes}
     size = largest_block_keeping_occupancy(held.get, sizes)

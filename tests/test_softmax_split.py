@@ -287,32 +287,27 @@ def test_split_huge_and_infinite_values(dtype):
         check(y, x, log)
 
 
-def _split_layout(x, packed: bool, chunks: int, block: int, pack: int, out_unroll: int = 1):
-    """The split kernel with the piece cached as raw packs or element by element, and
-    out_unroll packs per thread in flight in pass 2 (packed)."""
+def _split_layout(x, packed: bool, chunks: int, block: int, pack: int):
+    """The split kernel with the piece cached as raw packs or element by element."""
     rows, cols = x.shape
     dx, dy = cuda.to_device(x), cuda.device_array(x.shape, x.dtype)
     with concurrent_blocks(8) if SIM else contextlib.nullcontext():
         how, launcher = ss.plan_split(
             rows, cols, x.dtype, x.dtype, pack, False, block_size=block, chunks=chunks,
-            packed=packed, out_unroll=out_unroll,
+            packed=packed,
         )  # fmt: skip
         launcher[how.grid, how.block, 0, how.smem](dx, dy, rows, cols)
     return dy.copy_to_host()
 
 
-LAYOUTS = [(False, 1), (True, 1), (True, 2), (True, 3)]  # (packed, out_unroll)
-
-
 @sim_only
-@pytest.mark.parametrize("packed, out_unroll", LAYOUTS)
+@pytest.mark.parametrize("packed", [False, True], ids=["elements", "packs"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
-def test_split_both_piece_layouts(dtype, packed, out_unroll):
+def test_split_both_piece_layouts(dtype, packed):
     # auto caches 2-byte inputs as raw packs, 4-byte ones element by element; both
-    # layouts are exact for both (35 packs of 2 in 3 chunks: 12, 12, 11: with 32
-    # threads, out_unroll 2 and 3 leave some of a thread's last packs past the end).
+    # layouts are exact for both (35 packs of 2 in 3 chunks: 12, 12, 11).
     x = random_rows(3, 70, dtype)
-    check(_split_layout(x, packed, chunks=3, block=32, pack=2, out_unroll=out_unroll), x, False)
+    check(_split_layout(x, packed, chunks=3, block=32, pack=2), x, False)
 
 
 @sim_only
@@ -397,17 +392,12 @@ def test_gpu_split_variants_and_repeated_launches():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("packed, out_unroll", LAYOUTS + [(True, 4)])
+@pytest.mark.parametrize("packed", [False, True], ids=["elements", "packs"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
-def test_gpu_split_both_piece_layouts(dtype, packed, out_unroll):
-    x = random_rows(64, 131075, dtype)  # packs of 1 (cols odd): the packs' tails
-    y = random_rows(64, 131072, dtype, seed=3)
-    for z, pack in ((x, 1), (y, 16 // np.dtype(dtype).itemsize)):
-        check(
-            _split_layout(z, packed, chunks=4, block=256, pack=pack, out_unroll=out_unroll),
-            z,
-            False,
-        )
+def test_gpu_split_both_piece_layouts(dtype, packed):
+    x = random_rows(64, 131072, dtype)
+    pack = 16 // np.dtype(dtype).itemsize
+    check(_split_layout(x, packed, chunks=4, block=256, pack=pack), x, False)
 
 
 @pytest.mark.gpu
