@@ -31,17 +31,13 @@ def _grid(kernel: str) -> list[dict]:
             dict(threads=t, strip=s, batch=8)
             for t, s in itertools.product((64, 128, 256), (16, 24, 32, 48))
         ]
-    return UNROLLED + [
-        dict(unroll_rows=True, groups=2),
-        dict(unroll_rows=True, groups=8),
-        dict(groups=8),
+    return [
         dict(tile_h=56),
+        dict(tile_h=48),
+        dict(tile_h=40),
+        dict(groups=6),
         dict(threads=256, tile_h=32, groups=2, min_blocks=0),  # the 2026-11-23 default
     ]
-
-
-# box_tiled's vertical slide over a constant trip count, also timed at the other sizes.
-UNROLLED = [dict(unroll_rows=True)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,10 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     ks = [int(k) for k in args.ks.split(",")]
     for k in ks:
         run_case("seed", k, space)
-    at_sizes = default + UNROLLED if args.kernel == "tiled" else default
     for size in filter(None, args.sizes.split(",")):
         for k in ks:
-            run_case(size, k, at_sizes)
+            run_case(size, k, default)
     results["registers"] = {
         str(key): {
             "regs": str(kern.get_regs_per_thread()),

@@ -251,7 +251,7 @@ def tiled_smem(channels: int, ksize: tuple, tile_w: int, tile_h: int) -> int:
 def tiled_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0,
                tile_w: int = 0, tile_h: int = 0, groups: int = 0,
                smem_limit: int = TILED_SMEM_LIMIT, min_blocks: int = -1,
-               unroll_rows: bool = False) -> dict | None:  # fmt: skip
+               ) -> dict | None:  # fmt: skip
     """Launch geometry of `kernels.box_tiled`, or None where it does not apply.
 
     It applies to uint8 images of fewer than 2**31 bytes and boxes of at most 257
@@ -263,8 +263,7 @@ def tiled_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0
     memory `kernels.box_tiled` (and the quick start's launch) opts in to it (H100: up
     to 227 KiB per block). `min_blocks` > 0 caps the kernel's
     registers so that many blocks fit an SM (launch bounds; 0: the compiler's
-    choice; -1: TILED_MIN_BLOCKS). `unroll_rows` builds the vertical slide over a
-    constant trip count (an experiment, see `kernels.box_tiled`).
+    choice; -1: TILED_MIN_BLOCKS).
     """
     height, width, channels = shape
     kh, kw = ksize
@@ -294,7 +293,6 @@ def tiled_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0
         "tile_h": tile_h,
         "groups": groups,
         "min_blocks": TILED_MIN_BLOCKS if min_blocks < 0 else min_blocks,
-        "unroll_rows": unroll_rows,
         "even": (kh * kw) % 2 == 0,
         "smem": smem,
         "grid": (cdiv(width, tile_w), cdiv(height, tile_h)),

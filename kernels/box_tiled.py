@@ -88,14 +88,12 @@ def _mean(acc, area, magic, shift_hi, even):
 
 
 def _make_box_tiled(channels: int, ksize: tuple, threads: int, run: int, tile_w: int,
-                    tile_h: int, groups: int, min_blocks: int,
-                    unroll_rows: bool = False):  # fmt: skip
+                    tile_h: int, groups: int, min_blocks: int):  # fmt: skip
     """The kernel for one specialisation: `channels`, the box `ksize` = (kh, kw), and
     the geometry of `kernels.box_plan.tiled_plan` (threads per block, outputs per
     horizontal slide, tile_w x tile_h output pixels per tile, row groups of the
     vertical phase, and min_blocks > 0 to ask the compiler for registers enough for
-    that many resident blocks per SM: CUDA launch bounds; unroll_rows: the vertical
-    slide over a constant trip count, an experiment). Every size is a
+    that many resident blocks per SM: CUDA launch bounds). Every size is a
     compile-time constant, so divisions become multiplies, the box loops unroll and
     shared-memory offsets fold into the loads.
     Tiles past the image's right or bottom edge compute their whole area from
@@ -127,7 +125,6 @@ def _make_box_tiled(channels: int, ksize: tuple, threads: int, run: int, tile_w:
     ITEM_ITERS = (N_ITEMS + T - 1) // T
     NO = (OUT_LANES + 3) // 4  # output words per row
     PER_GROUP = (TH + G - 1) // G
-    UNROLL_ROWS = unroll_rows
     # Index arithmetic is unsigned 64-bit: Numba adds a negative-index wraparound to
     # every signed index, and 32-bit wrapping keeps constant offsets out of the loads.
     U = np.uint64
@@ -256,35 +253,6 @@ def _make_box_tiled(channels: int, ksize: tuple, threads: int, run: int, tile_w:
             leave = base
             enter = base + U(KH * HS_WORDS)
             end = min(first + PER_GROUP, out_h)
-            if UNROLL_ROWS:
-                # The same slide as below over a constant trip count, so the compiler
-                # can unroll it and issue a row's loads ahead of the stores before it.
-                slides = min(first + PER_GROUP, TH) - first - 1  # rows after the first
-                for i in range(PER_GROUP):
-                    if first + i < end:
-                        out8[o] = _mean(s0, AREA_U, MAGIC_U, SHIFT_U, EVEN)
-                        if n_valid >= 4:
-                            out8[o + ONE_U] = _mean(s1, AREA_U, MAGIC_U, SHIFT_U, EVEN)
-                            out8[o + TWO_U] = _mean(s2, AREA_U, MAGIC_U, SHIFT_U, EVEN)
-                            out8[o + THREE_U] = _mean(s3, AREA_U, MAGIC_U, SHIFT_U, EVEN)
-                        else:
-                            if n_valid > 1:
-                                out8[o + ONE_U] = _mean(s1, AREA_U, MAGIC_U, SHIFT_U, EVEN)
-                            if n_valid > 2:
-                                out8[o + TWO_U] = _mean(s2, AREA_U, MAGIC_U, SHIFT_U, EVEN)
-                    if i < slides:
-                        a = hs32[enter]
-                        b = hs32[enter + ONE_U]
-                        d = hs32[leave]
-                        e = hs32[leave + ONE_U]
-                        s0 = uint32(s0 + (a & LOW16) - (d & LOW16))
-                        s1 = uint32(s1 + (a >> SIXTEEN) - (d >> SIXTEEN))
-                        s2 = uint32(s2 + (b & LOW16) - (e & LOW16))
-                        s3 = uint32(s3 + (b >> SIXTEEN) - (e >> SIXTEEN))
-                        enter += HS_WORDS_U
-                        leave += HS_WORDS_U
-                        o += upitch
-                return
             y = first
             while True:
                 out8[o] = _mean(s0, AREA_U, MAGIC_U, SHIFT_U, EVEN)
@@ -325,7 +293,7 @@ def kernel_for(channels: int, ksize: tuple, geometry: dict):
     `kernels.box_plan.tiled_plan` geometry (kept per process)."""
     g = geometry
     key = (channels, tuple(ksize), g["threads"], g["run"], g["tile_w"], g["tile_h"], g["groups"],
-           g.get("min_blocks", 0), g.get("unroll_rows", False))  # fmt: skip
+           g.get("min_blocks", 0))  # fmt: skip
     if key not in _KERNELS:
         _KERNELS[key] = _make_box_tiled(*key)
     return _KERNELS[key]

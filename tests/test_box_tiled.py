@@ -9,8 +9,6 @@ one row, one column, the image's last bytes outside any whole word. Tests marked
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import pytest
 from numba import cuda
@@ -69,21 +67,6 @@ def test_every_border_is_exact(shape, ksize, anchor, geometry):
 )
 def test_interior_tiles_are_exact(shape, ksize, anchor, geometry):
     check_interior(_tiled, shape, ksize, anchor, geometry)
-
-
-# The vertical slide over a constant trip count (unroll_rows): partial last groups,
-# bottom tiles shorter than a group, interior tiles.
-UNROLLED_CASES = [
-    (shape, ksize, anchor, dict(geometry, unroll_rows=True))
-    for shape, ksize, anchor, geometry in [CASES[0], CASES[1], CASES[4], INTERIOR_CASES[0]]
-]
-
-
-@pytest.mark.parametrize(
-    "shape, ksize, anchor, geometry", UNROLLED_CASES, ids=[str(c[0]) for c in UNROLLED_CASES]
-)
-def test_unrolled_rows_are_exact(shape, ksize, anchor, geometry):
-    check_every_border(_tiled, shape, ksize, anchor, geometry)
 
 
 def test_extreme_values_and_ties_round_to_even():
@@ -150,19 +133,6 @@ def test_full_size_default_geometry(k, border):
 @pytest.mark.parametrize("shape", OTHER_SIZES)
 def test_other_sizes(shape):
     check_other_sizes(_tiled, shape)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("k", [3, 21, 41])
-@pytest.mark.parametrize("border", ["reflect101", "constant", "wrap"])
-def test_full_size_unrolled_rows(k, border):
-    check_full_size(functools.partial(_tiled, unroll_rows=True), k, border)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("shape", OTHER_SIZES)
-def test_other_sizes_unrolled_rows(shape):
-    check_other_sizes(functools.partial(_tiled, unroll_rows=True), shape)
 
 
 @pytest.mark.gpu
