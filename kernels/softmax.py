@@ -55,7 +55,7 @@ from .launch import (
     largest_block_keeping_occupancy,
     wave_blocks,
 )
-from .packs import load_pack2, store_pack2
+from .packs import load_pack2, load_words2, store_pack2
 from .reduce import (
     block_allreduce_max,
     block_allreduce_sum,
@@ -202,11 +202,14 @@ def warp_kernel(in_dtype, out_dtype, pack, cols_per_thread, width, rows_per_acce
 
 
 @functools.cache
-def _pack_loader(pack: int, nbytes: int, unroll: int):
+def _pack_loader(pack: int, nbytes: int, unroll: int, raw: bool = False):
     """Device function `load_packs(x, row, p, stride, packs, a) -> n` of the block
     kernels: loads packs p, p + stride, ... (up to `unroll`, those below `packs`) of
-    `pack` elements (`nbytes` bytes) of x's row into a[u, 0 .. pack - 1], all issued
-    before any is used; n is how many it loaded."""
+    `pack` elements (`nbytes` bytes) of x's row into a[u, 0 .. pack - 1] (float32
+    values; raw: the packs' nbytes // 4 uint32 words into a[u, 0 .. nbytes // 4 - 1]),
+    all issued before any is used; n is how many it loaded."""
+    load = load_words2 if raw else load_pack2
+    count = nbytes // 4 if raw else pack
 
     @cuda.jit(device=True, inline="always")
     def load_packs(x, row, p, stride, packs, a):
@@ -214,8 +217,8 @@ def _pack_loader(pack: int, nbytes: int, unroll: int):
         for u in range(unroll):
             q = uint32(p + u * stride)
             if q < packs:
-                pa = load_pack2(x, row, uint32(q * pack), nbytes)
-                for i in range(pack):
+                pa = load(x, row, uint32(q * pack), nbytes)
+                for i in range(count):
                     a[u, i] = pa[i]
                 n = uint32(u + 1)
         return n

@@ -42,7 +42,7 @@ from numba import config as _numba_config
 from numba import cuda, float32, from_dtype, int32, types, uint32
 
 from .launch import allow_dynamic_smem, cdiv, largest_block_keeping_occupancy
-from .packs import load_pack1, load_words2, store_pack2, store_words1, unpack_word
+from .packs import load_pack1, store_pack2, store_words1, unpack_word
 
 SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
 NEG_INF = float32(-math.inf)
@@ -90,20 +90,8 @@ def split_kernel(
     PW = P // NW  # elements per word
     ISZ = np.dtype(in_dtype).itemsize
     load_packs = _pack_loader(P, NBI, U)
+    load_words = _pack_loader(P, NBI, U, raw=PACKED)  # called where PACKED only
     fold = _online_folder(P, U)
-
-    @cuda.jit(device=True, inline="always")
-    def load_words(x, row, p, stride, packs, w):
-        """As load_packs, the packs' raw words into w[u, 0 .. NW - 1]; returns n."""
-        n = uint32(0)
-        for u in range(U):
-            q = uint32(p + u * stride)
-            if q < packs:
-                wv = load_words2(x, row, uint32(q * P), NBI)
-                for k in range(NW):
-                    w[u, k] = wv[k]
-                n = uint32(u + 1)
-        return n
 
     @cuda.jit(device=True, inline="always")
     def merge(m, d, om, od):
