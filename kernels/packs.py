@@ -9,10 +9,9 @@ converted with `cvt` (a `<8 x half>` access would be split by the backend).
 
 - `load_pack2(arr, r, c, nbytes)` / `load_pack1(arr, c, nbytes)`: the `nbytes` at
   `&arr[r, c]` / `&arr[c]` as a tuple of float32 (`nbytes // itemsize` of them).
-- `store_pack2(arr, r, c, src, nbytes)` / `store_pack1(arr, c, src, nbytes)`: writes
-  `src[0 .. nbytes // itemsize - 1]` (a 1-D float32 local array) to `&arr[r, c]` /
-  `&arr[c]`, converted to the array's dtype (round to nearest even for float16).
-  `arr` may be a shared array (e.g. a row cached pack by pack).
+- `store_pack2(arr, r, c, src, nbytes)`: writes `src[0 .. nbytes // itemsize - 1]`
+  (a 1-D float32 local array) to `&arr[r, c]`, converted to the array's dtype
+  (round to nearest even for float16).
 - `load_words2(arr, r, c, nbytes)`: the same access as load_pack2, as raw uint32
   words (nbytes >= 4); `store_words1(arr, c, src, nwords)` writes nwords such words
   (a 1-D uint32 local array) to `&arr[c]` in one access; `unpack_word(word,
@@ -45,10 +44,6 @@ def _simulated():
         for i in range(nbytes // arr.dtype.itemsize):
             arr[r, c + i] = src[i]
 
-    def store_pack1(arr, c, src, nbytes):
-        for i in range(nbytes // arr.dtype.itemsize):
-            arr[c + i] = src[i]
-
     def load_words2(arr, r, c, nbytes):
         n = nbytes // arr.dtype.itemsize
         return tuple(int(w) for w in np.ascontiguousarray(arr[r, c : c + n]).view(np.uint32))
@@ -62,7 +57,7 @@ def _simulated():
         vals = np.array([word], dtype=np.uint32).view(np.float16 if itemsize == 2 else np.float32)
         return tuple(np.float32(v) for v in vals)
 
-    return (load_pack2, load_pack1, store_pack2, store_pack1, load_words2, store_words1,
+    return (load_pack2, load_pack1, store_pack2, load_words2, store_words1,
             unpack_word)  # fmt: skip
 
 
@@ -180,16 +175,6 @@ def _compiled():
         return types.none(arr, r, c, src, nbytes), store_codegen
 
     @intrinsic
-    def store_pack1(typingctx, arr, c, src, nbytes):
-        """Write src[0 .. nbytes / itemsize) (float32) to &arr[c], aligned to nbytes."""
-        count = count_of(arr, (c,), nbytes)
-        if count is None:
-            return None
-        if not isinstance(src, types.Array) or src.ndim != 1 or src.dtype != types.float32:
-            return None
-        return types.none(arr, c, src, nbytes), store_codegen
-
-    @intrinsic
     def load_words2(typingctx, arr, r, c, nbytes):
         """The nbytes (4, 8 or 16) at &arr[r, c], aligned to nbytes, as raw uint32 words."""
         count = count_of(arr, (r, c), nbytes)
@@ -256,11 +241,11 @@ def _compiled():
 
         return types.UniTuple(types.float32, 2 if two else 1)(word, itemsize), codegen
 
-    return (load_pack2, load_pack1, store_pack2, store_pack1, load_words2, store_words1,
+    return (load_pack2, load_pack1, store_pack2, load_words2, store_words1,
             unpack_word)  # fmt: skip
 
 
-(load_pack2, load_pack1, store_pack2, store_pack1, load_words2, store_words1, unpack_word) = (
+(load_pack2, load_pack1, store_pack2, load_words2, store_words1, unpack_word) = (
     _simulated() if SIMULATOR else _compiled()
 )
 
@@ -269,7 +254,6 @@ __all__ = [
     "load_pack1",
     "load_pack2",
     "load_words2",
-    "store_pack1",
     "store_pack2",
     "store_words1",
     "unpack_word",
