@@ -31,12 +31,16 @@ def _grid(kernel: str) -> list[dict]:
             dict(threads=t, strip=s, batch=8)
             for t, s in itertools.product((64, 128, 256), (16, 24, 32, 48))
         ]
+    vh = dict(vertical_first=1)
     return [
+        vh,
+        dict(vh, groups=2),
+        dict(vh, groups=8),
+        dict(vh, run=32),
+        dict(vh, run=8),
+        dict(vh, min_blocks=3),
+        dict(vh, tile_h=32, threads=256, groups=4, min_blocks=0),
         dict(tile_h=56),
-        dict(tile_h=48),
-        dict(tile_h=40),
-        dict(groups=6),
-        dict(threads=256, tile_h=32, groups=2, min_blocks=0),  # the 2026-11-23 default
     ]
 
 
@@ -111,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
             pass
 
     default = [{}]
+    if args.kernel == "tiled":  # both orders of the two directions at the defaults
+        default = [dict(vertical_first=0), dict(vertical_first=1)]
     space = default if args.quick else default + _grid(args.kernel)
     ks = [int(k) for k in args.ks.split(",")]
     for k in ks:

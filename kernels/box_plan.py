@@ -111,15 +111,25 @@ PACKED_BATCH = 8  # rows between block barriers
 PACKED_MAX_ROWS = 257  # 257 * 255 < 2**16: a column sum fits a 16-bit lane
 
 
-def packed_magic(area: int) -> tuple[int, int]:
+def packed_magic(area: int, t_limit: int = 0) -> tuple[int, int]:
     """(m, sh) with (t * m >> 32) >> sh == floor(t / (2 * area)) for 0 <= t < 2**MAGIC_BITS.
 
     As `magic`, with the shift raised to at least 32 so that the kernel takes the high
     word of a 32 x 32-bit product; m < 2**32 still (for 2 * area <= 64 the shift is
     32 and m <= 2**31 + 1, above that m < 2**27 + 1).
+    With t_limit > 0, the smallest shift exact for 0 <= t < t_limit instead: with
+    d = 2 * area, m = ceil(2**s / d) and e = m * d - 2**s < d, floor(t * m / 2**s) =
+    floor(t / d) whenever t * e < 2**s (the error t * e / (d * 2**s) stays below 1 / d).
+    For sums of bytes (t_limit = 511 * area + 1) and areas up to 2049 that is sh = 0,
+    which saves the kernel a shift per output.
     """
     d = 2 * area
-    s = max(MAGIC_BITS + (d - 1).bit_length(), 32)
+    if t_limit <= 0:
+        s = max(MAGIC_BITS + (d - 1).bit_length(), 32)
+        return -(-(1 << s) // d), s - 32
+    s = 32
+    while (t_limit - 1) * (-(-(1 << s) // d) * d - (1 << s)) >= 1 << s:
+        s += 1
     return -(-(1 << s) // d), s - 32
 
 
@@ -226,6 +236,8 @@ TILED_H = 64  # output rows per tile
 TILED_GROUPS = 4  # runs of rows the vertical phase splits a tile into
 TILED_MIN_H = 8  # the shortest tile the default geometry shrinks to
 TILED_MIN_BLOCKS = 4  # launch bounds: resident blocks per SM the registers must allow
+# Columns first (`kernels.box_tiled_vh`) or rows first (`kernels.box_tiled`'s own kernel).
+TILED_VERTICAL_FIRST = False
 # Shared memory the default geometry may use (k=41 on 64x64 tiles: 73216 bytes); above
 # 48 KiB the launch opts in (an H100 gives up to 227 KiB per block).
 TILED_SMEM_LIMIT = 96 * 1024
@@ -237,9 +249,29 @@ TILED_SMEM_LIMIT = 96 * 1024
 TILED_MAX_BOX = 41
 
 
-def tiled_smem(channels: int, ksize: tuple, tile_w: int, tile_h: int) -> int:
+def vh_layout(channels: int, ksize: tuple, tile_w: int, tile_h: int) -> dict:
+    """Shared-memory layout of `kernels.box_tiled_vh`, in 32-bit words: the input rows
+    (in_rows of in_words, nq of them loaded), later the staged output rows (os_words
+    each: a row's bytes may start 3 bytes into a word), then from word vs0 the 16-bit
+    column sums (tile_h rows of vs_words). Row strides are odd: rows start in
+    different banks."""
+    kh, kw = ksize
+    nq = ((tile_w + kw - 1) * channels + 3) // 4
+    in_words, in_rows = nq | 1, tile_h + kh - 1
+    os_words = ((tile_w * channels + 6) // 4) | 1
+    vs0 = max(in_rows * in_words, tile_h * os_words)
+    return dict(nq=nq, in_words=in_words, in_rows=in_rows, os_words=os_words, vs0=vs0,
+                vs_words=(2 * nq) | 1)  # fmt: skip
+
+
+def tiled_smem(channels: int, ksize: tuple, tile_w: int, tile_h: int,
+               vertical_first: bool = False) -> int:  # fmt: skip
     """Bytes of shared memory `kernels.box_tiled` uses: the input rows (an odd number
-    of whole words each), then 16-bit row sums (rows of an odd number of words)."""
+    of whole words each), then 16-bit row sums (rows of an odd number of words); for
+    the columns-first kernel see `vh_layout`."""
+    if vertical_first:
+        layout = vh_layout(channels, ksize, tile_w, tile_h)
+        return 4 * (layout["vs0"] + tile_h * layout["vs_words"])
     kh, kw = ksize
     in_words = ((tile_w + kw - 1) * channels + 3) // 4 | 1
     in_rows = tile_h + kh - 1
@@ -251,7 +283,7 @@ def tiled_smem(channels: int, ksize: tuple, tile_w: int, tile_h: int) -> int:
 def tiled_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0,
                tile_w: int = 0, tile_h: int = 0, groups: int = 0,
                smem_limit: int = TILED_SMEM_LIMIT, min_blocks: int = -1,
-               ) -> dict | None:  # fmt: skip
+               vertical_first: int = -1) -> dict | None:  # fmt: skip
     """Launch geometry of `kernels.box_tiled`, or None where it does not apply.
 
     It applies to uint8 images of fewer than 2**31 bytes and boxes of at most 257
@@ -263,7 +295,8 @@ def tiled_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0
     memory `kernels.box_tiled` (and the quick start's launch) opts in to it (H100: up
     to 227 KiB per block). `min_blocks` > 0 caps the kernel's
     registers so that many blocks fit an SM (launch bounds; 0: the compiler's
-    choice; -1: TILED_MIN_BLOCKS).
+    choice; -1: TILED_MIN_BLOCKS). `vertical_first` 1 runs the columns-first kernel
+    (`kernels.box_tiled_vh`), 0 the rows-first one, -1 TILED_VERTICAL_FIRST's.
     """
     height, width, channels = shape
     kh, kw = ksize
@@ -271,20 +304,23 @@ def tiled_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0
     run = run or TILED_RUN
     tile_w = min(tile_w or TILED_W, width)
     h = min(tile_h or TILED_H, height)
-    if np.dtype(dtype) != np.uint8 or kw > PACKED_MAX_ROWS:
+    vf = bool(TILED_VERTICAL_FIRST if vertical_first < 0 else vertical_first)
+    if np.dtype(dtype) != np.uint8 or max(kw, kh if vf else 0) > PACKED_MAX_ROWS:
         return None
     if height * width * channels >= 2**31 or 511 * kh * kw >= 2**MAGIC_BITS:
         return None
-    while not tile_h and h > TILED_MIN_H and tiled_smem(channels, ksize, tile_w, h) > smem_limit:
+    while not tile_h and h > TILED_MIN_H:
+        if tiled_smem(channels, ksize, tile_w, h, vf) <= smem_limit:
+            break
         h //= 2
     tile_h = h
     n_q = cdiv((tile_w + kw - 1) * channels, 4)
-    smem = tiled_smem(channels, ksize, tile_w, tile_h)
+    smem = tiled_smem(channels, ksize, tile_w, tile_h, vf)
     if n_q > threads or smem > smem_limit:
         return None
     if cdiv(height, tile_h) > 65535:
         return None
-    n_o = cdiv(tile_w * channels, 4)
+    n_o = n_q if vf else cdiv(tile_w * channels, 4)  # words a row group's threads own
     groups = max(1, min(groups or TILED_GROUPS, threads // n_o, tile_h))
     return {
         "threads": threads,
@@ -294,6 +330,7 @@ def tiled_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0
         "groups": groups,
         "min_blocks": TILED_MIN_BLOCKS if min_blocks < 0 else min_blocks,
         "even": (kh * kw) % 2 == 0,
+        "vertical_first": vf,
         "smem": smem,
         "grid": (cdiv(width, tile_w), cdiv(height, tile_h)),
     }

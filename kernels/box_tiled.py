@@ -34,6 +34,7 @@ import ctypes
 import numpy as np
 from numba import config, cuda, int64, typeof, uint8, uint16, uint32, uint64
 
+from . import box_tiled_vh
 from .arrays import start_address
 from .box_fused import _lane_column
 from .box_packed import flat_images, words
@@ -294,9 +295,11 @@ def kernel_for(channels: int, ksize: tuple, geometry: dict):
     g = geometry
     key = (channels, tuple(ksize), g["threads"], g["run"], g["tile_w"], g["tile_h"], g["groups"],
            g.get("min_blocks", 0))  # fmt: skip
-    if key not in _KERNELS:
-        _KERNELS[key] = _make_box_tiled(*key)
-    return _KERNELS[key]
+    vertical_first = g.get("vertical_first", False)
+    if (key, vertical_first) not in _KERNELS:
+        make = box_tiled_vh.make_kernel if vertical_first else _make_box_tiled
+        _KERNELS[key, vertical_first] = make(*key)
+    return _KERNELS[key, vertical_first]
 
 
 def box_tiled(img, ksize, anchor, mode, cval, out=None, geometry: dict | None = None):
@@ -317,11 +320,15 @@ def box_tiled(img, ksize, anchor, mode, cval, out=None, geometry: dict | None = 
     launch = _LAUNCHERS.get(key)
     if launch and _whole_bytes(img) and (out is None or _whole_bytes(out)):
         try:
-            return _launch_direct(launch, img, out, scalars)
+            return _launch_direct(launch, img, out, scalars, geo.get("vertical_first", False))
         except (TypeError, AttributeError):  # a cuda.core whose launch takes other types
             _LAUNCHERS[key] = None  # Numba's launch from now on
     out, src, dst, n = flat_images(img, out, "box_tiled")
     args = (src, words(src), n // 4, *scalars, dst)
+    if geo.get("vertical_first"):
+        if start_address(out) % 4:
+            raise ValueError("box_tiled writes 32-bit words: out must start on a 4-byte boundary")
+        args += (words(dst),)
     if geo["smem"] > SMEM_LIMIT and kernel not in _OPTED_IN:  # once per kernel: ~0.2 ms
         compiled = kernel.compile(tuple(typeof(a) for a in args))
         if not allow_dynamic_smem(compiled, geo["smem"]):
@@ -343,18 +350,21 @@ def _whole_bytes(a) -> bool:
     return isinstance(a, DeviceNDArray) and a.dtype == np.uint8 and a.is_c_contiguous()
 
 
-def _launch_direct(launch, img, out, scalars: tuple):
+def _launch_direct(launch, img, out, scalars: tuple, out_words: bool):
     """box_tiled's launch through `launch` (a core_launcher of its kernel): the same
-    arguments as the Numba launch, built from the arrays' addresses."""
+    arguments as the Numba launch, built from the arrays' addresses; out_words passes
+    the output's 32-bit words too (the columns-first kernel)."""
     if start_address(img) % 4:
         raise ValueError("box_tiled reads 32-bit words: the image must start on a 4-byte boundary")
     if out is None:
         out = cuda.device_array(img.shape, dtype=img.dtype)
+    if out_words and start_address(out) % 4:
+        raise ValueError("box_tiled writes 32-bit words: out must start on a 4-byte boundary")
     n = img.size
-    src = img.device_ctypes_pointer.value
+    src, dst = img.device_ctypes_pointer.value, out.device_ctypes_pointer.value
+    tail = flat_array_args(dst, n // 4, 4) if out_words else ()
     launch(
         *flat_array_args(src, n, 1), *flat_array_args(src, n // 4, 4), ctypes.c_int64(n // 4),
-        *(ctypes.c_int64(int(a)) for a in scalars),
-        *flat_array_args(out.device_ctypes_pointer.value, n, 1),
+        *(ctypes.c_int64(int(a)) for a in scalars), *flat_array_args(dst, n, 1), *tail,
     )  # fmt: skip
     return out

@@ -29,6 +29,14 @@ from kernels import box_plan
 from kernels import box_tiled as ktiled
 
 
+@pytest.fixture(autouse=True, params=[False, True], ids=["rows-first", "columns-first"])
+def order(request, monkeypatch):
+    """Every test runs both kernels: rows first (box_tiled's own) and columns first
+    (`kernels.box_tiled_vh`), as the default geometry picks them."""
+    monkeypatch.setattr(box_plan, "TILED_VERTICAL_FIRST", request.param)
+    return request.param
+
+
 def _tiled(img, ksize, anchor, border, cval, **geometry):
     geo = box_plan.tiled_plan(img.shape, img.dtype, ksize, **geometry)
     assert geo is not None

@@ -1,0 +1,259 @@
+"""box_tiled's kernel with the box's two directions the other way round: columns first.
+
+Same contract and tiles as `kernels.box_tiled` (which launches it when its geometry
+says `vertical_first`); four phases between barriers, no state between tiles:
+1. Load: as box_tiled, the tile's input rows as 32-bit words in shared memory.
+2. Vertical: thread (g, q) keeps the sums of word q's four byte lanes over kh rows as
+   two words of two 16-bit lanes (kh * 255 < 2**16, so one 32-bit add or subtract
+   serves two lanes and no lane carries into the next), slides down the rows of
+   group g and stores the column sums as 16-bit lanes in natural order.
+3. Horizontal: each item slides a window over `run` outputs of one channel of one
+   output row of column sums (32-bit sums), rounds each mean by a multiply-high and
+   stages the byte in shared memory, at the byte offset the row has in the image
+   modulo 4.
+4. Store: each thread copies whole 32-bit words of staged rows to the image's
+   aligned words (bytes one at a time at a row's ends and outside whole words).
+Against box_tiled's rows-first order, the column phase does two lanes per add on
+words straight from the load, and the stores are words, not bytes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import config, cuda, int64, uint8, uint16, uint32, uint64
+
+from .box_fused import _lane_column
+from .box_plan import packed_magic, vh_layout
+from .device import border_index
+from .int_ops import byte_perm, umulhi
+
+SIMULATOR = bool(config.ENABLE_CUDASIM)
+ZERO = np.uint32(0)
+ONE = np.uint32(1)
+EIGHT = np.uint32(8)
+SIXTEEN = np.uint32(16)
+TWENTY_FOUR = np.uint32(24)
+LANES01 = np.uint32(0x4140)  # byte_perm selectors: bytes 0, 1 (2, 3) of x, each
+LANES23 = np.uint32(0x4342)  # followed by byte 4 (a zero y)
+
+
+@cuda.jit(device=True)
+def _byte(src8, row_off, col, cval):
+    """The byte at mapped column `col` of the row at `row_off` (-1 either: `cval`)."""
+    if row_off < 0 or col < 0:
+        return uint32(cval)
+    return uint32(src8[row_off + col])
+
+
+@cuda.jit(device=True)
+def _lanes01(w):
+    """Bytes 0 and 1 of w as two 16-bit lanes (one prmt)."""
+    return byte_perm(w, ZERO, LANES01)
+
+
+@cuda.jit(device=True)
+def _lanes23(w):
+    """Bytes 2 and 3 of w as two 16-bit lanes (one prmt)."""
+    return byte_perm(w, ZERO, LANES23)
+
+
+def _reciprocal(d: int) -> np.uint64:
+    """m with (n * m) >> 32 == n // d for every n * d < 2**32."""
+    return np.uint64(-(-(1 << 32) // d))
+
+
+@cuda.jit(device=True)
+def _div(n, m):
+    """n // d for small n, with m = _reciprocal(d): one 32 x 32-bit multiply-high."""
+    return uint64((uint64(uint32(n)) * m) >> uint64(32))
+
+
+@cuda.jit(device=True)
+def _mean(acc, area, magic, shift_hi, even):
+    """round(acc / area) half to even by a multiply-high (`kernels.box_plan.packed_magic`)."""
+    t = uint32(2 * acc + area)
+    q = uint32(umulhi(t, magic) >> shift_hi)
+    if even and uint32(t - uint32(q * uint32(2 * area))) == ZERO:
+        q = uint32(q - (q & ONE))
+    return q
+
+
+def make_kernel(channels: int, ksize: tuple, threads: int, run: int, tile_w: int,
+                tile_h: int, groups: int, min_blocks: int):  # fmt: skip
+    """The columns-first kernel for one specialisation (arguments as
+    `kernels.box_tiled.kernel_for`'s key); every size is a compile-time constant."""
+    C = channels
+    KH, KW = ksize
+    T, RUN, TW, TH, G = threads, run, tile_w, tile_h, groups
+    AREA = KH * KW
+    EVEN = AREA % 2 == 0
+    magic, shift_hi = packed_magic(AREA, 511 * AREA + 1)
+    AREA_U, MAGIC_U, SHIFT_U = np.uint32(AREA), np.uint32(magic), np.uint32(shift_hi)
+    L = vh_layout(C, ksize, TW, TH)
+    NQ, IN_WORDS, IN_ROWS, OS_WORDS = L["nq"], L["in_words"], L["in_rows"], L["os_words"]
+    VS0, VS_WORDS = L["vs0"], L["vs_words"]
+    IN_LANES = (TW + KW - 1) * C
+    ROW_STEP = T // NQ
+    LOAD_ITERS = (IN_ROWS + ROW_STEP - 1) // ROW_STEP
+    FULL_SWEEPS = IN_ROWS // ROW_STEP
+    STEP32 = np.uint32(ROW_STEP)
+    PER_GROUP = (TH + G - 1) // G
+    FULL_GROUPS = TH % G == 0  # every group has PER_GROUP rows: no row guard
+    V_ITEMS = G * NQ
+    FULL_RUNS = TW // RUN
+    LAST_RUN = TW - FULL_RUNS * RUN
+    N_ITEMS = TH * C * ((TW + RUN - 1) // RUN)
+    ITEM_ITERS = (N_ITEMS + T - 1) // T
+    SW = min(T, 32)  # threads per output row in the store phase
+    ROW_SLOTS = T // SW
+    STORE_ROWS = (TH + ROW_SLOTS - 1) // ROW_SLOTS
+    STORE_WORDS = (OS_WORDS + SW - 1) // SW
+    U = np.uint64
+    NQ_U, IN_WORDS_U, IN_ROWS_U, ROW_STEP_U = U(NQ), U(IN_WORDS), U(IN_ROWS), U(ROW_STEP)
+    VS0_U, VS_WORDS_U, VS_PITCH_U = U(VS0), U(VS_WORDS), U(2 * VS_WORDS)
+    OS_WORDS_U, OS_PITCH_U, TH_U = U(OS_WORDS), U(4 * OS_WORDS), U(TH)
+    C_U, RUN_U, FULL_RUNS_U, N_ITEMS_U = U(C), U(RUN), U(FULL_RUNS), U(N_ITEMS)
+    PER_GROUP_U, V_ITEMS_U, SW_U = U(PER_GROUP), U(V_ITEMS), U(SW)
+    ONE_U, TWO_U, FOUR_U = U(1), U(2), U(4)
+    BY_NQ, BY_TH, BY_C = (_reciprocal(d) for d in (NQ, TH, C))
+    bounds = {"launch_bounds": (T, min_blocks)} if min_blocks and not SIMULATOR else {}
+
+    @cuda.jit(cache=True, **bounds)
+    def box_tiled_vh(src8, src32, n_words, height, width, kh, kw, ay, ax, mode, cval, area,
+                     magic, shift_hi, tile_w, tile_h, groups, out8, out32):  # fmt: skip
+        """As box_tiled's kernel, plus out32: the output's whole 32-bit words."""
+        in32 = cuda.shared.array(0, dtype=uint32)
+        sh8 = cuda.shared.array(0, dtype=uint8)
+        vs16 = cuda.shared.array(0, dtype=uint16)
+        tid = uint64(cuda.threadIdx.x)
+        pitch = width * C
+        x0 = cuda.blockIdx.x * TW
+        y0 = cuda.blockIdx.y * TH
+        left = x0 - ax
+        top = y0 - ay
+
+        # 1. Load (as box_tiled): thread (r, q) loads word q of rows r, r + ROW_STEP, ...
+        r = _div(tid, BY_NQ)
+        q = tid - r * NQ_U
+        word_end = left * C + 4 * NQ
+        interior = (
+            top >= 0 and top + IN_ROWS <= height and left >= 0 and word_end <= pitch
+            and ((top + IN_ROWS - 1) * pitch + word_end) // 4 < n_words
+        )  # fmt: skip
+        if r < ROW_STEP_U:
+            if interior:
+                a0 = uint32(uint32((top + int64(r)) * pitch + left * C) + uint32(FOUR_U * q))
+                step = uint32(STEP32 * uint32(pitch))
+                dst = r * IN_WORDS_U + q
+                for i in range(LOAD_ITERS):
+                    if i < FULL_SWEEPS or r + U(i * ROW_STEP) < IN_ROWS_U:
+                        a = uint32(a0 + uint32(i) * step)
+                        wi = uint32(a >> 2)
+                        lo = uint64(src32[wi])
+                        hi = uint64(src32[uint32(wi + 1)])
+                        shift = uint64(uint32(a & 3) * uint32(8))
+                        word = uint32(((hi << U(32)) | lo) >> shift)
+                        in32[dst + U(i * ROW_STEP * IN_WORDS)] = word
+            else:
+                lane = int64(FOUR_U * q)
+                c0 = _lane_column(lane, IN_LANES, left, width, C, mode)
+                c1 = _lane_column(lane + 1, IN_LANES, left, width, C, mode)
+                c2 = _lane_column(lane + 2, IN_LANES, left, width, C, mode)
+                c3 = _lane_column(lane + 3, IN_LANES, left, width, C, mode)
+                rr = r
+                while rr < IN_ROWS_U:
+                    yy = border_index(top + int64(rr), height, mode)
+                    ro = -1 if yy < 0 else yy * pitch
+                    b0 = _byte(src8, ro, c0, cval)
+                    b1 = _byte(src8, ro, c1, cval)
+                    b2 = _byte(src8, ro, c2, cval)
+                    b3 = _byte(src8, ro, c3, cval)
+                    word = uint32(b0 | (b1 << EIGHT) | (b2 << SIXTEEN) | (b3 << TWENTY_FOUR))
+                    in32[rr * IN_WORDS_U + q] = word
+                    rr += ROW_STEP_U
+        cuda.syncthreads()
+
+        # 2. Vertical: thread (g, q) slides word q's column sums down the rows of group g.
+        if tid < V_ITEMS_U:
+            g = _div(tid, BY_NQ)
+            q = tid - g * NQ_U
+            first = g * PER_GROUP_U
+            src = first * IN_WORDS_U + q
+            s01 = uint32(0)
+            s23 = uint32(0)
+            for i in range(KH):
+                w = in32[src + U(i * IN_WORDS)]
+                s01 = uint32(s01 + _lanes01(w))
+                s23 = uint32(s23 + _lanes23(w))
+            dst = VS0_U + first * VS_WORDS_U + TWO_U * q
+            in32[dst] = s01
+            in32[dst + ONE_U] = s23
+            for y in range(1, PER_GROUP):
+                if FULL_GROUPS or first + U(y) < TH_U:
+                    e = in32[src + U((y + KH - 1) * IN_WORDS)]
+                    d = in32[src + U((y - 1) * IN_WORDS)]
+                    s01 = uint32(s01 + _lanes01(e) - _lanes01(d))
+                    s23 = uint32(s23 + _lanes23(e) - _lanes23(d))
+                    in32[dst + U(y * VS_WORDS)] = s01
+                    in32[dst + U(y * VS_WORDS + 1)] = s23
+        cuda.syncthreads()
+
+        # 3. Horizontal: item (rr, c, run) slides over one run of channel c of output row
+        # rr (consecutive threads take consecutive rows: rows start in different banks)
+        # and stages the bytes at the row's offset in the image modulo 4.
+        row0 = uint32(uint32(y0) * uint32(pitch) + uint32(x0 * C))
+        for it in range(ITEM_ITERS):
+            item = tid + U(it * T)
+            if item < N_ITEMS_U:
+                rest = _div(item, BY_TH)
+                rr = item - rest * TH_U
+                ri = _div(rest, BY_C)
+                c = rest - ri * C_U
+                xs = ri * RUN_U
+                leaving = TWO_U * VS0_U + rr * VS_PITCH_U + xs * C_U + c
+                acc = uint32(0)
+                for j in range(KW):
+                    acc = uint32(acc + vs16[leaving + U(j * C)])
+                align = U(uint32(row0 + uint32(rr) * uint32(pitch)) & uint32(3))
+                dst = rr * OS_PITCH_U + align + xs * C_U + c
+                sh8[dst] = _mean(acc, AREA_U, MAGIC_U, SHIFT_U, EVEN)
+                if ri < FULL_RUNS_U:
+                    for k in range(1, RUN):
+                        enter = vs16[leaving + U((k - 1 + KW) * C)]
+                        acc = uint32(acc + enter - vs16[leaving + U((k - 1) * C)])
+                        sh8[dst + U(k * C)] = _mean(acc, AREA_U, MAGIC_U, SHIFT_U, EVEN)
+                else:
+                    for k in range(1, LAST_RUN):
+                        enter = vs16[leaving + U((k - 1 + KW) * C)]
+                        acc = uint32(acc + enter - vs16[leaving + U((k - 1) * C)])
+                        sh8[dst + U(k * C)] = _mean(acc, AREA_U, MAGIC_U, SHIFT_U, EVEN)
+        cuda.syncthreads()
+
+        # 4. Store: SW threads per row copy its staged words to the image's aligned
+        # words; the words at the row's ends (and past the image's last whole word) go
+        # a byte at a time.
+        out_h = uint64(min(TH, height - y0))
+        n_bytes = uint32(min(TW, width - x0) * C)
+        slot = tid // SW_U
+        lane = tid - slot * SW_U
+        for i in range(STORE_ROWS):
+            rr = slot + U(i * ROW_SLOTS)
+            if rr < out_h:
+                g0 = uint32(row0 + uint32(rr) * uint32(pitch))
+                end = uint32(g0 + n_bytes)
+                w0 = uint32(g0 >> 2)
+                for j in range(STORE_WORDS):
+                    wi = lane + U(j * SW)
+                    if wi < OS_WORDS_U:
+                        w = uint32(w0 + uint32(wi))
+                        lo = uint32(w * 4)
+                        if lo >= g0 and lo + 4 <= end and w < n_words:
+                            out32[w] = in32[rr * OS_WORDS_U + wi]
+                        elif lo < end:
+                            base = rr * OS_PITCH_U + FOUR_U * wi
+                            for b in range(4):
+                                at = uint32(lo + b)
+                                if at >= g0 and at < end:
+                                    out8[at] = sh8[base + U(b)]
+
+    return box_tiled_vh

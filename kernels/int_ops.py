@@ -1,0 +1,42 @@
+"""Integer intrinsics for device code that Numba does not expose directly.
+
+- `byte_perm(x, y, s)`: CUDA's __byte_perm, one PTX `prmt.b32`: byte n of the result
+  is byte ((s >> 4 n) & 7) of the 8 bytes y:x (x's bytes are 0-3, y's 4-7).
+- `umulhi(x, y)`: the high 32 bits of the 64-bit product of two uint32, one
+  `mul.hi.u32` (Numba's `(uint64(x) * y) >> 32` costs a wide multiply and a move).
+
+Both come from libdevice. On the CUDA simulator, which has none, they are the same
+operations in Python, so kernels that use them run unchanged in CI.
+"""
+
+from __future__ import annotations
+
+from numba import config as _numba_config
+
+SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
+
+if SIMULATOR:
+    import numpy as np
+
+    def byte_perm(x, y, s):
+        both = (int(y) & 0xFFFFFFFF) << 32 | (int(x) & 0xFFFFFFFF)
+        sel = int(s)
+        out = 0
+        for n in range(4):
+            out |= ((both >> (8 * ((sel >> (4 * n)) & 7))) & 0xFF) << (8 * n)
+        return np.uint32(out)
+
+    def umulhi(x, y):
+        return np.uint32(((int(x) & 0xFFFFFFFF) * (int(y) & 0xFFFFFFFF)) >> 32)
+
+else:
+    from numba import cuda, int32, uint32
+    from numba.cuda import libdevice
+
+    @cuda.jit(device=True, inline="always")
+    def byte_perm(x, y, s):
+        return uint32(libdevice.byte_perm(int32(x), int32(y), int32(s)))
+
+    @cuda.jit(device=True, inline="always")
+    def umulhi(x, y):
+        return uint32(libdevice.umulhi(int32(x), int32(y)))
