@@ -33,14 +33,17 @@ def _grid(kernel: str) -> list[dict]:
         ]
     vh = dict(vertical_first=1)
     return [
-        vh,
         dict(vh, groups=2),
         dict(vh, groups=8),
-        dict(vh, run=32),
+        dict(vh, min_blocks=8),
         dict(vh, run=8),
-        dict(vh, min_blocks=3),
-        dict(vh, tile_h=32, threads=256, groups=4, min_blocks=0),
-        dict(tile_h=56),
+        dict(vh, run=32),
+        dict(vh, tile_h=48),
+        dict(vh, tile_h=24),
+        dict(vh, threads=128, tile_h=16, groups=2),
+        dict(vh, threads=512, tile_w=128, tile_h=32),
+        dict(vh, threads=512, tile_h=64, min_blocks=4),
+        dict(vertical_first=0, tile_h=56),
     ]
 
 
@@ -121,9 +124,14 @@ def main(argv: list[str] | None = None) -> int:
     ks = [int(k) for k in args.ks.split(",")]
     for k in ks:
         run_case("seed", k, space)
+    at_sizes = default if args.quick or args.kernel != "tiled" else default + [
+        dict(vertical_first=1, threads=512, tile_h=64, min_blocks=4),
+        dict(vertical_first=1, threads=512, tile_w=128, tile_h=32),
+        dict(vertical_first=1, tile_h=48),
+    ]  # fmt: skip
     for size in filter(None, args.sizes.split(",")):
         for k in ks:
-            run_case(size, k, default)
+            run_case(size, k, at_sizes)
     results["registers"] = {
         str(key): {
             "regs": str(kern.get_regs_per_thread()),

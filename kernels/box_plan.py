@@ -238,6 +238,9 @@ TILED_MIN_H = 8  # the shortest tile the default geometry shrinks to
 TILED_MIN_BLOCKS = 4  # launch bounds: resident blocks per SM the registers must allow
 # Columns first (`kernels.box_tiled_vh`) or rows first (`kernels.box_tiled`'s own kernel).
 TILED_VERTICAL_FIRST = False
+# The columns-first kernel's default geometry (threads, run, tile_w, tile_h, groups,
+# min_blocks), where the TILED_* above are the rows-first kernel's.
+VH_DEFAULTS = dict(threads=256, run=16, tile_w=64, tile_h=32, groups=4, min_blocks=0)
 # Shared memory the default geometry may use (k=41 on 64x64 tiles: 73216 bytes); above
 # 48 KiB the launch opts in (an H100 gives up to 227 KiB per block).
 TILED_SMEM_LIMIT = 96 * 1024
@@ -295,16 +298,20 @@ def tiled_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0
     memory `kernels.box_tiled` (and the quick start's launch) opts in to it (H100: up
     to 227 KiB per block). `min_blocks` > 0 caps the kernel's
     registers so that many blocks fit an SM (launch bounds; 0: the compiler's
-    choice; -1: TILED_MIN_BLOCKS). `vertical_first` 1 runs the columns-first kernel
-    (`kernels.box_tiled_vh`), 0 the rows-first one, -1 TILED_VERTICAL_FIRST's.
+    choice; -1: the default). `vertical_first` 1 runs the columns-first kernel
+    (`kernels.box_tiled_vh`, defaults VH_DEFAULTS), 0 the rows-first one (defaults
+    TILED_*), -1 TILED_VERTICAL_FIRST's.
     """
     height, width, channels = shape
     kh, kw = ksize
-    threads = threads or TILED_THREADS
-    run = run or TILED_RUN
-    tile_w = min(tile_w or TILED_W, width)
-    h = min(tile_h or TILED_H, height)
     vf = bool(TILED_VERTICAL_FIRST if vertical_first < 0 else vertical_first)
+    d = VH_DEFAULTS if vf else dict(threads=TILED_THREADS, run=TILED_RUN, tile_w=TILED_W,
+                                    tile_h=TILED_H, groups=TILED_GROUPS,
+                                    min_blocks=TILED_MIN_BLOCKS)  # fmt: skip
+    threads = threads or d["threads"]
+    run = run or d["run"]
+    tile_w = min(tile_w or d["tile_w"], width)
+    h = min(tile_h or d["tile_h"], height)
     if np.dtype(dtype) != np.uint8 or max(kw, kh if vf else 0) > PACKED_MAX_ROWS:
         return None
     if height * width * channels >= 2**31 or 511 * kh * kw >= 2**MAGIC_BITS:
@@ -321,14 +328,14 @@ def tiled_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0
     if cdiv(height, tile_h) > 65535:
         return None
     n_o = n_q if vf else cdiv(tile_w * channels, 4)  # words a row group's threads own
-    groups = max(1, min(groups or TILED_GROUPS, threads // n_o, tile_h))
+    groups = max(1, min(groups or d["groups"], threads // n_o, tile_h))
     return {
         "threads": threads,
         "run": run,
         "tile_w": tile_w,
         "tile_h": tile_h,
         "groups": groups,
-        "min_blocks": TILED_MIN_BLOCKS if min_blocks < 0 else min_blocks,
+        "min_blocks": d["min_blocks"] if min_blocks < 0 else min_blocks,
         "even": (kh * kw) % 2 == 0,
         "vertical_first": vf,
         "smem": smem,

@@ -174,10 +174,10 @@ def make_kernel(channels: int, ksize: tuple, threads: int, run: int, tile_w: int
         cuda.syncthreads()
 
         # 2. Vertical: thread (g, q) slides word q's column sums down the rows of group g.
-        if tid < V_ITEMS_U:
-            g = _div(tid, BY_NQ)
+        g = _div(tid, BY_NQ)
+        first = g * PER_GROUP_U
+        if tid < V_ITEMS_U and (FULL_GROUPS or first < TH_U):  # ceil(TH / G) rows a group
             q = tid - g * NQ_U
-            first = g * PER_GROUP_U
             src = first * IN_WORDS_U + q
             s01 = uint32(0)
             s23 = uint32(0)

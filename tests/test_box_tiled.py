@@ -52,6 +52,8 @@ CASES = [
     ((7, 5, 3), (11, 9), (5, 4), dict(threads=32, run=2, tile_w=5, tile_h=7, groups=2)),
     ((1, 33, 3), (3, 5), (1, 2), dict(threads=16, run=4, tile_w=10, tile_h=1, groups=2)),
     ((19, 1, 1), (7, 1), (3, 0), dict(threads=4, run=1, tile_w=1, tile_h=6, groups=2)),
+    # ceil(5 / 4) rows per group: the fourth group has none.
+    ((11, 20, 3), (3, 5), (1, 2), dict(threads=32, run=4, tile_w=6, tile_h=5, groups=4)),
 ]
 # Several tiles across and down: interior tiles among border tiles.
 INTERIOR_CASES = [
@@ -109,11 +111,15 @@ def test_plan_declines_what_it_cannot_do():
     too_small = box_plan.tiled_plan((2167, 2495, 3), np.uint8, (101, 101), smem_limit=48 * 1024)
     assert too_small is None  # a 48 KiB tile would be shorter than TILED_MIN_H rows
     assert box_plan.tiled_plan((4_200_000, 1, 1), np.uint8, (3, 3)) is None  # grid y > 65535
-    geo = box_plan.tiled_plan((2167, 2495, 3), np.uint8, (21, 21))
+    seed = (2167, 2495, 3)
+    geo = box_plan.tiled_plan(seed, np.uint8, (21, 21), vertical_first=0)
     assert box_plan.SMEM_LIMIT < geo["smem"] <= box_plan.TILED_SMEM_LIMIT  # opts in
     assert (geo["tile_w"] + 20) * 3 <= 4 * geo["threads"]
-    small = box_plan.tiled_plan((2167, 2495, 3), np.uint8, (31, 31), smem_limit=48 * 1024)
+    small = box_plan.tiled_plan(seed, np.uint8, (31, 31), smem_limit=48 * 1024, vertical_first=0)
     assert small["smem"] <= 48 * 1024 and small["tile_h"] == box_plan.TILED_H // 2
+    vh = box_plan.tiled_plan(seed, np.uint8, (61, 61), smem_limit=48 * 1024, vertical_first=1)
+    assert vh["smem"] <= 48 * 1024 and vh["tile_h"] == box_plan.VH_DEFAULTS["tile_h"] // 2
+    assert box_plan.tiled_plan((10, 4, 1), np.uint8, (258, 3), vertical_first=1) is None
     with pytest.raises(ValueError, match="box_tiled handles"):
         ktiled.box_tiled(cuda.to_device(np.ones((4, 4, 1), np.uint16)), (3, 3), (1, 1), 0, 0)
 
