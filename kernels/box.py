@@ -320,13 +320,19 @@ def box_method(shape: tuple, dtype, ksize: tuple) -> str:
     return _plans(tuple(shape), np.dtype(dtype), tuple(ksize))[0]
 
 
-def box_choice(img, ksize: tuple) -> tuple[str, dict | None]:
-    """(method, geometry) `box_auto` runs for this device image: `box_method`'s choice,
-    except that an image whose first byte is not 4-byte aligned (a view such as
-    d[1:] of an odd-width uint8 image) goes to box_fused (or box_running), because
-    box_tiled and box_packed read it as 32-bit words."""
+def box_choice(img, ksize: tuple, out=None) -> tuple[str, dict | None]:
+    """(method, geometry) `box_auto` runs for this device image (and output, if given):
+    `box_method`'s choice, except that an image whose first byte is not 4-byte aligned
+    (a view such as d[1:] of an odd-width uint8 image) goes to box_fused (or
+    box_running), because box_tiled and box_packed read it as 32-bit words; so does
+    such an output where the kernel writes words (box_packed, box_tiled columns
+    first)."""
     method, geometry = _plans(tuple(img.shape), np.dtype(img.dtype), tuple(ksize))
-    if method in ("tiled", "packed") and start_address(img) % 4:
+    writes_words = method == "packed" or (method == "tiled" and geometry["vertical_first"])
+    misaligned = start_address(img) % 4 or (
+        out is not None and writes_words and start_address(out) % 4
+    )
+    if method in ("tiled", "packed") and misaligned:
         fused = box_plan.plan(tuple(img.shape), img.dtype, tuple(ksize))
         return ("fused", fused) if fused is not None else ("running", None)
     return method, geometry
@@ -335,7 +341,7 @@ def box_choice(img, ksize: tuple) -> tuple[str, dict | None]:
 def box_auto(img, ksize, anchor, mode, cval, out=None):
     """The fastest exact box filter for the case (see `box_choice`): `box_tiled`,
     `box_fused`, `box_packed` or `box_running`. Same contract as all four."""
-    method, geometry = box_choice(img, ksize)
+    method, geometry = box_choice(img, ksize, out)
     if method == "tiled":
         return _tiled.box_tiled(img, ksize, anchor, mode, cval, out, geometry)
     if method == "packed":

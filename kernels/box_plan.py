@@ -236,11 +236,31 @@ TILED_H = 64  # output rows per tile
 TILED_GROUPS = 4  # runs of rows the vertical phase splits a tile into
 TILED_MIN_H = 8  # the shortest tile the default geometry shrinks to
 TILED_MIN_BLOCKS = 4  # launch bounds: resident blocks per SM the registers must allow
-# Columns first (`kernels.box_tiled_vh`) or rows first (`kernels.box_tiled`'s own kernel).
-TILED_VERTICAL_FIRST = False
-# The columns-first kernel's default geometry (threads, run, tile_w, tile_h, groups,
-# min_blocks), where the TILED_* above are the rows-first kernel's.
-VH_DEFAULTS = dict(threads=256, run=16, tile_w=64, tile_h=32, groups=4, min_blocks=0)
+# Columns first (`kernels.box_tiled_vh`) or rows first (`kernels.box_tiled`'s own
+# kernel): None picks by the box's height (columns first up to VH_MAX_BOX rows),
+# True or False forces one. H100 2026-11-25 ~06:00 UTC sweep
+# (benchmarks/results/2026-11-25e-h100-sweep-vh.*), seed size, rows first at its
+# default against columns first at the best of its geometries: k=3 32.0 / 30.9 us,
+# k=21 42.8 / 39.2, k=31 54.2 / 48.8, k=41 66.9 / 67.9 (rows first with 56-row tiles
+# 59.8); 8K k=21 196.2 / 163.0, k=31 251.8 / 187.6.
+TILED_VERTICAL_FIRST = None
+VH_MAX_BOX = 31
+# The columns-first kernel's default geometries (threads, run, tile_w, tile_h, groups,
+# min_blocks; the TILED_* above are the rows-first kernel's): small tiles for boxes up
+# to VH_SMALL_BOX rows, wide tiles of 512 threads above (the switch between the
+# measured 21 and 31 is a guess).
+VH_DEFAULTS = dict(threads=256, run=16, tile_w=64, tile_h=32, groups=2, min_blocks=0)
+VH_WIDE_DEFAULTS = dict(threads=512, run=16, tile_w=128, tile_h=32, groups=4, min_blocks=0)
+VH_SMALL_BOX = 25
+
+
+def tiled_vertical_first(ksize: tuple) -> bool:
+    """Whether `tiled_plan` runs the columns-first kernel by default for this box."""
+    if TILED_VERTICAL_FIRST is not None:
+        return bool(TILED_VERTICAL_FIRST)
+    return ksize[0] <= VH_MAX_BOX
+
+
 # Shared memory the default geometry may use (k=41 on 64x64 tiles: 73216 bytes); above
 # 48 KiB the launch opts in (an H100 gives up to 227 KiB per block).
 TILED_SMEM_LIMIT = 96 * 1024
@@ -299,13 +319,14 @@ def tiled_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0
     to 227 KiB per block). `min_blocks` > 0 caps the kernel's
     registers so that many blocks fit an SM (launch bounds; 0: the compiler's
     choice; -1: the default). `vertical_first` 1 runs the columns-first kernel
-    (`kernels.box_tiled_vh`, defaults VH_DEFAULTS), 0 the rows-first one (defaults
-    TILED_*), -1 TILED_VERTICAL_FIRST's.
+    (`kernels.box_tiled_vh`, defaults VH_DEFAULTS or VH_WIDE_DEFAULTS), 0 the rows-first
+    one (defaults TILED_*), -1 `tiled_vertical_first`'s choice.
     """
     height, width, channels = shape
     kh, kw = ksize
-    vf = bool(TILED_VERTICAL_FIRST if vertical_first < 0 else vertical_first)
-    d = VH_DEFAULTS if vf else dict(threads=TILED_THREADS, run=TILED_RUN, tile_w=TILED_W,
+    vf = tiled_vertical_first(ksize) if vertical_first < 0 else bool(vertical_first)
+    vh = VH_DEFAULTS if kh <= VH_SMALL_BOX else VH_WIDE_DEFAULTS
+    d = vh if vf else dict(threads=TILED_THREADS, run=TILED_RUN, tile_w=TILED_W,
                                     tile_h=TILED_H, groups=TILED_GROUPS,
                                     min_blocks=TILED_MIN_BLOCKS)  # fmt: skip
     threads = threads or d["threads"]

@@ -126,12 +126,13 @@ def _packed_quick(img, ksize, anchor, border, value, geo) -> np.ndarray | None:
 def _tiled_quick(img, ksize, anchor, border, value, geo) -> np.ndarray | None:
     args = box_plan.tiled_args(img.shape, ksize, anchor, border, value, geo)
     name = cubins.tiled_name(geo, img.shape[2], ksize)
-    return _word_kernel_quick(img, geo, args, name, out_words=False)
+    return _word_kernel_quick(img, geo, args, name, out_words=bool(geo.get("vertical_first")))
 
 
 def _word_kernel_quick(img, geo, args, name: str, out_words: bool) -> np.ndarray | None:
     """Launch a cached uint8 box kernel that reads the image as bytes and as its whole
-    32-bit words (box_packed, box_tiled): (src8, src32, n_words, *args, out8[, out32])."""
+    32-bit words (box_packed, box_tiled): (src8, src32, n_words, *args, out8[, out32]);
+    out32 for the kernels that write words (box_packed, box_tiled columns first)."""
     n = img.size
 
     def launch(drv, fn, d_img, d_out):

@@ -48,6 +48,7 @@ def tiled_name(geometry: dict, channels: int, ksize: tuple) -> str:
     return (
         f"box_tiled-c{channels}-k{kh}x{kw}-t{g['threads']}-r{g['run']}"
         f"-w{g['tile_w']}-h{g['tile_h']}-g{g['groups']}-b{g.get('min_blocks', 0)}"
+        + ("-vh" if g.get("vertical_first") else "")
     )
 
 
