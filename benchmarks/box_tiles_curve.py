@@ -3,10 +3,12 @@
 Where the seed-size box blur's time goes that does not scale with the image: for
 uint8 RGB images of --width columns and each height, the kernel time of `box_auto`'s
 box_tiled at its default geometry (launches queued behind a spin kernel,
-imgfilter.bench's Timer), the tiles, the waves of resident blocks (tiles over 4
-blocks per SM times the SMs), and a least-squares line time = a + b * Mpixel over
-the heights. Steps at whole waves would show wave quantization; a large intercept
-with no steps, a per-launch cost (ramp-up and drain).
+imgfilter.bench's Timer), the tiles, the waves of resident blocks (tiles over the
+blocks per SM, times the SMs, that the launch bounds or else the threads and shared
+memory allow: 2048 threads and 228 KiB per SM, 1 KiB reserved per block), and a
+least-squares line time = a + b * Mpixel over the heights. Steps at whole waves
+would show wave quantization; a large intercept with no steps, a per-launch cost
+(ramp-up and drain).
 
     python benchmarks/box_tiles_curve.py --json curve.json
 """
@@ -50,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         ktiled.box_tiled(d_img, k, a, 0, 0, d_out, geo)
         us = timer.kernel_us(lambda g=geo, i=d_img, o=d_out: ktiled.box_tiled(i, k, a, 0, 0, o, g))
         tiles = geo["grid"][0] * geo["grid"][1]
-        waves = tiles / (geo["min_blocks"] * sms)
+        per_sm = geo["min_blocks"] or min(2048 // geo["threads"], 233472 // (geo["smem"] + 1024))
+        waves = tiles / (per_sm * sms)
         rows.append(dict(height=h, mpixel=h * args.width / 1e6, tiles=tiles, waves=waves, us=us))
         print(f"h={h:5} {h * args.width / 1e6:6.2f} Mpx {tiles:5} tiles {waves:5.2f} waves "
               f"{us:7.1f} us", flush=True)  # fmt: skip
