@@ -36,11 +36,10 @@ from numba import config, cuda, int64, typeof, uint8, uint16, uint32, uint64
 
 from . import box_tiled_vh
 from .arrays import start_address
-from .box_fused import _lane_column
 from .box_packed import flat_images, words
 from .box_plan import packed_magic, tiled_args, tiled_plan
-from .device import border_index
 from .launch import SMEM_LIMIT, allow_dynamic_smem, core_launcher, flat_array_args
+from .tile_load import div, make_loader, reciprocal
 
 try:
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
@@ -51,30 +50,7 @@ SIMULATOR = bool(config.ENABLE_CUDASIM)
 LOW16 = np.uint32(0xFFFF)
 ZERO = np.uint32(0)
 ONE = np.uint32(1)
-EIGHT = np.uint32(8)
 SIXTEEN = np.uint32(16)
-TWENTY_FOUR = np.uint32(24)
-
-
-@cuda.jit(device=True)
-def _byte(src8, row_off, col, cval):
-    """The byte at mapped column `col` of the row at `row_off` (-1 either: `cval`)."""
-    if row_off < 0 or col < 0:
-        return uint32(cval)
-    return uint32(src8[row_off + col])
-
-
-def _reciprocal(d: int) -> np.uint64:
-    """m with (n * m) >> 32 == n // d for every n * d < 2**32 (m = ceil(2**32 / d):
-    the error n * (m * d - 2**32) / (d * 2**32) stays below 1 / d)."""
-    return np.uint64(-(-(1 << 32) // d))
-
-
-@cuda.jit(device=True)
-def _div(n, m):
-    """n // d for small n, with m = _reciprocal(d): one 32 x 32-bit multiply-high
-    (Numba's own division by a constant runs in 64 bits)."""
-    return uint64((uint64(uint32(n)) * m) >> uint64(32))
 
 
 @cuda.jit(device=True)
@@ -111,8 +87,6 @@ def _make_box_tiled(channels: int, ksize: tuple, threads: int, run: int, tile_w:
     IN_WORDS = NQ | 1  # row stride in words, odd: rows start in different banks
     IN_PITCH = 4 * IN_WORDS
     IN_ROWS = TH + KH - 1
-    ROW_STEP = T // NQ  # input rows one sweep of the block loads
-    LOAD_ITERS = (IN_ROWS + ROW_STEP - 1) // ROW_STEP
     OUT_LANES = TW * C
     # Row sums: rows of HS_PITCH 16-bit lanes (an odd number of words, so phase 2's
     # threads, on consecutive rows, store to different banks: an even stride put a
@@ -129,14 +103,13 @@ def _make_box_tiled(channels: int, ksize: tuple, threads: int, run: int, tile_w:
     # Index arithmetic is unsigned 64-bit: Numba adds a negative-index wraparound to
     # every signed index, and 32-bit wrapping keeps constant offsets out of the loads.
     U = np.uint64
-    NQ_U, IN_WORDS_U, IN_ROWS_U, IN_PITCH_U = U(NQ), U(IN_WORDS), U(IN_ROWS), U(IN_PITCH)
+    IN_ROWS_U, IN_PITCH_U = U(IN_ROWS), U(IN_PITCH)
     C_U, RUN_U, FULL_RUNS_U, N_ITEMS_U = U(C), U(RUN), U(FULL_RUNS), U(N_ITEMS)
     HS0_U, HS0W_U, HS_PITCH_U, HS_WORDS_U = U(HS0), U(HS0 // 2), U(HS_PITCH), U(HS_WORDS)
-    NO_U, G_U, PER_GROUP_U, ROW_STEP_U = U(NO), U(G), U(PER_GROUP), U(ROW_STEP)
+    NO_U, G_U, PER_GROUP_U = U(NO), U(G), U(PER_GROUP)
     ONE_U, TWO_U, THREE_U, FOUR_U = U(1), U(2), U(3), U(4)
-    BY_NQ, BY_IN_ROWS, BY_C, BY_NO = (_reciprocal(d) for d in (NQ, IN_ROWS, C, NO))
-    FULL_SWEEPS = IN_ROWS // ROW_STEP  # sweeps whose rows all exist
-    STEP32 = np.uint32(ROW_STEP)
+    BY_IN_ROWS, BY_C, BY_NO = (reciprocal(d) for d in (IN_ROWS, C, NO))
+    load = make_loader(C, ksize, TW, TH, T)
     # Launch bounds are a compile option; the simulator's jit takes none.
     bounds = {"launch_bounds": (T, min_blocks)} if min_blocks and not SIMULATOR else {}
 
@@ -158,46 +131,8 @@ def _make_box_tiled(channels: int, ksize: tuple, threads: int, run: int, tile_w:
         left = x0 - ax
         top = y0 - ay
 
-        # 1. Load. Thread (r, q) loads word q of input rows r, r + ROW_STEP, ...
-        r = _div(tid, BY_NQ)
-        q = tid - r * NQ_U
-        word_end = left * C + 4 * NQ
-        interior = (
-            top >= 0 and top + IN_ROWS <= height and left >= 0 and word_end <= pitch
-            and ((top + IN_ROWS - 1) * pitch + word_end) // 4 < n_words
-        )  # fmt: skip
-        if r < ROW_STEP_U:  # a partial sweep of rows would load words twice
-            if interior:
-                # 32-bit byte offsets (the image is < 2 GiB), one multiply-add per row.
-                a0 = uint32(uint32((top + int64(r)) * pitch + left * C) + uint32(FOUR_U * q))
-                step = uint32(STEP32 * uint32(pitch))
-                dst = r * IN_WORDS_U + q
-                for i in range(LOAD_ITERS):
-                    if i < FULL_SWEEPS or r + U(i * ROW_STEP) < IN_ROWS_U:
-                        a = uint32(a0 + uint32(i) * step)
-                        wi = uint32(a >> 2)
-                        lo = uint64(src32[wi])
-                        hi = uint64(src32[uint32(wi + 1)])
-                        shift = uint64(uint32(a & 3) * uint32(8))
-                        word = uint32(((hi << U(32)) | lo) >> shift)
-                        in32[dst + U(i * ROW_STEP * IN_WORDS)] = word
-            else:
-                lane = int64(FOUR_U * q)
-                c0 = _lane_column(lane, IN_LANES, left, width, C, mode)
-                c1 = _lane_column(lane + 1, IN_LANES, left, width, C, mode)
-                c2 = _lane_column(lane + 2, IN_LANES, left, width, C, mode)
-                c3 = _lane_column(lane + 3, IN_LANES, left, width, C, mode)
-                rr = r
-                while rr < IN_ROWS_U:
-                    yy = border_index(top + int64(rr), height, mode)
-                    ro = -1 if yy < 0 else yy * pitch
-                    b0 = _byte(src8, ro, c0, cval)
-                    b1 = _byte(src8, ro, c1, cval)
-                    b2 = _byte(src8, ro, c2, cval)
-                    b3 = _byte(src8, ro, c3, cval)
-                    word = uint32(b0 | (b1 << EIGHT) | (b2 << SIXTEEN) | (b3 << TWENTY_FOUR))
-                    in32[rr * IN_WORDS_U + q] = word
-                    rr += ROW_STEP_U
+        # 1. Load (kernels.tile_load).
+        load(in32, src8, src32, n_words, height, width, left, top, mode, cval, tid)
         cuda.syncthreads()
 
         # 2. Horizontal: item (rr, c, run) slides over the outputs of one run of channel
@@ -206,9 +141,9 @@ def _make_box_tiled(channels: int, ksize: tuple, threads: int, run: int, tile_w:
         for it in range(ITEM_ITERS):
             item = tid + U(it * T)
             if item < N_ITEMS_U:
-                rest = _div(item, BY_IN_ROWS)
+                rest = div(item, BY_IN_ROWS)
                 rr = item - rest * IN_ROWS_U
-                ri = _div(rest, BY_C)
+                ri = div(rest, BY_C)
                 c = rest - ri * C_U
                 xs = ri * RUN_U
                 leaving = rr * IN_PITCH_U + xs * C_U + c
@@ -231,7 +166,7 @@ def _make_box_tiled(channels: int, ksize: tuple, threads: int, run: int, tile_w:
 
         # 3. Vertical: thread (g, q) sums lanes 4q..4q+3 over the rows of group g and
         # stores the rounded means of the rows inside the image.
-        g = _div(tid, BY_NO)
+        g = div(tid, BY_NO)
         q = tid - g * NO_U
         first = int64(g * PER_GROUP_U)
         out_h = min(TH, height - y0)

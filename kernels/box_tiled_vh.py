@@ -20,29 +20,17 @@ words straight from the load, and the stores are words, not bytes.
 from __future__ import annotations
 
 import numpy as np
-from numba import config, cuda, int64, uint8, uint16, uint32, uint64
+from numba import config, cuda, uint8, uint16, uint32, uint64
 
-from .box_fused import _lane_column
 from .box_plan import packed_magic, vh_layout
-from .device import border_index
 from .int_ops import byte_perm, umulhi
+from .tile_load import div, make_loader, reciprocal
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 ZERO = np.uint32(0)
 ONE = np.uint32(1)
-EIGHT = np.uint32(8)
-SIXTEEN = np.uint32(16)
-TWENTY_FOUR = np.uint32(24)
 LANES01 = np.uint32(0x4140)  # byte_perm selectors: bytes 0, 1 (2, 3) of x, each
 LANES23 = np.uint32(0x4342)  # followed by byte 4 (a zero y)
-
-
-@cuda.jit(device=True)
-def _byte(src8, row_off, col, cval):
-    """The byte at mapped column `col` of the row at `row_off` (-1 either: `cval`)."""
-    if row_off < 0 or col < 0:
-        return uint32(cval)
-    return uint32(src8[row_off + col])
 
 
 @cuda.jit(device=True)
@@ -55,17 +43,6 @@ def _lanes01(w):
 def _lanes23(w):
     """Bytes 2 and 3 of w as two 16-bit lanes (one prmt)."""
     return byte_perm(w, ZERO, LANES23)
-
-
-def _reciprocal(d: int) -> np.uint64:
-    """m with (n * m) >> 32 == n // d for every n * d < 2**32."""
-    return np.uint64(-(-(1 << 32) // d))
-
-
-@cuda.jit(device=True)
-def _div(n, m):
-    """n // d for small n, with m = _reciprocal(d): one 32 x 32-bit multiply-high."""
-    return uint64((uint64(uint32(n)) * m) >> uint64(32))
 
 
 @cuda.jit(device=True)
@@ -90,13 +67,8 @@ def make_kernel(channels: int, ksize: tuple, threads: int, run: int, tile_w: int
     magic, shift_hi = packed_magic(AREA, 511 * AREA + 1)
     AREA_U, MAGIC_U, SHIFT_U = np.uint32(AREA), np.uint32(magic), np.uint32(shift_hi)
     L = vh_layout(C, ksize, TW, TH)
-    NQ, IN_WORDS, IN_ROWS, OS_WORDS = L["nq"], L["in_words"], L["in_rows"], L["os_words"]
+    NQ, IN_WORDS, OS_WORDS = L["nq"], L["in_words"], L["os_words"]
     VS0, VS_WORDS = L["vs0"], L["vs_words"]
-    IN_LANES = (TW + KW - 1) * C
-    ROW_STEP = T // NQ
-    LOAD_ITERS = (IN_ROWS + ROW_STEP - 1) // ROW_STEP
-    FULL_SWEEPS = IN_ROWS // ROW_STEP
-    STEP32 = np.uint32(ROW_STEP)
     PER_GROUP = (TH + G - 1) // G
     FULL_GROUPS = TH % G == 0  # every group has PER_GROUP rows: no row guard
     V_ITEMS = G * NQ
@@ -109,13 +81,14 @@ def make_kernel(channels: int, ksize: tuple, threads: int, run: int, tile_w: int
     STORE_ROWS = (TH + ROW_SLOTS - 1) // ROW_SLOTS
     STORE_WORDS = (OS_WORDS + SW - 1) // SW
     U = np.uint64
-    NQ_U, IN_WORDS_U, IN_ROWS_U, ROW_STEP_U = U(NQ), U(IN_WORDS), U(IN_ROWS), U(ROW_STEP)
+    NQ_U, IN_WORDS_U = U(NQ), U(IN_WORDS)
     VS0_U, VS_WORDS_U, VS_PITCH_U = U(VS0), U(VS_WORDS), U(2 * VS_WORDS)
     OS_WORDS_U, OS_PITCH_U, TH_U = U(OS_WORDS), U(4 * OS_WORDS), U(TH)
     C_U, RUN_U, FULL_RUNS_U, N_ITEMS_U = U(C), U(RUN), U(FULL_RUNS), U(N_ITEMS)
     PER_GROUP_U, V_ITEMS_U, SW_U = U(PER_GROUP), U(V_ITEMS), U(SW)
     ONE_U, TWO_U, FOUR_U = U(1), U(2), U(4)
-    BY_NQ, BY_TH, BY_C = (_reciprocal(d) for d in (NQ, TH, C))
+    BY_NQ, BY_TH, BY_C = (reciprocal(d) for d in (NQ, TH, C))
+    load = make_loader(C, ksize, TW, TH, T)
     bounds = {"launch_bounds": (T, min_blocks)} if min_blocks and not SIMULATOR else {}
 
     @cuda.jit(cache=True, **bounds)
@@ -132,49 +105,12 @@ def make_kernel(channels: int, ksize: tuple, threads: int, run: int, tile_w: int
         left = x0 - ax
         top = y0 - ay
 
-        # 1. Load (as box_tiled): thread (r, q) loads word q of rows r, r + ROW_STEP, ...
-        r = _div(tid, BY_NQ)
-        q = tid - r * NQ_U
-        word_end = left * C + 4 * NQ
-        interior = (
-            top >= 0 and top + IN_ROWS <= height and left >= 0 and word_end <= pitch
-            and ((top + IN_ROWS - 1) * pitch + word_end) // 4 < n_words
-        )  # fmt: skip
-        if r < ROW_STEP_U:
-            if interior:
-                a0 = uint32(uint32((top + int64(r)) * pitch + left * C) + uint32(FOUR_U * q))
-                step = uint32(STEP32 * uint32(pitch))
-                dst = r * IN_WORDS_U + q
-                for i in range(LOAD_ITERS):
-                    if i < FULL_SWEEPS or r + U(i * ROW_STEP) < IN_ROWS_U:
-                        a = uint32(a0 + uint32(i) * step)
-                        wi = uint32(a >> 2)
-                        lo = uint64(src32[wi])
-                        hi = uint64(src32[uint32(wi + 1)])
-                        shift = uint64(uint32(a & 3) * uint32(8))
-                        word = uint32(((hi << U(32)) | lo) >> shift)
-                        in32[dst + U(i * ROW_STEP * IN_WORDS)] = word
-            else:
-                lane = int64(FOUR_U * q)
-                c0 = _lane_column(lane, IN_LANES, left, width, C, mode)
-                c1 = _lane_column(lane + 1, IN_LANES, left, width, C, mode)
-                c2 = _lane_column(lane + 2, IN_LANES, left, width, C, mode)
-                c3 = _lane_column(lane + 3, IN_LANES, left, width, C, mode)
-                rr = r
-                while rr < IN_ROWS_U:
-                    yy = border_index(top + int64(rr), height, mode)
-                    ro = -1 if yy < 0 else yy * pitch
-                    b0 = _byte(src8, ro, c0, cval)
-                    b1 = _byte(src8, ro, c1, cval)
-                    b2 = _byte(src8, ro, c2, cval)
-                    b3 = _byte(src8, ro, c3, cval)
-                    word = uint32(b0 | (b1 << EIGHT) | (b2 << SIXTEEN) | (b3 << TWENTY_FOUR))
-                    in32[rr * IN_WORDS_U + q] = word
-                    rr += ROW_STEP_U
+        # 1. Load (kernels.tile_load).
+        load(in32, src8, src32, n_words, height, width, left, top, mode, cval, tid)
         cuda.syncthreads()
 
         # 2. Vertical: thread (g, q) slides word q's column sums down the rows of group g.
-        g = _div(tid, BY_NQ)
+        g = div(tid, BY_NQ)
         first = g * PER_GROUP_U
         if tid < V_ITEMS_U and (FULL_GROUPS or first < TH_U):  # ceil(TH / G) rows a group
             q = tid - g * NQ_U
@@ -205,9 +141,9 @@ def make_kernel(channels: int, ksize: tuple, threads: int, run: int, tile_w: int
         for it in range(ITEM_ITERS):
             item = tid + U(it * T)
             if item < N_ITEMS_U:
-                rest = _div(item, BY_TH)
+                rest = div(item, BY_TH)
                 rr = item - rest * TH_U
-                ri = _div(rest, BY_C)
+                ri = div(rest, BY_C)
                 c = rest - ri * C_U
                 xs = ri * RUN_U
                 leaving = TWO_U * VS0_U + rr * VS_PITCH_U + xs * C_U + c
