@@ -4,14 +4,17 @@ Same contract as `kernels.box_fused.box_fused` for uint8 (H, W, C) device images
 out[y, x, c] = round(box sum / area) half to even, borders by `kernels.border_index`
 code with `cval` for the constant border; exact.
 
-A block owns an output tile of `tile_h` rows and `tile_w` pixels and works in three
-phases separated by barriers, with no state carried between tiles:
-1. Load: the tile's input (tile_h + kh - 1 rows of (tile_w + kw - 1) * C byte lanes)
-   into shared memory as 32-bit words, every load of a thread issued before any is
-   used (box_fused and box_packed walk down strips one row of loads at a time and were
-   measured latency-bound, BENCHMARKS.md). Interior tiles read each word as two
-   aligned loads and a funnel shift; tiles touching a border gather bytes through
-   the border mapping.
+A block owns an output tile of `tile_h` rows and `tile_w` pixels. Two kernels share
+the tiles and the load: rows first (this module's own, below) and columns first
+(`kernels.box_tiled_vh`, which the geometry's `vertical_first` picks; by default
+boxes up to `kernels.box_plan.VH_MAX_BOX` rows). Rows first works in three phases
+separated by barriers, with no state carried between tiles:
+1. Load (`kernels.tile_load`): the tile's input (tile_h + kh - 1 rows of
+   (tile_w + kw - 1) * C byte lanes) into shared memory as 32-bit words, every load
+   of a thread issued before any is used (box_fused and box_packed walk down strips
+   one row of loads at a time and were measured latency-bound, BENCHMARKS.md).
+   Interior tiles read each word as two aligned loads and a funnel shift; tiles
+   touching a border gather bytes through the border mapping.
 2. Horizontal: each item slides a window over `run` outputs of one channel of one
    input row (add the entering byte, subtract the leaving one) and stores the row
    sums as 16 bits (kw * 255 < 2**16).
@@ -20,8 +23,8 @@ phases separated by barriers, with no state carried between tiles:
    multiply-high (`kernels.box_plan.packed_magic`) and storing the bytes to global
    memory, one byte per store, so a warp's store covers up to 128 consecutive bytes
    of a row.
-The image must start on a 4-byte boundary (the words are read aligned);
-`kernels.box.box_choice` sends other views to box_fused.
+The image (and for columns first, which stores words, the output) must start on a
+4-byte boundary; `kernels.box.box_choice` sends other views to box_fused.
 Many small blocks are resident per SM, so one block's loads overlap another's
 arithmetic. The halo is re-read per tile (from L2), so the tile must be large next to
 the box: `kernels.box_plan.tiled_plan` declines boxes too big for its tiles.
