@@ -24,6 +24,15 @@ import numpy as np
 SIZES = {"seed": (2167, 2495), "4k": (2160, 3840), "8k": (4320, 7680)}
 
 
+# Columns-first tiles for boxes too tall for the default shared-memory budget
+# (--grid large): up to an H100's 227 KiB per block.
+LARGE = [
+    dict(vertical_first=1, threads=t, tile_w=w, tile_h=h, groups=g, smem_limit=227 * 1024)
+    for t, w, h, g in [(512, 128, 32, 4), (512, 128, 64, 4), (1024, 256, 32, 8),
+                       (512, 64, 64, 4), (1024, 128, 96, 8)]
+]  # fmt: skip
+
+
 def _grid(kernel: str) -> list[dict]:
     """The geometries swept (keyword arguments of the kernel's plan function)."""
     if kernel == "packed":
@@ -54,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernel", choices=("tiled", "packed"), default="tiled")
     parser.add_argument("--sizes", default="4k,8k", help="sizes timed at the defaults")
     parser.add_argument("--ks", default="3,21,101", help="box sizes")
+    parser.add_argument("--grid", choices=("default", "large"), default="default",
+                        help="large: columns-first tiles for tall boxes (LARGE)")  # fmt: skip
     args = parser.parse_args(argv)
 
     from numba import cuda
@@ -121,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.kernel == "tiled":  # both orders of the two directions at the defaults
         default = [dict(vertical_first=0), dict(vertical_first=1)]
     space = default if args.quick else default + _grid(args.kernel)
+    if args.grid == "large":
+        space = LARGE
     ks = [int(k) for k in args.ks.split(",")]
     for k in ks:
         run_case("seed", k, space)
