@@ -63,6 +63,14 @@ def _kernel(name: str, channels: int, box: int = 21, geometry: dict | None = Non
 
         k = mod.kernel_for(channels, 128, 30, False)
         return k.py_func, (u8, u32, i64) + (i64,) * 14 + (u8, u32), mod.__file__
+    if name in ("twopass-row", "twopass-col"):
+        from kernels import box_twopass as mod
+
+        if name == "twopass-row":
+            return mod.row_kernel_for(channels).py_func, (u8,) + (i64,) * 8 + (u32,), mod.__file__
+        u = types.uint32
+        sig = (u32,) + (i64,) * 6 + (u, u, u, u, types.boolean, i64, u8)
+        return mod.box_column_means.py_func, sig, mod.__file__
     import numpy as np
 
     from kernels import box_fused as mod
@@ -74,7 +82,11 @@ def _kernel(name: str, channels: int, box: int = 21, geometry: dict | None = Non
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kernel", choices=("tiled", "fused", "packed"), default="tiled")
+    ap.add_argument(
+        "--kernel",
+        choices=("tiled", "fused", "packed", "twopass-row", "twopass-col"),
+        default="tiled",
+    )
     ap.add_argument("--channels", type=int, default=3)
     ap.add_argument("--box", type=int, default=21, help="box side (tiled: a constant)")
     ap.add_argument("--geometry", default="", help="tiled: e.g. tile_h=64,threads=512")

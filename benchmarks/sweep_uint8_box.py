@@ -1,15 +1,17 @@
 """Geometry sweep of a uint8 box kernel next to the one-pass box kernel (GPU only).
 
 For k in --ks (default 3, 21, 101) on a random uint8 RGB image of the seed's size,
-times `kernels.box_tiled` (--kernel tiled, the default) or `kernels.box_packed`
-(--kernel packed) over its geometry grid and `kernels.box_fused` at its default
-geometry (kernel time, spin-queued events as in `imgfilter.bench`), checks that both
-give identical images, and prints the best geometry per k; then times both defaults
-on the --sizes images (4K, 8K), and CuPy's uniform_filter where CuPy is installed.
-Registers and local memory per thread of each compiled specialisation go into the
-JSON. Exits 1 if any geometry disagreed with box_fused.
+times `kernels.box_tiled` (--kernel tiled, the default), `kernels.box_packed`
+(--kernel packed) or `kernels.box_twopass` (--kernel twopass) over its geometry
+grid and `kernels.box_fused` at its default geometry (kernel time, spin-queued
+events as in `imgfilter.bench`), checks that both give identical images, and
+prints the best geometry per k; then times both defaults on the --sizes images
+(4K, 8K), and CuPy's uniform_filter where CuPy is installed. Registers and local
+memory per thread of each compiled specialisation go into the JSON. Exits 1 if any
+geometry disagreed with box_fused.
 
     python benchmarks/sweep_uint8_box.py --json sweep.json [--quick] [--kernel packed]
+    python benchmarks/sweep_uint8_box.py --kernel twopass --ks 41,61,101,151
 """
 
 from __future__ import annotations
@@ -40,6 +42,16 @@ def _grid(kernel: str) -> list[dict]:
             dict(threads=t, strip=s, batch=8)
             for t, s in itertools.product((64, 128, 256), (16, 24, 32, 48))
         ]
+    if kernel == "twopass":
+        return [
+            *(dict(strip=s) for s in (16, 32, 128)),
+            *(dict(strip=s, col_threads=256) for s in (32, 64)),
+            *(dict(run=r) for r in (20, 68, 100)),
+            dict(run=68, strip=32),
+            dict(run=100, strip=32),
+            dict(row_threads=128),
+            dict(row_threads=512, run=68),
+        ]
     vh = dict(vertical_first=1)
     return [
         dict(vh, groups=2),
@@ -60,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--quick", action="store_true", help="default geometries only")
-    parser.add_argument("--kernel", choices=("tiled", "packed"), default="tiled")
+    parser.add_argument("--kernel", choices=("tiled", "packed", "twopass"), default="tiled")
     parser.add_argument("--sizes", default="4k,8k", help="sizes timed at the defaults")
     parser.add_argument("--ks", default="3,21,101", help="box sizes")
     parser.add_argument("--grid", choices=("default", "large"), default="default",
@@ -74,10 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     from kernels import box_packed as kpacked
     from kernels import box_plan
     from kernels import box_tiled as ktiled
+    from kernels import box_twopass as ktwopass
 
     name = f"box_{args.kernel}"
     if args.kernel == "packed":
         make_plan, launch, compiled = box_plan.packed_plan, kpacked.box_packed, kpacked._KERNELS
+    elif args.kernel == "twopass":
+        make_plan, launch, compiled = box_plan.twopass_plan, ktwopass.box_twopass, {}
     else:
         make_plan, launch, compiled = box_plan.tiled_plan, ktiled.box_tiled, ktiled._KERNELS
 
@@ -108,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
                 results["mismatches"].append({"size": size, "k": k, "geo": str(geo)})
                 print(f"MISMATCH {size} k={k} {geo}")
             us = timer.kernel_us(lambda g=geo: launch(d_img, (k, k), a, 0, 0, d_out, g))
-            shown = {key: v for key, v in geo.items() if key not in ("grid", "even", "sum_type")}
+            hidden = ("grid", "even", "sum_type", "row_grid", "col_grid", "row_smem", "pitch16")
+            shown = {key: v for key, v in geo.items() if key not in hidden}
             results["rows"].append(
                 {"size": size, "k": k, "impl": name, "kernel_us": us, "floor_us": floor, **shown}
             )
@@ -145,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     for size in filter(None, args.sizes.split(",")):
         for k in ks:
             run_case(size, k, at_sizes)
+    if args.kernel == "twopass":
+        compiled = {("row", c): k for c, k in ktwopass._ROW_SUMS.items()}
+        compiled["column"] = ktwopass.box_column_means
     results["registers"] = {
         str(key): {
             "regs": str(kern.get_regs_per_thread()),

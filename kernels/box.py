@@ -44,6 +44,7 @@ from . import box_fused as _fused
 from . import box_packed as _packed
 from . import box_plan
 from . import box_tiled as _tiled
+from . import box_twopass as _twopass
 from .arrays import start_address
 from .device import border_index, saturate_int
 from .launch import SMEM_LIMIT, cdiv, image_grid, scratch
@@ -348,4 +349,6 @@ def box_auto(img, ksize, anchor, mode, cval, out=None):
         return _packed.box_packed(img, ksize, anchor, mode, cval, out, geometry)
     if method == "fused":
         return _fused.box_fused(img, ksize, anchor, mode, cval, out, geometry)
+    if method == "twopass":
+        return _twopass.box_twopass(img, ksize, anchor, mode, cval, out, geometry)
     return box_running(img, ksize, anchor, mode, cval, out)

@@ -216,6 +216,9 @@ def choose(shape: tuple, dtype, ksize: tuple) -> tuple[str, dict | None]:
         tiled = tiled_plan(shape, dtype, ksize)
         if tiled is not None:
             return "tiled", tiled
+    twopass = twopass_plan(shape, dtype, ksize)
+    if twopass is not None:
+        return "twopass", twopass
     fused = plan(shape, dtype, ksize)
     if fused is not None:
         return "fused", fused
@@ -370,3 +373,58 @@ def tiled_args(shape: tuple, ksize: tuple, anchor: tuple, mode: int, cval, geo: 
     Python ints become int64 parameters."""
     lead = _word_kernel_args(shape, ksize, anchor, mode, cval)
     return (*lead, geo["tile_w"], geo["tile_h"], geo["groups"])
+
+
+# ---------------------------------------------------------------- kernels.box_twopass
+
+# Outputs per horizontal slide: four times an odd number, so that a warp's threads
+# (one run of one channel each) start in different shared-memory banks for 1 to 4
+# channels, in the input bytes and in the staged 16-bit sums alike.
+TWOPASS_RUN = 36
+TWOPASS_ROW_THREADS = 256  # at most, per block of the row pass
+TWOPASS_COL_THREADS = 128  # per block of the column pass
+TWOPASS_STRIP = 64  # output rows a thread of the column pass walks
+
+
+def twopass_plan(shape: tuple, dtype, ksize: tuple, run: int = 0, row_threads: int = 0,
+                 col_threads: int = 0, strip: int = 0) -> dict | None:  # fmt: skip
+    """Launch geometry of `kernels.box_twopass`, or None where it does not apply.
+
+    It applies to uint8 images of at most 2**31 bytes and 65535 * strip rows, boxes of
+    at most 257 columns (row sums fit 16 bits) and areas whose rounding stays exact in
+    32 bits (511 * area < 2**32). The row pass gives a block `seg_w` output pixels of
+    one row, a thread one run of one channel; the column pass gives a thread one 32-bit
+    word (two lanes) of the 16-bit scratch of row sums, `pitch16` lanes a row.
+    """
+    height, width, channels = shape
+    kh, kw = ksize
+    run = run or TWOPASS_RUN
+    row_threads = row_threads or TWOPASS_ROW_THREADS
+    col_threads = col_threads or TWOPASS_COL_THREADS
+    strip = strip or TWOPASS_STRIP
+    if np.dtype(dtype) != np.uint8 or kw > PACKED_MAX_ROWS or 511 * kh * kw >= 2**32:
+        return None
+    if height * width * channels >= 2**31 or cdiv(height, strip) > 65535:
+        return None
+    if row_threads < channels or run % 2:  # a block holds a run of every channel; even runs
+        return None
+    items = channels * cdiv(width, run)
+    threads = min(row_threads // channels * channels, cdiv(items, 32) * 32)
+    seg_w = threads // channels * run
+    tile_w = min(seg_w, width)
+    smem = cdiv((tile_w + kw - 1) * channels, 4) * 4 + 4 * cdiv(tile_w * channels, 2)
+    if smem > SMEM_LIMIT:
+        return None
+    pitch16 = cdiv(width * channels, 2) * 2
+    return {
+        "run": run,
+        "row_threads": threads,
+        "seg_w": seg_w,
+        "row_smem": smem,
+        "row_grid": (height, cdiv(width, seg_w)),
+        "pitch16": pitch16,
+        "col_threads": col_threads,
+        "strip": strip,
+        "col_grid": (cdiv(pitch16 // 2, col_threads), cdiv(height, strip)),
+        "even": (kh * kw) % 2 == 0,
+    }

@@ -23,12 +23,11 @@ import numpy as np
 from numba import config, cuda, uint8, uint16, uint32, uint64
 
 from .box_plan import packed_magic, vh_layout
-from .int_ops import byte_perm, umulhi
+from .int_ops import byte_perm, round_div
 from .tile_load import div, make_loader, reciprocal
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 ZERO = np.uint32(0)
-ONE = np.uint32(1)
 LANES01 = np.uint32(0x4140)  # byte_perm selectors: bytes 0, 1 (2, 3) of x, each
 LANES23 = np.uint32(0x4342)  # followed by byte 4 (a zero y)
 
@@ -43,16 +42,6 @@ def _lanes01(w):
 def _lanes23(w):
     """Bytes 2 and 3 of w as two 16-bit lanes (one prmt)."""
     return byte_perm(w, ZERO, LANES23)
-
-
-@cuda.jit(device=True)
-def _mean(acc, area, magic, shift_hi, even):
-    """round(acc / area) half to even by a multiply-high (`kernels.box_plan.packed_magic`)."""
-    t = uint32(2 * acc + area)
-    q = uint32(umulhi(t, magic) >> shift_hi)
-    if even and uint32(t - uint32(q * uint32(2 * area))) == ZERO:
-        q = uint32(q - (q & ONE))
-    return q
 
 
 def make_kernel(channels: int, ksize: tuple, threads: int, run: int, tile_w: int,
@@ -152,17 +141,17 @@ def make_kernel(channels: int, ksize: tuple, threads: int, run: int, tile_w: int
                     acc = uint32(acc + vs16[leaving + U(j * C)])
                 align = U(uint32(row0 + uint32(rr) * uint32(pitch)) & uint32(3))
                 dst = rr * OS_PITCH_U + align + xs * C_U + c
-                sh8[dst] = _mean(acc, AREA_U, MAGIC_U, SHIFT_U, EVEN)
+                sh8[dst] = round_div(acc, AREA_U, MAGIC_U, SHIFT_U, EVEN)
                 if ri < FULL_RUNS_U:
                     for k in range(1, RUN):
                         enter = vs16[leaving + U((k - 1 + KW) * C)]
                         acc = uint32(acc + enter - vs16[leaving + U((k - 1) * C)])
-                        sh8[dst + U(k * C)] = _mean(acc, AREA_U, MAGIC_U, SHIFT_U, EVEN)
+                        sh8[dst + U(k * C)] = round_div(acc, AREA_U, MAGIC_U, SHIFT_U, EVEN)
                 else:
                     for k in range(1, LAST_RUN):
                         enter = vs16[leaving + U((k - 1 + KW) * C)]
                         acc = uint32(acc + enter - vs16[leaving + U((k - 1) * C)])
-                        sh8[dst + U(k * C)] = _mean(acc, AREA_U, MAGIC_U, SHIFT_U, EVEN)
+                        sh8[dst + U(k * C)] = round_div(acc, AREA_U, MAGIC_U, SHIFT_U, EVEN)
         cuda.syncthreads()
 
         # 4. Store: SW threads per row copy its staged words to the image's aligned

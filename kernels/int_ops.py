@@ -4,6 +4,8 @@
   is byte ((s >> 4 n) & 7) of the 8 bytes y:x (x's bytes are 0-3, y's 4-7).
 - `umulhi(x, y)`: the high 32 bits of the 64-bit product of two uint32, one
   `mul.hi.u32` (Numba's `(uint64(x) * y) >> 32` costs a wide multiply and a move).
+- `round_div(acc, area, magic, shift_hi, even)`: round(acc / area) half to even by
+  one multiply-high, for the box kernels' means.
 
 Both come from libdevice. On the CUDA simulator, which has none, they are the same
 operations in Python, so kernels that use them run unchanged in CI.
@@ -12,6 +14,8 @@ operations in Python, so kernels that use them run unchanged in CI.
 from __future__ import annotations
 
 from numba import config as _numba_config
+from numba import cuda as _cuda
+from numba import uint32 as _uint32
 
 SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
 
@@ -40,3 +44,15 @@ else:
     @cuda.jit(device=True, inline="always")
     def umulhi(x, y):
         return uint32(libdevice.umulhi(int32(x), int32(y)))
+
+
+@_cuda.jit(device=True)
+def round_div(acc, area, magic, shift_hi, even):
+    """round(acc / area) half to even for 0 <= 2 * acc + area < t_limit, where
+    (magic, shift_hi) = `kernels.box_plan.packed_magic(area, t_limit)`: a multiply-high,
+    and a tie (possible only for an even area) goes down to the even neighbour."""
+    t = _uint32(2 * acc + area)
+    q = _uint32(umulhi(t, magic) >> shift_hi)
+    if even and _uint32(t - _uint32(q * _uint32(2 * area))) == _uint32(0):
+        q = _uint32(q - (q & _uint32(1)))
+    return q

@@ -1,0 +1,123 @@
+"""The two-pass box kernel (`kernels.box_twopass`) against an exact integral-image reference.
+
+On the simulator the geometry is shrunk (short runs and strips, few threads) so that
+small images span several row segments, column blocks and strips, with runs and
+strips that do not divide the image, boxes larger than the image, one row and one
+column. Tests marked `gpu` use the default geometry at full size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import cuda
+from test_box_fused import box_sums, exact_box
+
+from imgfilter.border import BORDERS
+from kernels import border_index as bi
+from kernels import box as kbox
+from kernels import box_plan
+from kernels import box_twopass as k2
+
+
+def _image(shape, seed):
+    return np.random.default_rng(seed).integers(1, 255, shape, endpoint=True).astype(np.uint8)
+
+
+def _twopass(img, ksize, anchor, border, cval, **geometry):
+    geo = box_plan.twopass_plan(img.shape, img.dtype, ksize, **geometry)
+    assert geo is not None
+    out = k2.box_twopass(cuda.to_device(img), ksize, anchor, BORDERS[border], cval, None, geo)
+    return out.copy_to_host(), geo
+
+
+# (shape, ksize, geometry): several segments, column blocks and strips on small images.
+CASES = [
+    ((13, 17, 3), (5, 7), dict(run=4, row_threads=8, col_threads=8, strip=4)),
+    ((9, 11, 1), (21, 3), dict(run=2, row_threads=4, col_threads=4, strip=3)),  # box > image
+    ((10, 9, 4), (4, 30), dict(run=4, row_threads=8, col_threads=4, strip=8)),
+    ((6, 13, 2), (3, 9), dict(run=2, row_threads=8, col_threads=2, strip=5)),
+    ((1, 23, 3), (3, 5), dict(run=2, row_threads=16, col_threads=4, strip=2)),  # one row
+    ((19, 1, 1), (7, 3), dict(run=2, row_threads=32, col_threads=4, strip=5)),  # one column
+]
+
+
+@pytest.mark.parametrize("shape, ksize, geometry", CASES, ids=[str(c[0]) for c in CASES])
+def test_every_border_is_exact(shape, ksize, geometry):
+    img = _image(shape, seed=sum(shape))
+    anchor = (ksize[0] // 3, ksize[1] // 2)
+    for border in BORDERS:
+        got, geo = _twopass(img, ksize, anchor, border, 200, **geometry)
+        np.testing.assert_array_equal(got, exact_box(img, ksize, anchor, border, 200))
+    assert geo["row_grid"][1] > 1 or shape[1] < 8  # segments across where the row allows
+
+
+def test_inside_blocks_unrolled_rows_and_partial_strips():
+    # Strips of 9 rows: the column pass takes four rows at a time, then the rest;
+    # blocks and strips wholly inside the image take the border-free paths.
+    img = _image((40, 50, 3), seed=7)
+    geo = dict(run=4, row_threads=12, col_threads=8, strip=9)
+    for border in ("reflect101", "constant"):
+        got, _ = _twopass(img, (5, 5), (2, 2), border, 3, **geo)
+        np.testing.assert_array_equal(got, exact_box(img, (5, 5), (2, 2), border, 3))
+
+
+def test_off_centre_anchor_extreme_values_and_ties():
+    # All-255 rows and columns next to random ones: sums at their largest; the even
+    # area (24) makes exact halves, which must round to even.
+    img = _image((12, 30, 3), seed=1)
+    img[::2] = 255
+    img[:, ::5] = 255
+    for anchor in [(0, 0), (3, 5)]:
+        got, _ = _twopass(img, (4, 6), anchor, "reflect", 0, run=4, row_threads=16, strip=5)
+        np.testing.assert_array_equal(got, exact_box(img, (4, 6), anchor, "reflect", 0))
+        assert (box_sums(img, (4, 6), anchor, "reflect", 0) % 24 == 12).any()  # ties to round
+
+
+def test_widest_box_and_all_255():
+    # 257 columns of 255 is the largest row sum that fits 16 bits.
+    img = np.full((5, 40, 1), 255, np.uint8)
+    img[2, 7] = 1
+    got, _ = _twopass(img, (3, 257), (1, 128), "wrap", 0, run=4, row_threads=8, strip=2)
+    np.testing.assert_array_equal(got, exact_box(img, (3, 257), (1, 128), "wrap", 0))
+
+
+def test_plan_declines_what_it_cannot_do_exactly():
+    assert box_plan.twopass_plan((10, 10, 3), np.uint16, (51, 51)) is None
+    assert box_plan.twopass_plan((10, 10, 3), np.float32, (51, 51)) is None
+    assert box_plan.twopass_plan((10, 10, 1), np.uint8, (3, 258)) is None  # row sums > 16 bits
+    assert box_plan.twopass_plan((10, 10, 1), np.uint8, (3, 4), run=5) is None  # odd run
+    geo = box_plan.twopass_plan((2167, 2495, 3), np.uint8, (101, 101))
+    assert geo["row_grid"] == (2167, 1) and geo["seg_w"] >= 2495
+    assert geo["seg_w"] == geo["row_threads"] // 3 * geo["run"] and geo["pitch16"] == 7486
+    with pytest.raises(ValueError, match="box_twopass handles"):
+        k2.box_twopass(cuda.to_device(np.ones((4, 4, 1), np.uint16)), (3, 3), (1, 1), 0, 0)
+
+
+def test_box_auto_takes_it_for_large_uint8_boxes():
+    assert kbox.box_method((2167, 2495, 3), np.uint8, (101, 101)) == "twopass"
+    assert kbox.box_method((2167, 2495, 3), np.uint16, (51, 51)) == "fused"
+    img = _image((12, 10, 3), seed=9)
+    got = kbox.box_auto(cuda.to_device(img), (45, 3), (22, 1), bi.REFLECT101, 0)
+    np.testing.assert_array_equal(got.copy_to_host(), exact_box(img, (45, 3), (22, 1),
+                                                                "reflect101", 0))  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [42, 61, 101, 151])
+@pytest.mark.parametrize("border", list(BORDERS))
+def test_full_size_default_geometry(k, border):
+    img = _image((2167, 2495, 3), seed=4)
+    anchor = (k // 2, k // 3)
+    got, _ = _twopass(img, (k, k), anchor, border, 7)
+    np.testing.assert_array_equal(got, exact_box(img, (k, k), anchor, border, 7))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(4320, 7680, 3), (2160, 3840, 1), (777, 1001, 4)])
+@pytest.mark.parametrize("ksize", [(101, 101), (257, 5), (3, 257)])
+def test_other_sizes_and_shapes(shape, ksize):
+    img = _image(shape, seed=5)
+    anchor = (ksize[0] // 2, ksize[1] // 2)
+    got = kbox.box_auto(cuda.to_device(img), ksize, anchor, 0, 0).copy_to_host()
+    np.testing.assert_array_equal(got, exact_box(img, ksize, anchor, "reflect101", 0))
