@@ -67,7 +67,8 @@ def _kernel(name: str, channels: int, box: int = 21, geometry: dict | None = Non
         from kernels import box_twopass as mod
 
         if name == "twopass-row":
-            return mod.row_kernel_for(channels).py_func, (u8,) + (i64,) * 8 + (u32,), mod.__file__
+            sig = (u8, u32) + (i64,) * 9 + (u32,)
+            return mod.row_kernel_for(channels).py_func, sig, mod.__file__
         u = types.uint32
         sig = (u32,) + (i64,) * 6 + (u, u, u, u, types.boolean, i64, u8)
         return mod.box_column_means.py_func, sig, mod.__file__

@@ -46,11 +46,10 @@ def _grid(kernel: str) -> list[dict]:
         return [
             *(dict(strip=s) for s in (16, 32, 128)),
             *(dict(strip=s, col_threads=256) for s in (32, 64)),
-            *(dict(run=r) for r in (20, 68, 100)),
-            dict(run=68, strip=32),
-            dict(run=100, strip=32),
+            dict(run=20),
+            dict(run=68),
             dict(row_threads=128),
-            dict(row_threads=512, run=68),
+            dict(row_threads=512),
         ]
     vh = dict(vertical_first=1)
     return [
@@ -114,6 +113,17 @@ def main(argv: list[str] | None = None) -> int:
         us = timer.kernel_us(lambda: kfused.box_fused(d_img, (k, k), a, 0, 0, d_ref))
         results["rows"].append({"size": size, "k": k, "impl": "box_fused", "kernel_us": us})
         print(f"{size} k={k} box_fused {us:.1f} us (floor {floor:.1f} us)")
+        if args.kernel == "twopass":  # each pass alone, default geometry
+            geo = make_plan(img.shape, img.dtype, (k, k))
+            sums = ktwopass.row_pass(d_img, (k, k), a, 0, 0, geo)
+            row_us = timer.kernel_us(lambda: ktwopass.row_pass(d_img, (k, k), a, 0, 0, geo))
+            col_us = timer.kernel_us(
+                lambda: ktwopass.column_pass(sums, img.shape, (k, k), a, 0, 0, geo, d_out)
+            )
+            results["rows"].append(
+                {"size": size, "k": k, "impl": "passes", "row_us": row_us, "col_us": col_us}
+            )
+            print(f"{size} k={k} row pass {row_us:.1f} us, column pass {col_us:.1f} us")
         for kwargs in geometries:
             geo = make_plan(img.shape, img.dtype, (k, k), **kwargs)
             if geo is None:

@@ -325,7 +325,7 @@ def box_choice(img, ksize: tuple, out=None) -> tuple[str, dict | None]:
     """(method, geometry) `box_auto` runs for this device image (and output, if given):
     `box_method`'s choice, except that an image whose first byte is not 4-byte aligned
     (a view such as d[1:] of an odd-width uint8 image) goes to box_fused (or
-    box_running), because box_tiled and box_packed read it as 32-bit words; so does
+    box_running), because box_tiled, box_packed and box_twopass read it as 32-bit words; so does
     such an output where the kernel writes words (box_packed, box_tiled columns
     first)."""
     method, geometry = _plans(tuple(img.shape), np.dtype(img.dtype), tuple(ksize))
@@ -333,7 +333,7 @@ def box_choice(img, ksize: tuple, out=None) -> tuple[str, dict | None]:
     misaligned = start_address(img) % 4 or (
         out is not None and writes_words and start_address(out) % 4
     )
-    if method in ("tiled", "packed") and misaligned:
+    if method in ("tiled", "packed", "twopass") and misaligned:
         fused = box_plan.plan(tuple(img.shape), img.dtype, tuple(ksize))
         return ("fused", fused) if fused is not None else ("running", None)
     return method, geometry

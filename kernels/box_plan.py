@@ -412,7 +412,8 @@ def twopass_plan(shape: tuple, dtype, ksize: tuple, run: int = 0, row_threads: i
     threads = min(row_threads // channels * channels, cdiv(items, 32) * 32)
     seg_w = threads // channels * run
     tile_w = min(seg_w, width)
-    smem = cdiv((tile_w + kw - 1) * channels, 4) * 4 + 4 * cdiv(tile_w * channels, 2)
+    # The input bytes start up to 3 bytes in (to land the image's words aligned).
+    smem = cdiv((tile_w + kw - 1) * channels + 3, 4) * 4 + 4 * cdiv(tile_w * channels, 2)
     if smem > SMEM_LIMIT:
         return None
     pitch16 = cdiv(width * channels, 2) * 2

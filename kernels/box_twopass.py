@@ -27,6 +27,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, uint8, uint16, uint32, uint64
 
+from .arrays import start_address
+from .box_packed import words
 from .box_plan import packed_magic, twopass_plan
 from .device import border_index
 from .int_ops import round_div
@@ -34,6 +36,24 @@ from .launch import scratch
 
 LOW16 = np.uint32(0xFFFF)
 SIXTEEN = np.uint32(16)
+THIRTY_TWO = np.uint64(32)
+
+
+@cuda.jit(device=True)
+def _word_at(src8, src32, n_words, a):
+    """The 4 bytes of the flat image at byte offset `a` (any alignment) as a 32-bit word:
+    one aligned load, or two and a funnel shift; bytewise at the image's last word."""
+    wi = a >> uint64(2)
+    shift = a & uint64(3)
+    if shift == uint64(0):
+        return src32[wi]
+    if wi + uint64(1) < n_words:
+        both = (uint64(src32[wi + uint64(1)]) << THIRTY_TWO) | uint64(src32[wi])
+        return uint32(both >> (shift * uint64(8)))
+    word = uint32(0)
+    for k in range(4):
+        word |= uint32(src8[a + uint64(k)]) << uint32(8 * k)
+    return word
 
 
 def _make_row_sums(channels: int):
@@ -42,13 +62,15 @@ def _make_row_sums(channels: int):
     C_U = np.uint32(C)
 
     @cuda.jit(cache=True)
-    def box_row_sums16(src, width, kw, ax, mode, cval, run, seg_w, pitch16, sums32):
-        """src: the (H, W, C) image flattened; sums32: the (H, pitch16) uint16 scratch
-        as its (H * pitch16 // 2,) 32-bit words. sums[y, x * C + c] = the sum of
-        img[y, x - ax + j, c] for 0 <= j < kw, borders applied."""
+    def box_row_sums16(src8, src32, n_words, width, kw, ax, mode, cval, run, seg_w, pitch16,
+                       sums32):  # fmt: skip
+        """src8, src32: the (H, W, C) image flattened, and its n_words whole 32-bit words;
+        sums32: the (H, pitch16) uint16 scratch as its (H * pitch16 // 2,) 32-bit words.
+        sums[y, x * C + c] = the sum of img[y, x - ax + j, c] for 0 <= j < kw, borders
+        applied."""
         in8 = cuda.shared.array(0, dtype=uint8)
+        in32 = cuda.shared.array(0, dtype=uint32)
         st16 = cuda.shared.array(0, dtype=uint16)
-        st32 = cuda.shared.array(0, dtype=uint32)
         tid = uint32(cuda.threadIdx.x)
         step = uint32(cuda.blockDim.x)
         y = cuda.blockIdx.x
@@ -59,37 +81,60 @@ def _make_row_sums(channels: int):
         left = x0 - ax
         row = uint64(y) * uint64(width * C)
 
-        # Load: the segment's input bytes and halo, consecutive threads on consecutive bytes.
+        # 1. Load. The bytes of the image's pixels lo .. hi - 1 go in as whole words (four
+        # in flight per thread); the halo outside the image and the last few bytes one at
+        # a time, borders applied. The row starts `pre` bytes into shared memory so that
+        # the words land aligned.
+        lo = max(left, 0)
+        hi = min(left + n_px, width)
+        head = uint32((lo - left) * C)  # halo bytes before the image's part
+        pre = uint32((4 - (head & 3)) & 3)
+        n_w = uint32(max(hi - lo, 0) * C // 4)
+        g0 = row + uint64(lo * C)
+        d0 = uint32((pre + head) >> 2)
+        step4 = uint64(4 * step)
+        j = tid
+        while j + uint32(3 * step) < n_w:
+            a = g0 + uint64(4 * j)
+            v0 = _word_at(src8, src32, n_words, a)
+            v1 = _word_at(src8, src32, n_words, a + step4)
+            v2 = _word_at(src8, src32, n_words, a + uint64(2) * step4)
+            v3 = _word_at(src8, src32, n_words, a + uint64(3) * step4)
+            in32[d0 + j] = v0
+            in32[d0 + j + step] = v1
+            in32[d0 + j + uint32(2 * step)] = v2
+            in32[d0 + j + uint32(3 * step)] = v3
+            j = uint32(j + uint32(4 * step))
+        while j < n_w:
+            in32[d0 + j] = _word_at(src8, src32, n_words, g0 + uint64(4 * j))
+            j = uint32(j + step)
+        body = uint32(4 * n_w)
         i = tid
-        if left >= 0 and left + n_px <= width:
-            base = row + uint64(left * C)
-            while i < n_in:
-                in8[i] = src[base + uint64(i)]
-                i = uint32(i + step)
-        else:
-            while i < n_in:
-                p = i // C_U
-                xx = border_index(left + int(p), width, mode)
-                if xx < 0:
-                    in8[i] = cval
-                else:
-                    in8[i] = src[row + uint64(xx * C) + uint64(i - p * C_U)]
-                i = uint32(i + step)
+        while i < n_in - body:
+            b = i if i < head else uint32(i + body)  # byte of the segment's input
+            p = b // C_U
+            xx = border_index(left + int(p), width, mode)
+            if xx < 0:
+                in8[pre + b] = cval
+            else:
+                in8[pre + b] = src8[row + uint64(xx * C) + uint64(b - p * C_U)]
+            i = uint32(i + step)
         cuda.syncthreads()
 
-        # Slide: thread (r, c) owns outputs r * run .. r * run + run - 1 of channel c.
-        stage = uint32((n_in + 3) // 4 * 2)  # staged sums, in 16-bit units, word aligned
+        # 2. Slide: thread (r, c) owns outputs r * run .. r * run + run - 1 of channel c.
+        stage = uint32((pre + n_in + 3) // 4 * 2)  # staged sums, in 16-bit units
         r = tid // C_U
         xs = uint32(r * uint32(run))
         if xs < uint32(out_w):
-            first = uint32(xs * C_U + (tid - r * C_U))  # leaves the window next
+            rel = uint32(xs * C_U + (tid - r * C_U))
+            first = uint32(pre + rel)  # leaves the window next
             enter = uint32(first + uint32(kw * C))  # enters the window next
             acc = uint32(0)
             p = first
             while p < enter:
                 acc = uint32(acc + in8[p])
                 p = uint32(p + C_U)
-            dst = uint32(stage + first)
+            dst = uint32(stage + rel)
             st16[dst] = acc
             last = uint32(dst + min(uint32(run), uint32(out_w) - xs) * C_U)
             dst = uint32(dst + C_U)
@@ -101,14 +146,14 @@ def _make_row_sums(channels: int):
                 dst = uint32(dst + C_U)
         cuda.syncthreads()
 
-        # Store: whole 32-bit words (x0 * C is even; an odd last lane pairs with the
+        # 3. Store: whole 32-bit words (x0 * C is even; an odd last lane pairs with the
         # row's padding lane).
-        n_words = uint32((out_w * C + 1) // 2)
+        n_words_out = uint32((out_w * C + 1) // 2)
         base32 = (uint64(y) * uint64(pitch16) + uint64(x0 * C)) // uint64(2)
         w0 = stage // uint32(2)
         i = tid
-        while i < n_words:
-            sums32[base32 + uint64(i)] = st32[w0 + i]
+        while i < n_words_out:
+            sums32[base32 + uint64(i)] = in32[w0 + i]
             i = uint32(i + step)
 
     return box_row_sums16
@@ -137,6 +182,17 @@ def _emit(out, o, a0, a1, second, area, magic, shift_hi, even):
         out[o + uint64(1)] = round_div(a1, area, magic, shift_hi, even)
 
 
+@cuda.jit(device=True)
+def _rows8(sums32, off, uwords):
+    """Words `off` + i * uwords of the scratch for i < 8, all eight loads issued at once."""
+    return (
+        sums32[off], sums32[off + uwords], sums32[off + uint64(2) * uwords],
+        sums32[off + uint64(3) * uwords], sums32[off + uint64(4) * uwords],
+        sums32[off + uint64(5) * uwords], sums32[off + uint64(6) * uwords],
+        sums32[off + uint64(7) * uwords],
+    )  # fmt: skip
+
+
 @cuda.jit(cache=True)
 def box_column_means(sums32, height, lanes, words, kh, ay, mode, row_cval, area, magic,
                      shift_hi, even, strip, out):  # fmt: skip
@@ -155,49 +211,42 @@ def box_column_means(sums32, height, lanes, words, kh, ay, mode, row_cval, area,
     a0 = uint32(0)
     a1 = uint32(0)
     inside = top >= 0 and y_end - 1 - ay + kh <= height
-    if inside:
+    i = 0
+    if inside:  # eight rows at a time: one wait for memory per eight rows
         off = uint64(top) * uwords + uint64(q)
-        for _ in range(kh):
-            w = sums32[off]
-            a0 = uint32(a0 + (w & LOW16))
-            a1 = uint32(a1 + (w >> SIXTEEN))
-            off += uwords
-    else:
-        for i in range(kh):
-            v0, v1 = _pair(sums32, border_index(top + i, height, mode), words, q, row_cval)
-            a0 = uint32(a0 + v0)
-            a1 = uint32(a1 + v1)
+        while i + 7 < kh:
+            w0, w1, w2, w3, w4, w5, w6, w7 = _rows8(sums32, off, uwords)
+            a0 = uint32(a0 + (w0 & LOW16) + (w1 & LOW16) + (w2 & LOW16) + (w3 & LOW16))
+            a0 = uint32(a0 + (w4 & LOW16) + (w5 & LOW16) + (w6 & LOW16) + (w7 & LOW16))
+            a1 = uint32(a1 + (w0 >> SIXTEEN) + (w1 >> SIXTEEN) + (w2 >> SIXTEEN))
+            a1 = uint32(a1 + (w3 >> SIXTEEN) + (w4 >> SIXTEEN) + (w5 >> SIXTEEN))
+            a1 = uint32(a1 + (w6 >> SIXTEEN) + (w7 >> SIXTEEN))
+            off += uint64(8) * uwords
+            i += 8
+    for r in range(i, kh):
+        v0, v1 = _pair(sums32, border_index(top + r, height, mode), words, q, row_cval)
+        a0 = uint32(a0 + v0)
+        a1 = uint32(a1 + v1)
     o = uint64(y0) * uint64(lanes) + lane
     _emit(out, o, a0, a1, second, area, magic, shift_hi, even)
     y = y0 + 1
     if inside:
-        # Four rows at a time, all eight loads issued before the sums use them.
+        # Eight rows at a time, all sixteen loads issued before the sums use them.
         enter = uint64(top + kh) * uwords + uint64(q)
         leave = uint64(top) * uwords + uint64(q)
-        while y + 3 < y_end:
-            e0 = sums32[enter]
-            e1 = sums32[enter + uwords]
-            e2 = sums32[enter + uint64(2) * uwords]
-            e3 = sums32[enter + uint64(3) * uwords]
-            d0 = sums32[leave]
-            d1 = sums32[leave + uwords]
-            d2 = sums32[leave + uint64(2) * uwords]
-            d3 = sums32[leave + uint64(3) * uwords]
-            a0, a1 = _slide(a0, a1, e0 & LOW16, e0 >> SIXTEEN, d0 & LOW16, d0 >> SIXTEEN)
-            o += uint64(lanes)
-            _emit(out, o, a0, a1, second, area, magic, shift_hi, even)
-            a0, a1 = _slide(a0, a1, e1 & LOW16, e1 >> SIXTEEN, d1 & LOW16, d1 >> SIXTEEN)
-            o += uint64(lanes)
-            _emit(out, o, a0, a1, second, area, magic, shift_hi, even)
-            a0, a1 = _slide(a0, a1, e2 & LOW16, e2 >> SIXTEEN, d2 & LOW16, d2 >> SIXTEEN)
-            o += uint64(lanes)
-            _emit(out, o, a0, a1, second, area, magic, shift_hi, even)
-            a0, a1 = _slide(a0, a1, e3 & LOW16, e3 >> SIXTEEN, d3 & LOW16, d3 >> SIXTEEN)
-            o += uint64(lanes)
-            _emit(out, o, a0, a1, second, area, magic, shift_hi, even)
-            enter += uint64(4) * uwords
-            leave += uint64(4) * uwords
-            y += 4
+        step = uint64(lanes)
+        while y + 7 < y_end:
+            e0, e1, e2, e3, e4, e5, e6, e7 = _rows8(sums32, enter, uwords)
+            d0, d1, d2, d3, d4, d5, d6, d7 = _rows8(sums32, leave, uwords)
+            for e, d in ((e0, d0), (e1, d1), (e2, d2), (e3, d3),
+                         (e4, d4), (e5, d5), (e6, d6), (e7, d7)):  # fmt: skip
+                a0 = uint32(a0 + (e & LOW16) - (d & LOW16))
+                a1 = uint32(a1 + (e >> SIXTEEN) - (d >> SIXTEEN))
+                o += step
+                _emit(out, o, a0, a1, second, area, magic, shift_hi, even)
+            enter += uint64(8) * uwords
+            leave += uint64(8) * uwords
+            y += 8
     while y < y_end:
         e0, e1 = _pair(sums32, border_index(y - ay + kh - 1, height, mode), words, q, row_cval)
         d0, d1 = _pair(sums32, border_index(y - ay - 1, height, mode), words, q, row_cval)
@@ -217,32 +266,51 @@ def row_kernel_for(channels: int):
     return _ROW_SUMS[channels]
 
 
-def box_twopass(img, ksize, anchor, mode, cval, out=None, geometry: dict | None = None):
-    """Box filter in two passes (see the module docstring); `geometry` from
-    `kernels.box_plan.twopass_plan`. Raises ValueError when the plan says the case is
-    not handled. The scratch of row sums is reused across calls (`kernels.launch.scratch`).
-    """
+def row_pass(img, ksize: tuple, anchor: tuple, mode: int, cval, geo: dict):
+    """Launch the row pass of `img` ((H, W, C) uint8 device array starting on a 4-byte
+    boundary); returns the scratch of row sums, (H * pitch16 // 2,) uint32 words."""
     height, width, channels = img.shape
-    kh, kw = ksize
-    ay, ax = anchor
-    geo = geometry or twopass_plan(img.shape, img.dtype, ksize)
-    if geo is None:
-        raise ValueError("box_twopass handles uint8 images with boxes up to 257 columns")
-    if out is None:
-        out = cuda.device_array(img.shape, dtype=img.dtype)
     n = height * width * channels
     pitch16 = geo["pitch16"]
     sums32 = scratch((height * pitch16 // 2,), np.uint32)
-    row_pass = row_kernel_for(channels)
-    row_pass[geo["row_grid"], geo["row_threads"], 0, geo["row_smem"]](
-        img.reshape(n), width, kw, ax, mode, np.int64(cval), geo["run"], geo["seg_w"],
-        pitch16, sums32,
+    src8 = img.reshape(n)
+    row_kernel_for(channels)[geo["row_grid"], geo["row_threads"], 0, geo["row_smem"]](
+        src8, words(src8), n // 4, width, ksize[1], anchor[1], mode, np.int64(cval),
+        geo["run"], geo["seg_w"], pitch16, sums32,
     )  # fmt: skip
+    return sums32
+
+
+def column_pass(sums32, shape: tuple, ksize: tuple, anchor: tuple, mode: int, cval, geo: dict,
+                out):  # fmt: skip
+    """Launch the column pass: `out` ((H, W, C) uint8 device array) from the row sums."""
+    height, width, channels = shape
+    kh, kw = ksize
     area = kh * kw
     magic, shift_hi = packed_magic(area, 511 * area + 1)
     box_column_means[geo["col_grid"], geo["col_threads"]](
-        sums32, height, width * channels, pitch16 // 2, kh, ay, mode,
+        sums32, height, width * channels, geo["pitch16"] // 2, kh, anchor[0], mode,
         np.uint32(kw * int(cval)), np.uint32(area), np.uint32(magic), np.uint32(shift_hi),
-        geo["even"], geo["strip"], out.reshape(n),
+        geo["even"], geo["strip"], out.reshape(height * width * channels),
     )  # fmt: skip
     return out
+
+
+def box_twopass(img, ksize, anchor, mode, cval, out=None, geometry: dict | None = None):
+    """Box filter in two passes (see the module docstring); `geometry` from
+    `kernels.box_plan.twopass_plan`. The image must start on a 4-byte boundary (the row
+    pass reads 32-bit words; `kernels.box.box_choice` sends other views elsewhere).
+    Raises ValueError when the plan says the case is not handled or the image is not
+    aligned. The scratch of row sums is reused across calls (`kernels.launch.scratch`).
+    """
+    geo = geometry or twopass_plan(img.shape, img.dtype, ksize)
+    if geo is None:
+        raise ValueError("box_twopass handles uint8 images with boxes up to 257 columns")
+    if start_address(img) % 4:
+        raise ValueError(
+            "box_twopass reads 32-bit words: the image must start on a 4-byte boundary"
+        )
+    if out is None:
+        out = cuda.device_array(img.shape, dtype=img.dtype)
+    sums32 = row_pass(img, ksize, anchor, mode, cval, geo)
+    return column_pass(sums32, img.shape, ksize, anchor, mode, cval, geo, out)

@@ -53,13 +53,15 @@ def test_every_border_is_exact(shape, ksize, geometry):
 
 
 def test_inside_blocks_unrolled_rows_and_partial_strips():
-    # Strips of 9 rows: the column pass takes four rows at a time, then the rest;
-    # blocks and strips wholly inside the image take the border-free paths.
+    # Strips of 9 rows: the column pass takes eight rows at a time (first window and
+    # slide), then the rest; blocks and strips wholly inside the image take the
+    # border-free paths; rows of 150 bytes start 0 or 2 bytes into a word.
     img = _image((40, 50, 3), seed=7)
     geo = dict(run=4, row_threads=12, col_threads=8, strip=9)
-    for border in ("reflect101", "constant"):
-        got, _ = _twopass(img, (5, 5), (2, 2), border, 3, **geo)
-        np.testing.assert_array_equal(got, exact_box(img, (5, 5), (2, 2), border, 3))
+    for ksize, border in [((5, 5), "reflect101"), ((11, 5), "constant"), ((11, 3), "wrap")]:
+        anchor = (ksize[0] // 2, ksize[1] // 2)
+        got, _ = _twopass(img, ksize, anchor, border, 3, **geo)
+        np.testing.assert_array_equal(got, exact_box(img, ksize, anchor, border, 3))
 
 
 def test_off_centre_anchor_extreme_values_and_ties():
