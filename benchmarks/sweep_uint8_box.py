@@ -44,12 +44,11 @@ def _grid(kernel: str) -> list[dict]:
         ]
     if kernel == "twopass":
         return [
-            *(dict(strip=s) for s in (16, 32, 128)),
-            *(dict(strip=s, col_threads=256) for s in (32, 64)),
+            *(dict(strip=s) for s in (16, 48, 64)),
+            dict(strip=32, col_threads=128),
             dict(run=20),
             dict(run=68),
             dict(row_threads=128),
-            dict(row_threads=512),
         ]
     vh = dict(vertical_first=1)
     return [

@@ -382,8 +382,12 @@ def tiled_args(shape: tuple, ksize: tuple, anchor: tuple, mode: int, cval, geo: 
 # channels, in the input bytes and in the staged 16-bit sums alike.
 TWOPASS_RUN = 36
 TWOPASS_ROW_THREADS = 256  # at most, per block of the row pass
-TWOPASS_COL_THREADS = 128  # per block of the column pass
-TWOPASS_STRIP = 64  # output rows a thread of the column pass walks
+# Column pass: H100 2026-11-25 ~09:40 UTC sweep (benchmarks/results/
+# 2026-11-25f-h100-sweep-twopass*), 2167x2495x3, k=41/101/151, strips of 16/32/64/128
+# rows: 80.0/112.7/140.6, 80.2/108.0/132.2, 96.2/115.7/147.5, 129.1/146.1/159.7 us
+# (128 threads); 256 threads on 32-row strips 79.4/107.0/129.8.
+TWOPASS_COL_THREADS = 256  # per block of the column pass
+TWOPASS_STRIP = 32  # output rows a thread of the column pass walks
 
 
 def twopass_plan(shape: tuple, dtype, ksize: tuple, run: int = 0, row_threads: int = 0,

@@ -62,6 +62,10 @@ def test_inside_blocks_unrolled_rows_and_partial_strips():
         anchor = (ksize[0] // 2, ksize[1] // 2)
         got, _ = _twopass(img, ksize, anchor, border, 3, **geo)
         np.testing.assert_array_equal(got, exact_box(img, ksize, anchor, border, 3))
+    # Sixteen rows at a time: a 17-row box, strips of 20 rows (the second one inside).
+    tall = _image((60, 20, 1), seed=8)
+    got, _ = _twopass(tall, (17, 3), (8, 1), "reflect", 0, run=4, row_threads=8, strip=20)
+    np.testing.assert_array_equal(got, exact_box(tall, (17, 3), (8, 1), "reflect", 0))
 
 
 def test_off_centre_anchor_extreme_values_and_ties():
