@@ -69,8 +69,7 @@ def _kernel(name: str, channels: int, box: int = 21, geometry: dict | None = Non
         if name == "twopass-row":
             sig = (u8, u32) + (i64,) * 9 + (u32,)
             return mod.row_kernel_for(channels).py_func, sig, mod.__file__
-        u = types.uint32
-        sig = (u32,) + (i64,) * 6 + (u, u, u, u, types.boolean, i64, u8)
+        sig = (u32,) + (i64,) * 12 + (u8,)
         return mod.box_column_means.py_func, sig, mod.__file__
     import numpy as np
 

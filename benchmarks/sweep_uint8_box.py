@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             sums = ktwopass.row_pass(d_img, (k, k), a, 0, 0, geo)
             row_us = timer.kernel_us(lambda: ktwopass.row_pass(d_img, (k, k), a, 0, 0, geo))
             col_us = timer.kernel_us(
-                lambda: ktwopass.column_pass(sums, img.shape, (k, k), a, 0, 0, geo, d_out)
+                lambda: ktwopass.column_pass(sums, (k, k), a, 0, 0, geo, d_out)
             )
             results["rows"].append(
                 {"size": size, "k": k, "impl": "passes", "row_us": row_us, "col_us": col_us}

@@ -433,3 +433,20 @@ def twopass_plan(shape: tuple, dtype, ksize: tuple, run: int = 0, row_threads: i
         "col_grid": (cdiv(pitch16 // 2, col_threads), cdiv(height, strip)),
         "even": (kh * kw) % 2 == 0,
     }
+
+
+def twopass_args(shape: tuple, ksize: tuple, anchor: tuple, mode: int, cval, geo: dict) -> tuple:
+    """(row, column): box_twopass's kernel arguments as launched, all int64. The row
+    pass's lie between n_words and sums32: (width, kw, ax, mode, cval, run, seg_w,
+    pitch16); the column pass's between sums32 and out: (height, lanes, words, kh, ay,
+    mode, row_cval, area, magic, shift_hi, even, strip)."""
+    height, width, channels = shape
+    kh, kw = ksize
+    ay, ax = anchor
+    area = kh * kw
+    magic, shift_hi = packed_magic(area, 511 * area + 1)
+    pitch16 = geo["pitch16"]
+    row = (width, kw, ax, mode, int(cval), geo["run"], geo["seg_w"], pitch16)
+    column = (height, width * channels, pitch16 // 2, kh, ay, mode, kw * int(cval), area,
+              magic, shift_hi, int(geo["even"]), geo["strip"])  # fmt: skip
+    return row, column

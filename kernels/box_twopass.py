@@ -29,7 +29,7 @@ from numba import cuda, uint8, uint16, uint32, uint64
 
 from .arrays import start_address
 from .box_packed import words
-from .box_plan import packed_magic, twopass_plan
+from .box_plan import twopass_args, twopass_plan
 from .device import border_index
 from .int_ops import round_div
 from .launch import scratch
@@ -221,6 +221,8 @@ def box_column_means(sums32, height, lanes, words, kh, ay, mode, row_cval, area,
     q = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     if q >= words:
         return
+    row_cval, area, magic = uint32(row_cval), uint32(area), uint32(magic)
+    shift_hi, even = uint32(shift_hi), even != 0
     y0 = cuda.blockIdx.y * strip
     y_end = min(y0 + strip, height)
     top = y0 - ay
@@ -315,28 +317,19 @@ def row_pass(img, ksize: tuple, anchor: tuple, mode: int, cval, geo: dict):
     boundary); returns the scratch of row sums, (H * pitch16 // 2,) uint32 words."""
     height, width, channels = img.shape
     n = height * width * channels
-    pitch16 = geo["pitch16"]
-    sums32 = scratch((height * pitch16 // 2,), np.uint32)
+    sums32 = scratch((height * geo["pitch16"] // 2,), np.uint32)
     src8 = img.reshape(n)
+    args, _ = twopass_args(img.shape, ksize, anchor, mode, cval, geo)
     row_kernel_for(channels)[geo["row_grid"], geo["row_threads"], 0, geo["row_smem"]](
-        src8, words(src8), n // 4, width, ksize[1], anchor[1], mode, np.int64(cval),
-        geo["run"], geo["seg_w"], pitch16, sums32,
-    )  # fmt: skip
+        src8, words(src8), n // 4, *args, sums32
+    )
     return sums32
 
 
-def column_pass(sums32, shape: tuple, ksize: tuple, anchor: tuple, mode: int, cval, geo: dict,
-                out):  # fmt: skip
+def column_pass(sums32, ksize: tuple, anchor: tuple, mode: int, cval, geo: dict, out):
     """Launch the column pass: `out` ((H, W, C) uint8 device array) from the row sums."""
-    height, width, channels = shape
-    kh, kw = ksize
-    area = kh * kw
-    magic, shift_hi = packed_magic(area, 511 * area + 1)
-    box_column_means[geo["col_grid"], geo["col_threads"]](
-        sums32, height, width * channels, geo["pitch16"] // 2, kh, anchor[0], mode,
-        np.uint32(kw * int(cval)), np.uint32(area), np.uint32(magic), np.uint32(shift_hi),
-        geo["even"], geo["strip"], out.reshape(height * width * channels),
-    )  # fmt: skip
+    _, args = twopass_args(out.shape, ksize, anchor, mode, cval, geo)
+    box_column_means[geo["col_grid"], geo["col_threads"]](sums32, *args, out.reshape(out.size))
     return out
 
 
@@ -357,4 +350,4 @@ def box_twopass(img, ksize, anchor, mode, cval, out=None, geometry: dict | None 
     if out is None:
         out = cuda.device_array(img.shape, dtype=img.dtype)
     sums32 = row_pass(img, ksize, anchor, mode, cval, geo)
-    return column_pass(sums32, img.shape, ksize, anchor, mode, cval, geo, out)
+    return column_pass(sums32, ksize, anchor, mode, cval, geo, out)

@@ -130,8 +130,8 @@ def test_box_auto_choice():
     assert kbox.box_method(img.shape, img.dtype, (3, 5)) == "tiled"  # fastest up to TILED_MAX_BOX
     big = box_plan.TILED_MAX_BOX + 1
     assert box_plan.tiled_plan(img.shape, img.dtype, (3, big)) is not None
-    assert kbox.box_method(img.shape, img.dtype, (3, big)) == "fused"  # box_fused keeps it
-    assert kbox.box_method(img.shape, img.dtype, (big, 3)) == "fused"
+    assert kbox.box_method(img.shape, img.dtype, (3, big)) == "twopass"  # larger boxes
+    assert kbox.box_method(img.shape, img.dtype, (big, 3)) == "twopass"
     assert kbox.box_method(img.shape, np.uint16, (3, 5)) == "fused"
     assert kbox.box_method(img.shape, np.float32, (3, 5)) == "running"
     got = kbox.box_auto(cuda.to_device(img), (3, big), (1, 2), 0, 0).copy_to_host()

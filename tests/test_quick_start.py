@@ -85,6 +85,7 @@ def test_quick_box_looks_for_the_cubin_of_the_kernel_box_auto_runs(monkeypatch):
         "tiled": lambda geo, dtype, ksize: cubins.tiled_name(geo, 3, ksize),
         "fused": lambda geo, dtype, ksize: cubins.box_name(geo, 3, dtype),
         "packed": lambda geo, dtype, ksize: cubins.packed_name(geo, 3),
+        "twopass": lambda geo, dtype, ksize: cubins.twopass_names(3)[0],
     }
     asked, methods = [], []
     monkeypatch.setattr(cached, "_run", lambda name, *args, **kw: asked.append(name))
@@ -95,7 +96,7 @@ def test_quick_box_looks_for_the_cubin_of_the_kernel_box_auto_runs(monkeypatch):
         method, geo = box_plan.choose(img.shape, img.dtype, ksize)
         assert asked[-1] == names[method](geo, dtype, ksize)
         methods.append(method)
-    assert methods == ["tiled", "fused", "fused", "fused"]
+    assert methods == ["tiled", "fused", "twopass", "twopass"]
     assert asked[0].startswith("box_tiled-c3")  # box_tiled: uint8 boxes up to TILED_MAX_BOX
 
 
@@ -222,7 +223,8 @@ def test_second_process_filters_without_numba_and_matches(tmp_path):
     first = _python(code.replace("{out}", str(tmp_path / "first.npz")), env)
     assert first.returncode == 0 and "failed" not in first.stderr, first.stderr
     assert first.stdout.strip() == "True"  # compiled through Numba, cubins exported
-    for kind in ("box_tiled", "box_fused", "contour", "blocked"):
+    for kind in ("box_tiled", "box_fused", "box_twopass-rows", "box_twopass-columns", "contour",
+                 "blocked"):  # fmt: skip
         assert any((tmp_path / "cubins").glob(f"{kind}-*.cubin")), kind
     second = _python(code.replace("{out}", str(tmp_path / "second.npz")), env)
     assert second.returncode == 0, second.stderr

@@ -64,10 +64,12 @@ def _function(drv: Driver, name: str):
     return _functions[name]
 
 
-def _run(name: str, img: np.ndarray, out_shape: tuple, launch, extra=None) -> np.ndarray | None:
+def _run(name: str, img: np.ndarray, out_shape: tuple, launch, extra=None,
+         scratch_bytes: int = 0) -> np.ndarray | None:  # fmt: skip
     """Copy img (and the host array `extra`, if given) to the device, call
     launch(driver, fn, d_img, d_out[, d_extra]), copy the result back; None when the
-    cubin is missing or the driver fails."""
+    cubin is missing or the driver fails. With scratch_bytes, d_extra is that much
+    uninitialised device memory instead."""
     drv = _driver()
     if drv is None:
         return None
@@ -79,10 +81,13 @@ def _run(name: str, img: np.ndarray, out_shape: tuple, launch, extra=None) -> np
         d_img = drv.to_device(img)
         out = np.empty(out_shape, dtype=img.dtype)
         d_out = drv.alloc(out.nbytes)
-        if extra is None:
+        if extra is not None:
+            d_extra = drv.to_device(extra)
+        elif scratch_bytes:
+            d_extra = drv.alloc(scratch_bytes)
+        if d_extra is None:
             launch(drv, fn, d_img, d_out)
         else:
-            d_extra = drv.to_device(extra)
             launch(drv, fn, d_img, d_out, d_extra)
         return drv.to_host(d_out, out)
     except DriverError:
@@ -102,6 +107,8 @@ def _box_quick(img, ksize, anchor, border, value) -> np.ndarray | None:
         return _tiled_quick(img, ksize, anchor, border, value, geo)
     if method == "packed":
         return _packed_quick(img, ksize, anchor, border, value, geo)
+    if method == "twopass":
+        return _twopass_quick(img, ksize, anchor, border, value, geo)
     if method != "fused":
         return None
     height, width, channels = img.shape
@@ -115,6 +122,28 @@ def _box_quick(img, ksize, anchor, border, value) -> np.ndarray | None:
         drv.launch(fn, geo["grid"], (geo["threads"],), geo["smem"], params)
 
     return _run(cubins.box_name(geo, channels, img.dtype), img, img.shape, launch)
+
+
+def _twopass_quick(img, ksize, anchor, border, value, geo) -> np.ndarray | None:
+    """box_twopass: its row pass into a device scratch, then its column pass."""
+    rows, columns = cubins.twopass_names(img.shape[2])
+    row_args, col_args = box_plan.twopass_args(img.shape, ksize, anchor, border, value, geo)
+    n, n_sums = img.size, img.shape[0] * geo["pitch16"] // 2
+
+    def launch(drv, fn, d_img, d_out, d_sums):
+        column_fn = _function(drv, columns)
+        if column_fn is None:
+            raise DriverError(f"no cached cubin for {columns}")
+        params = array_params(d_img, (n,), np.uint8) + array_params(d_img, (n // 4,), np.uint32)
+        params += [scalar_param(a) for a in (n // 4, *row_args)]
+        params += array_params(d_sums, (n_sums,), np.uint32)
+        drv.launch(fn, geo["row_grid"], (geo["row_threads"],), geo["row_smem"], params)
+        params = array_params(d_sums, (n_sums,), np.uint32)
+        params += [scalar_param(a) for a in col_args]
+        params += array_params(d_out, (n,), np.uint8)
+        drv.launch(column_fn, geo["col_grid"], (geo["col_threads"],), 0, params)
+
+    return _run(rows, img, img.shape, launch, scratch_bytes=4 * n_sums)
 
 
 def _packed_quick(img, ksize, anchor, border, value, geo) -> np.ndarray | None:

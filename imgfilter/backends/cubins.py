@@ -52,6 +52,11 @@ def tiled_name(geometry: dict, channels: int, ksize: tuple) -> str:
     )
 
 
+def twopass_names(channels: int) -> tuple[str, str]:
+    """Names of box_twopass's row pass for this many channels and of its column pass."""
+    return f"box_twopass-rows-c{channels}", "box_twopass-columns"
+
+
 def contour_name(channels: int, dtype) -> str:
     return f"contour-{np.dtype(dtype).name}-c{channels}"
 

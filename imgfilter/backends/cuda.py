@@ -14,6 +14,7 @@ from kernels import box as _box
 from kernels import box_fused as _box_fused
 from kernels import box_packed as _box_packed
 from kernels import box_tiled as _box_tiled
+from kernels import box_twopass as _box_twopass
 from kernels import contour as _contour
 from kernels import conv as _conv
 from kernels import conv_blocked as _blocked
@@ -155,7 +156,8 @@ def box(img, ksize, anchor, border, value, method):
 
 
 def _export_box(dimg, ksize: tuple) -> None:
-    """Export the cubin of the one-pass box kernel box_auto just ran, if it ran one."""
+    """Export the cubins of the box kernel box_auto just ran (both of box_twopass's
+    passes), unless it ran box_running."""
     channels, dtype = dimg.shape[2], dimg.dtype
     method, geo = _box.box_choice(dimg, ksize)
     if method == "tiled":
@@ -169,6 +171,10 @@ def _export_box(dimg, ksize: tuple) -> None:
     elif method == "fused":
         kernel = _box_fused.kernel_for(geo["sum_type"], channels, geo["magic_rounding"])
         _export(kernel, cubins.box_name(geo, channels, dtype), (dtype, dtype))
+    elif method == "twopass":
+        rows, columns = cubins.twopass_names(channels)
+        _export(_box_twopass.row_kernel_for(channels), rows, (dtype, np.uint32, np.uint32))
+        _export(_box_twopass.box_column_means, columns, (np.uint32, dtype))
 
 
 def contour(img, border, value, method):
