@@ -10,21 +10,25 @@ correctly rounded, so the result is round(sum / area) exactly. cv2.blur equals t
 except where its 8-bit fixed-point path for boxes of at most 257 pixels rounds
 differently (it is off by one at some ties, e.g. a 2x1 box of zeros gives 1).
 
-Five implementations, and `box_auto` choosing among them (`box_method`, which asks
+Six implementations, and `box_auto` choosing among them (`box_method`, which asks
 `kernels.box_plan.choose`):
 - `box_tiled` (module `kernels.box_tiled`): uint8 images, one shared-memory tile per
   block in three phases (load the tile and halo, horizontal row sums, vertical sums
   written out). The fastest measured for boxes up to `kernels.box_plan.TILED_MAX_BOX`
-  (31) on a side; `box_auto` uses it there wherever its tile holds the box and the
+  (41) on a side; `box_auto` uses it there wherever its tile holds the box and the
   image starts on a 4-byte boundary (`box_choice`).
+- `box_twopass` (module `kernels.box_twopass`): uint8 images, a row pass of sliding
+  sums into a 16-bit scratch, then a column pass of running sums and means. `box_auto`
+  uses it for larger uint8 boxes up to 257 columns (faster than box_fused there on
+  the H100) where the image starts on a 4-byte boundary.
 - `box_fused` (module `kernels.box_fused`): one pass for uint8/uint16 images,
   vertical running sums in registers and horizontal sliding sums in shared memory.
-  `box_auto` uses it for uint16 images and larger uint8 boxes wherever its tile
-  holds the box.
+  `box_auto` uses it for uint16 images and for the uint8 cases the two above decline,
+  wherever its tile holds the box.
 - `box_packed` (module `kernels.box_packed`): box_fused's design for uint8 images
   reading 32-bit words, two column sums per add; boxes up to 257 rows. Slower than
-  box_fused on the H100 so far; `box_auto` uses it for uint8 boxes too wide for
-  box_fused's tile.
+  box_fused on the H100 so far; `box_auto` uses it for uint8 boxes that the others
+  decline.
 - `box_separable`: a row-sum pass into a scratch image, then a column-sum pass.
   Cost per pixel grows with k.
 - `box_running`: running sums. A column pass keeps a running sum down each
@@ -315,9 +319,9 @@ def _plans(shape: tuple, dtype: np.dtype, ksize: tuple) -> tuple[str, dict | Non
 
 def box_method(shape: tuple, dtype, ksize: tuple) -> str:
     """The implementation `box_auto` takes (`kernels.box_plan.choose`): "tiled" (uint8
-    boxes up to TILED_MAX_BOX on a side that its tile holds), "fused" (uint8/uint16
-    boxes that fit its tile), "packed" (uint8 boxes up to 257 rows that box_fused
-    declines) or "running"."""
+    boxes up to TILED_MAX_BOX on a side that its tile holds), "twopass" (larger uint8
+    boxes up to 257 columns), "fused" (uint8/uint16 boxes that fit its tile), "packed"
+    (uint8 boxes up to 257 rows that the others decline) or "running"."""
     return _plans(tuple(shape), np.dtype(dtype), tuple(ksize))[0]
 
 
@@ -341,7 +345,7 @@ def box_choice(img, ksize: tuple, out=None) -> tuple[str, dict | None]:
 
 def box_auto(img, ksize, anchor, mode, cval, out=None):
     """The fastest exact box filter for the case (see `box_choice`): `box_tiled`,
-    `box_fused`, `box_packed` or `box_running`. Same contract as all four."""
+    `box_twopass`, `box_fused`, `box_packed` or `box_running`. Same contract as all."""
     method, geometry = box_choice(img, ksize, out)
     if method == "tiled":
         return _tiled.box_tiled(img, ksize, anchor, mode, cval, out, geometry)

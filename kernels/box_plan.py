@@ -202,11 +202,14 @@ def packed_args(shape: tuple, ksize: tuple, anchor: tuple, mode: int, cval, geo:
 
 def choose(shape: tuple, dtype, ksize: tuple) -> tuple[str, dict | None]:
     """(method, geometry) of the box kernel `kernels.box.box_auto` runs: "tiled" where
-    `tiled_plan` applies and the box is at most TILED_MAX_BOX on a side, else "fused"
-    where `plan` applies, else "packed" where `packed_plan` does, else ("running", None).
+    `tiled_plan` applies and the box is at most TILED_MAX_BOX on a side, else "twopass"
+    where `twopass_plan` applies, else "fused" where `plan` applies, else "packed"
+    where `packed_plan` does, else ("running", None).
 
     box_tiled comes first for uint8 boxes up to TILED_MAX_BOX (faster on the H100, see
-    there); box_fused keeps larger boxes and uint16 images. box_fused comes before
+    there); box_twopass takes larger uint8 boxes (H100 2026-11-25 09:48 UTC, seed size,
+    k=61/101/151: 92.2/108.3/133.4 us against box_fused's 110.5/136.8/176.4; at k=41
+    79.4 us at best against box_tiled's 66.9), box_fused uint16 images. box_fused comes before
     box_packed: on the H100 box_packed is slower so far (2167x2495x3, k=21: 80 us at
     best vs 69 us; benchmarks/results/2026-11-23-h100-sweep-packed-32bit.txt).
     The quick start (`imgfilter.backends.cached`) asks here too, so it looks for the
