@@ -42,13 +42,16 @@ def _grid(kernel: str) -> list[dict]:
             dict(threads=t, strip=s, batch=8)
             for t, s in itertools.product((64, 128, 256), (16, 24, 32, 48))
         ]
-    if kernel == "twopass":
+    if kernel == "twopass":  # column pass: groups x words x rows (strip = groups x rows)
         return [
-            *(dict(strip=s) for s in (16, 48, 64)),
-            dict(strip=32, col_threads=128),
-            dict(run=20),
-            dict(run=68),
-            dict(row_threads=128),
+            dict(col_groups=0, col_threads=256, strip=32),
+            dict(col_groups=4, col_threads=64, strip=64),
+            dict(col_groups=4, col_threads=32, strip=64),
+            dict(col_groups=8, col_threads=32, strip=64),
+            dict(col_groups=8, col_threads=64, strip=128),
+            dict(col_groups=8, col_threads=32, strip=192),
+            dict(col_groups=16, col_threads=32, strip=256),
+            dict(col_groups=16, col_threads=16, strip=128),
         ]
     vh = dict(vertical_first=1)
     return [

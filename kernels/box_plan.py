@@ -389,26 +389,39 @@ TWOPASS_ROW_THREADS = 256  # at most, per block of the row pass
 # 2026-11-25f-h100-sweep-twopass*), 2167x2495x3, k=41/101/151, strips of 16/32/64/128
 # rows: 80.0/112.7/140.6, 80.2/108.0/132.2, 96.2/115.7/147.5, 129.1/146.1/159.7 us
 # (128 threads); 256 threads on 32-row strips 79.4/107.0/129.8.
-TWOPASS_COL_THREADS = 256  # per block of the column pass
-TWOPASS_STRIP = 32  # output rows a thread of the column pass walks
+TWOPASS_COL_THREADS = 256  # per block of the column pass without groups
+TWOPASS_STRIP = 32  # output rows a thread of the column pass walks without groups
+# With groups (box_column_means_shared): blocks of TWOPASS_WX words x TWOPASS_COL_GROUPS
+# threads, each of those threads walking TWOPASS_GROUP_ROWS rows. Not yet measured.
+TWOPASS_COL_GROUPS = 8
+TWOPASS_WX = 32
+TWOPASS_GROUP_ROWS = 16
 
 
 def twopass_plan(shape: tuple, dtype, ksize: tuple, run: int = 0, row_threads: int = 0,
-                 col_threads: int = 0, strip: int = 0) -> dict | None:  # fmt: skip
+                 col_threads: int = 0, strip: int = 0,
+                 col_groups: int = -1) -> dict | None:  # fmt: skip
     """Launch geometry of `kernels.box_twopass`, or None where it does not apply.
 
     It applies to uint8 images of at most 2**31 bytes and 65535 * strip rows, boxes of
     at most 257 columns (row sums fit 16 bits) and areas whose rounding stays exact in
     32 bits (511 * area < 2**32). The row pass gives a block `seg_w` output pixels of
     one row, a thread one run of one channel; the column pass gives a thread one 32-bit
-    word (two lanes) of the 16-bit scratch of row sums, `pitch16` lanes a row.
+    word (two lanes) of the 16-bit scratch of row sums, `pitch16` lanes a row, and a
+    strip of rows: all of them (col_groups 0, `box_column_means`), or strip //
+    col_groups of them with the strip's first window shared among col_groups threads
+    (`box_column_means_shared`, blocks of col_threads x col_groups; strip must be a
+    multiple of col_groups). -1 picks the defaults.
     """
     height, width, channels = shape
     kh, kw = ksize
     run = run or TWOPASS_RUN
     row_threads = row_threads or TWOPASS_ROW_THREADS
-    col_threads = col_threads or TWOPASS_COL_THREADS
-    strip = strip or TWOPASS_STRIP
+    col_groups = TWOPASS_COL_GROUPS if col_groups < 0 else col_groups
+    col_threads = col_threads or (TWOPASS_COL_THREADS if col_groups == 0 else TWOPASS_WX)
+    strip = strip or (TWOPASS_STRIP if col_groups == 0 else col_groups * TWOPASS_GROUP_ROWS)
+    if col_groups and (strip % col_groups or col_threads * col_groups > 1024):
+        return None
     if np.dtype(dtype) != np.uint8 or kw > PACKED_MAX_ROWS or 511 * kh * kw >= 2**32:
         return None
     if height * width * channels >= 2**31 or cdiv(height, strip) > 65535:
@@ -432,6 +445,9 @@ def twopass_plan(shape: tuple, dtype, ksize: tuple, run: int = 0, row_threads: i
         "row_grid": (height, cdiv(width, seg_w)),
         "pitch16": pitch16,
         "col_threads": col_threads,
+        "col_groups": col_groups,
+        "col_block": (col_threads, col_groups) if col_groups else (col_threads,),
+        "col_smem": 24 * col_threads * col_groups,
         "strip": strip,
         "col_grid": (cdiv(pitch16 // 2, col_threads), cdiv(height, strip)),
         "even": (kh * kw) % 2 == 0,

@@ -42,10 +42,14 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("groups", [0, 3], ids=["serial", "groups"])
 @pytest.mark.parametrize("shape, ksize, geometry", CASES, ids=[str(c[0]) for c in CASES])
-def test_every_border_is_exact(shape, ksize, geometry):
+def test_every_border_is_exact(shape, ksize, geometry, groups):
+    # groups 0: box_column_means, a thread per strip; 3: box_column_means_shared, three
+    # threads of `strip` rows each sharing a first window.
     img = _image(shape, seed=sum(shape))
     anchor = (ksize[0] // 3, ksize[1] // 2)
+    geometry = dict(geometry, col_groups=groups, strip=geometry["strip"] * max(groups, 1))
     for border in BORDERS:
         got, geo = _twopass(img, ksize, anchor, border, 200, **geometry)
         np.testing.assert_array_equal(got, exact_box(img, ksize, anchor, border, 200))
@@ -57,15 +61,27 @@ def test_inside_blocks_unrolled_rows_and_partial_strips():
     # slide), then the rest; blocks and strips wholly inside the image take the
     # border-free paths; rows of 150 bytes start 0 or 2 bytes into a word.
     img = _image((40, 50, 3), seed=7)
-    geo = dict(run=4, row_threads=12, col_threads=8, strip=9)
+    geo = dict(run=4, row_threads=12, col_threads=8, strip=9, col_groups=0)
     for ksize, border in [((5, 5), "reflect101"), ((11, 5), "constant"), ((11, 3), "wrap")]:
         anchor = (ksize[0] // 2, ksize[1] // 2)
         got, _ = _twopass(img, ksize, anchor, border, 3, **geo)
         np.testing.assert_array_equal(got, exact_box(img, ksize, anchor, border, 3))
     # Sixteen rows at a time: a 17-row box, strips of 20 rows (the second one inside).
     tall = _image((60, 20, 1), seed=8)
-    got, _ = _twopass(tall, (17, 3), (8, 1), "reflect", 0, run=4, row_threads=8, strip=20)
+    got, _ = _twopass(tall, (17, 3), (8, 1), "reflect", 0, run=4, row_threads=8, strip=20,
+                      col_groups=0)  # fmt: skip
     np.testing.assert_array_equal(got, exact_box(tall, (17, 3), (8, 1), "reflect", 0))
+
+
+def test_shared_first_window_inside_blocks_and_batches():
+    # box_column_means_shared: two threads of 18 rows per column; the second block of
+    # 36 rows is wholly inside (direct reads); shares of 9 rows and changes over 18
+    # rows take the eight-row loads and the rest, the slide two batches of eight steps.
+    img = _image((100, 12, 1), seed=10)
+    geo = dict(run=4, row_threads=8, col_threads=4, col_groups=2, strip=36)
+    for border in ("reflect101", "constant"):
+        got, _ = _twopass(img, (17, 3), (8, 1), border, 5, **geo)
+        np.testing.assert_array_equal(got, exact_box(img, (17, 3), (8, 1), border, 5))
 
 
 def test_off_centre_anchor_extreme_values_and_ties():
@@ -75,7 +91,8 @@ def test_off_centre_anchor_extreme_values_and_ties():
     img[::2] = 255
     img[:, ::5] = 255
     for anchor in [(0, 0), (3, 5)]:
-        got, _ = _twopass(img, (4, 6), anchor, "reflect", 0, run=4, row_threads=16, strip=5)
+        got, _ = _twopass(img, (4, 6), anchor, "reflect", 0, run=4, row_threads=16, strip=6,
+                          col_groups=2)  # fmt: skip
         np.testing.assert_array_equal(got, exact_box(img, (4, 6), anchor, "reflect", 0))
         assert (box_sums(img, (4, 6), anchor, "reflect", 0) % 24 == 12).any()  # ties to round
 
@@ -84,7 +101,8 @@ def test_widest_box_and_all_255():
     # 257 columns of 255 is the largest row sum that fits 16 bits.
     img = np.full((5, 40, 1), 255, np.uint8)
     img[2, 7] = 1
-    got, _ = _twopass(img, (3, 257), (1, 128), "wrap", 0, run=4, row_threads=8, strip=2)
+    got, _ = _twopass(img, (3, 257), (1, 128), "wrap", 0, run=4, row_threads=8, strip=4,
+                      col_groups=2)  # fmt: skip
     np.testing.assert_array_equal(got, exact_box(img, (3, 257), (1, 128), "wrap", 0))
 
 
@@ -117,6 +135,14 @@ def test_full_size_default_geometry(k, border):
     anchor = (k // 2, k // 3)
     got, _ = _twopass(img, (k, k), anchor, border, 7)
     np.testing.assert_array_equal(got, exact_box(img, (k, k), anchor, border, 7))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("groups", [0, 4, 16])
+def test_full_size_column_pass_variants(groups):
+    img = _image((2167, 2495, 3), seed=11)
+    got, _ = _twopass(img, (101, 101), (50, 50), "reflect101", 0, col_groups=groups)
+    np.testing.assert_array_equal(got, exact_box(img, (101, 101), (50, 50), "reflect101", 0))
 
 
 @pytest.mark.gpu

@@ -126,7 +126,7 @@ def _box_quick(img, ksize, anchor, border, value) -> np.ndarray | None:
 
 def _twopass_quick(img, ksize, anchor, border, value, geo) -> np.ndarray | None:
     """box_twopass: its row pass into a device scratch, then its column pass."""
-    rows, columns = cubins.twopass_names(img.shape[2])
+    rows, columns = cubins.twopass_names(img.shape[2], geo["col_groups"] > 0)
     row_args, col_args = box_plan.twopass_args(img.shape, ksize, anchor, border, value, geo)
     n, n_sums = img.size, img.shape[0] * geo["pitch16"] // 2
 
@@ -141,7 +141,7 @@ def _twopass_quick(img, ksize, anchor, border, value, geo) -> np.ndarray | None:
         params = array_params(d_sums, (n_sums,), np.uint32)
         params += [scalar_param(a) for a in col_args]
         params += array_params(d_out, (n,), np.uint8)
-        drv.launch(column_fn, geo["col_grid"], (geo["col_threads"],), 0, params)
+        drv.launch(column_fn, geo["col_grid"], geo["col_block"], geo["col_smem"], params)
 
     return _run(rows, img, img.shape, launch, scratch_bytes=4 * n_sums)
 

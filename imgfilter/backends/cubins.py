@@ -52,9 +52,11 @@ def tiled_name(geometry: dict, channels: int, ksize: tuple) -> str:
     )
 
 
-def twopass_names(channels: int) -> tuple[str, str]:
-    """Names of box_twopass's row pass for this many channels and of its column pass."""
-    return f"box_twopass-rows-c{channels}", "box_twopass-columns"
+def twopass_names(channels: int, shared: bool = True) -> tuple[str, str]:
+    """Names of box_twopass's row pass for this many channels and of its column pass
+    (box_column_means_shared, or box_column_means)."""
+    columns = "box_twopass-columns-shared" if shared else "box_twopass-columns"
+    return f"box_twopass-rows-c{channels}", columns
 
 
 def contour_name(channels: int, dtype) -> str:

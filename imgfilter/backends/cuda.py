@@ -172,9 +172,13 @@ def _export_box(dimg, ksize: tuple) -> None:
         kernel = _box_fused.kernel_for(geo["sum_type"], channels, geo["magic_rounding"])
         _export(kernel, cubins.box_name(geo, channels, dtype), (dtype, dtype))
     elif method == "twopass":
-        rows, columns = cubins.twopass_names(channels)
+        rows, columns = cubins.twopass_names(channels, geo["col_groups"] > 0)
         _export(_box_twopass.row_kernel_for(channels), rows, (dtype, np.uint32, np.uint32))
-        _export(_box_twopass.box_column_means, columns, (np.uint32, dtype))
+        shared = geo["col_groups"] > 0
+        column_kernel = (
+            _box_twopass.box_column_means_shared if shared else _box_twopass.box_column_means
+        )
+        _export(column_kernel, columns, (np.uint32, dtype))
 
 
 def contour(img, border, value, method):
