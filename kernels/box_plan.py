@@ -391,9 +391,12 @@ TWOPASS_ROW_THREADS = 256  # at most, per block of the row pass
 # (128 threads); 256 threads on 32-row strips 79.4/107.0/129.8.
 TWOPASS_COL_THREADS = 256  # per block of the column pass without groups
 TWOPASS_STRIP = 32  # output rows a thread of the column pass walks without groups
-# With groups (box_column_means_shared): blocks of TWOPASS_WX words x TWOPASS_COL_GROUPS
-# threads, each of those threads walking TWOPASS_GROUP_ROWS rows. Not yet measured.
-TWOPASS_COL_GROUPS = 8
+# With groups (box_column_means_shared, opt-in): blocks of TWOPASS_WX words x col_groups
+# threads, each of those threads walking TWOPASS_GROUP_ROWS rows. Exact on the
+# simulator but not yet run or timed on a GPU (the 2026-11-25 session's device time ran
+# out): TWOPASS_COL_GROUPS stays 0 until an H100 sweep (`sweep_uint8_box.py --kernel
+# twopass`, whose grid has 4/8/16 groups) and its gpu tests say otherwise.
+TWOPASS_COL_GROUPS = 0
 TWOPASS_WX = 32
 TWOPASS_GROUP_ROWS = 16
 
@@ -411,7 +414,8 @@ def twopass_plan(shape: tuple, dtype, ksize: tuple, run: int = 0, row_threads: i
     strip of rows: all of them (col_groups 0, `box_column_means`), or strip //
     col_groups of them with the strip's first window shared among col_groups threads
     (`box_column_means_shared`, blocks of col_threads x col_groups; strip must be a
-    multiple of col_groups). -1 picks the defaults.
+    multiple of col_groups; with strip 0, TWOPASS_GROUP_ROWS rows a thread). -1 picks
+    TWOPASS_COL_GROUPS.
     """
     height, width, channels = shape
     kh, kw = ksize

@@ -14,7 +14,9 @@ code with `cval` for the constant border. Exact: sums are integers.
 2. Column pass (`box_column_means`): a thread owns one 32-bit word (two lanes) of the
    scratch and walks `strip` output rows with two 32-bit running sums (add the entering
    row, subtract the leaving one), rounds each mean by one multiply-high
-   (`kernels.int_ops.round_div`) and writes the two bytes.
+   (`kernels.int_ops.round_div`) and writes the two bytes. `box_column_means_shared`
+   (opt-in, geometry col_groups > 0, not yet timed on a GPU) splits a strip among
+   several threads of a column that share its first window.
 
 Each pass touches a pixel a constant number of times whatever the box, so the cost
 barely depends on k: the first window of a run or strip is the only part that grows
