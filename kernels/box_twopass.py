@@ -190,6 +190,16 @@ def _emit(out, o, a0, a1, second, area, magic, shift_hi, even):
 
 
 @cuda.jit(device=True)
+def _advance(out, o, a0, a1, e, d, second, area, magic, shift_hi, even):
+    """Slide both running sums one row (e: the entering word, d: the leaving one),
+    write their means at out[o] (and out[o + 1]) and return them."""
+    a0 = uint32(a0 + (e & LOW16) - (d & LOW16))
+    a1 = uint32(a1 + (e >> SIXTEEN) - (d >> SIXTEEN))
+    _emit(out, o, a0, a1, second, area, magic, shift_hi, even)
+    return a0, a1
+
+
+@cuda.jit(device=True)
 def _rows8(sums32, off, uwords):
     """Words `off` + i * uwords of the scratch for i < 8, all eight loads issued at once."""
     return (
@@ -276,10 +286,8 @@ def box_column_means(sums32, height, lanes, words, kh, ay, mode, row_cval, area,
             for e, d in ((e0, d0), (e1, d1), (e2, d2), (e3, d3), (e4, d4), (e5, d5), (e6, d6),
                          (e7, d7), (e8, d8), (e9, d9), (e10, d10), (e11, d11), (e12, d12),
                          (e13, d13), (e14, d14), (e15, d15)):  # fmt: skip
-                a0 = uint32(a0 + (e & LOW16) - (d & LOW16))
-                a1 = uint32(a1 + (e >> SIXTEEN) - (d >> SIXTEEN))
                 o += step
-                _emit(out, o, a0, a1, second, area, magic, shift_hi, even)
+                a0, a1 = _advance(out, o, a0, a1, e, d, second, area, magic, shift_hi, even)
             enter += uint64(16) * uwords
             leave += uint64(16) * uwords
             y += 16
@@ -288,10 +296,8 @@ def box_column_means(sums32, height, lanes, words, kh, ay, mode, row_cval, area,
             d0, d1, d2, d3, d4, d5, d6, d7 = _rows8(sums32, leave, uwords)
             for e, d in ((e0, d0), (e1, d1), (e2, d2), (e3, d3),
                          (e4, d4), (e5, d5), (e6, d6), (e7, d7)):  # fmt: skip
-                a0 = uint32(a0 + (e & LOW16) - (d & LOW16))
-                a1 = uint32(a1 + (e >> SIXTEEN) - (d >> SIXTEEN))
                 o += step
-                _emit(out, o, a0, a1, second, area, magic, shift_hi, even)
+                a0, a1 = _advance(out, o, a0, a1, e, d, second, area, magic, shift_hi, even)
             enter += uint64(8) * uwords
             leave += uint64(8) * uwords
             y += 8

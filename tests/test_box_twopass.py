@@ -12,16 +12,13 @@ import numpy as np
 import pytest
 from numba import cuda
 from test_box_fused import box_sums, exact_box
+from test_box_packed import _image
 
 from imgfilter.border import BORDERS
 from kernels import border_index as bi
 from kernels import box as kbox
 from kernels import box_plan
 from kernels import box_twopass as k2
-
-
-def _image(shape, seed):
-    return np.random.default_rng(seed).integers(1, 255, shape, endpoint=True).astype(np.uint8)
 
 
 def _twopass(img, ksize, anchor, border, cval, **geometry):
