@@ -406,16 +406,17 @@ def twopass_plan(shape: tuple, dtype, ksize: tuple, run: int = 0, row_threads: i
                  col_groups: int = -1) -> dict | None:  # fmt: skip
     """Launch geometry of `kernels.box_twopass`, or None where it does not apply.
 
-    It applies to uint8 images of at most 2**31 bytes and 65535 * strip rows, boxes of
-    at most 257 columns (row sums fit 16 bits) and areas whose rounding stays exact in
-    32 bits (511 * area < 2**32). The row pass gives a block `seg_w` output pixels of
-    one row, a thread one run of one channel; the column pass gives a thread one 32-bit
-    word (two lanes) of the 16-bit scratch of row sums, `pitch16` lanes a row, and a
-    strip of rows: all of them (col_groups 0, `box_column_means`), or strip //
-    col_groups of them with the strip's first window shared among col_groups threads
-    (`box_column_means_shared`, blocks of col_threads x col_groups; strip must be a
-    multiple of col_groups; with strip 0, TWOPASS_GROUP_ROWS rows a thread). -1 picks
-    TWOPASS_COL_GROUPS.
+    It applies to uint8 images of fewer than 2**31 bytes, at most 65535 * strip rows and
+    65535 row segments, boxes of at most 257 columns (row sums fit 16 bits) and areas
+    whose rounding constant fits 32 bits (`packed_magic(area, 511 * area + 1)`: areas
+    below 5,937,910, e.g. any box of at most 4095 x 257). The row pass gives a block
+    `seg_w` output pixels of one row, a thread one run of one channel. The column pass
+    gives a thread one 32-bit word (two lanes) of the 16-bit scratch of row sums,
+    `pitch16` lanes a row, and a strip of rows: all of them (col_groups 0,
+    `box_column_means`), or strip // col_groups of them with the strip's first window
+    shared among col_groups threads (`box_column_means_shared`, blocks of col_threads x
+    col_groups, at most 512 threads; strip must be a multiple of col_groups; with strip
+    0, TWOPASS_GROUP_ROWS rows a thread). col_groups -1 picks TWOPASS_COL_GROUPS.
     """
     height, width, channels = shape
     kh, kw = ksize
@@ -424,9 +425,12 @@ def twopass_plan(shape: tuple, dtype, ksize: tuple, run: int = 0, row_threads: i
     col_groups = TWOPASS_COL_GROUPS if col_groups < 0 else col_groups
     col_threads = col_threads or (TWOPASS_COL_THREADS if col_groups == 0 else TWOPASS_WX)
     strip = strip or (TWOPASS_STRIP if col_groups == 0 else col_groups * TWOPASS_GROUP_ROWS)
-    if col_groups and (strip % col_groups or col_threads * col_groups > 1024):
+    # 512 threads at most: box_column_means_shared needs 68 registers a thread.
+    if col_groups and (strip % col_groups or col_threads * col_groups > 512):
         return None
     if np.dtype(dtype) != np.uint8 or kw > PACKED_MAX_ROWS or 511 * kh * kw >= 2**32:
+        return None
+    if packed_magic(kh * kw, 511 * kh * kw + 1)[0] >= 2**32:
         return None
     if height * width * channels >= 2**31 or cdiv(height, strip) > 65535:
         return None
@@ -435,6 +439,8 @@ def twopass_plan(shape: tuple, dtype, ksize: tuple, run: int = 0, row_threads: i
     items = channels * cdiv(width, run)
     threads = min(row_threads // channels * channels, cdiv(items, 32) * 32)
     seg_w = threads // channels * run
+    if cdiv(width, seg_w) > 65535:  # row segments go on grid y
+        return None
     tile_w = min(seg_w, width)
     # The input bytes start up to 3 bytes in (to land the image's words aligned).
     smem = cdiv((tile_w + kw - 1) * channels + 3, 4) * 4 + 4 * cdiv(tile_w * channels, 2)
@@ -463,13 +469,14 @@ def twopass_args(shape: tuple, ksize: tuple, anchor: tuple, mode: int, cval, geo
     pass's lie between n_words and sums32: (width, kw, ax, mode, cval, run, seg_w,
     pitch16); the column pass's between sums32 and out: (height, lanes, words, kh, ay,
     mode, row_cval, area, magic, shift_hi, even, strip)."""
-    height, width, channels = shape
-    kh, kw = ksize
-    ay, ax = anchor
+    height, width, channels = (int(n) for n in shape)
+    kh, kw = (int(n) for n in ksize)
+    ay, ax = (int(n) for n in anchor)
+    mode = int(mode)
     area = kh * kw
     magic, shift_hi = packed_magic(area, 511 * area + 1)
     pitch16 = geo["pitch16"]
     row = (width, kw, ax, mode, int(cval), geo["run"], geo["seg_w"], pitch16)
     column = (height, width * channels, pitch16 // 2, kh, ay, mode, kw * int(cval), area,
-              magic, shift_hi, int(geo["even"]), geo["strip"])  # fmt: skip
+              magic, shift_hi, int(area % 2 == 0), geo["strip"])  # fmt: skip
     return row, column

@@ -49,7 +49,8 @@ def _word_at(src8, src32, n_words, a):
     shift = a & uint64(3)
     if shift == uint64(0):
         return src32[wi]
-    if wi + uint64(1) < n_words:
+    # Both sides unsigned: Numba compares an int64 with a uint64 in float64.
+    if wi + uint64(1) < uint64(n_words):
         both = (uint64(src32[wi + uint64(1)]) << THIRTY_TWO) | uint64(src32[wi])
         return uint32(both >> (shift * uint64(8)))
     word = uint32(0)
@@ -270,7 +271,7 @@ def box_column_means(sums32, height, lanes, words, kh, ay, mode, row_cval, area,
     _emit(out, o, a0, a1, second, area, magic, shift_hi, even)
     y = y0 + 1
     if inside:
-        # Eight rows at a time, all sixteen loads issued before the sums use them.
+        # Sixteen, then eight rows at a time, all loads issued before the sums use them.
         enter = uint64(top + kh) * uwords + uint64(q)
         leave = uint64(top) * uwords + uint64(q)
         step = uint64(lanes)

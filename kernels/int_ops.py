@@ -7,8 +7,8 @@
 - `round_div(acc, area, magic, shift_hi, even)`: round(acc / area) half to even by
   one multiply-high, for the box kernels' means.
 
-Both come from libdevice. On the CUDA simulator, which has none, they are the same
-operations in Python, so kernels that use them run unchanged in CI.
+The first two come from libdevice. On the CUDA simulator, which has none, they are the
+same operations in Python, so kernels that use them run unchanged in CI.
 """
 
 from __future__ import annotations

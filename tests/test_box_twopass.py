@@ -103,7 +103,26 @@ def test_widest_box_and_all_255():
     np.testing.assert_array_equal(got, exact_box(img, (3, 257), (1, 128), "wrap", 0))
 
 
+def test_wide_rows_load_four_words_per_thread_and_widest_rgb_box():
+    # Few threads and long runs over 200-pixel rows: each thread loads its words four
+    # at a time (the GPU's hot path), rows start 0 or 2 bytes into a word, and a
+    # 255-column RGB box reaches past both ends of the row.
+    img = _image((6, 200, 3), seed=12)
+    geo = dict(run=64, row_threads=8, col_threads=16, strip=4, col_groups=0)
+    for ksize, anchor in [((3, 9), (1, 4)), ((5, 255), (4, 0))]:
+        got, plan = _twopass(img, ksize, anchor, "reflect101", 0, **geo)
+        np.testing.assert_array_equal(got, exact_box(img, ksize, anchor, "reflect101", 0))
+        assert plan["row_grid"][1] == 2
+
+
 def test_plan_declines_what_it_cannot_do_exactly():
+    # The rounding constant of a (23136 x 257) box needs 33 bits; 65536 row segments
+    # do not fit grid y; 1024-thread column blocks need more registers than an SM has.
+    assert box_plan.twopass_plan((30000, 300, 1), np.uint8, (23136, 257)) is None
+    assert box_plan.twopass_plan((30000, 300, 1), np.uint8, (4095, 257)) is not None
+    assert box_plan.twopass_plan((1, 2**31 - 1, 1), np.uint8, (3, 61)) is None
+    assert box_plan.twopass_plan((10, 10, 3), np.uint8, (51, 3), col_groups=32) is None
+    assert box_plan.twopass_plan((10, 10, 3), np.uint8, (51, 3), col_groups=3, strip=8) is None
     assert box_plan.twopass_plan((10, 10, 3), np.uint16, (51, 51)) is None
     assert box_plan.twopass_plan((10, 10, 3), np.float32, (51, 51)) is None
     assert box_plan.twopass_plan((10, 10, 1), np.uint8, (3, 258)) is None  # row sums > 16 bits

@@ -52,7 +52,7 @@ def tiled_name(geometry: dict, channels: int, ksize: tuple) -> str:
     )
 
 
-def twopass_names(channels: int, shared: bool = True) -> tuple[str, str]:
+def twopass_names(channels: int, shared: bool = False) -> tuple[str, str]:
     """Names of box_twopass's row pass for this many channels and of its column pass
     (box_column_means_shared, or box_column_means)."""
     columns = "box_twopass-columns-shared" if shared else "box_twopass-columns"
