@@ -388,8 +388,8 @@ def box_column_means_shared(sums32, height, lanes, words, kh, ay, mode, row_cval
     2. its own first window is the shares' total plus the changes of the threads
        above it (shared memory);
     3. it slides over its s rows, eight rows of loads per wait.
-    Against `box_column_means`, a strip's rows are read from L2 about once and a
-    half instead of four times (k=101), by twice the threads. Shares are whole
+    Against `box_column_means`, a strip's rows are loaded about 2.5 times instead of
+    4 (k=101, counting loads), by twice the threads. Shares are whole
     multiples of eight rows where the box allows. Needs 24 * blockDim.x * G bytes of
     dynamic shared memory."""
     shared = cuda.shared.array(0, dtype=uint32)
