@@ -168,11 +168,14 @@ def _make_row_sums(channels: int):
 
 
 @cuda.jit(device=True)
-def _pair(sums32, row, words, q, row_cval):
-    """The two 16-bit lanes of word q of scratch row `row` (mapped; -1: constant border)."""
-    if row < 0:
-        return row_cval, row_cval
-    w = sums32[uint64(row) * uint64(words) + uint64(q)]
+def _lanes_of(sums32, r, height, mode, uwords, q, row_cval, inside):
+    """The two lanes of word q of scratch row r: read directly where the block is
+    `inside`, else through the border (row_cval for the constant border)."""
+    if not inside:
+        r = border_index(r, height, mode)
+        if r < 0:
+            return row_cval, row_cval
+    w = sums32[uint64(r) * uwords + uint64(q)]
     return w & LOW16, w >> SIXTEEN
 
 
@@ -188,6 +191,16 @@ def _emit(out, o, a0, a1, second, area, magic, shift_hi, even):
     out[o] = round_div(a0, area, magic, shift_hi, even)
     if second:
         out[o + uint64(1)] = round_div(a1, area, magic, shift_hi, even)
+
+
+@cuda.jit(device=True)
+def _step(out, o, write, a0, a1, e0, e1, d0, d1, second, area, magic, shift_hi, even):
+    """Slide both running sums one row (lanes e entering, d leaving) and, if `write`,
+    write their means at out[o] (and out[o + 1]); return them."""
+    a0, a1 = _slide(a0, a1, e0, e1, d0, d1)
+    if write:
+        _emit(out, o, a0, a1, second, area, magic, shift_hi, even)
+    return a0, a1
 
 
 @cuda.jit(device=True)
@@ -264,7 +277,7 @@ def box_column_means(sums32, height, lanes, words, kh, ay, mode, row_cval, area,
             off += uint64(8) * uwords
             i += 8
     for r in range(i, kh):
-        v0, v1 = _pair(sums32, border_index(top + r, height, mode), words, q, row_cval)
+        v0, v1 = _lanes_of(sums32, top + r, height, mode, uwords, q, row_cval, False)
         a0 = uint32(a0 + v0)
         a1 = uint32(a1 + v1)
     o = uint64(y0) * uint64(lanes) + lane
@@ -303,24 +316,12 @@ def box_column_means(sums32, height, lanes, words, kh, ay, mode, row_cval, area,
             leave += uint64(8) * uwords
             y += 8
     while y < y_end:
-        e0, e1 = _pair(sums32, border_index(y - ay + kh - 1, height, mode), words, q, row_cval)
-        d0, d1 = _pair(sums32, border_index(y - ay - 1, height, mode), words, q, row_cval)
+        e0, e1 = _lanes_of(sums32, y - ay + kh - 1, height, mode, uwords, q, row_cval, False)
+        d0, d1 = _lanes_of(sums32, y - ay - 1, height, mode, uwords, q, row_cval, False)
         a0, a1 = _slide(a0, a1, e0, e1, d0, d1)
         o += uint64(lanes)
         _emit(out, o, a0, a1, second, area, magic, shift_hi, even)
         y += 1
-
-
-@cuda.jit(device=True)
-def _lanes_of(sums32, r, height, mode, uwords, q, row_cval, inside):
-    """The two lanes of word q of scratch row r: read directly where the block is
-    `inside`, else through the border (row_cval for the constant border)."""
-    if not inside:
-        r = border_index(r, height, mode)
-        if r < 0:
-            return row_cval, row_cval
-    w = sums32[uint64(r) * uwords + uint64(q)]
-    return w & LOW16, w >> SIXTEEN
 
 
 @cuda.jit(device=True)
@@ -474,20 +475,18 @@ def box_column_means_shared(sums32, height, lanes, words, kh, ay, mode, row_cval
         for e, f, d, g2 in ((e0, f0, l0, m0), (e1, f1, l1, m1), (e2, f2, l2, m2),
                            (e3, f3, l3, m3), (e4, f4, l4, m4), (e5, f5, l5, m5),
                            (e6, f6, l6, m6), (e7, f7, l7, m7)):  # fmt: skip
-            a0, a1 = _slide(a0, a1, e, f, d, g2)
             o += step
             y += 1
-            if y < height:
-                _emit(out, o, a0, a1, second, area, magic, shift_hi, even)
+            a0, a1 = _step(out, o, y < height, a0, a1, e, f, d, g2, second, area, magic,
+                           shift_hi, even)  # fmt: skip
         i += 8
     while i + 1 < s:
         e0, f0 = _lanes_of(sums32, first + kh + i, height, mode, uwords, q, row_cval, inside)
         l0, m0 = _lanes_of(sums32, first + i, height, mode, uwords, q, row_cval, inside)
-        a0, a1 = _slide(a0, a1, e0, f0, l0, m0)
         o += step
         y += 1
-        if y < height:
-            _emit(out, o, a0, a1, second, area, magic, shift_hi, even)
+        a0, a1 = _step(out, o, y < height, a0, a1, e0, f0, l0, m0, second, area, magic,
+                       shift_hi, even)  # fmt: skip
         i += 1
 
 
