@@ -4,7 +4,8 @@
         python benchmarks/profile_once.py --op box --op contour
 
 --op picks what runs (repeatable): box (k=21 box through box_auto, uint8 RGB), packed
-(the same through kernels.box_packed), tiled (through kernels.box_tiled), contour (gray),
+(the same through kernels.box_packed), tiled (through kernels.box_tiled), twopass (through
+kernels.box_twopass; use --k 101), contour (gray),
 filter2d (a random full-rank 21x21 kernel through `kernels.conv_blocked`), fma (the
 FMA-rate probe of `imgfilter.bench`).
 """
@@ -16,7 +17,7 @@ import argparse
 import numpy as np
 from numba import cuda
 
-OPS = ("box", "packed", "tiled", "contour", "filter2d", "fma")
+OPS = ("box", "packed", "tiled", "twopass", "contour", "filter2d", "fma")
 
 
 def main() -> None:
@@ -42,6 +43,10 @@ def main() -> None:
             from kernels import box_tiled
 
             box_tiled.box_tiled(d_img, (k, k), (k // 2, k // 2), 0, 0)
+        if "twopass" in ops:
+            from kernels import box_twopass
+
+            box_twopass.box_twopass(d_img, (k, k), (k // 2, k // 2), 0, 0)
         if "contour" in ops:
             from kernels import contour as kcontour
 
