@@ -63,15 +63,15 @@ def _kernel(name: str, channels: int, box: int = 21, geometry: dict | None = Non
 
         k = mod.kernel_for(channels, 128, 30, False)
         return k.py_func, (u8, u32, i64) + (i64,) * 14 + (u8, u32), mod.__file__
-    if name in ("twopass-row", "twopass-col", "twopass-col-shared"):
+    if name in ("twopass-row", "twopass-col", "twopass-col-tiles"):
         from kernels import box_twopass as mod
 
         if name == "twopass-row":
             sig = (u8, u32) + (i64,) * 9 + (u32,)
             return mod.row_kernel_for(channels).py_func, sig, mod.__file__
         sig = (u32,) + (i64,) * 12 + (u8,)
-        if name == "twopass-col-shared":
-            return mod.box_column_means_shared.py_func, sig, mod.__file__
+        if name == "twopass-col-tiles":
+            return mod.box_column_tiles.py_func, sig, mod.__file__
         return mod.box_column_means.py_func, sig, mod.__file__
     import numpy as np
 
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--kernel",
-        choices=("tiled", "fused", "packed", "twopass-row", "twopass-col", "twopass-col-shared"),
+        choices=("tiled", "fused", "packed", "twopass-row", "twopass-col", "twopass-col-tiles"),
         default="tiled",
     )
     ap.add_argument("--channels", type=int, default=3)

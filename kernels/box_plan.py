@@ -391,11 +391,11 @@ TWOPASS_ROW_THREADS = 256  # at most, per block of the row pass
 # (128 threads); 256 threads on 32-row strips 79.4/107.0/129.8.
 TWOPASS_COL_THREADS = 256  # per block of the column pass without groups
 TWOPASS_STRIP = 32  # output rows a thread of the column pass walks without groups
-# With groups (box_column_means_shared, opt-in): blocks of TWOPASS_WX words x col_groups
-# threads, each of those threads walking TWOPASS_GROUP_ROWS rows. Exact on the
-# simulator but not yet run or timed on a GPU (the 2026-11-25 session's device time ran
-# out): TWOPASS_COL_GROUPS stays 0 until an H100 sweep (`sweep_uint8_box.py --kernel
-# twopass`, whose grid has 4/8/16 groups) and its gpu tests say otherwise.
+# With groups (box_column_tiles): blocks of TWOPASS_WX words x col_groups threads, each
+# of those threads walking TWOPASS_GROUP_ROWS rows of a tile in shared memory. Not yet
+# timed on a GPU: TWOPASS_COL_GROUPS stays 0 until an H100 sweep (`sweep_uint8_box.py
+# --kernel twopass`) says otherwise. (The window-sharing column pass tried before it,
+# 2026-11-25g-h100-sweep-twopass, took 168-219 us at k=101 against 108 serial.)
 TWOPASS_COL_GROUPS = 0
 TWOPASS_WX = 32
 TWOPASS_GROUP_ROWS = 16
@@ -413,10 +413,12 @@ def twopass_plan(shape: tuple, dtype, ksize: tuple, run: int = 0, row_threads: i
     `seg_w` output pixels of one row, a thread one run of one channel. The column pass
     gives a thread one 32-bit word (two lanes) of the 16-bit scratch of row sums,
     `pitch16` lanes a row, and a strip of rows: all of them (col_groups 0,
-    `box_column_means`), or strip // col_groups of them with the strip's first window
-    shared among col_groups threads (`box_column_means_shared`, blocks of col_threads x
-    col_groups, at most 512 threads; strip must be a multiple of col_groups; with strip
-    0, TWOPASS_GROUP_ROWS rows a thread). col_groups -1 picks TWOPASS_COL_GROUPS.
+    `box_column_means`), or strip // col_groups of them out of a (strip + kh - 1) x
+    col_threads tile of words in shared memory (`box_column_tiles`, blocks of
+    col_threads x col_groups, at most 1024 threads; strip must be a multiple of
+    col_groups; with strip 0, TWOPASS_GROUP_ROWS rows a thread). Where the tile would
+    not fit SMEM_LIMIT (tall boxes) the plan falls back to col_groups 0. col_groups -1
+    picks TWOPASS_COL_GROUPS.
     """
     height, width, channels = shape
     kh, kw = ksize
@@ -425,9 +427,10 @@ def twopass_plan(shape: tuple, dtype, ksize: tuple, run: int = 0, row_threads: i
     col_groups = TWOPASS_COL_GROUPS if col_groups < 0 else col_groups
     col_threads = col_threads or (TWOPASS_COL_THREADS if col_groups == 0 else TWOPASS_WX)
     strip = strip or (TWOPASS_STRIP if col_groups == 0 else col_groups * TWOPASS_GROUP_ROWS)
-    # 512 threads at most: box_column_means_shared needs 68 registers a thread.
-    if col_groups and (strip % col_groups or col_threads * col_groups > 512):
+    if col_groups and (strip % col_groups or col_threads * col_groups > 1024):
         return None
+    if col_groups and 4 * (strip + kh - 1) * col_threads > SMEM_LIMIT:
+        col_groups, col_threads, strip = 0, TWOPASS_COL_THREADS, TWOPASS_STRIP
     if np.dtype(dtype) != np.uint8 or kw > PACKED_MAX_ROWS or 511 * kh * kw >= 2**32:
         return None
     if packed_magic(kh * kw, 511 * kh * kw + 1)[0] >= 2**32:
@@ -457,7 +460,7 @@ def twopass_plan(shape: tuple, dtype, ksize: tuple, run: int = 0, row_threads: i
         "col_threads": col_threads,
         "col_groups": col_groups,
         "col_block": (col_threads, col_groups) if col_groups else (col_threads,),
-        "col_smem": 24 * col_threads * col_groups,
+        "col_smem": 4 * (strip + kh - 1) * col_threads if col_groups else 0,
         "strip": strip,
         "col_grid": (cdiv(pitch16 // 2, col_threads), cdiv(height, strip)),
         "even": (kh * kw) % 2 == 0,

@@ -14,9 +14,9 @@ code with `cval` for the constant border. Exact: sums are integers.
 2. Column pass (`box_column_means`): a thread owns one 32-bit word (two lanes) of the
    scratch and walks `strip` output rows with two 32-bit running sums (add the entering
    row, subtract the leaving one), rounds each mean by one multiply-high
-   (`kernels.int_ops.round_div`) and writes the two bytes. `box_column_means_shared`
-   (opt-in, geometry col_groups > 0, not yet timed on a GPU) splits a strip among
-   several threads of a column that share its first window.
+   (`kernels.int_ops.round_div`) and writes the two bytes. `box_column_tiles`
+   (geometry col_groups > 0) does the same from a tile of the scratch in shared memory,
+   several threads a column.
 
 Each pass touches a pixel a constant number of times whatever the box, so the cost
 barely depends on k: the first window of a run or strip is the only part that grows
@@ -194,16 +194,6 @@ def _emit(out, o, a0, a1, second, area, magic, shift_hi, even):
 
 
 @cuda.jit(device=True)
-def _step(out, o, write, a0, a1, e0, e1, d0, d1, second, area, magic, shift_hi, even):
-    """Slide both running sums one row (lanes e entering, d leaving) and, if `write`,
-    write their means at out[o] (and out[o + 1]); return them."""
-    a0, a1 = _slide(a0, a1, e0, e1, d0, d1)
-    if write:
-        _emit(out, o, a0, a1, second, area, magic, shift_hi, even)
-    return a0, a1
-
-
-@cuda.jit(device=True)
 def _advance(out, o, a0, a1, e, d, second, area, magic, shift_hi, even):
     """Slide both running sums one row (e: the entering word, d: the leaving one),
     write their means at out[o] (and out[o + 1]) and return them."""
@@ -325,169 +315,97 @@ def box_column_means(sums32, height, lanes, words, kh, ay, mode, row_cval, area,
 
 
 @cuda.jit(device=True)
-def _lanes8(sums32, r0, height, mode, uwords, q, row_cval, inside):
-    """Both lanes' sums over rows r0 .. r0 + 7 of word q (eight loads, then the adds)."""
-    x0, y0 = _lanes_of(sums32, r0, height, mode, uwords, q, row_cval, inside)
-    x1, y1 = _lanes_of(sums32, r0 + 1, height, mode, uwords, q, row_cval, inside)
-    x2, y2 = _lanes_of(sums32, r0 + 2, height, mode, uwords, q, row_cval, inside)
-    x3, y3 = _lanes_of(sums32, r0 + 3, height, mode, uwords, q, row_cval, inside)
-    x4, y4 = _lanes_of(sums32, r0 + 4, height, mode, uwords, q, row_cval, inside)
-    x5, y5 = _lanes_of(sums32, r0 + 5, height, mode, uwords, q, row_cval, inside)
-    x6, y6 = _lanes_of(sums32, r0 + 6, height, mode, uwords, q, row_cval, inside)
-    x7, y7 = _lanes_of(sums32, r0 + 7, height, mode, uwords, q, row_cval, inside)
-    return (uint32(x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7),
-            uint32(y0 + y1 + y2 + y3 + y4 + y5 + y6 + y7))  # fmt: skip
-
-
-@cuda.jit(device=True)
-def _sum_rows(sums32, r0, n, height, mode, uwords, q, row_cval, inside):
-    """Both lanes' sums over rows r0 .. r0 + n - 1 of word q, eight loads per wait."""
-    a0 = uint32(0)
-    a1 = uint32(0)
-    i = 0
-    while i + 7 < n:
-        b0, b1 = _lanes8(sums32, r0 + i, height, mode, uwords, q, row_cval, inside)
-        a0, a1 = uint32(a0 + b0), uint32(a1 + b1)
-        i += 8
-    while i < n:
-        x0, y0 = _lanes_of(sums32, r0 + i, height, mode, uwords, q, row_cval, inside)
-        a0 = uint32(a0 + x0)
-        a1 = uint32(a1 + y0)
-        i += 1
-    return a0, a1
-
-
-@cuda.jit(device=True)
-def _change(sums32, first, kh, s, height, mode, uwords, q, row_cval, inside):
-    """(entering lane sums, leaving lane sums) over s steps of a window whose first row
-    is `first`: rows first + kh .. + s - 1 and first .. first + s - 1, sixteen loads
-    per wait."""
-    e0, e1, l0, l1 = uint32(0), uint32(0), uint32(0), uint32(0)
-    i = 0
-    while i + 7 < s:
-        a0, a1 = _lanes8(sums32, first + kh + i, height, mode, uwords, q, row_cval, inside)
-        b0, b1 = _lanes8(sums32, first + i, height, mode, uwords, q, row_cval, inside)
-        e0, e1 = uint32(e0 + a0), uint32(e1 + a1)
-        l0, l1 = uint32(l0 + b0), uint32(l1 + b1)
-        i += 8
-    while i < s:
-        a0, a1 = _lanes_of(sums32, first + kh + i, height, mode, uwords, q, row_cval, inside)
-        b0, b1 = _lanes_of(sums32, first + i, height, mode, uwords, q, row_cval, inside)
-        e0, e1 = uint32(e0 + a0), uint32(e1 + a1)
-        l0, l1 = uint32(l0 + b0), uint32(l1 + b1)
-        i += 1
-    return e0, e1, l0, l1
+def _tile_row(sums32, r, height, mode, uwords, q, row_word, inside):
+    """Word q of scratch row r, read directly where the block is `inside`, else through
+    the border (row_word, both lanes row_cval, for the constant border)."""
+    if not inside:
+        r = border_index(r, height, mode)
+        if r < 0:
+            return row_word
+    return sums32[uint64(r) * uwords + uint64(q)]
 
 
 @cuda.jit(cache=True)
-def box_column_means_shared(sums32, height, lanes, words, kh, ay, mode, row_cval, area,
-                            magic, shift_hi, even, strip, out):  # fmt: skip
-    """As `box_column_means`, with the work of a strip split among the G = blockDim.y
-    threads of a column, each owning s = strip // G consecutive output rows:
-    1. thread g sums its share (a G-th) of the strip's first window and the change of
-       window over its s rows (the rows entering minus the rows leaving);
-    2. its own first window is the shares' total plus the changes of the threads
-       above it (shared memory);
-    3. it slides over its s rows, eight rows of loads per wait.
-    Against `box_column_means`, a strip's rows are loaded about 2.5 times instead of
-    4 (k=101, counting loads), by twice the threads. Shares are whole
-    multiples of eight rows where the box allows. Needs 24 * blockDim.x * G bytes of
-    dynamic shared memory."""
-    shared = cuda.shared.array(0, dtype=uint32)
-    x = cuda.threadIdx.x
-    g = cuda.threadIdx.y
-    wx = cuda.blockDim.x
-    n_groups = cuda.blockDim.y
-    q = cuda.blockIdx.x * wx + x
-    active = q < words
-    q = min(q, words - 1)  # idle threads read a real word and store nothing
-    row_cval, area, magic = uint32(row_cval), uint32(area), uint32(magic)
-    shift_hi, even = uint32(shift_hi), even != 0
-    s = strip // n_groups
+def box_column_tiles(sums32, height, lanes, words, kh, ay, mode, row_cval, area, magic,
+                     shift_hi, even, strip, out):  # fmt: skip
+    """As `box_column_means`, by tiles. A block of blockDim.x words x G = blockDim.y
+    threads owns `strip` output rows of blockDim.x scratch words:
+    1. it loads their rows of sums and the kh - 1 more their windows reach (borders
+       applied) into shared memory, (strip + kh - 1) x blockDim.x words, every thread's
+       loads independent of each other (four in flight);
+    2. thread (x, g) sums the first window of its s = strip // G output rows from shared
+       memory and slides it over them, one mean per row and lane.
+    A block reads its rows of the scratch (strip + kh - 1) / strip times (through L2:
+    neighbouring strips share them); the re-summed first windows come from shared
+    memory. Needs 4 * (strip + kh - 1) * blockDim.x bytes of dynamic shared memory."""
+    tile = cuda.shared.array(0, dtype=uint32)
+    x = uint32(cuda.threadIdx.x)
+    g = uint32(cuda.threadIdx.y)
+    wx = uint32(cuda.blockDim.x)
+    n_groups = uint32(cuda.blockDim.y)
+    q = int(cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x)  # int64, like words
     y0 = cuda.blockIdx.y * strip
     top = y0 - ay
-    inside = top >= 0 and top + strip + kh - 1 <= height  # every row read is a real row
+    out_rows = min(strip, height - y0)
+    n_rows = uint32(out_rows + kh - 1)
     uwords = uint64(words)
+    qc = min(q, words - 1)  # threads past the last word load a real one, write nothing
+    row_cval = uint32(row_cval)
+    row_word = row_cval | (row_cval << SIXTEEN)
 
-    # 1. A share of the first window, and this thread's change of window.
-    share = ((kh + n_groups - 1) // n_groups + 7) // 8 * 8
-    r0 = min(g * share, kh)
-    p0, p1 = _sum_rows(sums32, top + r0, min(share, kh - r0), height, mode, uwords, q,
-                       row_cval, inside)  # fmt: skip
-    first = top + g * s  # the first row of this thread's first window
-    e0 = e1 = l0 = l1 = uint32(0)
-    if g + 1 < n_groups:  # the last thread's change is nobody's
-        e0, e1, l0, l1 = _change(sums32, first, kh, s, height, mode, uwords, q, row_cval,
-                                 inside)  # fmt: skip
-    slot = uint32(6 * (g * wx + x))
-    shared[slot] = p0
-    shared[slot + 1] = p1
-    shared[slot + 2] = e0
-    shared[slot + 3] = e1
-    shared[slot + 4] = l0
-    shared[slot + 5] = l1
+    # 1. Load: row r of the tile is scratch row top + r.
+    inside = top >= 0 and top + int(n_rows) <= height
+    r = g
+    if inside:
+        base = uint64(top) * uwords + uint64(qc)
+        while r + uint32(3) * n_groups < n_rows:
+            w0 = sums32[base + uint64(r) * uwords]
+            w1 = sums32[base + uint64(r + n_groups) * uwords]
+            w2 = sums32[base + uint64(r + uint32(2) * n_groups) * uwords]
+            w3 = sums32[base + uint64(r + uint32(3) * n_groups) * uwords]
+            tile[r * wx + x] = w0
+            tile[(r + n_groups) * wx + x] = w1
+            tile[(r + uint32(2) * n_groups) * wx + x] = w2
+            tile[(r + uint32(3) * n_groups) * wx + x] = w3
+            r = uint32(r + uint32(4) * n_groups)
+    while r < n_rows:
+        tile[r * wx + x] = _tile_row(sums32, top + int(r), height, mode, uwords, qc,
+                                     row_word, inside)  # fmt: skip
+        r = uint32(r + n_groups)
     cuda.syncthreads()
 
-    # 2. This thread's first window: the shares, plus the rows that entered above it,
-    # minus those that left (subtracted last, so no partial sum goes below zero).
+    # 2. Slide over output rows y0 + g * s .. + s - 1.
+    s = uint32(strip) // n_groups
+    first = g * s
+    if q >= words or int(first) >= out_rows:
+        return
+    area, magic, shift_hi, even = uint32(area), uint32(magic), uint32(shift_hi), even != 0
+    second = 2 * q + 1 < lanes
     a0 = uint32(0)
     a1 = uint32(0)
-    for h in range(n_groups):
-        other = uint32(6 * (h * wx + x))
-        a0 = uint32(a0 + shared[other])
-        a1 = uint32(a1 + shared[other + 1])
-        if h < g:
-            a0 = uint32(a0 + shared[other + 2])
-            a1 = uint32(a1 + shared[other + 3])
-    for h in range(g):
-        other = uint32(6 * (h * wx + x))
-        a0 = uint32(a0 - shared[other + 4])
-        a1 = uint32(a1 - shared[other + 5])
-    if not active:
-        return
-
-    # 3. Slide over rows y0 + g * s .. + s - 1: step i adds row first + kh + i and
-    # subtracts row first + i.
-    second = 2 * q + 1 < lanes
-    y = y0 + g * s
-    o = uint64(y) * uint64(lanes) + uint64(2 * q)
+    p = first * wx + x
+    end = p + uint32(kh) * wx
+    while p + uint32(3) * wx < end:  # four rows per step: independent loads
+        w0, w1 = tile[p], tile[p + wx]
+        w2, w3 = tile[p + uint32(2) * wx], tile[p + uint32(3) * wx]
+        a0 = uint32(a0 + (w0 & LOW16) + (w1 & LOW16) + (w2 & LOW16) + (w3 & LOW16))
+        a1 = uint32(a1 + (w0 >> SIXTEEN) + (w1 >> SIXTEEN) + (w2 >> SIXTEEN) + (w3 >> SIXTEEN))
+        p = uint32(p + uint32(4) * wx)
+    while p < end:
+        w0 = tile[p]
+        a0 = uint32(a0 + (w0 & LOW16))
+        a1 = uint32(a1 + (w0 >> SIXTEEN))
+        p = uint32(p + wx)
+    o = uint64(y0 + int(first)) * uint64(lanes) + uint64(2 * q)
+    _emit(out, o, a0, a1, second, area, magic, shift_hi, even)
+    leave = first * wx + x
+    last = min(first + s, uint32(out_rows)) * wx + x  # one past the last leaving row
     step = uint64(lanes)
-    if y < height:
-        _emit(out, o, a0, a1, second, area, magic, shift_hi, even)
-    i = 0
-    while i + 8 < s:  # steps i .. i + 7, sixteen loads per wait
-        e0, f0 = _lanes_of(sums32, first + kh + i, height, mode, uwords, q, row_cval, inside)
-        e1, f1 = _lanes_of(sums32, first + kh + i + 1, height, mode, uwords, q, row_cval, inside)
-        e2, f2 = _lanes_of(sums32, first + kh + i + 2, height, mode, uwords, q, row_cval, inside)
-        e3, f3 = _lanes_of(sums32, first + kh + i + 3, height, mode, uwords, q, row_cval, inside)
-        e4, f4 = _lanes_of(sums32, first + kh + i + 4, height, mode, uwords, q, row_cval, inside)
-        e5, f5 = _lanes_of(sums32, first + kh + i + 5, height, mode, uwords, q, row_cval, inside)
-        e6, f6 = _lanes_of(sums32, first + kh + i + 6, height, mode, uwords, q, row_cval, inside)
-        e7, f7 = _lanes_of(sums32, first + kh + i + 7, height, mode, uwords, q, row_cval, inside)
-        l0, m0 = _lanes_of(sums32, first + i, height, mode, uwords, q, row_cval, inside)
-        l1, m1 = _lanes_of(sums32, first + i + 1, height, mode, uwords, q, row_cval, inside)
-        l2, m2 = _lanes_of(sums32, first + i + 2, height, mode, uwords, q, row_cval, inside)
-        l3, m3 = _lanes_of(sums32, first + i + 3, height, mode, uwords, q, row_cval, inside)
-        l4, m4 = _lanes_of(sums32, first + i + 4, height, mode, uwords, q, row_cval, inside)
-        l5, m5 = _lanes_of(sums32, first + i + 5, height, mode, uwords, q, row_cval, inside)
-        l6, m6 = _lanes_of(sums32, first + i + 6, height, mode, uwords, q, row_cval, inside)
-        l7, m7 = _lanes_of(sums32, first + i + 7, height, mode, uwords, q, row_cval, inside)
-        for e, f, d, g2 in ((e0, f0, l0, m0), (e1, f1, l1, m1), (e2, f2, l2, m2),
-                           (e3, f3, l3, m3), (e4, f4, l4, m4), (e5, f5, l5, m5),
-                           (e6, f6, l6, m6), (e7, f7, l7, m7)):  # fmt: skip
-            o += step
-            y += 1
-            a0, a1 = _step(out, o, y < height, a0, a1, e, f, d, g2, second, area, magic,
-                           shift_hi, even)  # fmt: skip
-        i += 8
-    while i + 1 < s:
-        e0, f0 = _lanes_of(sums32, first + kh + i, height, mode, uwords, q, row_cval, inside)
-        l0, m0 = _lanes_of(sums32, first + i, height, mode, uwords, q, row_cval, inside)
+    while uint32(leave + wx) < last:
         o += step
-        y += 1
-        a0, a1 = _step(out, o, y < height, a0, a1, e0, f0, l0, m0, second, area, magic,
-                       shift_hi, even)  # fmt: skip
-        i += 1
+        a0, a1 = _advance(out, o, a0, a1, tile[leave + uint32(kh) * wx], tile[leave], second,
+                          area, magic, shift_hi, even)  # fmt: skip
+        leave = uint32(leave + wx)
 
 
 _ROW_SUMS: dict = {}
@@ -498,6 +416,12 @@ def row_kernel_for(channels: int):
     if channels not in _ROW_SUMS:
         _ROW_SUMS[channels] = _make_row_sums(channels)
     return _ROW_SUMS[channels]
+
+
+def column_kernel_for(geo: dict):
+    """The column pass the geometry names: `box_column_tiles` where it has column
+    groups, else `box_column_means`."""
+    return box_column_tiles if geo["col_groups"] else box_column_means
 
 
 def row_pass(img, ksize: tuple, anchor: tuple, mode: int, cval, geo: dict):
@@ -515,12 +439,9 @@ def row_pass(img, ksize: tuple, anchor: tuple, mode: int, cval, geo: dict):
 
 
 def column_pass(sums32, ksize: tuple, anchor: tuple, mode: int, cval, geo: dict, out):
-    """Launch the column pass: `out` ((H, W, C) uint8 device array) from the row sums
-    (`box_column_means_shared` where the geometry has column groups, else
-    `box_column_means`)."""
+    """Launch the column pass: `out` ((H, W, C) uint8 device array) from the row sums."""
     _, args = twopass_args(out.shape, ksize, anchor, mode, cval, geo)
-    kernel = box_column_means_shared if geo["col_groups"] else box_column_means
-    kernel[geo["col_grid"], geo["col_block"], 0, geo["col_smem"]](
+    column_kernel_for(geo)[geo["col_grid"], geo["col_block"], 0, geo["col_smem"]](
         sums32, *args, out.reshape(out.size)
     )
     return out

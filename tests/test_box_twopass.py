@@ -42,8 +42,8 @@ CASES = [
 @pytest.mark.parametrize("groups", [0, 3], ids=["serial", "groups"])
 @pytest.mark.parametrize("shape, ksize, geometry", CASES, ids=[str(c[0]) for c in CASES])
 def test_every_border_is_exact(shape, ksize, geometry, groups):
-    # groups 0: box_column_means, a thread per strip; 3: box_column_means_shared, three
-    # threads of `strip` rows each sharing a first window.
+    # groups 0: box_column_means, a thread per strip; 3: box_column_tiles, three
+    # threads of `strip` rows each over a tile of the strip in shared memory.
     img = _image(shape, seed=sum(shape))
     anchor = (ksize[0] // 3, ksize[1] // 2)
     geometry = dict(geometry, col_groups=groups, strip=geometry["strip"] * max(groups, 1))
@@ -70,15 +70,28 @@ def test_inside_blocks_unrolled_rows_and_partial_strips():
     np.testing.assert_array_equal(got, exact_box(tall, (17, 3), (8, 1), "reflect", 0))
 
 
-def test_shared_first_window_inside_blocks_and_batches():
-    # box_column_means_shared: two threads of 18 rows per column; the second block of
-    # 36 rows is wholly inside (direct reads); shares of 9 rows and changes over 18
-    # rows take the eight-row loads and the rest, the slide two batches of eight steps.
-    img = _image((100, 12, 1), seed=10)
-    geo = dict(run=4, row_threads=8, col_threads=4, col_groups=2, strip=36)
-    for border in ("reflect101", "constant"):
-        got, _ = _twopass(img, (17, 3), (8, 1), border, 5, **geo)
-        np.testing.assert_array_equal(got, exact_box(img, (17, 3), (8, 1), border, 5))
+def test_column_tiles_inside_blocks_idle_threads_and_short_last_strip():
+    # box_column_tiles on 12 words a row in blocks of 8 (four idle threads in the
+    # second). 100 rows in strips of 36: the middle strip's tile is wholly inside (direct
+    # loads, four in flight), the last one has 28 rows. Then strips of 36 over 80 rows in
+    # threads of 12: the last strip has 8 rows, so two of its threads have none.
+    img = _image((100, 24, 1), seed=10)
+    for height, groups in [(100, 2), (80, 3)]:
+        part = np.ascontiguousarray(img[:height])
+        geo = dict(run=4, row_threads=8, col_threads=8, col_groups=groups, strip=36)
+        for border in ("reflect101", "constant"):
+            got, plan = _twopass(part, (17, 3), (8, 1), border, 5, **geo)
+            np.testing.assert_array_equal(got, exact_box(part, (17, 3), (8, 1), border, 5))
+        assert plan["col_smem"] == 4 * (36 + 16) * 8
+
+
+def test_column_tiles_fall_back_for_tall_boxes():
+    # A 400-row box's tile (527 x 32 words) would not fit 48 KiB: the serial pass runs.
+    img = _image((30, 8, 1), seed=13)
+    geo = box_plan.twopass_plan(img.shape, img.dtype, (400, 3), col_groups=8, strip=128)
+    assert geo["col_groups"] == 0 and geo["col_smem"] == 0
+    got, _ = _twopass(img, (400, 3), (200, 1), "reflect", 0, col_groups=8, strip=128)
+    np.testing.assert_array_equal(got, exact_box(img, (400, 3), (200, 1), "reflect", 0))
 
 
 def test_off_centre_anchor_extreme_values_and_ties():
@@ -117,11 +130,11 @@ def test_wide_rows_load_four_words_per_thread_and_widest_rgb_box():
 
 def test_plan_declines_what_it_cannot_do_exactly():
     # The rounding constant of a (23136 x 257) box needs 33 bits; 65536 row segments
-    # do not fit grid y; 1024-thread column blocks need more registers than an SM has.
+    # do not fit grid y; column blocks hold at most 1024 threads.
     assert box_plan.twopass_plan((30000, 300, 1), np.uint8, (23136, 257)) is None
     assert box_plan.twopass_plan((30000, 300, 1), np.uint8, (4095, 257)) is not None
     assert box_plan.twopass_plan((1, 2**31 - 1, 1), np.uint8, (3, 61)) is None
-    assert box_plan.twopass_plan((10, 10, 3), np.uint8, (51, 3), col_groups=32) is None
+    assert box_plan.twopass_plan((10, 10, 3), np.uint8, (51, 3), col_groups=64) is None
     assert box_plan.twopass_plan((10, 10, 3), np.uint8, (51, 3), col_groups=3, strip=8) is None
     assert box_plan.twopass_plan((10, 10, 3), np.uint16, (51, 51)) is None
     assert box_plan.twopass_plan((10, 10, 3), np.float32, (51, 51)) is None

@@ -52,10 +52,10 @@ def tiled_name(geometry: dict, channels: int, ksize: tuple) -> str:
     )
 
 
-def twopass_names(channels: int, shared: bool = False) -> tuple[str, str]:
+def twopass_names(channels: int, tiles: bool = False) -> tuple[str, str]:
     """Names of box_twopass's row pass for this many channels and of its column pass
-    (box_column_means_shared, or box_column_means)."""
-    columns = "box_twopass-columns-shared" if shared else "box_twopass-columns"
+    (box_column_tiles, or box_column_means)."""
+    columns = "box_twopass-columns-tiles" if tiles else "box_twopass-columns"
     return f"box_twopass-rows-c{channels}", columns
 
 

@@ -174,11 +174,7 @@ def _export_box(dimg, ksize: tuple) -> None:
     elif method == "twopass":
         rows, columns = cubins.twopass_names(channels, geo["col_groups"] > 0)
         _export(_box_twopass.row_kernel_for(channels), rows, (dtype, np.uint32, np.uint32))
-        shared = geo["col_groups"] > 0
-        column_kernel = (
-            _box_twopass.box_column_means_shared if shared else _box_twopass.box_column_means
-        )
-        _export(column_kernel, columns, (np.uint32, dtype))
+        _export(_box_twopass.column_kernel_for(geo), columns, (np.uint32, dtype))
 
 
 def contour(img, border, value, method):
