@@ -45,15 +45,14 @@ def _grid(kernel: str) -> list[dict]:
     if kernel == "twopass":  # column pass: groups x words x rows (strip = groups x rows)
         return [
             dict(col_groups=0, col_threads=256, strip=32),
-            dict(col_groups=8, col_threads=32, strip=128),
-            dict(col_groups=4, col_threads=32, strip=64),
-            dict(col_groups=8, col_threads=32, strip=64),
-            dict(col_groups=16, col_threads=32, strip=128),
             dict(col_groups=8, col_threads=32, strip=256),
-            dict(col_groups=16, col_threads=32, strip=256),
-            dict(col_groups=4, col_threads=64, strip=64),
-            dict(col_groups=16, col_threads=16, strip=128),
-            dict(col_groups=8, col_threads=64, strip=128),
+            dict(col_groups=8, col_threads=32, strip=384),
+            dict(col_groups=8, col_threads=32, strip=512),
+            dict(col_groups=16, col_threads=32, strip=512),
+            dict(col_groups=12, col_threads=32, strip=384),
+            dict(col_groups=16, col_threads=32, strip=640),
+            dict(col_groups=8, col_threads=64, strip=256),
+            dict(col_groups=4, col_threads=32, strip=256),
         ]
     vh = dict(vertical_first=1)
     return [

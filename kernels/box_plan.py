@@ -417,7 +417,7 @@ def twopass_plan(shape: tuple, dtype, ksize: tuple, run: int = 0, row_threads: i
     col_threads tile of words in shared memory (`box_column_tiles`, blocks of
     col_threads x col_groups, at most 1024 threads; strip must be a multiple of
     col_groups; with strip 0, TWOPASS_GROUP_ROWS rows a thread). Where the tile would
-    not fit SMEM_LIMIT (tall boxes) the plan falls back to col_groups 0. col_groups -1
+    not fit TILED_SMEM_LIMIT (tall boxes) the plan falls back to col_groups 0. col_groups -1
     picks TWOPASS_COL_GROUPS.
     """
     height, width, channels = shape
@@ -429,7 +429,7 @@ def twopass_plan(shape: tuple, dtype, ksize: tuple, run: int = 0, row_threads: i
     strip = strip or (TWOPASS_STRIP if col_groups == 0 else col_groups * TWOPASS_GROUP_ROWS)
     if col_groups and (strip % col_groups or col_threads * col_groups > 1024):
         return None
-    if col_groups and 4 * (strip + kh - 1) * col_threads > SMEM_LIMIT:
+    if col_groups and 4 * (strip + kh - 1) * col_threads > TILED_SMEM_LIMIT:
         col_groups, col_threads, strip = 0, TWOPASS_COL_THREADS, TWOPASS_STRIP
     if np.dtype(dtype) != np.uint8 or kw > PACKED_MAX_ROWS or 511 * kh * kw >= 2**32:
         return None

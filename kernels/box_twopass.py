@@ -27,14 +27,14 @@ written and read once. Geometry: `kernels.box_plan.twopass_plan`.
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, uint8, uint16, uint32, uint64
+from numba import cuda, typeof, uint8, uint16, uint32, uint64
 
 from .arrays import start_address
 from .box_packed import words
 from .box_plan import twopass_args, twopass_plan
 from .device import border_index
 from .int_ops import round_div
-from .launch import scratch
+from .launch import SMEM_LIMIT, allow_dynamic_smem, scratch
 
 LOW16 = np.uint32(0xFFFF)
 SIXTEEN = np.uint32(16)
@@ -439,12 +439,21 @@ def row_pass(img, ksize: tuple, anchor: tuple, mode: int, cval, geo: dict):
 
 
 def column_pass(sums32, ksize: tuple, anchor: tuple, mode: int, cval, geo: dict, out):
-    """Launch the column pass: `out` ((H, W, C) uint8 device array) from the row sums."""
+    """Launch the column pass: `out` ((H, W, C) uint8 device array) from the row sums.
+    Raises ValueError when the device cannot give the tile's shared memory."""
     _, args = twopass_args(out.shape, ksize, anchor, mode, cval, geo)
-    column_kernel_for(geo)[geo["col_grid"], geo["col_block"], 0, geo["col_smem"]](
-        sums32, *args, out.reshape(out.size)
-    )
+    args = (sums32, *args, out.reshape(out.size))
+    kernel, smem = column_kernel_for(geo), geo["col_smem"]
+    if smem > max(SMEM_LIMIT, _opted_in.get(kernel, 0)):  # once per size: ~0.2 ms
+        if not allow_dynamic_smem(kernel.compile(tuple(typeof(a) for a in args)), smem):
+            raise ValueError(f"the device cannot give box_twopass {smem} B of shared memory")
+        _opted_in[kernel] = smem
+    kernel[geo["col_grid"], geo["col_block"], 0, smem](*args)
     return out
+
+
+# The most dynamic shared memory each column kernel has been allowed (above 48 KiB).
+_opted_in: dict = {}
 
 
 def box_twopass(img, ksize, anchor, mode, cval, out=None, geometry: dict | None = None):

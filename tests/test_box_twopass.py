@@ -86,12 +86,12 @@ def test_column_tiles_inside_blocks_idle_threads_and_short_last_strip():
 
 
 def test_column_tiles_fall_back_for_tall_boxes():
-    # A 400-row box's tile (527 x 32 words) would not fit 48 KiB: the serial pass runs.
+    # A 700-row box's tile (827 x 32 words) would not fit 96 KiB: the serial pass runs.
     img = _image((30, 8, 1), seed=13)
-    geo = box_plan.twopass_plan(img.shape, img.dtype, (400, 3), col_groups=8, strip=128)
+    geo = box_plan.twopass_plan(img.shape, img.dtype, (700, 3), col_groups=8, strip=128)
     assert geo["col_groups"] == 0 and geo["col_smem"] == 0
-    got, _ = _twopass(img, (400, 3), (200, 1), "reflect", 0, col_groups=8, strip=128)
-    np.testing.assert_array_equal(got, exact_box(img, (400, 3), (200, 1), "reflect", 0))
+    got, _ = _twopass(img, (700, 3), (350, 1), "reflect", 0, col_groups=8, strip=128)
+    np.testing.assert_array_equal(got, exact_box(img, (700, 3), (350, 1), "reflect", 0))
 
 
 def test_off_centre_anchor_extreme_values_and_ties():
