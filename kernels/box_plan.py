@@ -392,13 +392,15 @@ TWOPASS_ROW_THREADS = 256  # at most, per block of the row pass
 TWOPASS_COL_THREADS = 256  # per block of the column pass without groups
 TWOPASS_STRIP = 32  # output rows a thread of the column pass walks without groups
 # With groups (box_column_tiles): blocks of TWOPASS_WX words x col_groups threads, each
-# of those threads walking TWOPASS_GROUP_ROWS rows of a tile in shared memory. Not yet
-# timed on a GPU: TWOPASS_COL_GROUPS stays 0 until an H100 sweep (`sweep_uint8_box.py
-# --kernel twopass`) says otherwise. (The window-sharing column pass tried before it,
-# 2026-11-25g-h100-sweep-twopass, took 168-219 us at k=101 against 108 serial.)
-TWOPASS_COL_GROUPS = 0
+# of those threads walking TWOPASS_GROUP_ROWS rows of a tile in shared memory. H100
+# 2026-11-25 ~11:45 UTC (benchmarks/results/2026-11-25g-h100-sweep-twopass-tiles*), seed
+# size, k=101/61, whole box_twopass: strips of 256 rows in 8 groups of 32 words 73.8 /
+# 67.3 us, against 108.0 / 90.8 for the serial pass; strips of 64/128/384/512/640 rows,
+# 4/12/16 groups and 16/64 words were all slower at k=101 (79.6-95.9 us). The
+# window-sharing column pass tried before it took 168-219 us at k=101.
+TWOPASS_COL_GROUPS = 8
 TWOPASS_WX = 32
-TWOPASS_GROUP_ROWS = 16
+TWOPASS_GROUP_ROWS = 32
 
 
 def twopass_plan(shape: tuple, dtype, ksize: tuple, run: int = 0, row_threads: int = 0,
@@ -469,9 +471,9 @@ def twopass_plan(shape: tuple, dtype, ksize: tuple, run: int = 0, row_threads: i
 
 def twopass_args(shape: tuple, ksize: tuple, anchor: tuple, mode: int, cval, geo: dict) -> tuple:
     """(row, column): box_twopass's kernel arguments as launched, all int64. The row
-    pass's lie between n_words and sums32: (width, kw, ax, mode, cval, run, seg_w,
-    pitch16); the column pass's between sums32 and out: (height, lanes, words, kh, ay,
-    mode, row_cval, area, magic, shift_hi, even, strip)."""
+    pass's lie between n_words and sums32: (width, kw, ax, mode, cval, seg_w, pitch16)
+    (the run is compiled in); the column pass's between sums32 and out: (height, lanes,
+    words, kh, ay, mode, row_cval, area, magic, shift_hi, even, strip)."""
     height, width, channels = (int(n) for n in shape)
     kh, kw = (int(n) for n in ksize)
     ay, ax = (int(n) for n in anchor)
@@ -479,7 +481,7 @@ def twopass_args(shape: tuple, ksize: tuple, anchor: tuple, mode: int, cval, geo
     area = kh * kw
     magic, shift_hi = packed_magic(area, 511 * area + 1)
     pitch16 = geo["pitch16"]
-    row = (width, kw, ax, mode, int(cval), geo["run"], geo["seg_w"], pitch16)
+    row = (width, kw, ax, mode, int(cval), geo["seg_w"], pitch16)
     column = (height, width * channels, pitch16 // 2, kh, ay, mode, kw * int(cval), area,
               magic, shift_hi, int(area % 2 == 0), geo["strip"])  # fmt: skip
     return row, column

@@ -59,13 +59,16 @@ def _word_at(src8, src32, n_words, a):
     return word
 
 
-def _make_row_sums(channels: int):
-    """The row pass for `channels` channels (a compile-time constant: / C is a multiply)."""
+def _make_row_sums(channels: int, run: int):
+    """The row pass for `channels` channels and runs of `run` outputs (compile-time
+    constants: / C is a multiply, and a whole run's slide unrolls into loads and stores
+    at fixed offsets)."""
     C = channels
     C_U = np.uint32(C)
+    RUN = run
 
     @cuda.jit(cache=True)
-    def box_row_sums16(src8, src32, n_words, width, kw, ax, mode, cval, run, seg_w, pitch16,
+    def box_row_sums16(src8, src32, n_words, width, kw, ax, mode, cval, seg_w, pitch16,
                        sums32):  # fmt: skip
         """src8, src32: the (H, W, C) image flattened, and its n_words whole 32-bit words;
         sums32: the (H, pitch16) uint16 scratch as its (H * pitch16 // 2,) 32-bit words.
@@ -124,34 +127,41 @@ def _make_row_sums(channels: int):
             i = uint32(i + step)
         cuda.syncthreads()
 
-        # 2. Slide: thread (r, c) owns outputs r * run .. r * run + run - 1 of channel c.
+        # 2. Slide: thread (r, c) owns outputs r * RUN .. r * RUN + RUN - 1 of channel c.
         stage = uint32((pre + n_in + 3) // 4 * 2)  # staged sums, in 16-bit units
         r = tid // C_U
-        xs = uint32(r * uint32(run))
+        xs = uint32(r * uint32(RUN))
         if xs < uint32(out_w):
             rel = uint32(xs * C_U + (tid - r * C_U))
             first = uint32(pre + rel)  # leaves the window next
             enter = uint32(first + uint32(kw * C))  # enters the window next
             acc = uint32(0)
             p = first
-            while p + uint32(3 * C) < enter:  # four loads per wait
+            while p + uint32(7 * C) < enter:  # eight loads per wait
                 b01 = uint32(in8[p]) + uint32(in8[p + C_U])
                 b23 = uint32(in8[p + uint32(2 * C)]) + uint32(in8[p + uint32(3 * C)])
-                acc = uint32(acc + b01 + b23)
-                p = uint32(p + uint32(4 * C))
+                b45 = uint32(in8[p + uint32(4 * C)]) + uint32(in8[p + uint32(5 * C)])
+                b67 = uint32(in8[p + uint32(6 * C)]) + uint32(in8[p + uint32(7 * C)])
+                acc = uint32(acc + b01 + b23 + b45 + b67)
+                p = uint32(p + uint32(8 * C))
             while p < enter:
                 acc = uint32(acc + in8[p])
                 p = uint32(p + C_U)
             dst = uint32(stage + rel)
             st16[dst] = acc
-            last = uint32(dst + min(uint32(run), uint32(out_w) - xs) * C_U)
-            dst = uint32(dst + C_U)
-            while dst < last:
-                acc = uint32(acc + in8[enter] - in8[first])
-                st16[dst] = acc
-                enter = uint32(enter + C_U)
-                first = uint32(first + C_U)
+            if xs + uint32(RUN) <= uint32(out_w):  # a whole run: unrolled, fixed offsets
+                for k in range(RUN - 1):
+                    acc = uint32(acc + in8[enter + uint32(k * C)] - in8[first + uint32(k * C)])
+                    st16[dst + uint32((k + 1) * C)] = acc
+            else:
+                last = uint32(dst + (uint32(out_w) - xs) * C_U)
                 dst = uint32(dst + C_U)
+                while dst < last:
+                    acc = uint32(acc + in8[enter] - in8[first])
+                    st16[dst] = acc
+                    enter = uint32(enter + C_U)
+                    first = uint32(first + C_U)
+                    dst = uint32(dst + C_U)
         cuda.syncthreads()
 
         # 3. Store: whole 32-bit words (x0 * C is even; an odd last lane pairs with the
@@ -411,11 +421,12 @@ def box_column_tiles(sums32, height, lanes, words, kh, ay, mode, row_cval, area,
 _ROW_SUMS: dict = {}
 
 
-def row_kernel_for(channels: int):
-    """The compiled-on-demand row pass for this many channels (kept per process)."""
-    if channels not in _ROW_SUMS:
-        _ROW_SUMS[channels] = _make_row_sums(channels)
-    return _ROW_SUMS[channels]
+def row_kernel_for(channels: int, run: int):
+    """The compiled-on-demand row pass for this many channels and this run (kept per
+    process)."""
+    if (channels, run) not in _ROW_SUMS:
+        _ROW_SUMS[channels, run] = _make_row_sums(channels, run)
+    return _ROW_SUMS[channels, run]
 
 
 def column_kernel_for(geo: dict):
@@ -432,7 +443,7 @@ def row_pass(img, ksize: tuple, anchor: tuple, mode: int, cval, geo: dict):
     sums32 = scratch((height * geo["pitch16"] // 2,), np.uint32)
     src8 = img.reshape(n)
     args, _ = twopass_args(img.shape, ksize, anchor, mode, cval, geo)
-    row_kernel_for(channels)[geo["row_grid"], geo["row_threads"], 0, geo["row_smem"]](
+    row_kernel_for(channels, geo["run"])[geo["row_grid"], geo["row_threads"], 0, geo["row_smem"]](
         src8, words(src8), n // 4, *args, sums32
     )
     return sums32

@@ -85,7 +85,7 @@ def test_quick_box_looks_for_the_cubin_of_the_kernel_box_auto_runs(monkeypatch):
         "tiled": lambda geo, dtype, ksize: cubins.tiled_name(geo, 3, ksize),
         "fused": lambda geo, dtype, ksize: cubins.box_name(geo, 3, dtype),
         "packed": lambda geo, dtype, ksize: cubins.packed_name(geo, 3),
-        "twopass": lambda geo, dtype, ksize: cubins.twopass_names(3)[0],
+        "twopass": lambda geo, dtype, ksize: cubins.twopass_names(3, geo)[0],
     }
     asked, methods = [], []
     monkeypatch.setattr(cached, "_run", lambda name, *args, **kw: asked.append(name))

@@ -126,7 +126,7 @@ def _box_quick(img, ksize, anchor, border, value) -> np.ndarray | None:
 
 def _twopass_quick(img, ksize, anchor, border, value, geo) -> np.ndarray | None:
     """box_twopass: its row pass into a device scratch, then its column pass."""
-    rows, columns = cubins.twopass_names(img.shape[2], geo["col_groups"] > 0)
+    rows, columns = cubins.twopass_names(img.shape[2], geo)
     row_args, col_args = box_plan.twopass_args(img.shape, ksize, anchor, border, value, geo)
     n, n_sums = img.size, img.shape[0] * geo["pitch16"] // 2
 

@@ -52,11 +52,11 @@ def tiled_name(geometry: dict, channels: int, ksize: tuple) -> str:
     )
 
 
-def twopass_names(channels: int, tiles: bool = False) -> tuple[str, str]:
-    """Names of box_twopass's row pass for this many channels and of its column pass
-    (box_column_tiles, or box_column_means)."""
-    columns = "box_twopass-columns-tiles" if tiles else "box_twopass-columns"
-    return f"box_twopass-rows-c{channels}", columns
+def twopass_names(channels: int, geo: dict) -> tuple[str, str]:
+    """Names of box_twopass's row pass for this many channels and the geometry's run,
+    and of its column pass (box_column_tiles, or box_column_means)."""
+    columns = "box_twopass-columns-tiles" if geo["col_groups"] else "box_twopass-columns"
+    return f"box_twopass-rows-c{channels}-r{geo['run']}", columns
 
 
 def contour_name(channels: int, dtype) -> str:

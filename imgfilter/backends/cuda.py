@@ -172,8 +172,10 @@ def _export_box(dimg, ksize: tuple) -> None:
         kernel = _box_fused.kernel_for(geo["sum_type"], channels, geo["magic_rounding"])
         _export(kernel, cubins.box_name(geo, channels, dtype), (dtype, dtype))
     elif method == "twopass":
-        rows, columns = cubins.twopass_names(channels, geo["col_groups"] > 0)
-        _export(_box_twopass.row_kernel_for(channels), rows, (dtype, np.uint32, np.uint32))
+        rows, columns = cubins.twopass_names(channels, geo)
+        _export(
+            _box_twopass.row_kernel_for(channels, geo["run"]), rows, (dtype, np.uint32, np.uint32)
+        )
         _export(_box_twopass.column_kernel_for(geo), columns, (np.uint32, dtype))
 
 
