@@ -61,8 +61,7 @@ def _word_at(src8, src32, n_words, a):
 
 def _make_row_sums(channels: int, run: int):
     """The row pass for `channels` channels and runs of `run` outputs (compile-time
-    constants: / C is a multiply, and a whole run's slide unrolls into loads and stores
-    at fixed offsets)."""
+    constants: / C is a multiply, a run's length is known)."""
     C = channels
     C_U = np.uint32(C)
     RUN = run
@@ -137,7 +136,8 @@ def _make_row_sums(channels: int, run: int):
             enter = uint32(first + uint32(kw * C))  # enters the window next
             acc = uint32(0)
             p = first
-            while p + uint32(7 * C) < enter:  # eight loads per wait
+            # Compares wrap to 32 bits: Numba widens a sum of two uint32 to 64.
+            while uint32(p + uint32(7 * C)) < enter:  # eight loads per wait
                 b01 = uint32(in8[p]) + uint32(in8[p + C_U])
                 b23 = uint32(in8[p + uint32(2 * C)]) + uint32(in8[p + uint32(3 * C)])
                 b45 = uint32(in8[p + uint32(4 * C)]) + uint32(in8[p + uint32(5 * C)])
@@ -149,19 +149,30 @@ def _make_row_sums(channels: int, run: int):
                 p = uint32(p + C_U)
             dst = uint32(stage + rel)
             st16[dst] = acc
-            if xs + uint32(RUN) <= uint32(out_w):  # a whole run: unrolled, fixed offsets
-                for k in range(RUN - 1):
-                    acc = uint32(acc + in8[enter + uint32(k * C)] - in8[first + uint32(k * C)])
-                    st16[dst + uint32((k + 1) * C)] = acc
-            else:
-                last = uint32(dst + (uint32(out_w) - xs) * C_U)
+            last = uint32(dst + min(uint32(RUN), uint32(out_w) - xs) * C_U)
+            dst = uint32(dst + C_U)
+            while uint32(dst + uint32(3 * C)) < last:  # four steps, loads at fixed offsets
+                e0, e1 = uint32(in8[enter]), uint32(in8[enter + C_U])
+                e2, e3 = uint32(in8[enter + uint32(2 * C)]), uint32(in8[enter + uint32(3 * C)])
+                d0, d1 = uint32(in8[first]), uint32(in8[first + C_U])
+                d2, d3 = uint32(in8[first + uint32(2 * C)]), uint32(in8[first + uint32(3 * C)])
+                acc = uint32(acc + e0 - d0)
+                st16[dst] = acc
+                acc = uint32(acc + e1 - d1)
+                st16[dst + C_U] = acc
+                acc = uint32(acc + e2 - d2)
+                st16[dst + uint32(2 * C)] = acc
+                acc = uint32(acc + e3 - d3)
+                st16[dst + uint32(3 * C)] = acc
+                enter = uint32(enter + uint32(4 * C))
+                first = uint32(first + uint32(4 * C))
+                dst = uint32(dst + uint32(4 * C))
+            while dst < last:
+                acc = uint32(acc + in8[enter] - in8[first])
+                st16[dst] = acc
+                enter = uint32(enter + C_U)
+                first = uint32(first + C_U)
                 dst = uint32(dst + C_U)
-                while dst < last:
-                    acc = uint32(acc + in8[enter] - in8[first])
-                    st16[dst] = acc
-                    enter = uint32(enter + C_U)
-                    first = uint32(first + C_U)
-                    dst = uint32(dst + C_U)
         cuda.syncthreads()
 
         # 3. Store: whole 32-bit words (x0 * C is even; an odd last lane pairs with the
