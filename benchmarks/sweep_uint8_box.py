@@ -42,17 +42,17 @@ def _grid(kernel: str) -> list[dict]:
             dict(threads=t, strip=s, batch=8)
             for t, s in itertools.product((64, 128, 256), (16, 24, 32, 48))
         ]
-    if kernel == "twopass":  # column pass: groups x words x rows (strip = groups x rows)
+    if kernel == "twopass":  # row pass runs and threads; column pass groups x words x rows
         return [
             dict(col_groups=0, col_threads=256, strip=32),
             dict(col_groups=8, col_threads=32, strip=256),
-            dict(col_groups=8, col_threads=32, strip=384),
-            dict(col_groups=8, col_threads=32, strip=512),
-            dict(col_groups=16, col_threads=32, strip=512),
-            dict(col_groups=12, col_threads=32, strip=384),
-            dict(col_groups=16, col_threads=32, strip=640),
-            dict(col_groups=8, col_threads=64, strip=256),
-            dict(col_groups=4, col_threads=32, strip=256),
+            dict(run=20),
+            dict(run=28),
+            dict(run=44),
+            dict(run=52),
+            dict(row_threads=128),
+            dict(col_groups=8, col_threads=32, strip=192),
+            dict(col_groups=8, col_threads=32, strip=320),
         ]
     vh = dict(vertical_first=1)
     return [
