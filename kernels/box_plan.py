@@ -431,12 +431,8 @@ def twopass_plan(shape: tuple, dtype, ksize: tuple, run: int = 0, row_threads: i
     strip = strip or (TWOPASS_STRIP if col_groups == 0 else col_groups * TWOPASS_GROUP_ROWS)
     if col_groups and (strip % col_groups or col_threads * col_groups > 1024):
         return None
-    col_smem = 0
-    if col_groups:  # the tile, then two lanes of chunk sums
-        chunks = col_groups + kh // (strip // col_groups) - 1
-        col_smem = 4 * (strip + kh - 1) * col_threads + 8 * chunks * col_threads
-    if col_smem > TILED_SMEM_LIMIT:
-        col_groups, col_threads, strip, col_smem = 0, TWOPASS_COL_THREADS, TWOPASS_STRIP, 0
+    if col_groups and 4 * (strip + kh - 1) * col_threads > TILED_SMEM_LIMIT:
+        col_groups, col_threads, strip = 0, TWOPASS_COL_THREADS, TWOPASS_STRIP
     if np.dtype(dtype) != np.uint8 or kw > PACKED_MAX_ROWS or 511 * kh * kw >= 2**32:
         return None
     if packed_magic(kh * kw, 511 * kh * kw + 1)[0] >= 2**32:
@@ -466,7 +462,7 @@ def twopass_plan(shape: tuple, dtype, ksize: tuple, run: int = 0, row_threads: i
         "col_threads": col_threads,
         "col_groups": col_groups,
         "col_block": (col_threads, col_groups) if col_groups else (col_threads,),
-        "col_smem": col_smem,
+        "col_smem": 4 * (strip + kh - 1) * col_threads if col_groups else 0,
         "strip": strip,
         "col_grid": (cdiv(pitch16 // 2, col_threads), cdiv(height, strip)),
         "even": (kh * kw) % 2 == 0,

@@ -354,15 +354,11 @@ def box_column_tiles(sums32, height, lanes, words, kh, ay, mode, row_cval, area,
     1. it loads their rows of sums and the kh - 1 more their windows reach (borders
        applied) into shared memory, (strip + kh - 1) x blockDim.x words, every thread's
        loads independent of each other (four in flight);
-    2. the tile's rows in chunks of s = strip // G rows are summed (thread g sums chunks
-       g and g + G), as far as some first window holds a chunk whole;
-    3. thread (x, g) adds the first window of its s output rows from the kh // s chunks
-       it starts with and the rows after them, then slides it over them, one mean per
-       row and lane.
+    2. thread (x, g) sums the first window of its s = strip // G output rows from shared
+       memory and slides it over them, one mean per row and lane.
     A block reads its rows of the scratch (strip + kh - 1) / strip times (through L2:
-    neighbouring strips share them). Needs 4 * (strip + kh - 1) * blockDim.x bytes of
-    dynamic shared memory for the tile and 8 * (G + kh // s - 1) * blockDim.x for the
-    chunk sums (`kernels.box_plan.twopass_plan`'s col_smem)."""
+    neighbouring strips share them); the re-summed first windows come from shared
+    memory. Needs 4 * (strip + kh - 1) * blockDim.x bytes of dynamic shared memory."""
     tile = cuda.shared.array(0, dtype=uint32)
     x = uint32(cuda.threadIdx.x)
     g = uint32(cuda.threadIdx.y)
@@ -399,53 +395,18 @@ def box_column_tiles(sums32, height, lanes, words, kh, ay, mode, row_cval, area,
         r = uint32(r + n_groups)
     cuda.syncthreads()
 
-    # 2. Chunk sums: rows j * s .. j * s + s - 1 of the tile for j < n_chunks, thread g
-    # summing chunks g and g + G, into shared memory after the tile.
+    # 2. Slide over output rows y0 + g * s .. + s - 1.
     s = uint32(strip) // n_groups
-    whole = uint32(kh) // s  # whole chunks in a window
-    n_chunks = n_groups + whole - uint32(1)  # those that some window holds whole
-    chunks = uint32(strip + kh - 1) * wx  # where the chunk sums start
-    j = g
-    while j < n_chunks:
-        c0, c1 = _tile_sums(tile, j * s * wx + x, s, wx)
-        tile[chunks + uint32(2) * (j * wx + x)] = c0
-        tile[chunks + uint32(2) * (j * wx + x) + uint32(1)] = c1
-        j = uint32(j + n_groups)
-    cuda.syncthreads()
-
-    # 3. The first window of rows g * s .. g * s + kh - 1: chunks g .. g + whole - 1 and
-    # the rows after them; then slide over output rows y0 + g * s .. + s - 1.
     first = g * s
     if q >= words or int(first) >= out_rows:
         return
     area, magic, shift_hi, even = uint32(area), uint32(magic), uint32(shift_hi), even != 0
     second = 2 * q + 1 < lanes
-    a0, a1 = _tile_sums(tile, (first + whole * s) * wx + x, uint32(kh) - whole * s, wx)
-    j = g
-    while j < g + whole:
-        a0 = uint32(a0 + tile[chunks + uint32(2) * (j * wx + x)])
-        a1 = uint32(a1 + tile[chunks + uint32(2) * (j * wx + x) + uint32(1)])
-        j = uint32(j + uint32(1))
-    o = uint64(y0 + int(first)) * uint64(lanes) + uint64(2 * q)
-    _emit(out, o, a0, a1, second, area, magic, shift_hi, even)
-    leave = first * wx + x
-    last = min(first + s, uint32(out_rows)) * wx + x  # one past the last leaving row
-    step = uint64(lanes)
-    while uint32(leave + wx) < last:
-        o += step
-        a0, a1 = _advance(out, o, a0, a1, tile[leave + uint32(kh) * wx], tile[leave], second,
-                          area, magic, shift_hi, even)  # fmt: skip
-        leave = uint32(leave + wx)
-
-
-@cuda.jit(device=True)
-def _tile_sums(tile, p, n, wx):
-    """Both lanes' sums over n rows of the tile from word p on (rows wx words apart),
-    four independent loads a step."""
     a0 = uint32(0)
     a1 = uint32(0)
-    end = uint32(p + n * wx)
-    while uint32(p + uint32(3) * wx) < end:
+    p = first * wx + x
+    end = p + uint32(kh) * wx
+    while p + uint32(3) * wx < end:  # four rows per step: independent loads
         w0, w1 = tile[p], tile[p + wx]
         w2, w3 = tile[p + uint32(2) * wx], tile[p + uint32(3) * wx]
         a0 = uint32(a0 + (w0 & LOW16) + (w1 & LOW16) + (w2 & LOW16) + (w3 & LOW16))
@@ -456,7 +417,16 @@ def _tile_sums(tile, p, n, wx):
         a0 = uint32(a0 + (w0 & LOW16))
         a1 = uint32(a1 + (w0 >> SIXTEEN))
         p = uint32(p + wx)
-    return a0, a1
+    o = uint64(y0 + int(first)) * uint64(lanes) + uint64(2 * q)
+    _emit(out, o, a0, a1, second, area, magic, shift_hi, even)
+    leave = first * wx + x
+    last = min(first + s, uint32(out_rows)) * wx + x  # one past the last leaving row
+    step = uint64(lanes)
+    while uint32(leave + wx) < last:
+        o += step
+        a0, a1 = _advance(out, o, a0, a1, tile[leave + uint32(kh) * wx], tile[leave], second,
+                          area, magic, shift_hi, even)  # fmt: skip
+        leave = uint32(leave + wx)
 
 
 _ROW_SUMS: dict = {}

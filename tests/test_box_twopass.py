@@ -82,8 +82,7 @@ def test_column_tiles_inside_blocks_idle_threads_and_short_last_strip():
         for border in ("reflect101", "constant"):
             got, plan = _twopass(part, (17, 3), (8, 1), border, 5, **geo)
             np.testing.assert_array_equal(got, exact_box(part, (17, 3), (8, 1), border, 5))
-        # the tile, and two lanes of the chunk sums of 18 / 12 rows that windows hold
-        assert plan["col_smem"] == 4 * (36 + 16) * 8 + 8 * (groups + 17 // (36 // groups) - 1) * 8
+        assert plan["col_smem"] == 4 * (36 + 16) * 8
 
 
 def test_column_tiles_fall_back_for_tall_boxes():
