@@ -353,7 +353,7 @@ def box_column_tiles(sums32, height, lanes, words, kh, ay, mode, row_cval, area,
     threads owns `strip` output rows of blockDim.x scratch words:
     1. it loads their rows of sums and the kh - 1 more their windows reach (borders
        applied) into shared memory, (strip + kh - 1) x blockDim.x words, every thread's
-       loads independent of each other (four in flight);
+       loads independent of each other (eight in flight);
     2. thread (x, g) sums the first window of its s = strip // G output rows from shared
        memory and slides it over them, one mean per row and lane.
     A block reads its rows of the scratch (strip + kh - 1) / strip times (through L2:
@@ -379,6 +379,25 @@ def box_column_tiles(sums32, height, lanes, words, kh, ay, mode, row_cval, area,
     r = g
     if inside:
         base = uint64(top) * uwords + uint64(qc)
+        g8 = uint32(8) * n_groups
+        while uint32(r + g8 - n_groups) < n_rows:  # eight loads in flight
+            w0 = sums32[base + uint64(r) * uwords]
+            w1 = sums32[base + uint64(r + n_groups) * uwords]
+            w2 = sums32[base + uint64(r + uint32(2) * n_groups) * uwords]
+            w3 = sums32[base + uint64(r + uint32(3) * n_groups) * uwords]
+            w4 = sums32[base + uint64(r + uint32(4) * n_groups) * uwords]
+            w5 = sums32[base + uint64(r + uint32(5) * n_groups) * uwords]
+            w6 = sums32[base + uint64(r + uint32(6) * n_groups) * uwords]
+            w7 = sums32[base + uint64(r + uint32(7) * n_groups) * uwords]
+            tile[r * wx + x] = w0
+            tile[(r + n_groups) * wx + x] = w1
+            tile[(r + uint32(2) * n_groups) * wx + x] = w2
+            tile[(r + uint32(3) * n_groups) * wx + x] = w3
+            tile[(r + uint32(4) * n_groups) * wx + x] = w4
+            tile[(r + uint32(5) * n_groups) * wx + x] = w5
+            tile[(r + uint32(6) * n_groups) * wx + x] = w6
+            tile[(r + uint32(7) * n_groups) * wx + x] = w7
+            r = uint32(r + g8)
         while r + uint32(3) * n_groups < n_rows:
             w0 = sums32[base + uint64(r) * uwords]
             w1 = sums32[base + uint64(r + n_groups) * uwords]

@@ -73,16 +73,17 @@ def test_inside_blocks_unrolled_rows_and_partial_strips():
 def test_column_tiles_inside_blocks_idle_threads_and_short_last_strip():
     # box_column_tiles on 12 words a row in blocks of 8 (four idle threads in the
     # second). 100 rows in strips of 36: the middle strip's tile is wholly inside (direct
-    # loads, four in flight), the last one has 28 rows. Then strips of 36 over 80 rows in
-    # threads of 12: the last strip has 8 rows, so two of its threads have none.
+    # loads, eight in flight, then four for a 21-row box), the last one has 28 rows. Then
+    # strips of 36 over 80 rows in threads of 12: the last strip has 8 rows, so two of
+    # its threads have none.
     img = _image((100, 24, 1), seed=10)
-    for height, groups in [(100, 2), (80, 3)]:
+    for height, groups, kh in [(100, 2, 17), (100, 2, 21), (80, 3, 17)]:
         part = np.ascontiguousarray(img[:height])
         geo = dict(run=4, row_threads=8, col_threads=8, col_groups=groups, strip=36)
         for border in ("reflect101", "constant"):
-            got, plan = _twopass(part, (17, 3), (8, 1), border, 5, **geo)
-            np.testing.assert_array_equal(got, exact_box(part, (17, 3), (8, 1), border, 5))
-        assert plan["col_smem"] == 4 * (36 + 16) * 8
+            got, plan = _twopass(part, (kh, 3), (8, 1), border, 5, **geo)
+            np.testing.assert_array_equal(got, exact_box(part, (kh, 3), (8, 1), border, 5))
+        assert plan["col_smem"] == 4 * (36 + kh - 1) * 8
 
 
 def test_column_tiles_fall_back_for_tall_boxes():
