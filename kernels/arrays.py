@@ -32,3 +32,13 @@ def start_address(obj: Any) -> int:
         return int(obj.__cuda_array_interface__["data"][0])
     except AttributeError:
         return int(obj.__array_interface__["data"][0])
+
+
+def whole_bytes(obj: Any) -> bool:
+    """A C-contiguous uint8 Numba device array (not the simulator's): what the kernels'
+    direct launches (`kernels.launch.core_launcher`) pass by address as it is."""
+    try:
+        from numba.cuda.cudadrv.devicearray import DeviceNDArray
+    except ImportError:  # Numba's simulator: no direct launches
+        return False
+    return isinstance(obj, DeviceNDArray) and obj.dtype == "uint8" and obj.is_c_contiguous()

@@ -38,16 +38,11 @@ import numpy as np
 from numba import config, cuda, int64, typeof, uint8, uint16, uint32, uint64
 
 from . import box_tiled_vh
-from .arrays import start_address
+from .arrays import start_address, whole_bytes
 from .box_packed import flat_images, words
 from .box_plan import packed_magic, tiled_args, tiled_plan
 from .launch import SMEM_LIMIT, allow_dynamic_smem, core_launcher, flat_array_args
 from .tile_load import div, make_loader, reciprocal
-
-try:
-    from numba.cuda.cudadrv.devicearray import DeviceNDArray
-except ImportError:  # Numba's simulator: no direct launches
-    DeviceNDArray = ()
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 LOW16 = np.uint32(0xFFFF)
@@ -256,7 +251,7 @@ def box_tiled(img, ksize, anchor, mode, cval, out=None, geometry: dict | None = 
     scalars = tiled_args(img.shape, ksize, anchor, mode, cval, geo)
     key = (kernel, geo["grid"], geo["smem"])
     launch = _LAUNCHERS.get(key)
-    if launch and _whole_bytes(img) and (out is None or _whole_bytes(out)):
+    if launch and whole_bytes(img) and (out is None or whole_bytes(out)):
         try:
             return _launch_direct(launch, img, out, scalars, geo.get("vertical_first", False))
         except (TypeError, AttributeError):  # a cuda.core whose launch takes other types
@@ -281,11 +276,6 @@ def box_tiled(img, ksize, anchor, mode, cval, out=None, geometry: dict | None = 
 # Later launches of a (kernel, grid, shared memory) skip Numba's dispatch and the flat
 # views: ~0.1 ms of Python per call (kernels.launch.core_launcher).
 _LAUNCHERS: dict = {}
-
-
-def _whole_bytes(a) -> bool:
-    """A C-contiguous Numba uint8 device array (what the direct launch passes as is)."""
-    return isinstance(a, DeviceNDArray) and a.dtype == np.uint8 and a.is_c_contiguous()
 
 
 def _launch_direct(launch, img, out, scalars: tuple, out_words: bool):
