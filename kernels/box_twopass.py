@@ -11,12 +11,13 @@ code with `cval` for the constant border. Exact: sums are integers.
    outputs (add the entering byte, subtract the leaving one) and stages the 16-bit sums
    (kw <= 257, so kw * 255 fits); the block writes them out as 32-bit words into an
    (H, pitch16) uint16 scratch.
-2. Column pass (`box_column_means`): a thread owns one 32-bit word (two lanes) of the
-   scratch and walks `strip` output rows with two 32-bit running sums (add the entering
-   row, subtract the leaving one), rounds each mean by one multiply-high
-   (`kernels.int_ops.round_div`) and writes the two bytes. `box_column_tiles`
-   (geometry col_groups > 0) does the same from a tile of the scratch in shared memory,
-   several threads a column.
+2. Column pass, by default `box_column_tiles` (geometry col_groups > 0): a block loads
+   a strip of the scratch and the rows its windows reach into shared memory; a thread
+   owns one 32-bit word (two lanes) of it and walks its share of the strip's output
+   rows with two 32-bit running sums (add the entering row, subtract the leaving one),
+   rounds each mean by one multiply-high (`kernels.int_ops.round_div`) and writes the
+   two bytes. `box_column_means` (col_groups 0, boxes whose tile would not fit shared
+   memory) does the same straight from global memory, one thread a strip.
 
 Each pass touches a pixel a constant number of times whatever the box, so the cost
 barely depends on k: the first window of a run or strip is the only part that grows
