@@ -339,6 +339,14 @@ def box_column_means(sums32, height, lanes, words, kh, ay, mode, row_cval, area,
 
 
 @cuda.jit(device=True)
+def _word_or(sums32, i, uwords, q, row_word):
+    """Word q of scratch row i, or row_word (the constant border) where i < 0."""
+    if i < 0:
+        return row_word
+    return sums32[uint64(i) * uwords + uint64(q)]
+
+
+@cuda.jit(device=True)
 def _tile_row(sums32, r, height, mode, uwords, q, row_word, inside):
     """Word q of scratch row r, read directly where the block is `inside`, else through
     the border (row_word, both lanes row_cval, for the constant border)."""
@@ -356,7 +364,7 @@ def box_column_tiles(sums32, height, lanes, words, kh, ay, mode, row_cval, area,
     threads owns `strip` output rows of blockDim.x scratch words:
     1. it loads their rows of sums and the kh - 1 more their windows reach (borders
        applied) into shared memory, (strip + kh - 1) x blockDim.x words, every thread's
-       loads independent of each other (eight in flight);
+       loads independent of each other (eight in flight, at the borders too);
     2. thread (x, g) sums the first window of its s = strip // G output rows from shared
        memory and slides it over them, one mean per row and lane.
     A block reads its rows of the scratch (strip + kh - 1) / strip times (through L2:
@@ -380,9 +388,36 @@ def box_column_tiles(sums32, height, lanes, words, kh, ay, mode, row_cval, area,
     # 1. Load: row r of the tile is scratch row top + r.
     inside = top >= 0 and top + int(n_rows) <= height
     r = g
-    if inside:
+    g8 = uint32(8) * n_groups
+    if not inside:  # rows through the border, eight loads in flight
+        while uint32(r + g8 - n_groups) < n_rows:
+            i0 = border_index(top + int(r), height, mode)
+            i1 = border_index(top + int(r + n_groups), height, mode)
+            i2 = border_index(top + int(r + uint32(2) * n_groups), height, mode)
+            i3 = border_index(top + int(r + uint32(3) * n_groups), height, mode)
+            i4 = border_index(top + int(r + uint32(4) * n_groups), height, mode)
+            i5 = border_index(top + int(r + uint32(5) * n_groups), height, mode)
+            i6 = border_index(top + int(r + uint32(6) * n_groups), height, mode)
+            i7 = border_index(top + int(r + uint32(7) * n_groups), height, mode)
+            w0 = _word_or(sums32, i0, uwords, qc, row_word)
+            w1 = _word_or(sums32, i1, uwords, qc, row_word)
+            w2 = _word_or(sums32, i2, uwords, qc, row_word)
+            w3 = _word_or(sums32, i3, uwords, qc, row_word)
+            w4 = _word_or(sums32, i4, uwords, qc, row_word)
+            w5 = _word_or(sums32, i5, uwords, qc, row_word)
+            w6 = _word_or(sums32, i6, uwords, qc, row_word)
+            w7 = _word_or(sums32, i7, uwords, qc, row_word)
+            tile[r * wx + x] = w0
+            tile[(r + n_groups) * wx + x] = w1
+            tile[(r + uint32(2) * n_groups) * wx + x] = w2
+            tile[(r + uint32(3) * n_groups) * wx + x] = w3
+            tile[(r + uint32(4) * n_groups) * wx + x] = w4
+            tile[(r + uint32(5) * n_groups) * wx + x] = w5
+            tile[(r + uint32(6) * n_groups) * wx + x] = w6
+            tile[(r + uint32(7) * n_groups) * wx + x] = w7
+            r = uint32(r + g8)
+    else:
         base = uint64(top) * uwords + uint64(qc)
-        g8 = uint32(8) * n_groups
         while uint32(r + g8 - n_groups) < n_rows:  # eight loads in flight
             w0 = sums32[base + uint64(r) * uwords]
             w1 = sums32[base + uint64(r + n_groups) * uwords]
