@@ -71,7 +71,11 @@ def _kernel(name: str, channels: int, box: int = 21, geometry: dict | None = Non
             return mod.row_kernel_for(channels, 36).py_func, sig, mod.__file__
         sig = (u32,) + (i64,) * 12 + (u8,)
         if name == "twopass-col-tiles":
-            return mod.box_column_tiles.py_func, sig, mod.__file__
+            return (
+                mod.column_kernel_for({"col_groups": 8, "col_threads": 32}).py_func,
+                sig,
+                mod.__file__,
+            )
         return mod.box_column_means.py_func, sig, mod.__file__
     import numpy as np
 

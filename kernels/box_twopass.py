@@ -357,133 +357,147 @@ def _tile_row(sums32, r, height, mode, uwords, q, row_word, inside):
     return sums32[uint64(r) * uwords + uint64(q)]
 
 
-@cuda.jit(cache=True)
-def box_column_tiles(sums32, height, lanes, words, kh, ay, mode, row_cval, area, magic,
-                     shift_hi, even, strip, out):  # fmt: skip
-    """As `box_column_means`, by tiles. A block of blockDim.x words x G = blockDim.y
-    threads owns `strip` output rows of blockDim.x scratch words:
-    1. it loads their rows of sums and the kh - 1 more their windows reach (borders
-       applied) into shared memory, (strip + kh - 1) x blockDim.x words, every thread's
-       loads independent of each other (eight in flight, at the borders too);
-    2. thread (x, g) sums the first window of its s = strip // G output rows from shared
-       memory and slides it over them, one mean per row and lane.
-    A block reads its rows of the scratch (strip + kh - 1) / strip times (through L2:
-    neighbouring strips share them); the re-summed first windows come from shared
-    memory. Needs 4 * (strip + kh - 1) * blockDim.x bytes of dynamic shared memory."""
-    tile = cuda.shared.array(0, dtype=uint32)
-    x = uint32(cuda.threadIdx.x)
-    g = uint32(cuda.threadIdx.y)
-    wx = uint32(cuda.blockDim.x)
-    n_groups = uint32(cuda.blockDim.y)
-    q = int(cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x)  # int64, like words
-    y0 = cuda.blockIdx.y * strip
-    top = y0 - ay
-    out_rows = min(strip, height - y0)
-    n_rows = uint32(out_rows + kh - 1)
-    uwords = uint64(words)
-    qc = min(q, words - 1)  # threads past the last word load a real one, write nothing
-    row_cval = uint32(row_cval)
-    row_word = row_cval | (row_cval << SIXTEEN)
+def _make_column_tiles(wx: int):
+    """`box_column_tiles` for blocks `wx` words wide (a compile-time constant, so that
+    the tile's row offsets fold into the shared-memory loads)."""
+    WX = np.uint32(wx)
 
-    # 1. Load: row r of the tile is scratch row top + r.
-    inside = top >= 0 and top + int(n_rows) <= height
-    r = g
-    g8 = uint32(8) * n_groups
-    if not inside:  # rows through the border, eight loads in flight
-        while uint32(r + g8 - n_groups) < n_rows:
-            i0 = border_index(top + int(r), height, mode)
-            i1 = border_index(top + int(r + n_groups), height, mode)
-            i2 = border_index(top + int(r + uint32(2) * n_groups), height, mode)
-            i3 = border_index(top + int(r + uint32(3) * n_groups), height, mode)
-            i4 = border_index(top + int(r + uint32(4) * n_groups), height, mode)
-            i5 = border_index(top + int(r + uint32(5) * n_groups), height, mode)
-            i6 = border_index(top + int(r + uint32(6) * n_groups), height, mode)
-            i7 = border_index(top + int(r + uint32(7) * n_groups), height, mode)
-            w0 = _word_or(sums32, i0, uwords, qc, row_word)
-            w1 = _word_or(sums32, i1, uwords, qc, row_word)
-            w2 = _word_or(sums32, i2, uwords, qc, row_word)
-            w3 = _word_or(sums32, i3, uwords, qc, row_word)
-            w4 = _word_or(sums32, i4, uwords, qc, row_word)
-            w5 = _word_or(sums32, i5, uwords, qc, row_word)
-            w6 = _word_or(sums32, i6, uwords, qc, row_word)
-            w7 = _word_or(sums32, i7, uwords, qc, row_word)
-            tile[r * wx + x] = w0
-            tile[(r + n_groups) * wx + x] = w1
-            tile[(r + uint32(2) * n_groups) * wx + x] = w2
-            tile[(r + uint32(3) * n_groups) * wx + x] = w3
-            tile[(r + uint32(4) * n_groups) * wx + x] = w4
-            tile[(r + uint32(5) * n_groups) * wx + x] = w5
-            tile[(r + uint32(6) * n_groups) * wx + x] = w6
-            tile[(r + uint32(7) * n_groups) * wx + x] = w7
-            r = uint32(r + g8)
-    else:
-        base = uint64(top) * uwords + uint64(qc)
-        while uint32(r + g8 - n_groups) < n_rows:  # eight loads in flight
-            w0 = sums32[base + uint64(r) * uwords]
-            w1 = sums32[base + uint64(r + n_groups) * uwords]
-            w2 = sums32[base + uint64(r + uint32(2) * n_groups) * uwords]
-            w3 = sums32[base + uint64(r + uint32(3) * n_groups) * uwords]
-            w4 = sums32[base + uint64(r + uint32(4) * n_groups) * uwords]
-            w5 = sums32[base + uint64(r + uint32(5) * n_groups) * uwords]
-            w6 = sums32[base + uint64(r + uint32(6) * n_groups) * uwords]
-            w7 = sums32[base + uint64(r + uint32(7) * n_groups) * uwords]
-            tile[r * wx + x] = w0
-            tile[(r + n_groups) * wx + x] = w1
-            tile[(r + uint32(2) * n_groups) * wx + x] = w2
-            tile[(r + uint32(3) * n_groups) * wx + x] = w3
-            tile[(r + uint32(4) * n_groups) * wx + x] = w4
-            tile[(r + uint32(5) * n_groups) * wx + x] = w5
-            tile[(r + uint32(6) * n_groups) * wx + x] = w6
-            tile[(r + uint32(7) * n_groups) * wx + x] = w7
-            r = uint32(r + g8)
-        while r + uint32(3) * n_groups < n_rows:
-            w0 = sums32[base + uint64(r) * uwords]
-            w1 = sums32[base + uint64(r + n_groups) * uwords]
-            w2 = sums32[base + uint64(r + uint32(2) * n_groups) * uwords]
-            w3 = sums32[base + uint64(r + uint32(3) * n_groups) * uwords]
-            tile[r * wx + x] = w0
-            tile[(r + n_groups) * wx + x] = w1
-            tile[(r + uint32(2) * n_groups) * wx + x] = w2
-            tile[(r + uint32(3) * n_groups) * wx + x] = w3
-            r = uint32(r + uint32(4) * n_groups)
-    while r < n_rows:
-        tile[r * wx + x] = _tile_row(sums32, top + int(r), height, mode, uwords, qc,
-                                     row_word, inside)  # fmt: skip
-        r = uint32(r + n_groups)
-    cuda.syncthreads()
+    @cuda.jit(cache=True)
+    def box_column_tiles(sums32, height, lanes, words, kh, ay, mode, row_cval, area, magic,
+                         shift_hi, even, strip, out):  # fmt: skip
+        """As `box_column_means`, by tiles. A block of WX words x G = blockDim.y
+        threads owns `strip` output rows of WX scratch words:
+        1. it loads their rows of sums and the kh - 1 more their windows reach (borders
+           applied) into shared memory, (strip + kh - 1) x WX words, every thread's
+           loads independent of each other (eight in flight, at the borders too);
+        2. thread (x, g) sums the first window of its s = strip // G output rows from shared
+           memory and slides it over them, one mean per row and lane.
+        A block reads its rows of the scratch (strip + kh - 1) / strip times (through L2:
+        neighbouring strips share them); the re-summed first windows come from shared
+        memory. Needs 4 * (strip + kh - 1) * WX bytes of dynamic shared memory."""
+        tile = cuda.shared.array(0, dtype=uint32)
+        x = uint32(cuda.threadIdx.x)
+        g = uint32(cuda.threadIdx.y)
+        wx = WX
+        n_groups = uint32(cuda.blockDim.y)
+        q = int(cuda.blockIdx.x * WX + cuda.threadIdx.x)  # int64, like words
+        y0 = cuda.blockIdx.y * strip
+        top = y0 - ay
+        out_rows = min(strip, height - y0)
+        n_rows = uint32(out_rows + kh - 1)
+        uwords = uint64(words)
+        qc = min(q, words - 1)  # threads past the last word load a real one, write nothing
+        row_cval = uint32(row_cval)
+        row_word = row_cval | (row_cval << SIXTEEN)
 
-    # 2. Slide over output rows y0 + g * s .. + s - 1.
-    s = uint32(strip) // n_groups
-    first = g * s
-    if q >= words or int(first) >= out_rows:
-        return
-    area, magic, shift_hi, even = uint32(area), uint32(magic), uint32(shift_hi), even != 0
-    second = 2 * q + 1 < lanes
-    a0 = uint32(0)
-    a1 = uint32(0)
-    p = first * wx + x
-    end = p + uint32(kh) * wx
-    while p + uint32(3) * wx < end:  # four rows per step: independent loads
-        w0, w1 = tile[p], tile[p + wx]
-        w2, w3 = tile[p + uint32(2) * wx], tile[p + uint32(3) * wx]
-        a0 = uint32(a0 + (w0 & LOW16) + (w1 & LOW16) + (w2 & LOW16) + (w3 & LOW16))
-        a1 = uint32(a1 + (w0 >> SIXTEEN) + (w1 >> SIXTEEN) + (w2 >> SIXTEEN) + (w3 >> SIXTEEN))
-        p = uint32(p + uint32(4) * wx)
-    while p < end:
-        w0 = tile[p]
-        a0 = uint32(a0 + (w0 & LOW16))
-        a1 = uint32(a1 + (w0 >> SIXTEEN))
-        p = uint32(p + wx)
-    o = uint64(y0 + int(first)) * uint64(lanes) + uint64(2 * q)
-    _emit(out, o, a0, a1, second, area, magic, shift_hi, even)
-    leave = first * wx + x
-    last = min(first + s, uint32(out_rows)) * wx + x  # one past the last leaving row
-    step = uint64(lanes)
-    while uint32(leave + wx) < last:
-        o += step
-        a0, a1 = _advance(out, o, a0, a1, tile[leave + uint32(kh) * wx], tile[leave], second,
-                          area, magic, shift_hi, even)  # fmt: skip
-        leave = uint32(leave + wx)
+        # 1. Load: row r of the tile is scratch row top + r.
+        inside = top >= 0 and top + int(n_rows) <= height
+        r = g
+        g8 = uint32(8) * n_groups
+        if not inside:  # rows through the border, eight loads in flight
+            while uint32(r + g8 - n_groups) < n_rows:
+                i0 = border_index(top + int(r), height, mode)
+                i1 = border_index(top + int(r + n_groups), height, mode)
+                i2 = border_index(top + int(r + uint32(2) * n_groups), height, mode)
+                i3 = border_index(top + int(r + uint32(3) * n_groups), height, mode)
+                i4 = border_index(top + int(r + uint32(4) * n_groups), height, mode)
+                i5 = border_index(top + int(r + uint32(5) * n_groups), height, mode)
+                i6 = border_index(top + int(r + uint32(6) * n_groups), height, mode)
+                i7 = border_index(top + int(r + uint32(7) * n_groups), height, mode)
+                w0 = _word_or(sums32, i0, uwords, qc, row_word)
+                w1 = _word_or(sums32, i1, uwords, qc, row_word)
+                w2 = _word_or(sums32, i2, uwords, qc, row_word)
+                w3 = _word_or(sums32, i3, uwords, qc, row_word)
+                w4 = _word_or(sums32, i4, uwords, qc, row_word)
+                w5 = _word_or(sums32, i5, uwords, qc, row_word)
+                w6 = _word_or(sums32, i6, uwords, qc, row_word)
+                w7 = _word_or(sums32, i7, uwords, qc, row_word)
+                tile[r * wx + x] = w0
+                tile[(r + n_groups) * wx + x] = w1
+                tile[(r + uint32(2) * n_groups) * wx + x] = w2
+                tile[(r + uint32(3) * n_groups) * wx + x] = w3
+                tile[(r + uint32(4) * n_groups) * wx + x] = w4
+                tile[(r + uint32(5) * n_groups) * wx + x] = w5
+                tile[(r + uint32(6) * n_groups) * wx + x] = w6
+                tile[(r + uint32(7) * n_groups) * wx + x] = w7
+                r = uint32(r + g8)
+        else:
+            base = uint64(top) * uwords + uint64(qc)
+            while uint32(r + g8 - n_groups) < n_rows:  # eight loads in flight
+                w0 = sums32[base + uint64(r) * uwords]
+                w1 = sums32[base + uint64(r + n_groups) * uwords]
+                w2 = sums32[base + uint64(r + uint32(2) * n_groups) * uwords]
+                w3 = sums32[base + uint64(r + uint32(3) * n_groups) * uwords]
+                w4 = sums32[base + uint64(r + uint32(4) * n_groups) * uwords]
+                w5 = sums32[base + uint64(r + uint32(5) * n_groups) * uwords]
+                w6 = sums32[base + uint64(r + uint32(6) * n_groups) * uwords]
+                w7 = sums32[base + uint64(r + uint32(7) * n_groups) * uwords]
+                tile[r * wx + x] = w0
+                tile[(r + n_groups) * wx + x] = w1
+                tile[(r + uint32(2) * n_groups) * wx + x] = w2
+                tile[(r + uint32(3) * n_groups) * wx + x] = w3
+                tile[(r + uint32(4) * n_groups) * wx + x] = w4
+                tile[(r + uint32(5) * n_groups) * wx + x] = w5
+                tile[(r + uint32(6) * n_groups) * wx + x] = w6
+                tile[(r + uint32(7) * n_groups) * wx + x] = w7
+                r = uint32(r + g8)
+            while r + uint32(3) * n_groups < n_rows:
+                w0 = sums32[base + uint64(r) * uwords]
+                w1 = sums32[base + uint64(r + n_groups) * uwords]
+                w2 = sums32[base + uint64(r + uint32(2) * n_groups) * uwords]
+                w3 = sums32[base + uint64(r + uint32(3) * n_groups) * uwords]
+                tile[r * wx + x] = w0
+                tile[(r + n_groups) * wx + x] = w1
+                tile[(r + uint32(2) * n_groups) * wx + x] = w2
+                tile[(r + uint32(3) * n_groups) * wx + x] = w3
+                r = uint32(r + uint32(4) * n_groups)
+        while r < n_rows:
+            tile[r * wx + x] = _tile_row(sums32, top + int(r), height, mode, uwords, qc,
+                                         row_word, inside)  # fmt: skip
+            r = uint32(r + n_groups)
+        cuda.syncthreads()
+
+        # 2. Slide over output rows y0 + g * s .. + s - 1.
+        s = uint32(strip) // n_groups
+        first = g * s
+        if q >= words or int(first) >= out_rows:
+            return
+        area, magic, shift_hi, even = uint32(area), uint32(magic), uint32(shift_hi), even != 0
+        second = 2 * q + 1 < lanes
+        # The window's words summed whole (mod 2**32) and their high lanes: the low
+        # lanes' sum is the difference (below 2**32 for kh < 65537).
+        whole = uint32(0)
+        a1 = uint32(0)
+        p = first * wx + x
+        end = uint32(p + uint32(kh) * wx)
+        while uint32(p + uint32(7) * wx) < end:  # eight rows per step: independent loads
+            w0, w1 = tile[p], tile[p + wx]
+            w2, w3 = tile[p + uint32(2) * wx], tile[p + uint32(3) * wx]
+            w4, w5 = tile[p + uint32(4) * wx], tile[p + uint32(5) * wx]
+            w6, w7 = tile[p + uint32(6) * wx], tile[p + uint32(7) * wx]
+            whole = uint32(whole + w0 + w1 + w2 + w3)
+            whole = uint32(whole + w4 + w5 + w6 + w7)
+            a1 = uint32(a1 + (w0 >> SIXTEEN) + (w1 >> SIXTEEN) + (w2 >> SIXTEEN) + (w3 >> SIXTEEN))
+            a1 = uint32(a1 + (w4 >> SIXTEEN) + (w5 >> SIXTEEN) + (w6 >> SIXTEEN) + (w7 >> SIXTEEN))
+            p = uint32(p + uint32(8) * wx)
+        while p < end:
+            w0 = tile[p]
+            whole = uint32(whole + w0)
+            a1 = uint32(a1 + (w0 >> SIXTEEN))
+            p = uint32(p + wx)
+        a0 = uint32(whole - (a1 << SIXTEEN))
+        o = uint64(y0 + int(first)) * uint64(lanes) + uint64(2 * q)
+        _emit(out, o, a0, a1, second, area, magic, shift_hi, even)
+        leave = first * wx + x
+        last = min(first + s, uint32(out_rows)) * wx + x  # one past the last leaving row
+        step = uint64(lanes)
+        while uint32(leave + wx) < last:
+            o += step
+            a0, a1 = _advance(out, o, a0, a1, tile[leave + uint32(kh) * wx], tile[leave], second,
+                              area, magic, shift_hi, even)  # fmt: skip
+            leave = uint32(leave + wx)
+
+    return box_column_tiles
 
 
 _ROW_SUMS: dict = {}
@@ -497,10 +511,19 @@ def row_kernel_for(channels: int, run: int):
     return _ROW_SUMS[channels, run]
 
 
+_COLUMN_TILES: dict = {}
+
+
 def column_kernel_for(geo: dict):
-    """The column pass the geometry names: `box_column_tiles` where it has column
-    groups, else `box_column_means`."""
-    return box_column_tiles if geo["col_groups"] else box_column_means
+    """The column pass the geometry names: `box_column_tiles` for its block width where
+    it has column groups (compiled on demand, kept per process), else
+    `box_column_means`."""
+    if not geo["col_groups"]:
+        return box_column_means
+    wx = geo["col_threads"]
+    if wx not in _COLUMN_TILES:
+        _COLUMN_TILES[wx] = _make_column_tiles(wx)
+    return _COLUMN_TILES[wx]
 
 
 def row_pass(img, ksize: tuple, anchor: tuple, mode: int, cval, geo: dict):

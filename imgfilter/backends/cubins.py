@@ -55,7 +55,8 @@ def tiled_name(geometry: dict, channels: int, ksize: tuple) -> str:
 def twopass_names(channels: int, geo: dict) -> tuple[str, str]:
     """Names of box_twopass's row pass for this many channels and the geometry's run,
     and of its column pass (box_column_tiles, or box_column_means)."""
-    columns = "box_twopass-columns-tiles" if geo["col_groups"] else "box_twopass-columns"
+    tiles = f"box_twopass-columns-tiles-w{geo['col_threads']}"
+    columns = tiles if geo["col_groups"] else "box_twopass-columns"
     return f"box_twopass-rows-c{channels}-r{geo['run']}", columns
 
 
