@@ -15,7 +15,7 @@ Six implementations, and `box_auto` choosing among them (`box_method`, which ask
 - `box_tiled` (module `kernels.box_tiled`): uint8 images, one shared-memory tile per
   block in three phases (load the tile and halo, horizontal row sums, vertical sums
   written out). The fastest measured for boxes up to `kernels.box_plan.TILED_MAX_BOX`
-  (41) on a side; `box_auto` uses it there wherever its tile holds the box and the
+  (31) on a side; `box_auto` uses it there wherever its tile holds the box and the
   image starts on a 4-byte boundary (`box_choice`).
 - `box_twopass` (module `kernels.box_twopass`): uint8 images, a row pass of sliding
   sums into a 16-bit scratch, then a column pass of running sums and means. `box_auto`

@@ -207,9 +207,9 @@ def choose(shape: tuple, dtype, ksize: tuple) -> tuple[str, dict | None]:
     where `packed_plan` does, else ("running", None).
 
     box_tiled comes first for uint8 boxes up to TILED_MAX_BOX (faster on the H100, see
-    there); box_twopass takes larger uint8 boxes (H100 2026-11-25 09:48 UTC, seed size,
-    k=61/101/151: 92.2/108.3/133.4 us against box_fused's 110.5/136.8/176.4; at k=41
-    79.4 us at best against box_tiled's 66.9), box_fused uint16 images. box_fused comes before
+    there); box_twopass takes larger uint8 boxes (H100 2026-11-25 12:45 UTC, seed size,
+    k=41/61/101: 57.5/60.1/64.7 us against box_fused's 94.3/110.9/135.4), box_fused
+    uint16 images. box_fused comes before
     box_packed: on the H100 box_packed is slower so far (2167x2495x3, k=21: 80 us at
     best vs 69 us; benchmarks/results/2026-11-23-h100-sweep-packed-32bit.txt).
     The quick start (`imgfilter.backends.cached`) asks here too, so it looks for the
@@ -273,9 +273,11 @@ TILED_SMEM_LIMIT = 96 * 1024
 # The largest box side `choose` gives box_tiled: H100 2026-11-24 ~15:58 UTC
 # (benchmarks/results/2026-11-24b-h100-sweep-tiled.txt), box_tiled vs box_fused in one
 # run at k=31/41: 2167x2495x3 53.3/67.2 vs 82.6/94.2 us, 4K 74.9/95.0 vs 121.3/141.2,
-# 8K 251.9/326.1 vs 393.6/394.5. Larger boxes were not measured (the tiles shrink
-# and re-read more halo): box_fused keeps them.
-TILED_MAX_BOX = 41
+# 8K 251.9/326.1 vs 393.6/394.5. Since 2026-11-25 ~12:50 UTC box_twopass (column
+# tiles) takes boxes above 31: seed size k=31/35/41 box_tiled 48.8/57.5/67.1 us at
+# best against box_twopass 56.6/56.9/57.4; 4K 60.6/76.4/95.0 against 76.3/76.5/76.8
+# (benchmarks/results/2026-11-25h-h100-sweep-{tiled,twopass}-mid.txt).
+TILED_MAX_BOX = 31
 
 
 def vh_layout(channels: int, ksize: tuple, tile_w: int, tile_h: int) -> dict:
