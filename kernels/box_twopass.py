@@ -357,6 +357,19 @@ def _tile_row(sums32, r, height, mode, uwords, q, row_word, inside):
     return sums32[uint64(r) * uwords + uint64(q)]
 
 
+@cuda.jit(device=True)
+def _store8(tile, p, step, w0, w1, w2, w3, w4, w5, w6, w7):
+    """tile[p + i * step] = w_i for i < 8 (rows `step` words apart)."""
+    tile[p] = w0
+    tile[p + step] = w1
+    tile[p + uint32(2) * step] = w2
+    tile[p + uint32(3) * step] = w3
+    tile[p + uint32(4) * step] = w4
+    tile[p + uint32(5) * step] = w5
+    tile[p + uint32(6) * step] = w6
+    tile[p + uint32(7) * step] = w7
+
+
 def _make_column_tiles(wx: int):
     """`box_column_tiles` for blocks `wx` words wide (a compile-time constant, so that
     the tile's row offsets fold into the shared-memory loads)."""
@@ -412,14 +425,7 @@ def _make_column_tiles(wx: int):
                 w5 = _word_or(sums32, i5, uwords, qc, row_word)
                 w6 = _word_or(sums32, i6, uwords, qc, row_word)
                 w7 = _word_or(sums32, i7, uwords, qc, row_word)
-                tile[r * wx + x] = w0
-                tile[(r + n_groups) * wx + x] = w1
-                tile[(r + uint32(2) * n_groups) * wx + x] = w2
-                tile[(r + uint32(3) * n_groups) * wx + x] = w3
-                tile[(r + uint32(4) * n_groups) * wx + x] = w4
-                tile[(r + uint32(5) * n_groups) * wx + x] = w5
-                tile[(r + uint32(6) * n_groups) * wx + x] = w6
-                tile[(r + uint32(7) * n_groups) * wx + x] = w7
+                _store8(tile, r * wx + x, n_groups * wx, w0, w1, w2, w3, w4, w5, w6, w7)
                 r = uint32(r + g8)
         else:
             base = uint64(top) * uwords + uint64(qc)
@@ -432,14 +438,7 @@ def _make_column_tiles(wx: int):
                 w5 = sums32[base + uint64(r + uint32(5) * n_groups) * uwords]
                 w6 = sums32[base + uint64(r + uint32(6) * n_groups) * uwords]
                 w7 = sums32[base + uint64(r + uint32(7) * n_groups) * uwords]
-                tile[r * wx + x] = w0
-                tile[(r + n_groups) * wx + x] = w1
-                tile[(r + uint32(2) * n_groups) * wx + x] = w2
-                tile[(r + uint32(3) * n_groups) * wx + x] = w3
-                tile[(r + uint32(4) * n_groups) * wx + x] = w4
-                tile[(r + uint32(5) * n_groups) * wx + x] = w5
-                tile[(r + uint32(6) * n_groups) * wx + x] = w6
-                tile[(r + uint32(7) * n_groups) * wx + x] = w7
+                _store8(tile, r * wx + x, n_groups * wx, w0, w1, w2, w3, w4, w5, w6, w7)
                 r = uint32(r + g8)
             while r + uint32(3) * n_groups < n_rows:
                 w0 = sums32[base + uint64(r) * uwords]
