@@ -450,9 +450,7 @@ def twopass_plan(shape: tuple, dtype, ksize: tuple, run: int = 0, row_threads: i
         return None
     tile_w = min(seg_w, width)
     # The input bytes start up to 3 bytes in (to land the image's words aligned).
-    # Then the staged 16-bit sums, then the chunk sums of half runs (kernels.box_twopass).
     smem = cdiv((tile_w + kw - 1) * channels + 3, 4) * 4 + 4 * cdiv(tile_w * channels, 2)
-    smem += 4 * channels * ((tile_w + kw - 1) // (run // 2))
     if smem > SMEM_LIMIT:
         return None
     pitch16 = cdiv(width * channels, 2) * 2

@@ -68,25 +68,6 @@ def _make_row_sums(channels: int, run: int):
     C = channels
     C_U = np.uint32(C)
     RUN = run
-    HALF = run // 2
-
-    @cuda.jit(device=True)
-    def _sum_every(in8, p, n):
-        """The sum of n bytes of shared memory from p on, C apart, eight loads a wait."""
-        acc = uint32(0)
-        end = uint32(p + n * C_U)
-        # Compares wrap to 32 bits: Numba widens a sum of two uint32 to 64.
-        while uint32(p + uint32(7 * C)) < end:
-            b01 = uint32(in8[p]) + uint32(in8[p + C_U])
-            b23 = uint32(in8[p + uint32(2 * C)]) + uint32(in8[p + uint32(3 * C)])
-            b45 = uint32(in8[p + uint32(4 * C)]) + uint32(in8[p + uint32(5 * C)])
-            b67 = uint32(in8[p + uint32(6 * C)]) + uint32(in8[p + uint32(7 * C)])
-            acc = uint32(acc + b01 + b23 + b45 + b67)
-            p = uint32(p + uint32(8 * C))
-        while p < end:
-            acc = uint32(acc + in8[p])
-            p = uint32(p + C_U)
-        return acc
 
     @cuda.jit(cache=True)
     def box_row_sums16(src8, src32, n_words, width, kw, ax, mode, cval, seg_w, pitch16,
@@ -148,37 +129,27 @@ def _make_row_sums(channels: int, run: int):
             i = uint32(i + step)
         cuda.syncthreads()
 
-        # 2. Chunk sums: chunk j of channel c is the HALF = RUN / 2 bytes of channel c at
-        # input pixels j * HALF .. j * HALF + HALF - 1; thread (r, c) sums chunks r, r + R,
-        # ... (R runs a block) as far as the input holds them whole, into shared memory
-        # after the staged sums.
+        # 2. Slide: thread (r, c) owns outputs r * RUN .. r * RUN + RUN - 1 of channel c.
         stage = uint32((pre + n_in + 3) // 4 * 2)  # staged sums, in 16-bit units
-        chunks = uint32(stage // 2 + (out_w * C + 1) // 2)  # chunk sums, in 32-bit units
         r = tid // C_U
-        c = tid - r * C_U
-        n_runs = step // C_U
-        n_chunks = uint32(n_px // HALF)
-        j = r
-        while j < n_chunks:
-            in32[chunks + j * C_U + c] = _sum_every(in8, uint32(pre + j * uint32(HALF * C) + c),
-                                                    uint32(HALF))  # fmt: skip
-            j = uint32(j + n_runs)
-        cuda.syncthreads()
-
-        # 3. Slide: thread (r, c) owns outputs r * RUN .. r * RUN + RUN - 1 of channel c.
-        # Its first window: chunks 2r .. 2r + kw // HALF - 1, then kw % HALF bytes.
         xs = uint32(r * uint32(RUN))
         if xs < uint32(out_w):
-            rel = uint32(xs * C_U + c)
+            rel = uint32(xs * C_U + (tid - r * C_U))
             first = uint32(pre + rel)  # leaves the window next
             enter = uint32(first + uint32(kw * C))  # enters the window next
-            whole = uint32(kw) // uint32(HALF)
-            acc = _sum_every(in8, uint32(first + whole * uint32(HALF * C)),
-                             uint32(kw) - whole * uint32(HALF))  # fmt: skip
-            j = uint32(2) * r
-            while j < uint32(2) * r + whole:
-                acc = uint32(acc + in32[chunks + j * C_U + c])
-                j = uint32(j + uint32(1))
+            acc = uint32(0)
+            p = first
+            # Compares wrap to 32 bits: Numba widens a sum of two uint32 to 64.
+            while uint32(p + uint32(7 * C)) < enter:  # eight loads per wait
+                b01 = uint32(in8[p]) + uint32(in8[p + C_U])
+                b23 = uint32(in8[p + uint32(2 * C)]) + uint32(in8[p + uint32(3 * C)])
+                b45 = uint32(in8[p + uint32(4 * C)]) + uint32(in8[p + uint32(5 * C)])
+                b67 = uint32(in8[p + uint32(6 * C)]) + uint32(in8[p + uint32(7 * C)])
+                acc = uint32(acc + b01 + b23 + b45 + b67)
+                p = uint32(p + uint32(8 * C))
+            while p < enter:
+                acc = uint32(acc + in8[p])
+                p = uint32(p + C_U)
             dst = uint32(stage + rel)
             st16[dst] = acc
             last = uint32(dst + min(uint32(RUN), uint32(out_w) - xs) * C_U)
@@ -207,7 +178,7 @@ def _make_row_sums(channels: int, run: int):
                 dst = uint32(dst + C_U)
         cuda.syncthreads()
 
-        # 4. Store: whole 32-bit words (x0 * C is even; an odd last lane pairs with the
+        # 3. Store: whole 32-bit words (x0 * C is even; an odd last lane pairs with the
         # row's padding lane).
         n_words_out = uint32((out_w * C + 1) // 2)
         base32 = (uint64(y) * uint64(pitch16) + uint64(x0 * C)) // uint64(2)
