@@ -67,7 +67,7 @@ def _kernel(name: str, channels: int, box: int = 21, geometry: dict | None = Non
         from kernels import box_twopass as mod
 
         if name == "twopass-row":
-            sig = (u8, u32) + (i64,) * 8 + (u32,)
+            sig = (u8, u32) + (i64,) * 7 + (u32,)
             return mod.row_kernel_for(channels, 36).py_func, sig, mod.__file__
         sig = (u32,) + (i64,) * 12 + (u8,)
         if name == "twopass-col-tiles":

@@ -474,7 +474,7 @@ def twopass_plan(shape: tuple, dtype, ksize: tuple, run: int = 0, row_threads: i
 
 def twopass_args(shape: tuple, ksize: tuple, anchor: tuple, mode: int, cval, geo: dict) -> tuple:
     """(row, column): box_twopass's kernel arguments as launched, all int64. The row
-    pass's lie between n_words and sums32: (width, kw, ax, mode, cval, seg_w, pitch16)
+    pass's lie between src32 and sums32: (width, kw, ax, mode, cval, seg_w, pitch16)
     (the run is compiled in); the column pass's between sums32 and out: (height, lanes,
     words, kh, ay, mode, row_cval, area, magic, shift_hi, even, strip)."""
     height, width, channels = (int(n) for n in shape)

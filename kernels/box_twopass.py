@@ -41,25 +41,6 @@ from .launch import SMEM_LIMIT, allow_dynamic_smem, core_launcher, flat_array_ar
 
 LOW16 = np.uint32(0xFFFF)
 SIXTEEN = np.uint32(16)
-THIRTY_TWO = np.uint64(32)
-
-
-@cuda.jit(device=True)
-def _word_at(src8, src32, n_words, a):
-    """The 4 bytes of the flat image at byte offset `a` (any alignment) as a 32-bit word:
-    one aligned load, or two and a funnel shift; bytewise at the image's last word."""
-    wi = a >> uint64(2)
-    shift = a & uint64(3)
-    if shift == uint64(0):
-        return src32[wi]
-    # Both sides unsigned: Numba compares an int64 with a uint64 in float64.
-    if wi + uint64(1) < uint64(n_words):
-        both = (uint64(src32[wi + uint64(1)]) << THIRTY_TWO) | uint64(src32[wi])
-        return uint32(both >> (shift * uint64(8)))
-    word = uint32(0)
-    for k in range(4):
-        word |= uint32(src8[a + uint64(k)]) << uint32(8 * k)
-    return word
 
 
 def _make_row_sums(channels: int, run: int):
@@ -70,9 +51,8 @@ def _make_row_sums(channels: int, run: int):
     RUN = run
 
     @cuda.jit(cache=True)
-    def box_row_sums16(src8, src32, n_words, width, kw, ax, mode, cval, seg_w, pitch16,
-                       sums32):  # fmt: skip
-        """src8, src32: the (H, W, C) image flattened, and its n_words whole 32-bit words;
+    def box_row_sums16(src8, src32, width, kw, ax, mode, cval, seg_w, pitch16, sums32):
+        """src8, src32: the (H, W, C) image flattened, and its whole 32-bit words;
         sums32: the (H, pitch16) uint16 scratch as its (H * pitch16 // 2,) 32-bit words.
         sums[y, x * C + c] = the sum of img[y, x - ax + j, c] for 0 <= j < kw, borders
         applied."""
@@ -89,43 +69,58 @@ def _make_row_sums(channels: int, run: int):
         left = x0 - ax
         row = uint64(y) * uint64(width * C)
 
-        # 1. Load. The bytes of the image's pixels lo .. hi - 1 go in as whole words (four
-        # in flight per thread); the halo outside the image and the last few bytes one at
-        # a time, borders applied. The row starts `pre` bytes into shared memory so that
-        # the words land aligned.
+        # 1. Load. The image's pixels lo .. hi - 1 are the global bytes g0 .. g1 - 1; the
+        # whole 32-bit words among them go in as words (four in flight per thread), landing
+        # aligned because the row starts `pre` bytes into shared memory; the few bytes
+        # around those words and the halo pixels outside the image (borders applied) go
+        # in one thread each. Shared byte pre + b holds the segment's byte b.
         lo = max(left, 0)
         hi = min(left + n_px, width)
         head = uint32((lo - left) * C)  # halo bytes before the image's part
-        pre = uint32((4 - (head & 3)) & 3)
-        n_w = uint32(max(hi - lo, 0) * C // 4)
         g0 = row + uint64(lo * C)
-        d0 = uint32((pre + head) >> 2)
-        step4 = uint64(4 * step)
+        g1 = row + uint64(max(hi, lo) * C)
+        wa = (g0 + uint64(3)) >> uint64(2)  # the first whole word
+        wb = max(g1 >> uint64(2), wa)  # one past the last
+        n_w = uint32(wb - wa)
+        pre = uint32((g0 - uint64(head)) & uint64(3))
+        d0 = uint32((pre + head + uint32(uint64(4) * wa - g0)) >> 2)
         j = tid
         while j + uint32(3 * step) < n_w:
-            a = g0 + uint64(4 * j)
-            v0 = _word_at(src8, src32, n_words, a)
-            v1 = _word_at(src8, src32, n_words, a + step4)
-            v2 = _word_at(src8, src32, n_words, a + uint64(2) * step4)
-            v3 = _word_at(src8, src32, n_words, a + uint64(3) * step4)
+            a = wa + uint64(j)
+            v0 = src32[a]
+            v1 = src32[a + uint64(step)]
+            v2 = src32[a + uint64(2 * step)]
+            v3 = src32[a + uint64(3 * step)]
             in32[d0 + j] = v0
             in32[d0 + j + step] = v1
             in32[d0 + j + uint32(2 * step)] = v2
             in32[d0 + j + uint32(3 * step)] = v3
             j = uint32(j + uint32(4 * step))
         while j < n_w:
-            in32[d0 + j] = _word_at(src8, src32, n_words, g0 + uint64(4 * j))
+            in32[d0 + j] = src32[wa + uint64(j)]
             j = uint32(j + step)
-        body = uint32(4 * n_w)
+        # Bytes of the image outside those words: n_lo before, n_hi after them.
+        lo_end = min(uint64(4) * wa, g1)
+        hi_start = max(min(uint64(4) * wb, g1), lo_end)
+        n_lo = uint32(lo_end - g0)
+        n_edge = uint32(n_lo + uint32(g1 - hi_start))
+        n_halo = uint32(max(lo - left, 0) + max(left + n_px - max(hi, lo), 0))
+        n_img = uint32(g1 - g0)
         i = tid
-        while i < n_in - body:
-            b = i if i < head else uint32(i + body)  # byte of the segment's input
-            p = b // C_U
-            xx = border_index(left + int(p), width, mode)
-            if xx < 0:
-                in8[pre + b] = cval
+        while i < n_edge + n_halo:
+            if i < n_edge:
+                g = g0 + uint64(i) if i < n_lo else hi_start + uint64(i - n_lo)
+                in8[uint64(pre + head) + g - g0] = src8[g]
             else:
-                in8[pre + b] = src8[row + uint64(xx * C) + uint64(b - p * C_U)]
+                h = i - n_edge  # halo pixel: left of the image first
+                b = uint32(h * C_U) if h * C_U < head else uint32(h * C_U + n_img)
+                p = b // C_U
+                xx = border_index(left + int(p), width, mode)
+                for c in range(C):
+                    if xx < 0:
+                        in8[pre + b + uint32(c)] = cval
+                    else:
+                        in8[pre + b + uint32(c)] = src8[row + uint64(xx * C + c)]
             i = uint32(i + step)
         cuda.syncthreads()
 
@@ -184,6 +179,15 @@ def _make_row_sums(channels: int, run: int):
         base32 = (uint64(y) * uint64(pitch16) + uint64(x0 * C)) // uint64(2)
         w0 = stage // uint32(2)
         i = tid
+        while i + uint32(3 * step) < n_words_out:  # four stores in flight
+            v0, v1 = in32[w0 + i], in32[w0 + i + step]
+            v2, v3 = in32[w0 + i + uint32(2 * step)], in32[w0 + i + uint32(3 * step)]
+            a = base32 + uint64(i)
+            sums32[a] = v0
+            sums32[a + uint64(step)] = v1
+            sums32[a + uint64(2 * step)] = v2
+            sums32[a + uint64(3 * step)] = v3
+            i = uint32(i + uint32(4 * step))
         while i < n_words_out:
             sums32[base32 + uint64(i)] = in32[w0 + i]
             i = uint32(i + step)
@@ -559,7 +563,7 @@ def _launch_args(img, out, ksize, anchor, mode, cval, geo: dict) -> tuple:
     src8 = img.reshape(n)
     sums32 = scratch((img.shape[0] * geo["pitch16"] // 2,), np.uint32)
     row, column = twopass_args(img.shape, ksize, anchor, mode, cval, geo)
-    row_args = (src8, words(src8), n // 4, *row, sums32)
+    row_args = (src8, words(src8), *row, sums32)
     column_args = None if out is None else (sums32, *column, out.reshape(n))
     return row_args, column_args
 
@@ -586,7 +590,7 @@ def _launch_direct(launchers, img, out, ksize, anchor, mode, cval, geo: dict):
     row, column = twopass_args(img.shape, ksize, anchor, mode, cval, geo)
     launch_rows, launch_columns = launchers
     launch_rows(
-        *flat_array_args(src, n, 1), *flat_array_args(src, n // 4, 4), ctypes.c_int64(n // 4),
+        *flat_array_args(src, n, 1), *flat_array_args(src, n // 4, 4),
         *(ctypes.c_int64(a) for a in row), *sums,
     )  # fmt: skip
     launch_columns(*sums, *(ctypes.c_int64(a) for a in column), *flat_array_args(dst, n, 1))

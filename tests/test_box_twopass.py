@@ -122,15 +122,17 @@ def test_widest_box_and_all_255():
 
 
 def test_wide_rows_load_four_words_per_thread_and_widest_rgb_box():
-    # Few threads and long runs over 200-pixel rows: each thread loads its words four
-    # at a time (the GPU's hot path), rows start 0 or 2 bytes into a word, and a
-    # 255-column RGB box reaches past both ends of the row.
-    img = _image((6, 200, 3), seed=12)
+    # Few threads and long runs over 200- and 201-pixel rows: each thread loads its
+    # words four at a time (the GPU's hot path), rows start 0, 1, 2 or 3 bytes into a
+    # word (the bytes before the first whole word and after the last go in one by one),
+    # and a 255-column RGB box reaches past both ends of the row.
     geo = dict(run=64, row_threads=8, col_threads=16, strip=4, col_groups=0)
-    for ksize, anchor in [((3, 9), (1, 4)), ((5, 255), (4, 0))]:
-        got, plan = _twopass(img, ksize, anchor, "reflect101", 0, **geo)
-        np.testing.assert_array_equal(got, exact_box(img, ksize, anchor, "reflect101", 0))
-        assert plan["row_grid"][1] == 2
+    for width in (200, 201):
+        img = _image((6, width, 3), seed=12)
+        for ksize, anchor in [((3, 9), (1, 4)), ((5, 255), (4, 0))]:
+            got, plan = _twopass(img, ksize, anchor, "reflect101", 0, **geo)
+            np.testing.assert_array_equal(got, exact_box(img, ksize, anchor, "reflect101", 0))
+            assert plan["row_grid"][1] == 2
 
 
 def test_plan_declines_what_it_cannot_do_exactly():
