@@ -417,11 +417,12 @@ def twopass_plan(shape: tuple, dtype, ksize: tuple, run: int = 0, row_threads: i
     below 5,937,910, e.g. any box of at most 4095 x 257). The row pass gives a block
     `seg_w` output pixels of one row, a thread one run of one channel. The column pass
     gives a thread one 32-bit word (two lanes) of the 16-bit scratch of row sums,
-    `pitch16` lanes a row, and a strip of rows: all of them (col_groups 0,
+    `pitch16` lanes a row (a multiple of 4), and a strip of rows: all of them (col_groups 0,
     `box_column_means`), or strip // col_groups of them out of a (strip + kh - 1) x
     col_threads tile of words in shared memory (`box_column_tiles`, blocks of
-    col_threads x col_groups, at most 1024 threads; strip must be a multiple of
-    col_groups; with strip 0, TWOPASS_GROUP_ROWS rows a thread). Where the tile would
+    col_threads x col_groups, at most 1024 threads, col_threads even: the tile loads
+    64-bit pairs of words; strip must be a multiple of col_groups; with strip 0,
+    TWOPASS_GROUP_ROWS rows a thread). Where the tile would
     not fit TILED_SMEM_LIMIT (tall boxes) the plan falls back to col_groups 0. col_groups -1
     picks TWOPASS_COL_GROUPS.
     """
@@ -432,7 +433,7 @@ def twopass_plan(shape: tuple, dtype, ksize: tuple, run: int = 0, row_threads: i
     col_groups = TWOPASS_COL_GROUPS if col_groups < 0 else col_groups
     col_threads = col_threads or (TWOPASS_COL_THREADS if col_groups == 0 else TWOPASS_WX)
     strip = strip or (TWOPASS_STRIP if col_groups == 0 else col_groups * TWOPASS_GROUP_ROWS)
-    if col_groups and (strip % col_groups or col_threads * col_groups > 1024):
+    if col_groups and (strip % col_groups or col_threads * col_groups > 1024 or col_threads % 2):
         return None
     if col_groups and 4 * (strip + kh - 1) * col_threads > TILED_SMEM_LIMIT:
         col_groups, col_threads, strip = 0, TWOPASS_COL_THREADS, TWOPASS_STRIP
@@ -454,7 +455,7 @@ def twopass_plan(shape: tuple, dtype, ksize: tuple, run: int = 0, row_threads: i
     smem = cdiv((tile_w + kw - 1) * channels + 3, 4) * 4 + 4 * cdiv(tile_w * channels, 2)
     if smem > SMEM_LIMIT:
         return None
-    pitch16 = cdiv(width * channels, 2) * 2
+    pitch16 = cdiv(width * channels, 4) * 4  # rows of whole 64-bit pairs
     return {
         "run": run,
         "row_threads": threads,

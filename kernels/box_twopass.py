@@ -41,6 +41,7 @@ from .launch import SMEM_LIMIT, allow_dynamic_smem, core_launcher, flat_array_ar
 
 LOW16 = np.uint32(0xFFFF)
 SIXTEEN = np.uint32(16)
+THIRTY_TWO = np.uint64(32)
 
 
 def _make_row_sums(channels: int, run: int):
@@ -263,7 +264,7 @@ def box_column_means(sums32, height, lanes, words, kh, ay, mode, row_cval, area,
     kh rows of sums from row y - ay / area), borders applied; `words` = pitch16 // 2
     32-bit words a scratch row."""
     q = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    if q >= words:
+    if 2 * q >= lanes:
         return
     row_cval, area, magic = uint32(row_cval), uint32(area), uint32(magic)
     shift_hi, even = uint32(shift_hi), even != 0
@@ -343,27 +344,27 @@ def box_column_means(sums32, height, lanes, words, kh, ay, mode, row_cval, area,
 
 
 @cuda.jit(device=True)
-def _word_or(sums32, i, uwords, q, row_word):
-    """Word q of scratch row i, or row_word (the constant border) where i < 0."""
+def _pair_or(sums64, i, upairs, qp, row_pair):
+    """Pair qp of scratch row i, or row_pair (the constant border) where i < 0."""
     if i < 0:
-        return row_word
-    return sums32[uint64(i) * uwords + uint64(q)]
+        return row_pair
+    return sums64[uint64(i) * upairs + qp]
 
 
 @cuda.jit(device=True)
-def _tile_row(sums32, r, height, mode, uwords, q, row_word, inside):
-    """Word q of scratch row r, read directly where the block is `inside`, else through
-    the border (row_word, both lanes row_cval, for the constant border)."""
+def _tile_pair(sums64, r, height, mode, upairs, qp, row_pair, inside):
+    """Pair qp of scratch row r, read directly where the block is `inside`, else through
+    the border (row_pair, every lane row_cval, for the constant border)."""
     if not inside:
         r = border_index(r, height, mode)
         if r < 0:
-            return row_word
-    return sums32[uint64(r) * uwords + uint64(q)]
+            return row_pair
+    return sums64[uint64(r) * upairs + qp]
 
 
 @cuda.jit(device=True)
 def _store8(tile, p, step, w0, w1, w2, w3, w4, w5, w6, w7):
-    """tile[p + i * step] = w_i for i < 8 (rows `step` words apart)."""
+    """tile[p + i * step] = w_i for i < 8 (rows `step` elements apart)."""
     tile[p] = w0
     tile[p + step] = w1
     tile[p + uint32(2) * step] = w2
@@ -378,6 +379,7 @@ def _make_column_tiles(wx: int):
     """`box_column_tiles` for blocks `wx` words wide (a compile-time constant, so that
     the tile's row offsets fold into the shared-memory loads)."""
     WX = np.uint32(wx)
+    HX = np.uint32(wx // 2)  # pairs of words a tile row
 
     @cuda.jit(cache=True)
     def box_column_tiles(sums32, height, lanes, words, kh, ay, mode, row_cval, area, magic,
@@ -393,6 +395,8 @@ def _make_column_tiles(wx: int):
         neighbouring strips share them); the re-summed first windows come from shared
         memory. Needs 4 * (strip + kh - 1) * WX bytes of dynamic shared memory."""
         tile = cuda.shared.array(0, dtype=uint32)
+        tile64 = cuda.shared.array(0, dtype=uint64)  # the same bytes, as pairs of words
+        sums64 = sums32.view(np.uint64)
         x = uint32(cuda.threadIdx.x)
         g = uint32(cuda.threadIdx.y)
         wx = WX
@@ -402,68 +406,75 @@ def _make_column_tiles(wx: int):
         top = y0 - ay
         out_rows = min(strip, height - y0)
         n_rows = uint32(out_rows + kh - 1)
-        uwords = uint64(words)
-        qc = min(q, words - 1)  # threads past the last word load a real one, write nothing
         row_cval = uint32(row_cval)
         row_word = row_cval | (row_cval << SIXTEEN)
+        row_pair = uint64(row_word) | (uint64(row_word) << THIRTY_TWO)
 
-        # 1. Load: row r of the tile is scratch row top + r.
+        # 1. Load: row r of the tile is scratch row top + r, HX pairs of words. The
+        # block's threads take the pairs in row-major order, `rows` rows a round: thread
+        # t loads pair t % HX of rows t // HX, + rows, + 2 rows, ...
+        t = g * WX + x
+        dx = t % HX
+        rows = uint32(n_groups * uint32(2))  # n_groups * WX // HX
+        upairs = uint64(words // 2)  # a scratch row's pairs (its pitch is a multiple of 4 lanes)
+        qp = min(uint64(cuda.blockIdx.x * HX) + uint64(dx), upairs - uint64(1))  # past the
+        # last pair, threads load a real one that no thread uses
         inside = top >= 0 and top + int(n_rows) <= height
-        r = g
-        g8 = uint32(8) * n_groups
+        r = t // HX
+        r8 = uint32(8) * rows
         if not inside:  # rows through the border, eight loads in flight
-            while uint32(r + g8 - n_groups) < n_rows:
+            while uint32(r + r8 - rows) < n_rows:
                 i0 = border_index(top + int(r), height, mode)
-                i1 = border_index(top + int(r + n_groups), height, mode)
-                i2 = border_index(top + int(r + uint32(2) * n_groups), height, mode)
-                i3 = border_index(top + int(r + uint32(3) * n_groups), height, mode)
-                i4 = border_index(top + int(r + uint32(4) * n_groups), height, mode)
-                i5 = border_index(top + int(r + uint32(5) * n_groups), height, mode)
-                i6 = border_index(top + int(r + uint32(6) * n_groups), height, mode)
-                i7 = border_index(top + int(r + uint32(7) * n_groups), height, mode)
-                w0 = _word_or(sums32, i0, uwords, qc, row_word)
-                w1 = _word_or(sums32, i1, uwords, qc, row_word)
-                w2 = _word_or(sums32, i2, uwords, qc, row_word)
-                w3 = _word_or(sums32, i3, uwords, qc, row_word)
-                w4 = _word_or(sums32, i4, uwords, qc, row_word)
-                w5 = _word_or(sums32, i5, uwords, qc, row_word)
-                w6 = _word_or(sums32, i6, uwords, qc, row_word)
-                w7 = _word_or(sums32, i7, uwords, qc, row_word)
-                _store8(tile, r * wx + x, n_groups * wx, w0, w1, w2, w3, w4, w5, w6, w7)
-                r = uint32(r + g8)
+                i1 = border_index(top + int(r + rows), height, mode)
+                i2 = border_index(top + int(r + uint32(2) * rows), height, mode)
+                i3 = border_index(top + int(r + uint32(3) * rows), height, mode)
+                i4 = border_index(top + int(r + uint32(4) * rows), height, mode)
+                i5 = border_index(top + int(r + uint32(5) * rows), height, mode)
+                i6 = border_index(top + int(r + uint32(6) * rows), height, mode)
+                i7 = border_index(top + int(r + uint32(7) * rows), height, mode)
+                w0 = _pair_or(sums64, i0, upairs, qp, row_pair)
+                w1 = _pair_or(sums64, i1, upairs, qp, row_pair)
+                w2 = _pair_or(sums64, i2, upairs, qp, row_pair)
+                w3 = _pair_or(sums64, i3, upairs, qp, row_pair)
+                w4 = _pair_or(sums64, i4, upairs, qp, row_pair)
+                w5 = _pair_or(sums64, i5, upairs, qp, row_pair)
+                w6 = _pair_or(sums64, i6, upairs, qp, row_pair)
+                w7 = _pair_or(sums64, i7, upairs, qp, row_pair)
+                _store8(tile64, r * HX + dx, rows * HX, w0, w1, w2, w3, w4, w5, w6, w7)
+                r = uint32(r + r8)
         else:
-            base = uint64(top) * uwords + uint64(qc)
-            while uint32(r + g8 - n_groups) < n_rows:  # eight loads in flight
-                w0 = sums32[base + uint64(r) * uwords]
-                w1 = sums32[base + uint64(r + n_groups) * uwords]
-                w2 = sums32[base + uint64(r + uint32(2) * n_groups) * uwords]
-                w3 = sums32[base + uint64(r + uint32(3) * n_groups) * uwords]
-                w4 = sums32[base + uint64(r + uint32(4) * n_groups) * uwords]
-                w5 = sums32[base + uint64(r + uint32(5) * n_groups) * uwords]
-                w6 = sums32[base + uint64(r + uint32(6) * n_groups) * uwords]
-                w7 = sums32[base + uint64(r + uint32(7) * n_groups) * uwords]
-                _store8(tile, r * wx + x, n_groups * wx, w0, w1, w2, w3, w4, w5, w6, w7)
-                r = uint32(r + g8)
-            while r + uint32(3) * n_groups < n_rows:
-                w0 = sums32[base + uint64(r) * uwords]
-                w1 = sums32[base + uint64(r + n_groups) * uwords]
-                w2 = sums32[base + uint64(r + uint32(2) * n_groups) * uwords]
-                w3 = sums32[base + uint64(r + uint32(3) * n_groups) * uwords]
-                tile[r * wx + x] = w0
-                tile[(r + n_groups) * wx + x] = w1
-                tile[(r + uint32(2) * n_groups) * wx + x] = w2
-                tile[(r + uint32(3) * n_groups) * wx + x] = w3
-                r = uint32(r + uint32(4) * n_groups)
+            base = uint64(top) * upairs + qp
+            while uint32(r + r8 - rows) < n_rows:  # eight loads in flight
+                w0 = sums64[base + uint64(r) * upairs]
+                w1 = sums64[base + uint64(r + rows) * upairs]
+                w2 = sums64[base + uint64(r + uint32(2) * rows) * upairs]
+                w3 = sums64[base + uint64(r + uint32(3) * rows) * upairs]
+                w4 = sums64[base + uint64(r + uint32(4) * rows) * upairs]
+                w5 = sums64[base + uint64(r + uint32(5) * rows) * upairs]
+                w6 = sums64[base + uint64(r + uint32(6) * rows) * upairs]
+                w7 = sums64[base + uint64(r + uint32(7) * rows) * upairs]
+                _store8(tile64, r * HX + dx, rows * HX, w0, w1, w2, w3, w4, w5, w6, w7)
+                r = uint32(r + r8)
+            while r + uint32(3) * rows < n_rows:
+                w0 = sums64[base + uint64(r) * upairs]
+                w1 = sums64[base + uint64(r + rows) * upairs]
+                w2 = sums64[base + uint64(r + uint32(2) * rows) * upairs]
+                w3 = sums64[base + uint64(r + uint32(3) * rows) * upairs]
+                tile64[r * HX + dx] = w0
+                tile64[(r + rows) * HX + dx] = w1
+                tile64[(r + uint32(2) * rows) * HX + dx] = w2
+                tile64[(r + uint32(3) * rows) * HX + dx] = w3
+                r = uint32(r + uint32(4) * rows)
         while r < n_rows:
-            tile[r * wx + x] = _tile_row(sums32, top + int(r), height, mode, uwords, qc,
-                                         row_word, inside)  # fmt: skip
-            r = uint32(r + n_groups)
+            tile64[r * HX + dx] = _tile_pair(sums64, top + int(r), height, mode, upairs, qp,
+                                             row_pair, inside)  # fmt: skip
+            r = uint32(r + rows)
         cuda.syncthreads()
 
         # 2. Slide over output rows y0 + g * s .. + s - 1.
         s = uint32(strip) // n_groups
         first = g * s
-        if q >= words or int(first) >= out_rows:
+        if 2 * q >= lanes or int(first) >= out_rows:
             return
         area, magic, shift_hi, even = uint32(area), uint32(magic), uint32(shift_hi), even != 0
         second = 2 * q + 1 < lanes

@@ -137,19 +137,21 @@ def test_wide_rows_load_four_words_per_thread_and_widest_rgb_box():
 
 def test_plan_declines_what_it_cannot_do_exactly():
     # The rounding constant of a (23136 x 257) box needs 33 bits; 65536 row segments
-    # do not fit grid y; column blocks hold at most 1024 threads.
+    # do not fit grid y; column blocks hold at most 1024 threads, an even number of
+    # words wide (the tile loads pairs of words).
     assert box_plan.twopass_plan((30000, 300, 1), np.uint8, (23136, 257)) is None
     assert box_plan.twopass_plan((30000, 300, 1), np.uint8, (4095, 257)) is not None
     assert box_plan.twopass_plan((1, 2**31 - 1, 1), np.uint8, (3, 61)) is None
     assert box_plan.twopass_plan((10, 10, 3), np.uint8, (51, 3), col_groups=64) is None
     assert box_plan.twopass_plan((10, 10, 3), np.uint8, (51, 3), col_groups=3, strip=8) is None
+    assert box_plan.twopass_plan((10, 10, 3), np.uint8, (5, 3), col_groups=2, col_threads=3) is None
     assert box_plan.twopass_plan((10, 10, 3), np.uint16, (51, 51)) is None
     assert box_plan.twopass_plan((10, 10, 3), np.float32, (51, 51)) is None
     assert box_plan.twopass_plan((10, 10, 1), np.uint8, (3, 258)) is None  # row sums > 16 bits
     assert box_plan.twopass_plan((10, 10, 1), np.uint8, (3, 4), run=5) is None  # odd run
     geo = box_plan.twopass_plan((2167, 2495, 3), np.uint8, (101, 101))
     assert geo["row_grid"] == (2167, 1) and geo["seg_w"] >= 2495
-    assert geo["seg_w"] == geo["row_threads"] // 3 * geo["run"] and geo["pitch16"] == 7486
+    assert geo["seg_w"] == geo["row_threads"] // 3 * geo["run"] and geo["pitch16"] == 7488
     with pytest.raises(ValueError, match="box_twopass handles"):
         k2.box_twopass(cuda.to_device(np.ones((4, 4, 1), np.uint16)), (3, 3), (1, 1), 0, 0)
 

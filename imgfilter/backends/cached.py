@@ -135,7 +135,7 @@ def _twopass_quick(img, ksize, anchor, border, value, geo) -> np.ndarray | None:
         if column_fn is None:
             raise DriverError(f"no cached cubin for {columns}")
         params = array_params(d_img, (n,), np.uint8) + array_params(d_img, (n // 4,), np.uint32)
-        params += [scalar_param(a) for a in (n // 4, *row_args)]
+        params += [scalar_param(a) for a in row_args]
         params += array_params(d_sums, (n_sums,), np.uint32)
         drv.launch(fn, geo["row_grid"], (geo["row_threads"],), geo["row_smem"], params)
         params = array_params(d_sums, (n_sums,), np.uint32)
