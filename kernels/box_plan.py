@@ -400,7 +400,9 @@ TWOPASS_STRIP = 32  # output rows a thread of the column pass walks without grou
 # 67.3 us, against 108.0 / 90.8 for the serial pass; strips of 64/128/384/512/640 rows,
 # 4/12/16 groups and 16/64 words were all slower at k=101 (79.6-95.9 us). The
 # window-sharing column pass tried before it took 168-219 us at k=101. With the later
-# kernel changes (12:45 UTC, 2026-11-25h-h100-sweep-twopass-sizes): 64.7 / 60.1 us.
+# kernel changes (12:45 UTC, 2026-11-25h-h100-sweep-twopass-sizes): 64.7 / 60.1 us;
+# with aligned row loads and 64-bit tile loads (14:12 UTC,
+# 2026-11-25i-h100-sweep-twopass-sizes.json): 56.8 / 52.7 us (not re-swept since).
 TWOPASS_COL_GROUPS = 8
 TWOPASS_WX = 32
 TWOPASS_GROUP_ROWS = 32

@@ -6,13 +6,15 @@ out[y, x, c] = round(box sum / area) half to even, borders by `kernels.border_in
 code with `cval` for the constant border. Exact: sums are integers.
 
 1. Row pass (`box_row_sums16`): a block owns `seg_w` output pixels of one row. It loads
-   their input bytes plus the horizontal halo (borders applied) into shared memory;
+   their input bytes plus the horizontal halo (borders applied) into shared memory,
+   the image's whole 32-bit words as they are (the row lands at its own alignment);
    thread (run, c) sums the first window of channel c, then slides it along `run`
    outputs (add the entering byte, subtract the leaving one) and stages the 16-bit sums
    (kw <= 257, so kw * 255 fits); the block writes them out as 32-bit words into an
    (H, pitch16) uint16 scratch.
 2. Column pass, by default `box_column_tiles` (geometry col_groups > 0): a block loads
-   a strip of the scratch and the rows its windows reach into shared memory; a thread
+   a strip of the scratch and the rows its windows reach into shared memory (64-bit
+   pairs of words: scratch rows are padded to a multiple of 4 lanes); a thread
    owns one 32-bit word (two lanes) of it and walks its share of the strip's output
    rows with two 32-bit running sums (add the entering row, subtract the leaving one),
    rounds each mean by one multiply-high (`kernels.int_ops.round_div`) and writes the
