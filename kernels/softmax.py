@@ -86,6 +86,11 @@ if SIMULATOR or sys.version_info < (3, 11):
         """exp(x) in float32 (the simulator, and Pythons without math.exp2)."""
         return math.exp(x)
 
+    @cuda.jit(device=True, inline="always")
+    def exp_over(v, log2_sum):
+        """exp(v) / 2**log2_sum in float32 (the simulator's)."""
+        return math.exp(v) / math.pow(2.0, log2_sum)
+
 else:
     from llvmlite import ir
     from numba.cuda import cgutils
@@ -114,6 +119,14 @@ else:
         three-instruction subnormal guard per call (softmax outputs that small are
         within the float32 tolerance of 2**-126 absolute)."""
         return _ex2_ftz(x * LOG2E)
+
+    @cuda.jit(device=True, inline="always")
+    def exp_over(v, log2_sum):
+        """exp(v) / 2**log2_sum (a softmax output: v = x - max, log2_sum = log2 of the
+        row's sum) as one fma and one ex2.approx.ftz, where exp32(v) / sum took a
+        subtract-free multiply, the ex2 and a multiply by 1 / sum. log2_sum's rounding
+        (|log2_sum| * 2**-24) adds < 1e-6 relative error for sums below 2**20."""
+        return _ex2_ftz(cuda.fma(v, LOG2E, -log2_sum))
 
 
 @dataclass(frozen=True)
@@ -322,6 +335,7 @@ def block_smem_kernel(in_dtype, out_dtype, pack, unroll, log, online=False):
             rsum = block_allreduce_sum(s)
             lse = math.log(rsum)
             inv = float32(1.0) / rsum
+            l2s = float32(math.log2(rsum))
             # Each thread reads back only the slots it wrote in the first loop, so the
             # next row's first loop needs no barrier before overwriting them.
             p = tid
@@ -330,7 +344,7 @@ def block_smem_kernel(in_dtype, out_dtype, pack, unroll, log, online=False):
                     v = float32(buf[uint32(i * packs + p)])
                     if online:
                         v = v - rmax
-                        tout[i] = v - lse if log else exp32(v) * inv
+                        tout[i] = v - lse if log else exp_over(v, l2s)
                     else:
                         tout[i] = v - lse if log else v * inv
                 store_pack2(y, row, uint32(p * P), tout, NBO)
@@ -383,7 +397,7 @@ def block_uncached_kernel(in_dtype, out_dtype, pack, unroll, log):
             s = d * exp32(m - rmax) if m > NEG_INF else float32(0.0)
             rsum = block_allreduce_sum(s)
             lse = math.log(rsum)
-            inv = float32(1.0) / rsum
+            l2s = float32(math.log2(rsum))
             p = tid
             while p < packs:
                 n = load_packs(x, row, p, nthreads, packs, a)
@@ -391,7 +405,7 @@ def block_uncached_kernel(in_dtype, out_dtype, pack, unroll, log):
                     if u < n:
                         for i in range(P):
                             v = a[u, i] - rmax
-                            tout[i] = v - lse if log else exp32(v) * inv
+                            tout[i] = v - lse if log else exp_over(v, l2s)
                         store_pack2(y, row, uint32((p + u * nthreads) * P), tout, NBO)
                 p = uint32(p + U * nthreads)
             row = uint32(row + cuda.gridDim.x)

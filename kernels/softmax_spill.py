@@ -47,7 +47,7 @@ def spill_kernel(in_dtype, out_dtype, pack: int, unroll: int, log: bool, cache_p
     stored with one access (kernels.packs), `unroll` of them in flight per thread.
     """
     # Imported here: kernels.softmax imports this module inside plan().
-    from .softmax import _online_folder, _pack_loader, exp32
+    from .softmax import _online_folder, _pack_loader, exp32, exp_over
 
     in_t = from_dtype(np.dtype(in_dtype))
     P, U, S = pack, unroll, cache_packs
@@ -89,7 +89,7 @@ def spill_kernel(in_dtype, out_dtype, pack: int, unroll: int, log: bool, cache_p
             s = d * exp32(m - rmax) if m > NEG_INF else float32(0.0)
             rsum = block_allreduce_sum(s)
             lse = math.log(rsum)
-            inv = float32(1.0) / rsum
+            l2s = float32(math.log2(rsum))
             # Pass 2: the packs past the cache (read last, so most likely in L2) ...
             p = uint32(cached + tid)
             while p < packs:
@@ -98,7 +98,7 @@ def spill_kernel(in_dtype, out_dtype, pack: int, unroll: int, log: bool, cache_p
                     if u < n:
                         for i in range(P):
                             v = a[u, i] - rmax
-                            tout[i] = v - lse if log else exp32(v) * inv
+                            tout[i] = v - lse if log else exp_over(v, l2s)
                         store_pack2(y, row, uint32((p + u * nthreads) * P), tout, NBO)
                 p = uint32(p + U * nthreads)
             # ... then the cached ones. A thread reads back only the slots it wrote (pack
@@ -108,7 +108,7 @@ def spill_kernel(in_dtype, out_dtype, pack: int, unroll: int, log: bool, cache_p
             while p < cached:
                 for i in range(P):
                     v = float32(buf[uint32(i * S + p)]) - rmax
-                    tout[i] = v - lse if log else exp32(v) * inv
+                    tout[i] = v - lse if log else exp_over(v, l2s)
                 store_pack2(y, row, uint32(p * P), tout, NBO)
                 p = uint32(p + nthreads)
             row = uint32(row + cuda.gridDim.x)

@@ -79,7 +79,7 @@ def split_kernel(
     (threads, blocks per SM) asked of the compiler.
     """
     # Imported here: kernels.softmax imports this module inside plan().
-    from .softmax import _online_folder, _pack_loader, exp32
+    from .softmax import _online_folder, _pack_loader, exp32, exp_over
 
     in_t = from_dtype(np.dtype(in_dtype))
     P, U, C = pack, unroll, chunks
@@ -233,7 +233,7 @@ def split_kernel(
 
             # Pass 2: outputs from shared memory (a thread reads the slots it wrote).
             lse = math.log(rsum)
-            inv = float32(1.0) / rsum
+            l2s = float32(math.log2(rsum))
             q = tid
             while q < end - start:
                 if PACKED:
@@ -243,7 +243,7 @@ def split_kernel(
                         v = pa[i] - rmax
                     else:
                         v = float32(buf[uint32(i * span + q)]) - rmax
-                    tout[i] = v - lse if log else exp32(v) * inv
+                    tout[i] = v - lse if log else exp_over(v, l2s)
                 store_pack2(y, row, uint32((start + q) * P), tout, NBO)
                 q = uint32(q + nthreads)
 

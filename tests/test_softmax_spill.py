@@ -92,8 +92,9 @@ def test_gpu_spill_shapes(cols, dtype):
         for log in (False, True):
             y, how = run_spill(x, log)
             check(y, x, log)
-    limit = cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
-    assert limit - sp.STATIC_RESERVE - how.pack * np.dtype(dtype).itemsize < how.smem <= limit
+    row_bytes = how.pack * (cols // how.pack) * np.dtype(dtype).itemsize
+    cache = sp.default_cache_packs(how.pack, np.dtype(dtype).itemsize) * how.pack
+    assert how.smem == min(row_bytes, cache * np.dtype(dtype).itemsize)
 
 
 @pytest.mark.gpu
