@@ -39,9 +39,6 @@ SPLIT_SWEEP = [dict(chunks=c) for c in (4, 8, 16, 32, 64)] + [
     dict(block_size=b) for b in (128, 256, 512, 1024)
 ]
 
-# block_spill's unrolls and block sizes, measured where auto picks split or block_spill.
-SPILL_SWEEP = [dict(unroll=u) for u in (1, 2)] + [dict(block_size=b) for b in (512, 768)]
-
 
 def _torch():
     try:
@@ -75,10 +72,9 @@ def run(
             methods = [("warp", {})] if cols <= sm.WARP_MAX_COLS else []
             methods += [("block_smem", {}), ("block_uncached", {})]
             if cols > sm.WARP_MAX_COLS:
-                methods += [("split", {}), ("block_spill", {})]
-            if auto_plan.method in ("split", "block_spill"):
+                methods += [("split", {})]
+            if auto_plan.method == "split":
                 methods += [("split", kw) for kw in SPLIT_SWEEP]
-                methods += [("block_spill", kw) for kw in SPILL_SWEEP]
             if dname == "float16" and cols <= sm.WARP_MAX_COLS and not variants:
                 methods += [("warp", dict(max_pack_bytes=8))]
             if variants and cols <= sm.WARP_MAX_COLS:

@@ -64,7 +64,7 @@ from .reduce import (
     warp_allreduce_sum,
 )
 
-METHODS = ("auto", "warp", "block_smem", "block_uncached", "split", "block_spill")
+METHODS = ("auto", "warp", "block_smem", "block_uncached", "split")
 DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 WARP_MAX_COLS = 1024
 WARP_BLOCK = 128  # threads per block of the warp kernel (OneFlow's choice)
@@ -501,7 +501,6 @@ def plan(
     blocks_per_sm: int | None = None,
     max_pack_bytes: int | None = None,
     chunks: int | None = None,
-    cache_packs: int | None = None,
 ) -> tuple[Plan, object]:
     """Choose the path and launch geometry; returns (plan, kernel).
 
@@ -511,8 +510,7 @@ def plan(
     and keeping an online sum) and `blocks_per_sm` (block_uncached: at most this many
     blocks per SM in the grid, so fewer rows are in flight and their second read
     hits L2) override the block paths' defaults, `max_pack_bytes` (16, 8, 4 or 2)
-    the widest load and store (benchmarks), `chunks` the split path's blocks per row,
-    `cache_packs` the packs block_spill caches (tests).
+    the widest load and store (benchmarks), `chunks` the split path's blocks per row.
     The kernel of the split path is a kernels.softmax_split.SplitLauncher, launched
     the same way (`kernel[grid, block, stream, smem](x, y, rows, cols)`) with its own
     scratch counters.
@@ -544,11 +542,6 @@ def plan(
     pack = _pack_size(cols, dtypes, addresses, max_pack_bytes or BLOCK_PACK_BYTES)
     if method == "split":
         return _plan_split(rows, cols, in_dtype, out_dtype, pack, log, block_size, unroll, chunks)
-    if method == "block_spill":
-        from .softmax_spill import plan_spill  # imports this module's device functions
-
-        return plan_spill(rows, cols, in_dtype, out_dtype, pack, log, block_size=block_size,
-                          unroll=unroll, cache_packs=cache_packs)  # fmt: skip
     # auto: block_smem whenever it can launch (it beat block_uncached at every width
     # measured where both run), else split (one read of the row instead of two) when
     # the device holds a row's blocks at once, else block_uncached.
