@@ -52,7 +52,6 @@ FULL_MASK = 0xFFFFFFFF
 # of 64 KiB with 512 threads 90.8% of copy, 16 of 32 KiB 85.6-87.5%; float16 4 chunks
 # of 64 KiB 75.6%, 8 of 32 KiB 74.7%.
 SPLIT_CHUNK_BYTES = 64 * 1024
-SPLIT_TAIL_CHUNKS = 1  # auto: the tail's chunks per row, times chunks (1: no tail)
 BLOCK_SIZES = (128, 256, 512, 1024)
 
 
@@ -66,7 +65,6 @@ def split_kernel(
     log: bool,
     packed: bool = False,
     bounds: tuple | None = None,
-    tail_chunks: int = 0,
 ):
     """The split-row kernel for one (dtypes, pack, unroll, chunks, log) combination.
 
@@ -78,17 +76,13 @@ def split_kernel(
     2 * rows * chunks. packed: the piece is cached as the raw words of whole packs
     (one vector store and load per pack; packs of 4 bytes or more), else element by
     element (element i of local pack q at i * span + q). bounds: CUDA launch bounds
-    (threads, blocks per SM) asked of the compiler. tail_chunks > chunks: the last
-    ceil(gridDim.x / chunks) rows (about the last round of items) are cut into
-    tail_chunks pieces each instead, so that the launch's last items are shorter
-    (partials must then hold 2 * rows * tail_chunks floats).
+    (threads, blocks per SM) asked of the compiler.
     """
     # Imported here: kernels.softmax imports this module inside plan().
     from .softmax import _online_folder, _pack_loader, exp32, exp_over
 
     in_t = from_dtype(np.dtype(in_dtype))
     P, U, C = pack, unroll, chunks
-    C2 = max(tail_chunks, chunks)
     NBI = pack * np.dtype(in_dtype).itemsize
     NBO = pack * np.dtype(out_dtype).itemsize
     PACKED = packed and NBI >= 4
@@ -136,17 +130,12 @@ def split_kernel(
         lane = uint32(tid % 32)
         warp = uint32(tid // 32)
         nthreads = uint32(cuda.blockDim.x)
-        urows = uint32(rows)
-        # Rows head .. rows - 1 are the tail, cut into C2 chunks (C2 == C: no tail).
-        head = uint32(0)
-        if C2 > C:
-            head = uint32(urows - min(urows, uint32((cuda.gridDim.x + C - 1) // C)))
-        head_items = uint32(head * C)
-        items = uint32(head_items + (urows - head) * C2)
+        items = uint32(rows * C)
         # Each block takes one ticket per item plus one past the last item: the block
         # taking ticket items + gridDim.x - 1 is the last to take one.
         last_ticket = uint32(items + cuda.gridDim.x - 1)
         packs = uint32(cols // P)
+        span = uint32((packs + (C - 1)) // C)
         while True:
             # A ticket is taken when the block is ready to load: the chunks of a row go
             # to the next blocks to be free, so they arrive close together. (Taking it
@@ -160,16 +149,8 @@ def split_kernel(
             t = uint32(item[0])
             if t >= items:
                 break
-            if t < head_items:
-                nch = uint32(C)
-                row = uint32(t // C)
-                first_item = uint32(row * C)
-            else:
-                nch = uint32(C2)
-                row = uint32(head + (t - head_items) // C2)
-                first_item = uint32(head_items + (row - head) * C2)
-            chunk = uint32(t - first_item)
-            span = uint32((packs + (nch - 1)) // nch)
+            row = uint32(t // C)
+            chunk = uint32(t - row * C)
             start = uint32(min(chunk * span, packs))
             end = uint32(min(start + span, packs))
 
@@ -223,7 +204,7 @@ def split_kernel(
                     partials[uint32(2 * t + 1)] = d
                     cuda.threadfence()
                     cuda.atomic.add(counters, slot, 1)
-                    while cuda.atomic.add(counters, slot, 0) < nch:
+                    while cuda.atomic.add(counters, slot, 0) < C:
                         pass
                     cuda.threadfence()
                 cuda.syncwarp()
@@ -231,8 +212,8 @@ def split_kernel(
                 m = NEG_INF
                 d = float32(0.0)
                 j = lane
-                while j < nch:
-                    k = uint32(2 * (first_item + j))
+                while j < C:
+                    k = uint32(2 * (row * C + j))
                     m, d = merge(
                         m,
                         d,
@@ -244,7 +225,7 @@ def split_kernel(
                 if lane == 0:
                     row_pair[0] = m
                     row_pair[1] = d
-                    if cuda.atomic.add(counters, slot, 1) == 2 * nch - 1:
+                    if cuda.atomic.add(counters, slot, 1) == 2 * C - 1:
                         counters[slot] = 0  # the row's last block out re-arms its counter
             cuda.syncthreads()
             rmax = row_pair[0]
@@ -314,7 +295,6 @@ class SplitLauncher:
     zeroed, and left zeroed by every completed launch). Made for one row count."""
 
     def __init__(self, kernel, rows: int, chunks: int):
-        """chunks: the most chunks a row is cut into (the tail's)."""
         self.kernel = kernel
         self.rows = rows
         self.chunks = chunks
@@ -352,7 +332,6 @@ def plan_split(
     chunks: int | None = None,
     packed: bool | None = None,
     bounds: tuple | None = None,
-    tail_chunks: int | None = None,
 ):
     """(Plan, SplitLauncher) of the split path for this shape and pack.
 
@@ -361,10 +340,9 @@ def plan_split(
     split_unroll, `packed` for 2-byte inputs only (H100 2026-11-25 ~02:58 UTC,
     benchmarks/results/2026-11-25-h100-softmax-split.txt, 131072 columns at auto's
     geometry: float16 84.0% of copy packed, 82.0% not; float32 89.5% packed, 93.2%
-    not). `tail_chunks` (default SPLIT_TAIL_CHUNKS times chunks; 0 or chunks: none)
-    cuts the last round of rows finer (split_kernel). Raises ValueError when chunks is
-    not in 1..cols // pack, or when the device cannot hold a row's `chunks` (or
-    `tail_chunks`) blocks at once (the kernel could deadlock), or cannot launch it.
+    not). Raises ValueError when chunks is not in 1..cols // pack, or when
+    the device cannot hold a row's `chunks` blocks at once (the kernel could
+    deadlock), or cannot launch it at all.
     """
     from .softmax import Plan  # kernels.softmax imports this module inside plan()
 
@@ -375,26 +353,20 @@ def plan_split(
         chunks = default_chunks(cols, pack, in_dtype.itemsize)
     if not 1 <= chunks <= packs:
         raise ValueError(f"chunks must be in 1..{packs} (packs per row), got {chunks}")
-    if tail_chunks is None:
-        tail_chunks = chunks * SPLIT_TAIL_CHUNKS
-    tail_chunks = min(max(tail_chunks, chunks), packs)
     span = cdiv(packs, chunks)
     smem = span * pack * in_dtype.itemsize
     sizes = (block_size,) if block_size else BLOCK_SIZES
     unroll = unroll or split_unroll(span, block_size or 256)
-    kernel = split_kernel(in_dtype, out_dtype, pack, unroll, chunks, bool(log), packed, bounds,
-                          tail_chunks)  # fmt: skip
+    kernel = split_kernel(in_dtype, out_dtype, pack, unroll, chunks, bool(log), packed, bounds)
     sig = signature(in_dtype, out_dtype)
     held = {size: resident_blocks(kernel, sig, size, smem) for size in sizes}
     size = largest_block_keeping_occupancy(held.get, sizes)
-    if not size or held[size] < tail_chunks:
+    if not size or held[size] < chunks:
         raise ValueError(
-            f"method 'split' cannot run {tail_chunks} chunks of up to {smem} bytes: the "
-            f"device holds "
+            f"method 'split' cannot run {chunks} chunks of {smem} bytes: the device holds "
             f"{held[size or sizes[0]]} such blocks at once, and a row's blocks wait for "
             "each other"
         )
     grid = min(rows * chunks, held[size])
-    how = Plan("split", pack, grid, (size, 1), smem, unroll=unroll, chunks=chunks,
-               tail_chunks=tail_chunks)  # fmt: skip
-    return how, SplitLauncher(kernel, rows, tail_chunks)
+    how = Plan("split", pack, grid, (size, 1), smem, unroll=unroll, chunks=chunks)
+    return how, SplitLauncher(kernel, rows, chunks)

@@ -327,36 +327,6 @@ def test_split_counters_rearm_for_the_next_launch():
     assert not counters.copy_to_host().any()
 
 
-# (rows, cols, dtype, chunks, tail_chunks, resident): the last ceil(grid / chunks) rows
-# cut into tail_chunks pieces; some rows before them, or none (every row in the tail).
-TAIL_CASES = [
-    (7, 40, np.float32, 2, 5, 6),  # 10 packs of 4: 4 rows of 2 chunks, 3 rows of 5
-    (5, 33, np.float16, 3, 7, 8),  # 33 packs of 1: 2 rows of 3 chunks, 3 rows of 7
-    (2, 64, np.float16, 2, 4, 4),  # 8 packs of 8: both rows in the tail
-]
-
-
-@sim_only
-@pytest.mark.parametrize(
-    "rows,cols,dtype,chunks,tail,resident", TAIL_CASES, ids=lambda v: getattr(v, "__name__", str(v))
-)
-def test_split_tail_rows_in_more_chunks(rows, cols, dtype, chunks, tail, resident):
-    x = random_rows(rows, cols, dtype)
-    for log in (False, True):
-        y, how, launcher = run_split(x, log, resident, chunks=chunks, tail_chunks=tail)
-        assert (how.chunks, how.tail_chunks) == (chunks, tail)
-        check(y, x, log)
-        assert not launcher.scratch()[0].copy_to_host().any()  # counters re-armed
-
-
-@sim_only
-def test_split_tail_needs_its_chunks_resident():
-    # Five blocks held at once cannot run a tail row's six chunks.
-    x = random_rows(4, 48, np.float32)
-    with pytest.raises(ValueError, match="cannot run 6 chunks"):
-        run_split(x, chunks=2, tail_chunks=6, resident=5)
-
-
 @sim_only
 def test_split_through_softmax():
     x = random_rows(2, 36, np.float16)
@@ -408,8 +378,6 @@ def test_gpu_split_variants_and_repeated_launches():
     ref_rows = [0, 1, 255, 511]
     for kw in (
         dict(chunks=4),
-        dict(chunks=4, tail_chunks=8),
-        dict(chunks=4, tail_chunks=16),
         dict(chunks=8, block_size=1024),
         dict(chunks=32, block_size=128, unroll=1),
         dict(chunks=64, unroll=2),
