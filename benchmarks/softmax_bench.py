@@ -35,12 +35,9 @@ WIDTHS = [32, 128, 512, 1000, 1024, 2048, 4096, 8192, 32768, 131072]
 DTYPES = {"float32": np.float32, "float16": np.float16}
 # split's chunks per row and block sizes measured where auto picks split (its
 # defaults, 32 KiB chunks and OneFlow's occupancy rule, are not yet measured).
-SPLIT_SWEEP = (
-    [dict(chunks=c) for c in (4, 8, 16, 32, 64)]
-    + [dict(block_size=b) for b in (128, 256, 512, 1024)]
-    + [dict(double=True, chunks=c) for c in (4, 8, 16)]
-    + [dict(double=True, chunks=8, block_size=b) for b in (128, 512)]
-)
+SPLIT_SWEEP = [dict(chunks=c) for c in (4, 8, 16, 32, 64)] + [
+    dict(block_size=b) for b in (128, 256, 512, 1024)
+]
 
 
 def _torch():
@@ -121,7 +118,6 @@ def run(
                     label += f" p{how.pack}"
                 elif how.method == "split":
                     label += f" c{how.chunks} b{how.block[0]} u{how.unroll}"
-                    label += " 2buf" if how.double else ""
                 else:
                     label += f" u{how.unroll}" + (" on" if how.online else "")
                     label += f" b{how.block[0]}" if kw.get("block_size") else ""
@@ -186,10 +182,7 @@ def run(
 
 def _ident(how) -> tuple:
     """What makes two plans the same launch."""
-    return (
-        how.method, how.pack, how.unroll, how.online, how.block, how.grid, how.chunks,
-        how.double,
-    )  # fmt: skip
+    return (how.method, how.pack, how.unroll, how.online, how.block, how.grid, how.chunks)
 
 
 def _line(r: dict) -> str:

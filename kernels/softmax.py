@@ -144,7 +144,6 @@ class Plan:
     unroll: int = 1  # block paths: packs in flight per thread
     online: bool = False  # block_smem: input cached in its dtype, online sum
     chunks: int = 0  # split: blocks (chunks) per row
-    double: bool = False  # split: two piece buffers, loads overlapping the wait
 
 
 # ------------------------------------------------------------------------------ kernels
@@ -502,7 +501,6 @@ def plan(
     blocks_per_sm: int | None = None,
     max_pack_bytes: int | None = None,
     chunks: int | None = None,
-    double: bool | None = None,
 ) -> tuple[Plan, object]:
     """Choose the path and launch geometry; returns (plan, kernel).
 
@@ -512,8 +510,7 @@ def plan(
     and keeping an online sum) and `blocks_per_sm` (block_uncached: at most this many
     blocks per SM in the grid, so fewer rows are in flight and their second read
     hits L2) override the block paths' defaults, `max_pack_bytes` (16, 8, 4 or 2)
-    the widest load and store (benchmarks), `chunks` the split path's blocks per row,
-    `double` its double-buffered schedule.
+    the widest load and store (benchmarks), `chunks` the split path's blocks per row.
     The kernel of the split path is a kernels.softmax_split.SplitLauncher, launched
     the same way (`kernel[grid, block, stream, smem](x, y, rows, cols)`) with its own
     scratch counters.
@@ -544,8 +541,7 @@ def plan(
 
     pack = _pack_size(cols, dtypes, addresses, max_pack_bytes or BLOCK_PACK_BYTES)
     if method == "split":
-        return _plan_split(rows, cols, in_dtype, out_dtype, pack, log, block_size, unroll, chunks,
-                           double)  # fmt: skip
+        return _plan_split(rows, cols, in_dtype, out_dtype, pack, log, block_size, unroll, chunks)
     # auto: block_smem whenever it can launch (it beat block_uncached at every width
     # measured where both run), else split (one read of the row instead of two) when
     # the device holds a row's blocks at once, else block_uncached.
@@ -594,8 +590,7 @@ def plan(
     return Plan("block_uncached", pack, grid, (size, 1), unroll=unroll), kernel
 
 
-def _plan_split(rows, cols, in_dtype, out_dtype, pack, log, block_size, unroll, chunks,
-                double=None):  # fmt: skip
+def _plan_split(rows, cols, in_dtype, out_dtype, pack, log, block_size, unroll, chunks):
     from .softmax_split import plan_split  # imports this module's device functions
 
     return plan_split(
@@ -608,7 +603,6 @@ def _plan_split(rows, cols, in_dtype, out_dtype, pack, log, block_size, unroll, 
         block_size=block_size,
         unroll=unroll,
         chunks=chunks,
-        double=double,
     )
 
 

@@ -52,7 +52,6 @@ FULL_MASK = 0xFFFFFFFF
 # of 64 KiB with 512 threads 90.8% of copy, 16 of 32 KiB 85.6-87.5%; float16 4 chunks
 # of 64 KiB 75.6%, 8 of 32 KiB 74.7%.
 SPLIT_CHUNK_BYTES = 64 * 1024
-SPLIT_DOUBLE = False  # auto: one piece buffer per block (see split_kernel's double)
 BLOCK_SIZES = (128, 256, 512, 1024)
 
 
@@ -66,7 +65,6 @@ def split_kernel(
     log: bool,
     packed: bool = False,
     bounds: tuple | None = None,
-    double: bool = False,
 ):
     """The split-row kernel for one (dtypes, pack, unroll, chunks, log) combination.
 
@@ -78,17 +76,13 @@ def split_kernel(
     2 * rows * chunks. packed: the piece is cached as the raw words of whole packs
     (one vector store and load per pack; packs of 4 bytes or more), else element by
     element (element i of local pack q at i * span + q). bounds: CUDA launch bounds
-    (threads, blocks per SM) asked of the compiler. double: two pieces' buffers (twice
-    the shared memory); after loading and publishing an item the block finishes the
-    item it loaded before (waits for that row's other chunks, writes it), so a block
-    waits for its siblings while they have had a whole item's load to arrive.
+    (threads, blocks per SM) asked of the compiler.
     """
     # Imported here: kernels.softmax imports this module inside plan().
     from .softmax import _online_folder, _pack_loader, exp32, exp_over
 
     in_t = from_dtype(np.dtype(in_dtype))
     P, U, C = pack, unroll, chunks
-    DOUBLE = double
     NBI = pack * np.dtype(in_dtype).itemsize
     NBO = pack * np.dtype(out_dtype).itemsize
     PACKED = packed and NBI >= 4
@@ -142,10 +136,6 @@ def split_kernel(
         last_ticket = uint32(items + cuda.gridDim.x - 1)
         packs = uint32(cols // P)
         span = uint32((packs + (C - 1)) // C)
-        half = uint32(span * P)  # elements of one piece's buffer (DOUBLE: two of them)
-        held = items  # DOUBLE: the item loaded last time, finished this time
-        held_buf = uint32(0)
-        load_buf = uint32(0)
         while True:
             # A ticket is taken when the block is ready to load: the chunks of a row go
             # to the next blocks to be free, so they arrive close together. (Taking it
@@ -157,119 +147,105 @@ def split_kernel(
                 item[0] = t
             cuda.syncthreads()
             t = uint32(item[0])
-            if t < items:
-                # Pass 1: the chunk into shared memory (a thread's slots are the local
-                # packs q = tid (mod nthreads), every item), running max and online sum.
-                row = uint32(t // C)
-                start = uint32(min((t - row * C) * span, packs))
-                end = uint32(min(start + span, packs))
-                m = NEG_INF
-                d = float32(0.0)
-                p = uint32(start + tid)
-                while p < end:
-                    cm = m
-                    if PACKED:
-                        # Raw words into shared memory, float32 values from the same words.
-                        n = load_words(x, row, p, nthreads, end, w)
-                        for u in range(U):
-                            if u < n:
-                                for k in range(NW):
-                                    wrow[k] = w[u, k]
-                                    vals = unpack_word(w[u, k], ISZ)
-                                    for h in range(PW):
-                                        a[u, k * PW + h] = vals[h]
-                                        cm = max(cm, vals[h])
-                                q = uint32(p - start + u * nthreads)
-                                store_words1(buf, uint32(load_buf + q * P), wrow, NW)
-                    else:
-                        n = load_packs(x, row, p, nthreads, end, a)
-                        for u in range(U):
-                            if u < n:
-                                q = uint32(p - start + u * nthreads)
-                                for i in range(P):
-                                    v = a[u, i]
-                                    cm = max(cm, v)
-                                    buf[uint32(load_buf + i * span + q)] = in_t(v)
-                    m, d = fold(a, n, cm, m, d)
-                    p = uint32(p + U * nthreads)
-
-                # The chunk's pair, per warp, then warp 0 over the warps' pairs: published
-                # for the row's other blocks.
-                m, d = warp_merge(m, d)
-                if lane == 0:
-                    warp_max[warp] = m
-                    warp_sum[warp] = d
-                cuda.syncthreads()
-                if warp == 0:
-                    nwarps = nthreads // 32
-                    m = warp_max[lane] if lane < nwarps else NEG_INF
-                    d = warp_sum[lane] if lane < nwarps else float32(0.0)
-                    m, d = warp_merge(m, d)
-                    if lane == 0:
-                        partials[uint32(2 * t)] = m
-                        partials[uint32(2 * t + 1)] = d
-                        cuda.threadfence()
-                        cuda.atomic.add(counters, uint32(1 + row), 1)
-            # The item to finish now: DOUBLE, the one loaded last time (its row's other
-            # blocks had this item's load to arrive); else the one just loaded.
-            if DOUBLE:
-                fin, fin_buf = held, held_buf
-                held, held_buf = t, load_buf
-                load_buf = uint32(half - load_buf)
-            else:
-                fin, fin_buf = t, load_buf
-            if fin < items:
-                row = uint32(fin // C)
-                start = uint32(min((fin - row * C) * span, packs))
-                end = uint32(min(start + span, packs))
-                slot = uint32(1 + row)
-                if warp == 0:
-                    if lane == 0:
-                        # Wait for the row's other chunks.
-                        while cuda.atomic.add(counters, slot, 0) < C:
-                            pass
-                        cuda.threadfence()
-                    cuda.syncwarp()
-                    # The row's pair from its chunks' pairs (read at L2, never a stale line).
-                    m = NEG_INF
-                    d = float32(0.0)
-                    j = lane
-                    while j < C:
-                        k = uint32(2 * (row * C + j))
-                        m, d = merge(
-                            m,
-                            d,
-                            cuda.atomic.add(partials, k, float32(0.0)),
-                            cuda.atomic.add(partials, uint32(k + 1), float32(0.0)),
-                        )
-                        j = uint32(j + 32)
-                    m, d = warp_merge(m, d)  # every lane has read its pairs now
-                    if lane == 0:
-                        row_pair[0] = m
-                        row_pair[1] = d
-                        if cuda.atomic.add(counters, slot, 1) == 2 * C - 1:
-                            counters[slot] = 0  # the row's last block out re-arms it
-                cuda.syncthreads()
-                rmax = row_pair[0]
-                rsum = row_pair[1]
-
-                # Pass 2: outputs from shared memory (a thread reads the slots it wrote).
-                lse = math.log(rsum)
-                l2s = float32(math.log2(rsum))
-                q = tid
-                while q < end - start:
-                    if PACKED:
-                        pa = load_pack1(buf, uint32(fin_buf + q * P), NBI)
-                    for i in range(P):
-                        if PACKED:
-                            v = pa[i] - rmax
-                        else:
-                            v = float32(buf[uint32(fin_buf + i * span + q)]) - rmax
-                        tout[i] = v - lse if log else exp_over(v, l2s)
-                    store_pack2(y, row, uint32((start + q) * P), tout, NBO)
-                    q = uint32(q + nthreads)
             if t >= items:
                 break
+            row = uint32(t // C)
+            chunk = uint32(t - row * C)
+            start = uint32(min(chunk * span, packs))
+            end = uint32(min(start + span, packs))
+
+            # Pass 1: the chunk into shared memory (a thread's slots are the local
+            # packs q = tid (mod nthreads), every item), running max and online sum.
+            m = NEG_INF
+            d = float32(0.0)
+            p = uint32(start + tid)
+            while p < end:
+                cm = m
+                if PACKED:
+                    # Raw words into shared memory, float32 values from the same words.
+                    n = load_words(x, row, p, nthreads, end, w)
+                    for u in range(U):
+                        if u < n:
+                            for k in range(NW):
+                                wrow[k] = w[u, k]
+                                vals = unpack_word(w[u, k], ISZ)
+                                for h in range(PW):
+                                    a[u, k * PW + h] = vals[h]
+                                    cm = max(cm, vals[h])
+                            q = uint32(p - start + u * nthreads)
+                            store_words1(buf, uint32(q * P), wrow, NW)
+                else:
+                    n = load_packs(x, row, p, nthreads, end, a)
+                    for u in range(U):
+                        if u < n:
+                            q = uint32(p - start + u * nthreads)
+                            for i in range(P):
+                                v = a[u, i]
+                                cm = max(cm, v)
+                                buf[uint32(i * span + q)] = in_t(v)
+                m, d = fold(a, n, cm, m, d)
+                p = uint32(p + U * nthreads)
+
+            # The chunk's pair: per warp, then warp 0 over the warps' pairs.
+            m, d = warp_merge(m, d)
+            if lane == 0:
+                warp_max[warp] = m
+                warp_sum[warp] = d
+            cuda.syncthreads()
+            slot = uint32(1 + row)
+            if warp == 0:
+                nwarps = nthreads // 32
+                m = warp_max[lane] if lane < nwarps else NEG_INF
+                d = warp_sum[lane] if lane < nwarps else float32(0.0)
+                m, d = warp_merge(m, d)
+                if lane == 0:
+                    # Publish it, wait for the row's other chunks, take the next ticket.
+                    partials[uint32(2 * t)] = m
+                    partials[uint32(2 * t + 1)] = d
+                    cuda.threadfence()
+                    cuda.atomic.add(counters, slot, 1)
+                    while cuda.atomic.add(counters, slot, 0) < C:
+                        pass
+                    cuda.threadfence()
+                cuda.syncwarp()
+                # The row's pair from its chunks' pairs (read at L2, never a stale line).
+                m = NEG_INF
+                d = float32(0.0)
+                j = lane
+                while j < C:
+                    k = uint32(2 * (row * C + j))
+                    m, d = merge(
+                        m,
+                        d,
+                        cuda.atomic.add(partials, k, float32(0.0)),
+                        cuda.atomic.add(partials, uint32(k + 1), float32(0.0)),
+                    )
+                    j = uint32(j + 32)
+                m, d = warp_merge(m, d)  # every lane has read its pairs now
+                if lane == 0:
+                    row_pair[0] = m
+                    row_pair[1] = d
+                    if cuda.atomic.add(counters, slot, 1) == 2 * C - 1:
+                        counters[slot] = 0  # the row's last block out re-arms its counter
+            cuda.syncthreads()
+            rmax = row_pair[0]
+            rsum = row_pair[1]
+
+            # Pass 2: outputs from shared memory (a thread reads the slots it wrote).
+            lse = math.log(rsum)
+            l2s = float32(math.log2(rsum))
+            q = tid
+            while q < end - start:
+                if PACKED:
+                    pa = load_pack1(buf, uint32(q * P), NBI)
+                for i in range(P):
+                    if PACKED:
+                        v = pa[i] - rmax
+                    else:
+                        v = float32(buf[uint32(i * span + q)]) - rmax
+                    tout[i] = v - lse if log else exp_over(v, l2s)
+                store_pack2(y, row, uint32((start + q) * P), tout, NBO)
+                q = uint32(q + nthreads)
 
     return softmax_split
 
@@ -356,7 +332,6 @@ def plan_split(
     chunks: int | None = None,
     packed: bool | None = None,
     bounds: tuple | None = None,
-    double: bool | None = None,
 ):
     """(Plan, SplitLauncher) of the split path for this shape and pack.
 
@@ -365,8 +340,7 @@ def plan_split(
     split_unroll, `packed` for 2-byte inputs only (H100 2026-11-25 ~02:58 UTC,
     benchmarks/results/2026-11-25-h100-softmax-split.txt, 131072 columns at auto's
     geometry: float16 84.0% of copy packed, 82.0% not; float32 89.5% packed, 93.2%
-    not), `double` (split_kernel) SPLIT_DOUBLE. Raises ValueError when chunks is not in
-    1..cols // pack, or when
+    not). Raises ValueError when chunks is not in 1..cols // pack, or when
     the device cannot hold a row's `chunks` blocks at once (the kernel could
     deadlock), or cannot launch it at all.
     """
@@ -379,13 +353,11 @@ def plan_split(
         chunks = default_chunks(cols, pack, in_dtype.itemsize)
     if not 1 <= chunks <= packs:
         raise ValueError(f"chunks must be in 1..{packs} (packs per row), got {chunks}")
-    double = SPLIT_DOUBLE if double is None else bool(double)
     span = cdiv(packs, chunks)
-    smem = span * pack * in_dtype.itemsize * (2 if double else 1)
+    smem = span * pack * in_dtype.itemsize
     sizes = (block_size,) if block_size else BLOCK_SIZES
     unroll = unroll or split_unroll(span, block_size or 256)
-    kernel = split_kernel(in_dtype, out_dtype, pack, unroll, chunks, bool(log), packed, bounds,
-                          double)  # fmt: skip
+    kernel = split_kernel(in_dtype, out_dtype, pack, unroll, chunks, bool(log), packed, bounds)
     sig = signature(in_dtype, out_dtype)
     held = {size: resident_blocks(kernel, sig, size, smem) for size in sizes}
     size = largest_block_keeping_occupancy(held.get, sizes)
@@ -396,6 +368,5 @@ def plan_split(
             "each other"
         )
     grid = min(rows * chunks, held[size])
-    how = Plan("split", pack, grid, (size, 1), smem, unroll=unroll, chunks=chunks,
-               double=double)  # fmt: skip
+    how = Plan("split", pack, grid, (size, 1), smem, unroll=unroll, chunks=chunks)
     return how, SplitLauncher(kernel, rows, chunks)

@@ -264,19 +264,15 @@ SPLIT_CASES = [  # (rows, cols, dtype, log, chunks, resident)
 
 
 @sim_only
-@pytest.mark.parametrize("double", [False, True], ids=["one-buffer", "two-buffers"])
 @pytest.mark.parametrize(
     "rows,cols,dtype,log,chunks,resident",
     SPLIT_CASES,
     ids=lambda v: getattr(v, "__name__", str(v)),
 )
-def test_split_path(rows, cols, dtype, log, chunks, resident, double):
-    # Two buffers: a block finishes each item after loading the next, so with few
-    # resident blocks a row's chunks are spread over blocks that each hold two items.
+def test_split_path(rows, cols, dtype, log, chunks, resident):
     x = random_rows(rows, cols, dtype)
-    y, how, launcher = run_split(x, log, resident, chunks=chunks, double=double)
-    assert how.chunks == chunks and how.double == double
-    assert not launcher.scratch()[0].copy_to_host().any()  # counters re-armed
+    y, how, _ = run_split(x, log, resident, chunks=chunks)
+    assert how.chunks == chunks
     check(y, x, log)
 
 
@@ -287,9 +283,8 @@ def test_split_huge_and_infinite_values(dtype):
     # GPU; the simulator's math.log(0) raises, as on the other paths.)
     x = special_rows(40, dtype)
     for log in (False, True):
-        for double in (False, True):
-            y, _, _ = run_split(x, log, chunks=3, double=double)
-            check(y, x, log)
+        y, _, _ = run_split(x, log, chunks=3)
+        check(y, x, log)
 
 
 def _split_layout(x, packed: bool, chunks: int, block: int, pack: int):
@@ -363,18 +358,6 @@ def test_gpu_split_shapes(cols, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cols", [4097, 131072, 131073, 2**20])
-@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
-def test_gpu_split_two_buffers(cols, dtype):
-    for rows in _gpu_rows(cols):
-        x = random_rows(rows, cols, dtype)
-        for log in (False, True):
-            y, how, _ = run_split(x, log, chunks=8, double=True)
-            check(y, x, log)
-    assert how.double
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("cols", [131072, 12345])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
 def test_gpu_split_special_values(cols, dtype):
@@ -395,8 +378,6 @@ def test_gpu_split_variants_and_repeated_launches():
     ref_rows = [0, 1, 255, 511]
     for kw in (
         dict(chunks=4),
-        dict(chunks=8, double=True),
-        dict(chunks=4, double=True, block_size=512),
         dict(chunks=8, block_size=1024),
         dict(chunks=32, block_size=128, unroll=1),
         dict(chunks=64, unroll=2),
