@@ -389,8 +389,9 @@ def _make_column_tiles(wx: int):
         """As `box_column_means`, by tiles. A block of WX words x G = blockDim.y
         threads owns `strip` output rows of WX scratch words:
         1. it loads their rows of sums and the kh - 1 more their windows reach (borders
-           applied) into shared memory, (strip + kh - 1) x WX words, every thread's
-           loads independent of each other (eight in flight, at the borders too);
+           applied) into shared memory, (strip + kh - 1) x WX words, as 64-bit pairs of
+           words (WX even, scratch rows a multiple of 4 lanes), every thread's loads
+           independent of each other (eight in flight, at the borders too);
         2. thread (x, g) sums the first window of its s = strip // G output rows from shared
            memory and slides it over them, one mean per row and lane.
         A block reads its rows of the scratch (strip + kh - 1) / strip times (through L2:
