@@ -137,7 +137,8 @@ def filter2d(
     flipped (correlation). anchor: OpenCV's (x, y), default the centre (kw//2, kh//2).
     border: reflect101 (default, OpenCV's), reflect, replicate, constant (border_value),
     wrap. method: the CUDA variant: auto, naive, padded, tiled, blocked (register-blocked
-    tiles), separable (box only).
+    tiles), separable (a kernel of low rank as one pair of 1-D passes per term: rank 1,
+    an outer product, or a sum of up to (kh * kw - 1) // (kh + kw) of them).
     """
     arr, device = _as_image(img)
     k = as_kernel(kernel)

@@ -20,7 +20,10 @@ from numba import cuda
 
 from .cache import cache_dir
 from .conv_plan import TX, TY, grid, offsets_fit, rows_per_thread, scalar_args, tile_shape
+from .device import saturate_f32
 from .launch import cdiv, scratch
+
+FLAT_BLOCK = 256  # threads per block of the element-wise passes
 
 SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
 
@@ -265,6 +268,54 @@ def correlate_blocked(img, weights, anchor, mode, cval, out):
     args = scalar_args(out.dtype, anchor, mode, cval)
     kernel = kernel_for(kh, kw, wide=not offsets_fit(img.shape))
     kernel[grid(img.shape, kh), (TX, TY, 1)](img, flat, *args, out)
+    return out
+
+
+@cuda.jit
+def _accumulate(acc, part):
+    """acc += part, flat float32 arrays of one size."""
+    i = cuda.grid(1)
+    if i < acc.size:
+        acc[i] += part[i]
+
+
+@cuda.jit
+def _store(acc, lo, hi, is_int, out):
+    """out = acc, rounded half to even and saturated to [lo, hi] where is_int (flat
+    arrays of one size)."""
+    i = cuda.grid(1)
+    if i < out.size:
+        if is_int:
+            out[i] = saturate_f32(acc[i], lo, hi)
+        else:
+            out[i] = acc[i]
+
+
+def correlate_low_rank(img, terms, anchor, mode, cval, out):
+    """Correlate with sum_k outer(col_k, row_k), a kernel of rank len(terms).
+
+    terms: [(row (1, kw), col (kh, 1), row_sum)], float32 device arrays and the sum of
+    row. One term is `correlate_separable`. More: each term's row pass goes into a
+    float32 scratch image and its column pass into a float32 image; the terms are
+    summed in float32 and the sum is rounded and saturated (integer outputs) once, at
+    the end, as a single 2-D pass rounds its sum.
+    """
+    if len(terms) == 1:
+        row, col, row_sum = terms[0]
+        return correlate_separable(img, row, col, anchor, mode, cval, row_sum, out)
+    ay, ax = anchor
+    tmp = scratch(img.shape, np.float32)
+    acc = scratch(img.shape, np.float32, "low-rank sum")
+    part = scratch(img.shape, np.float32, "low-rank term")
+    n = img.size
+    flat_grid = cdiv(n, FLAT_BLOCK)
+    for k, (row, col, row_sum) in enumerate(terms):
+        correlate_blocked(img, row, (0, ax), mode, float(cval), tmp)
+        correlate_blocked(tmp, col, (ay, 0), mode, float(cval) * row_sum, part if k else acc)
+        if k:
+            _accumulate[flat_grid, FLAT_BLOCK](acc.reshape(n), part.reshape(n))
+    lo, hi, is_int = scalar_args(out.dtype, anchor, mode, cval)[4:]
+    _store[flat_grid, FLAT_BLOCK](acc.reshape(n), lo, hi, is_int, out.reshape(n))
     return out
 
 

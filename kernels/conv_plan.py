@@ -68,19 +68,46 @@ def scalar_args(out_dtype, anchor: tuple, mode: int, cval) -> tuple:
     return anchor[0], anchor[1], mode, np.float32(cval), lo, hi, is_int
 
 
-def rank1_factors(kernel: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """(col, row) with kernel == outer(col, row) to float32 precision, or None.
+def low_rank_factors(
+    kernel: np.ndarray, max_rank: int
+) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    """[(col_k, row_k)] with kernel == sum_k outer(col_k, row_k) to float32 precision,
+    at most `max_rank` terms, or None when the kernel's rank is higher.
 
-    Found by SVD: rank 1 when the second singular value is below 1e-7 of the first
-    (an all-zero kernel has rank 0 and zero factors).
+    Found by SVD: the rank counts the singular values above 1e-7 of the largest (an
+    all-zero kernel has rank 0 and one term of zero factors).
     """
     u, s, vt = np.linalg.svd(kernel.astype(np.float64))
     if s[0] == 0:
-        return np.zeros(kernel.shape[0], np.float32), np.zeros(kernel.shape[1], np.float32)
-    if len(s) > 1 and s[1] > 1e-7 * s[0]:
+        return [(np.zeros(kernel.shape[0], np.float32), np.zeros(kernel.shape[1], np.float32))]
+    rank = int(np.count_nonzero(s > 1e-7 * s[0]))
+    if rank > max_rank:
         return None
-    scale = np.sqrt(s[0])
-    return (u[:, 0] * scale).astype(np.float32), (vt[0] * scale).astype(np.float32)
+    scale = np.sqrt(s[:rank])
+    return [
+        ((u[:, k] * scale[k]).astype(np.float32), (vt[k] * scale[k]).astype(np.float32))
+        for k in range(rank)
+    ]
+
+
+def kernel_rank(kernel: np.ndarray) -> int:
+    """The rank `low_rank_factors` sees (0 for an all-zero kernel)."""
+    s = np.linalg.svd(kernel.astype(np.float64), compute_uv=False)
+    return 0 if s[0] == 0 else int(np.count_nonzero(s > 1e-7 * s[0]))
+
+
+def rank1_factors(kernel: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(col, row) with kernel == outer(col, row) to float32 precision, or None
+    (`low_rank_factors` with one term)."""
+    terms = low_rank_factors(kernel, 1)
+    return None if terms is None else terms[0]
+
+
+def max_separable_rank(kh: int, kw: int) -> int:
+    """The highest rank method "separable" takes for a kh x kw kernel: r pairs of 1-D
+    passes do r * (kh + kw) multiply-adds per output against kh * kw for one 2-D pass,
+    so past this rank they cannot be cheaper (they also move r times the bytes)."""
+    return max(1, (kh * kw - 1) // (kh + kw))
 
 
 def auto_method(kernel: np.ndarray) -> str | None:

@@ -23,16 +23,17 @@ _SCRATCH: dict = {}
 _SCRATCH_KEEP = 4
 
 
-def scratch(shape: tuple, dtype):
+def scratch(shape: tuple, dtype, tag: str = ""):
     """A device work buffer of this shape and dtype, reused across calls.
 
     cudaMalloc and cudaFree cost far more than a fast filter; launches on the
-    default stream run in order, so one buffer per (shape, dtype) is safe to reuse.
-    Keeps the most recent few.
+    default stream run in order, so one buffer per (shape, dtype, tag) is safe to
+    reuse; a caller needing two at once gives them different tags. Keeps the most
+    recent few.
     """
     from numba import cuda
 
-    key = (tuple(shape), str(dtype))
+    key = (tuple(shape), str(dtype), tag)
     buf = _SCRATCH.pop(key, None)
     if buf is None:
         buf = cuda.device_array(shape, dtype=dtype)

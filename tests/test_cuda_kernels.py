@@ -172,7 +172,7 @@ def test_full_size_contour(border):
 
 
 def test_rank1_detection():
-    from imgfilter.backends.cuda import rank1_factors
+    from kernels.conv_plan import rank1_factors
 
     gauss = np.outer([1, 4, 6, 4, 1], [1, 2, 1]) / 48.0
     col, row = rank1_factors(gauss)
@@ -181,6 +181,21 @@ def test_rank1_detection():
     assert rank1_factors(np.array([[1.0, 2.0], [3.0, 4.0 + 1e-3]])) is None
     zero_col, zero_row = rank1_factors(np.zeros((2, 3)))
     assert not zero_col.any() and not zero_row.any()
+
+
+def test_low_rank_factors_rebuild_the_kernel_and_count_its_rank():
+    from kernels.conv_plan import kernel_rank, low_rank_factors, max_separable_rank
+
+    rng = np.random.default_rng(3)
+    k3 = sum(np.outer(rng.random(6), rng.random(5)) for _ in range(3))
+    terms = low_rank_factors(k3, 3)
+    assert len(terms) == 3 and kernel_rank(k3) == 3
+    rebuilt = sum(np.outer(c.astype(np.float64), r) for c, r in terms)
+    np.testing.assert_allclose(rebuilt, k3, rtol=1e-6, atol=1e-6 * np.abs(k3).max())
+    assert low_rank_factors(k3, 2) is None
+    assert kernel_rank(np.zeros((3, 4))) == 0 and len(low_rank_factors(np.zeros((3, 4)), 1)) == 1
+    assert kernel_rank(np.eye(4)) == 4
+    assert [max_separable_rank(k, k) for k in (3, 5, 7, 21, 31)] == [1, 2, 3, 10, 15]
 
 
 def test_auto_uses_separable_passes_for_large_rank1_kernels_only():

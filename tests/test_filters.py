@@ -303,6 +303,35 @@ def test_filter2d_cuda_rank1_kernel(method, border):
     assert check_filter2d("cuda", method, img, kernel, kind="float", border=border)
 
 
+# (image shape, dtype, border, rank): sums of outer products through method "separable",
+# one pair of 1-D passes per term; odd sizes, off-centre anchors, a constant border with
+# a value (each term's row pass sees cval * that term's row sum).
+LOW_RANK_CASES = [
+    ((8, 11, 3), np.uint8, "constant", 2),
+    ((9, 13), np.uint8, "reflect101", 3),
+    ((7, 10, 4), np.uint16, "wrap", 2),
+    ((6, 9), np.float32, "replicate", 3),
+]
+
+
+@pytest.mark.parametrize("shape, dtype, border, rank", LOW_RANK_CASES, ids=str)
+def test_filter2d_cuda_low_rank_kernel(shape, dtype, border, rank):
+    """A 7x9 kernel of rank 2 or 3 (max_separable_rank(7, 9) == 3), off-centre anchor."""
+    rng = np.random.default_rng(rank)
+    kernel = sum(np.outer(rng.random(7), rng.random(9) - 0.3) for _ in range(rank))
+    kernel = (kernel / np.abs(kernel).sum()).astype(np.float32)
+    img = make_image(shape, dtype, 16)
+    assert check_filter2d(
+        "cuda", "separable", img, kernel, kind="float", border=border, anchor=(2, 5)
+    )
+
+
+def test_filter2d_cuda_separable_refuses_rank_above_its_limit():
+    kernel = np.random.default_rng(0).random((7, 9)).astype(np.float32)  # rank 7 > 3
+    with pytest.raises(imgfilter.UsageError, match="at most 3 of them; this one has rank 7"):
+        imgfilter.filter2d(np.zeros((5, 5), np.uint8), kernel, backend="cuda", method="separable")
+
+
 def test_filter2d_cuda_huge_float32():
     kernel = float_kernel((3, 3), 14)
     img = make_image((5, 7), np.float32, 15, huge=True)
@@ -507,6 +536,23 @@ def test_filter2d_full_size(kshape, kind, border, method, shape):
         kernel = make_kernel(kind, kshape, 71)
         assert check_filter2d(
             "cuda", method, img, kernel, kind=kind, border=border, what=dt_name(dtype)
+        )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", FULL_SHAPES, ids=FULL_IDS)
+@pytest.mark.parametrize(
+    "k, rank", [(21, 3), (31, 2), (5, 2)], ids=["21x21-r3", "31x31-r2", "5x5-r2"]
+)
+@pytest.mark.parametrize("border", ["reflect101", "constant"])
+def test_filter2d_low_rank_full_size(k, rank, border, shape):
+    rng = np.random.default_rng(k + rank)
+    kernel = sum(np.outer(rng.standard_normal(k), rng.standard_normal(k)) for _ in range(rank))
+    kernel = (kernel / np.abs(kernel).sum()).astype(np.float32)
+    for dtype in (np.uint8, np.float32) if len(shape) == 2 else (np.uint8,):
+        img = make_image(shape, dtype, 73)
+        assert check_filter2d(
+            "cuda", "separable", img, kernel, kind="float", border=border, what=dt_name(dtype)
         )
 
 

@@ -19,7 +19,7 @@ from kernels import contour as _contour
 from kernels import conv as _conv
 from kernels import conv_blocked as _blocked
 from kernels import conv_plan as _conv_plan
-from kernels.conv_plan import rank1_factors
+from kernels.conv_plan import low_rank_factors
 
 from ..errors import DeviceError, UsageError
 from . import cubins
@@ -69,8 +69,13 @@ def _device_weights(kernel: np.ndarray):
 def _resolve_correlation_method(method: str, kernel: np.ndarray) -> str:
     kh, kw = kernel.shape
     if method == "separable":
-        if rank1_factors(kernel) is None:
-            raise UsageError("method 'separable' needs a rank-1 kernel (an outer product)")
+        most = _conv_plan.max_separable_rank(kh, kw)
+        if _conv_plan.kernel_rank(kernel) > most:
+            raise UsageError(
+                f"method 'separable' needs a rank-1 kernel (an outer product) or, for a "
+                f"{kh}x{kw} kernel, a sum of at most {most} of them; this one has rank "
+                f"{_conv_plan.kernel_rank(kernel)}"
+            )
         if max(kh, kw) > _conv_plan.MAX_SIDE:
             raise UsageError(f"method 'separable' handles kernels up to {_conv_plan.MAX_SIDE} wide")
         return method
@@ -107,18 +112,17 @@ def correlate(img, kernel, anchor, border, value, method):
         dimg, from_host = _to_device(img)
         cval = np.dtype(dimg.dtype).type(value)
         if method == "separable":
-            col, row = rank1_factors(kernel)
+            kh, kw = kernel.shape
+            terms = [
+                (
+                    _device_weights(row[None, :]),
+                    _device_weights(col[:, None]),
+                    float(np.sum(row, dtype=np.float64)),
+                )
+                for col, row in low_rank_factors(kernel, _conv_plan.max_separable_rank(kh, kw))
+            ]
             out = cuda.device_array(dimg.shape, dtype=dimg.dtype)
-            _blocked.correlate_separable(
-                dimg,
-                _device_weights(row[None, :]),
-                _device_weights(col[:, None]),
-                anchor,
-                border,
-                cval,
-                float(np.sum(row, dtype=np.float64)),
-                out,
-            )
+            _blocked.correlate_low_rank(dimg, terms, anchor, border, cval, out)
         else:
             out = _conv.correlate(dimg, _device_weights(kernel), anchor, border, cval, method)
             if method == "blocked":
