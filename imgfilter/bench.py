@@ -435,7 +435,55 @@ def _bench_seed_comparison(ctx: _Context, img: np.ndarray) -> None:
     )
 
 
-def run(sizes=("seed",), box_ks=(3, 21, 101), filter_ks=(3, 5, 9, 15, 21, 31), quick=False):
+# (k, rank) of the low-rank k x k kernels timed at the seed size, separable passes
+# against one 2-D pass: what decides where `auto` should take rank-r kernels apart.
+LOW_RANK_CASES = ((21, 1), (21, 2), (21, 4), (31, 2), (31, 6))
+
+
+def _bench_low_rank(ctx: _Context, size: str, img: np.ndarray, k: int, rank: int) -> None:
+    """A random k x k kernel of this rank through method separable (one row pass and one
+    column pass per term) and blocked (one 2-D pass), kernel time only."""
+    from numba import cuda
+
+    from kernels import conv as kconv
+    from kernels import conv_blocked as kblocked
+    from kernels.conv_plan import low_rank_factors
+
+    rng = np.random.default_rng(k * 100 + rank)
+    kernel = sum(np.outer(rng.standard_normal(k), rng.standard_normal(k)) for _ in range(rank))
+    kernel = (kernel / k).astype(np.float32)
+    terms = [
+        (cuda.to_device(r[None, :]), cuda.to_device(c[:, None]), float(r.sum(dtype=np.float64)))
+        for c, r in low_rank_factors(kernel, rank)
+    ]
+    d_img, d_w = cuda.to_device(img), cuda.to_device(kernel)
+    d_out = cuda.device_array_like(d_img)
+    anchor = (k // 2, k // 2)
+    op, nbytes, pixels = (
+        f"filter2d {k}x{k} rank {rank}",
+        2 * img.nbytes,
+        img.shape[0] * img.shape[1],
+    )
+    cases = (
+        ("blocked", lambda: kconv.correlate(d_img, d_w, anchor, 0, 0, "blocked", d_out), k * k),
+        (
+            "separable",
+            lambda: kblocked.correlate_low_rank(d_img, terms, anchor, 0, 0, d_out),
+            2 * k * len(terms),
+        ),
+    )
+    for method, fn, taps in cases:
+        row = Row(op, size, f"imgfilter cuda {method}", ctx.timer.kernel_us(fn, 10))
+        ctx.add(row, nbytes, pixels, img.size * taps)
+
+
+def run(
+    sizes=("seed",),
+    box_ks=(3, 21, 101),
+    filter_ks=(3, 5, 9, 15, 21, 31),
+    quick=False,
+    low_rank=LOW_RANK_CASES,
+):
     """Measure every case; returns a dict ready for JSON (see `print_table`)."""
     from numba import cuda
 
@@ -449,6 +497,8 @@ def run(sizes=("seed",), box_ks=(3, 21, 101), filter_ks=(3, 5, 9, 15, 21, 31), q
             _bench_blur(ctx, size, img, k)
         for k in filter_ks if size == "seed" else (21,):
             _bench_filter(ctx, size, img, (rng.standard_normal((k, k)) / k).astype(np.float32))
+        for k, rank in low_rank if size == "seed" else ():
+            _bench_low_rank(ctx, size, img, k, rank)
         _bench_contour(ctx, size, np.ascontiguousarray(img[:, :, 1]))
 
     name = cuda.get_current_device().name

@@ -45,9 +45,26 @@ def test_table_shows_ratios_to_imgfilter_and_floor():
     assert lines[-1] == "cupy: not installed: skipped"
 
 
+def test_low_rank_case_runs_both_methods():
+    # The timer stubbed (the simulator has no spin kernel worth timing): each method is
+    # launched once and recorded with its bytes and FMA floors.
+    class Timer:
+        def kernel_us(self, fn, launches):
+            fn()
+            return 100.0
+
+    ctx = object.__new__(bench._Context)
+    ctx.timer, ctx.bandwidth, ctx.tfmas, ctx.rows = Timer(), 1000.0, 10.0, []
+    img = np.random.default_rng(4).integers(0, 256, (9, 12, 3), dtype=np.uint8)
+    bench._bench_low_rank(ctx, "tiny", img, 5, 2)
+    assert [r.impl for r in ctx.rows] == ["imgfilter cuda blocked", "imgfilter cuda separable"]
+    assert {r.op for r in ctx.rows} == {"filter2d 5x5 rank 2"}
+    assert all(r.extra["x_floor"] > 0 for r in ctx.rows)
+
+
 @pytest.mark.gpu
 def test_bench_run_measures_every_case():
-    result = bench.run(("seed",), box_ks=(3,), filter_ks=(3,), quick=True)
+    result = bench.run(("seed",), box_ks=(3,), filter_ks=(3,), quick=True, low_rank=((5, 2),))
     impls = {r["impl"] for r in result["rows"]}
     want = {"imgfilter cuda (box_tiled)", "opencv cpu cv2.blur", "cpu pure Python"}
     assert want <= impls
