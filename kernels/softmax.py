@@ -123,8 +123,8 @@ else:
     @cuda.jit(device=True, inline="always")
     def exp_over(v, log2_sum):
         """exp(v) / 2**log2_sum (a softmax output: v = x - max, log2_sum = log2 of the
-        row's sum) as one fma and one ex2.approx.ftz, where exp32(v) / sum took a
-        subtract-free multiply, the ex2 and a multiply by 1 / sum. log2_sum's rounding
+        row's sum) as one fma and one ex2.approx.ftz, where exp32(v) * (1 / sum) takes
+        a multiply, the ex2 and another multiply. log2_sum's rounding
         (|log2_sum| * 2**-24) adds < 1e-6 relative error for sums below 2**20."""
         return _ex2_ftz(cuda.fma(v, LOG2E, -log2_sum))
 

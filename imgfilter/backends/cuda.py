@@ -69,12 +69,11 @@ def _device_weights(kernel: np.ndarray):
 def _resolve_correlation_method(method: str, kernel: np.ndarray) -> str:
     kh, kw = kernel.shape
     if method == "separable":
-        most = _conv_plan.max_separable_rank(kh, kw)
-        if _conv_plan.kernel_rank(kernel) > most:
+        most, rank = _conv_plan.max_separable_rank(kh, kw), _conv_plan.kernel_rank(kernel)
+        if rank > most:
             raise UsageError(
                 f"method 'separable' needs a rank-1 kernel (an outer product) or, for a "
-                f"{kh}x{kw} kernel, a sum of at most {most} of them; this one has rank "
-                f"{_conv_plan.kernel_rank(kernel)}"
+                f"{kh}x{kw} kernel, a sum of at most {most} of them; this one has rank {rank}"
             )
         if max(kh, kw) > _conv_plan.MAX_SIDE:
             raise UsageError(f"method 'separable' handles kernels up to {_conv_plan.MAX_SIDE} wide")
