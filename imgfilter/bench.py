@@ -440,9 +440,10 @@ def _bench_seed_comparison(ctx: _Context, img: np.ndarray) -> None:
 LOW_RANK_CASES = ((21, 1), (21, 2), (21, 4), (31, 2), (31, 6))
 
 
-def _bench_low_rank(ctx: _Context, size: str, img: np.ndarray, k: int, rank: int) -> None:
-    """A random k x k kernel of this rank through method separable (one row pass and one
-    column pass per term) and blocked (one 2-D pass), kernel time only."""
+def low_rank_launches(img: np.ndarray, k: int, rank: int) -> list[tuple[str, Callable, int]]:
+    """[(method, launch, taps)] for a random k x k kernel of this rank on device copies
+    of `img`: method separable (one row pass and one column pass per term) and blocked
+    (one 2-D pass); `taps` counts the multiply-adds per output element."""
     from numba import cuda
 
     from kernels import conv as kconv
@@ -452,27 +453,37 @@ def _bench_low_rank(ctx: _Context, size: str, img: np.ndarray, k: int, rank: int
     rng = np.random.default_rng(k * 100 + rank)
     kernel = sum(np.outer(rng.standard_normal(k), rng.standard_normal(k)) for _ in range(rank))
     kernel = (kernel / k).astype(np.float32)
+    # np.array copies: a view's stride-0 axis would not reshape on the device.
     terms = [
-        (cuda.to_device(r[None, :]), cuda.to_device(c[:, None]), float(r.sum(dtype=np.float64)))
+        (
+            cuda.to_device(np.array(r[None, :])),
+            cuda.to_device(np.array(c[:, None])),
+            float(r.sum(dtype=np.float64)),
+        )
         for c, r in low_rank_factors(kernel, rank)
     ]
     d_img, d_w = cuda.to_device(img), cuda.to_device(kernel)
     d_out = cuda.device_array_like(d_img)
     anchor = (k // 2, k // 2)
-    op, nbytes, pixels = (
-        f"filter2d {k}x{k} rank {rank}",
-        2 * img.nbytes,
-        img.shape[0] * img.shape[1],
-    )
-    cases = (
+    return [
         ("blocked", lambda: kconv.correlate(d_img, d_w, anchor, 0, 0, "blocked", d_out), k * k),
         (
             "separable",
             lambda: kblocked.correlate_low_rank(d_img, terms, anchor, 0, 0, d_out),
             2 * k * len(terms),
         ),
+    ]
+
+
+def _bench_low_rank(ctx: _Context, size: str, img: np.ndarray, k: int, rank: int) -> None:
+    """A random k x k kernel of this rank through methods separable and blocked, kernel
+    time only (`low_rank_launches`)."""
+    op, nbytes, pixels = (
+        f"filter2d {k}x{k} rank {rank}",
+        2 * img.nbytes,
+        img.shape[0] * img.shape[1],
     )
-    for method, fn, taps in cases:
+    for method, fn, taps in low_rank_launches(img, k, rank):
         row = Row(op, size, f"imgfilter cuda {method}", ctx.timer.kernel_us(fn, 10))
         ctx.add(row, nbytes, pixels, img.size * taps)
 

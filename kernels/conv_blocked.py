@@ -20,10 +20,7 @@ from numba import cuda
 
 from .cache import cache_dir
 from .conv_plan import TX, TY, grid, offsets_fit, rows_per_thread, scalar_args, tile_shape
-from .device import saturate_f32
 from .launch import cdiv, scratch
-
-FLAT_BLOCK = 256  # threads per block of the element-wise passes
 
 SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
 
@@ -34,10 +31,11 @@ _cache: dict[tuple[int, int, int], object] = {}
 # a[0, 0, o] of a C-contiguous 3-D array is the element at offset o (Numba computes
 # C-layout addresses from the shape, without bounds checks); the simulator checks
 # bounds, so there the kernel indexes 1-D views instead.
-def _flat_views() -> list[str]:
-    if SIMULATOR:
-        return ["    imgf = img.reshape(img.size)", "    outf = out.reshape(out.size)"]
-    return []
+def _flat_views(accumulate: bool) -> list[str]:
+    if not SIMULATOR:
+        return []
+    views = ["    imgf = img.reshape(img.size)", "    outf = out.reshape(out.size)"]
+    return views + (["    accf = acc.reshape(acc.size)"] if accumulate else [])
 
 
 def _img(offset: str) -> str:
@@ -48,9 +46,16 @@ def _out(offset: str) -> str:
     return f"outf[{offset}]" if SIMULATOR else f"out[0, 0, {offset}]"
 
 
-def _source(kh: int, kw: int, ry: int, wide: bool = False) -> str:
+def _acc(offset: str) -> str:
+    return f"accf[{offset}]" if SIMULATOR else f"acc[0, 0, {offset}]"
+
+
+def _source(kh: int, kw: int, ry: int, wide: bool = False, accumulate: bool = False) -> str:
     """Python source of the kernel for one (kh, kw, ry), inner loops unrolled; element
     offsets into the image are uint32 (uint64 if `wide`: images of 2**32 elements or more).
+    `accumulate`: the kernel takes one more argument, `acc` (float32, out's shape), and
+    writes acc + the correlation to out (rounded and saturated once, for integer
+    outputs); acc may be out itself.
 
     Shared memory is column-major: the tile as tile[column * pitch + row] and the
     weights as wsh[j * kpitch + i], so the ry + kh - 1 values of a thread's column
@@ -69,10 +74,11 @@ def _source(kh: int, kw: int, ry: int, wide: bool = False) -> str:
     align = "" if SIMULATOR else ", alignment=16"
     lines = [
         # weights arrive flattened to (kh * kw,), row-major.
-        "def correlate_blocked(img, weights, ay, ax, mode, cval, lo, hi, is_int, out):",
+        "def correlate_blocked(img, weights, ay, ax, mode, cval, lo, hi, is_int, out"
+        + (", acc):" if accumulate else "):"),
         f"    tile = cuda.shared.array({tile_w * pitch}, dtype=float32{align})",
         f"    wsh = cuda.shared.array({kw * kpitch}, dtype=float32{align})",
-        *_flat_views(),
+        *_flat_views(accumulate),
         "    height = int32(img.shape[0])",
         "    width = int32(img.shape[1])",
         "    nch = uint32(img.shape[2])",
@@ -186,15 +192,17 @@ def _source(kh: int, kw: int, ry: int, wide: bool = False) -> str:
         ind = "            "
         body = []
         for r in range(ry):
-            store = f"{_out(f'{u}(o + rowlen * uint32({r}))')} = {value.format(r=r)}"
+            at = f"{u}(o + rowlen * uint32({r}))"
+            total = f"(a{r} + {_acc(at)})" if accumulate else f"a{r}"
+            store = f"{_out(at)} = {value.format(total)}"
             if checked and r > 0:
                 body += [f"{ind}if nrows > {r}:", f"{ind}    {store}"]
             else:
                 body.append(f"{ind}{store}")
         return body
 
-    for value in ("saturate_f32(a{r}, ilo, ihi)", "a{r}"):
-        if value == "a{r}":
+    for value in ("saturate_f32({}, ilo, ihi)", "{}"):
+        if value == "{}":
             lines.append("    else:")
         lines.append(f"        if nrows >= {ry}:")
         lines += writes(value, False)
@@ -228,21 +236,23 @@ def _load_from_file(name: str, source: str):
         return None
 
 
-def kernel_for(kh: int, kw: int, wide: bool = False):
+def kernel_for(kh: int, kw: int, wide: bool = False, accumulate: bool = False):
     """The blocked kernel for a kh x kw kernel: generated once, compiled on first launch.
     `wide`: the variant with 64-bit element offsets, for images of 2**32 elements or
-    more (`conv_plan.offsets_fit`).
+    more (`conv_plan.offsets_fit`); `accumulate`: the variant that adds a float32
+    array to the correlation before the store (see `_source`).
 
     The compiled code is cached on disk (see `cache_dir`), so later processes skip
     the several seconds NVVM spends on the unrolled body.
     """
     ry = rows_per_thread(kh)
-    key = (kh, kw, ry, wide)
+    key = (kh, kw, ry, wide, accumulate)
     if key not in _cache:
         name = f"correlate_blocked_{kh}x{kw}_r{ry}" + ("_w64" if wide else "")
+        name += "_acc" if accumulate else ""
         if SIMULATOR:  # its source differs (see _flat_views): keep both files apart
             name += "_sim"
-        source = _HEADER + _source(kh, kw, ry, wide)
+        source = _HEADER + _source(kh, kw, ry, wide, accumulate)
         pyfunc = _load_from_file(name, source)
         if pyfunc is None:  # read-only home: compile from memory, no disk cache
             namespace: dict = {}
@@ -254,41 +264,23 @@ def kernel_for(kh: int, kw: int, wide: bool = False):
     return _cache[key]
 
 
-def correlate_blocked(img, weights, anchor, mode, cval, out):
+def correlate_blocked(img, weights, anchor, mode, cval, out, acc=None):
     """Launch the blocked kernel on a device image (H, W, C); `out` is filled.
 
     `out` may differ in dtype from `img` (a float32 intermediate, say): rounding and
-    saturation follow out's dtype. Both must be C-contiguous (the kernel addresses
-    them by flat element offsets).
+    saturation follow out's dtype. With `acc` (float32, out's shape; may be out
+    itself) out receives acc + the correlation, rounded once. All must be C-contiguous
+    (the kernel addresses them by flat element offsets).
     """
-    if not (img.is_c_contiguous() and out.is_c_contiguous()):
+    arrays = (img, out) if acc is None else (img, out, acc)
+    if not all(a.is_c_contiguous() for a in arrays):
         raise ValueError("the blocked kernel needs C-contiguous image and output arrays")
     kh, kw = weights.shape
     flat = weights.reshape(kh * kw)
     args = scalar_args(out.dtype, anchor, mode, cval)
-    kernel = kernel_for(kh, kw, wide=not offsets_fit(img.shape))
-    kernel[grid(img.shape, kh), (TX, TY, 1)](img, flat, *args, out)
+    kernel = kernel_for(kh, kw, wide=not offsets_fit(img.shape), accumulate=acc is not None)
+    kernel[grid(img.shape, kh), (TX, TY, 1)](img, flat, *args, out, *arrays[2:])
     return out
-
-
-@cuda.jit
-def _accumulate(acc, part):
-    """acc += part, flat float32 arrays of one size."""
-    i = cuda.grid(1)
-    if i < acc.size:
-        acc[i] += part[i]
-
-
-@cuda.jit
-def _store(acc, lo, hi, is_int, out):
-    """out = acc, rounded half to even and saturated to [lo, hi] where is_int (flat
-    arrays of one size)."""
-    i = cuda.grid(1)
-    if i < out.size:
-        if is_int:
-            out[i] = saturate_f32(acc[i], lo, hi)
-        else:
-            out[i] = acc[i]
 
 
 def correlate_low_rank(img, terms, anchor, mode, cval, out):
@@ -296,9 +288,11 @@ def correlate_low_rank(img, terms, anchor, mode, cval, out):
 
     terms: [(row (1, kw), col (kh, 1), row_sum)], float32 device arrays and the sum of
     row. One term is `correlate_separable`. More: each term's row pass goes into a
-    float32 scratch image and its column pass into a float32 image; the terms are
-    summed in float32 and the sum is rounded and saturated (integer outputs) once, at
-    the end, as a single 2-D pass rounds its sum.
+    float32 scratch image, and its column pass adds its result to a float32 running
+    sum (the first one starts it); the last column pass writes that sum plus its own
+    result to out, rounded and saturated (integer outputs) once, as a single 2-D pass
+    rounds its sum. No element-wise passes: per output element r float32 writes and
+    reads of the row passes' scratch and 2r - 2 of the running sum.
     """
     if len(terms) == 1:
         row, col, row_sum = terms[0]
@@ -306,16 +300,12 @@ def correlate_low_rank(img, terms, anchor, mode, cval, out):
     ay, ax = anchor
     tmp = scratch(img.shape, np.float32)
     acc = scratch(img.shape, np.float32, "low-rank sum")
-    part = scratch(img.shape, np.float32, "low-rank term")
-    n = img.size
-    flat_grid = cdiv(n, FLAT_BLOCK)
+    last = len(terms) - 1
     for k, (row, col, row_sum) in enumerate(terms):
         correlate_blocked(img, row, (0, ax), mode, float(cval), tmp)
-        correlate_blocked(tmp, col, (ay, 0), mode, float(cval) * row_sum, part if k else acc)
-        if k:
-            _accumulate[flat_grid, FLAT_BLOCK](acc.reshape(n), part.reshape(n))
-    lo, hi, is_int = scalar_args(out.dtype, anchor, mode, cval)[4:]
-    _store[flat_grid, FLAT_BLOCK](acc.reshape(n), lo, hi, is_int, out.reshape(n))
+        target = out if k == last else acc
+        col_cval = float(cval) * row_sum
+        correlate_blocked(tmp, col, (ay, 0), mode, col_cval, target, acc if k else None)
     return out
 
 
