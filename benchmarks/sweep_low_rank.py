@@ -9,6 +9,8 @@ the uint8 image through method separable and method blocked; both outputs are ch
 against each other (at most 1 apart) and timed with `imgfilter.bench.Timer` (launches
 queued behind a spin kernel). The table gives the median kernel times and their ratio:
 what `kernels.conv_plan.auto_method` reads to take kernels apart.
+
+--once runs each launch twice and times nothing (for a profiler: ncu --clock-control none).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ def main() -> None:
     parser.add_argument("--size", default="seed", help="seed, 4k, 8k or HxW (x3 channels)")
     parser.add_argument("--max-rank", type=int, default=8)
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--once", action="store_true", help="no timing: for a profiler")
     args = parser.parse_args()
     if args.size in bench.SHAPES:
         shape = bench.SHAPES[args.size]
@@ -48,7 +51,8 @@ def main() -> None:
             times = {}
             for method, fn, _taps in launches:
                 outs[method] = fn().copy_to_host()
-                times[method] = timer.kernel_us(fn, 10)
+                fn()
+                times[method] = 0.0 if args.once else timer.kernel_us(fn, 10)
             diff = int(np.abs(outs["blocked"].astype(int) - outs["separable"]).max())
             ratio = times["separable"] / times["blocked"]
             print(

@@ -83,11 +83,15 @@ def _source(kh: int, kw: int, ry: int, wide: bool = False, accumulate: bool = Fa
         "    width = int32(img.shape[1])",
         "    nch = uint32(img.shape[2])",
         f"    rowlen = {u}({u}(width) * nch)",  # elements per image row
-        "    c = uint32(cuda.blockIdx.z)",
+        # Blocks of one tile's channels are neighbours in launch order, so they run
+        # together and each one's strided stores fill the others' sectors in L2
+        # (channel-major launch order cost 3-5x the DRAM bytes on float32 scratch).
+        "    bx = uint32(cuda.blockIdx.x)",
+        "    c = uint32(bx % nch)",
         "    tx = uint32(cuda.threadIdx.x)",
         "    ty = uint32(cuda.threadIdx.y)",
         f"    y0 = int32(int32(cuda.blockIdx.y) * int32({TY * ry}))",
-        f"    x0 = int32(int32(cuda.blockIdx.x) * int32({TX}))",
+        f"    x0 = int32(int32(bx // nch) * int32({TX}))",
         "    top = int32(y0 - int32(ay))",
         "    left = int32(x0 - int32(ax))",
         f"    dst = uint32(tx * uint32({pitch}) + ty)",

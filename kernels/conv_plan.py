@@ -52,9 +52,11 @@ def offsets_fit(shape: tuple) -> bool:
 
 
 def grid(shape: tuple, kh: int) -> tuple[int, int, int]:
-    """The blocked kernel's grid for an (H, W, C) image; its block is (TX, TY)."""
+    """The blocked kernel's grid for an (H, W, C) image; its block is (TX, TY).
+    blockIdx.x counts channels fastest: block x covers channel x % C of tile column
+    x // C."""
     height, width, channels = shape
-    return cdiv(width, TX), cdiv(height, TY * rows_per_thread(kh)), channels
+    return cdiv(width, TX) * channels, cdiv(height, TY * rows_per_thread(kh)), 1
 
 
 def scalar_args(out_dtype, anchor: tuple, mode: int, cval) -> tuple:
