@@ -436,8 +436,9 @@ def _bench_seed_comparison(ctx: _Context, img: np.ndarray) -> None:
 
 
 # (k, rank) of the low-rank k x k kernels timed at the seed size, separable passes
-# against one 2-D pass: what decides where `auto` should take rank-r kernels apart.
-LOW_RANK_CASES = ((21, 1), (21, 2), (21, 4), (31, 2), (31, 6))
+# against one 2-D pass: either side of where `auto` takes them apart
+# (`kernels.conv_plan.separable_pays`: rank 1 from 16x16, rank 2 from 27x27).
+LOW_RANK_CASES = ((15, 1), (17, 1), (21, 1), (21, 2), (25, 2), (27, 2), (31, 2), (31, 3))
 
 
 def low_rank_launches(img: np.ndarray, k: int, rank: int) -> list[tuple[str, Callable, int]]:

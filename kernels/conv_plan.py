@@ -112,11 +112,30 @@ def max_separable_rank(kh: int, kw: int) -> int:
     return max(1, (kh * kw - 1) // (kh + kw))
 
 
+# Where auto takes a kernel of rank r apart, from the H100 sweep of 2026-11-25 (seed-size
+# uint8, benchmarks/sweep_low_rank.py, `benchmarks/results/2026-11-25j-h100-low-rank.txt`):
+# one 2-D pass (blocked) costs about 0.66 us per tap there (15x15 169 us, 21x21 293 us),
+# the first pair of 1-D passes about 165 us whatever k (5x5 to 21x21), each further term
+# about 283 us (its float32 running sum is read and written once more). In taps:
+SEPARABLE_FIRST_TAPS = 250  # a 2-D pass of more taps than this is slower than one pair
+SEPARABLE_TERM_TAPS = 430  # ... and each further term costs this many taps more
+
+
+def separable_pays(kh: int, kw: int, rank: int) -> bool:
+    """Whether `rank` pairs of 1-D passes beat one 2-D pass on a kh x kw kernel (the
+    measured model above; rank 0, an all-zero kernel, counts as rank 1)."""
+    taps = SEPARABLE_FIRST_TAPS + SEPARABLE_TERM_TAPS * (max(rank, 1) - 1)
+    return kh * kw > taps and rank <= max_separable_rank(kh, kw) and max(kh, kw) <= MAX_SIDE
+
+
 def auto_method(kernel: np.ndarray) -> str | None:
     """ "separable" or "blocked" where method auto takes them for this kernel, else None
-    (then the shared-memory tiled kernel, or padded when its tile does not fit)."""
+    (then the shared-memory tiled kernel, or padded when its tile does not fit).
+
+    Separable where `separable_pays` for the kernel's rank: rank 1 above 250 taps (16x16
+    and up), rank 2 above 680 (27x27 and up); rank 3 would need 1110 taps, more than
+    the 31x31 the passes take."""
     kh, kw = kernel.shape
-    # Two 1-D passes beat one 2-D pass once the kernel has more than ~25 taps.
-    if kh * kw > 25 and max(kh, kw) <= MAX_SIDE and rank1_factors(kernel) is not None:
+    if kh * kw > SEPARABLE_FIRST_TAPS and separable_pays(kh, kw, kernel_rank(kernel)):
         return "separable"
     return "blocked" if fits(kh, kw) else None

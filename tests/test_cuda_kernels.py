@@ -198,13 +198,28 @@ def test_low_rank_factors_rebuild_the_kernel_and_count_its_rank():
     assert [max_separable_rank(k, k) for k in (3, 5, 7, 21, 31)] == [1, 2, 3, 10, 15]
 
 
-def test_auto_uses_separable_passes_for_large_rank1_kernels_only():
+def _rank_kernel(k: int, rank: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return sum(np.outer(rng.random(k), rng.random(k) - 0.3) for _ in range(rank))
+
+
+def test_auto_takes_separable_passes_where_measured_cheaper():
+    """conv_plan.separable_pays: rank 1 above 250 taps, rank 2 above 680, never rank 3."""
     from imgfilter.backends.cuda import _resolve_correlation_method
 
-    gauss7 = np.outer(np.hanning(9)[1:-1], np.hanning(9)[1:-1])
-    assert _resolve_correlation_method("auto", gauss7) == "separable"
-    assert _resolve_correlation_method("auto", np.ones((3, 3))) == "blocked"
-    assert _resolve_correlation_method("auto", np.random.default_rng(0).random((7, 7))) == "blocked"
+    def auto(kernel):
+        return _resolve_correlation_method("auto", kernel)
+
+    gauss = np.outer(np.hanning(19)[1:-1], np.hanning(19)[1:-1])  # 17x17, 289 taps
+    assert auto(gauss) == "separable"
+    assert auto(gauss[1:-1, 1:-1]) == "blocked"  # 15x15: a pair of passes is no faster
+    assert auto(np.ones((3, 3))) == "blocked"
+    assert auto(np.ones((1, 31))) == "blocked"  # 31 taps
+    assert auto(_rank_kernel(27, 2)) == "separable"
+    assert auto(_rank_kernel(25, 2)) == "blocked"
+    assert auto(_rank_kernel(31, 3)) == "blocked"
+    assert auto(np.random.default_rng(0).random((31, 31))) == "blocked"
+    assert auto(np.ones((33, 33))) in ("tiled", "padded")  # past the passes' 31
 
 
 @pytest.mark.parametrize("border", list(BORDERS))

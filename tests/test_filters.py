@@ -33,6 +33,7 @@ import imgfilter
 from imgfilter import UsageError
 from imgfilter.backends import opencv as ref
 from imgfilter.border import OPENCV_BORDER
+from kernels.conv_plan import auto_method
 
 BORDERS = ("reflect101", "reflect", "replicate", "constant", "wrap")
 DTYPES = (np.uint8, np.uint16, np.float32)
@@ -296,9 +297,11 @@ def test_filter2d_cuda(method, shape, dtype, kshape, kind, anchor, border):
 @pytest.mark.parametrize("method", ["auto", "separable", "tiled"])
 @pytest.mark.parametrize("border", ["reflect101", "constant"])
 def test_filter2d_cuda_rank1_kernel(method, border):
-    """A 7x7 outer-product kernel: "auto" takes the separable passes (> 25 taps)."""
-    g = np.array([1, 6, 15, 20, 15, 6, 1], np.float64) / 64
-    kernel = np.outer(g, g[::-1] * np.linspace(0.5, 1.5, 7)).astype(np.float32)
+    """A 17x17 outer-product kernel: "auto" takes the separable passes (over 250 taps)."""
+    g = np.exp(-0.5 * (np.arange(17) - 8.0) ** 2 / 9.0)
+    kernel = np.outer(g, g[::-1] * np.linspace(0.5, 1.5, 17)).astype(np.float32)
+    kernel /= kernel.sum()
+    assert auto_method(kernel) == "separable"
     img = make_image((8, 11, 3) if border == "constant" else (8, 11), np.uint8, 13)
     assert check_filter2d("cuda", method, img, kernel, kind="float", border=border)
 
