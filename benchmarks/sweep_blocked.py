@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import time
 
 import numpy as np
@@ -94,7 +95,12 @@ def main() -> None:
             kernel = kernels[name]
             d_out = cuda.device_array_like(d_img)
             h, w, c = shape
-            grid = (cdiv(w, conv_plan.TX), cdiv(h, conv_plan.TY * ry), c)
+            # Since 2026-11-25 the kernel counts channels fastest in blockIdx.x; an
+            # --old version from before then takes them in blockIdx.z.
+            if name.startswith("old") and "blockIdx.z" in inspect.getsource(_module):
+                grid = (cdiv(w, conv_plan.TX), cdiv(h, conv_plan.TY * ry), c)
+            else:
+                grid = (cdiv(w, conv_plan.TX) * c, cdiv(h, conv_plan.TY * ry), 1)
             block = (conv_plan.TX, conv_plan.TY, 1)
 
             def launch(kernel=kernel, grid=grid, block=block, d_img=d_img, d_out=d_out):

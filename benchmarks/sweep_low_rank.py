@@ -5,10 +5,10 @@
 
 For each k and each rank from 1 to min(--max-rank, conv_plan.max_separable_rank(k, k)),
 a random kernel of that rank (`imgfilter.bench.low_rank_launches`) is correlated with
-the uint8 image through method separable and method blocked; both outputs are checked
-against each other (at most 1 apart) and timed with `imgfilter.bench.Timer` (launches
-queued behind a spin kernel). The table gives the median kernel times and their ratio:
-what `kernels.conv_plan.auto_method` reads to take kernels apart.
+the uint8 image through method separable and method blocked; the two outputs are
+compared (a row says MAX DIFF where they are more than 1 apart) and timed with
+`imgfilter.bench.Timer` (launches queued behind a spin kernel). The table gives the
+median kernel times and their ratio: what `kernels.conv_plan.separable_pays` is fitted to.
 
 --once runs each launch twice and times nothing (for a profiler: ncu --clock-control none).
 """
@@ -41,7 +41,8 @@ def main() -> None:
     img = np.random.default_rng(7).integers(1, 256, shape, dtype=np.uint8)
     timer = bench.Timer()
     name = getattr(cuda.get_current_device(), "name", b"simulator")
-    print(f"device: {name.decode() if isinstance(name, bytes) else name}, image {shape}")
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    print(f"device: {name}, image {shape}")
     print(f"{'k':>3} {'rank':>4} {'blocked us':>11} {'separable us':>13} {'sep/blk':>8}")
     rows = []
     for k in (int(v) for v in args.ks.split(",")):
@@ -54,7 +55,7 @@ def main() -> None:
                 fn()
                 times[method] = 0.0 if args.once else timer.kernel_us(fn, 10)
             diff = int(np.abs(outs["blocked"].astype(int) - outs["separable"]).max())
-            ratio = times["separable"] / times["blocked"]
+            ratio = times["separable"] / times["blocked"] if not args.once else float("nan")
             print(
                 f"{k:>3} {rank:>4} {times['blocked']:>11.1f} {times['separable']:>13.1f}"
                 f" {ratio:>8.2f}" + (f"  MAX DIFF {diff}" if diff > 1 else "")
@@ -62,7 +63,7 @@ def main() -> None:
             rows.append({"k": k, "rank": rank, **times, "max_diff": diff})
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": str(name), "shape": shape, "rows": rows}, f, indent=1)
+            json.dump({"device": name, "shape": shape, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -24,10 +24,11 @@ from .launch import cdiv, scratch
 
 SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
 
-_cache: dict[tuple[int, int, int], object] = {}
+_cache: dict[tuple[int, int, int, bool, bool], object] = {}
 
 
-# The image and the output are addressed through flat element offsets. On the GPU,
+# The image, the output and the running sum (accumulate) are addressed through flat
+# element offsets. On the GPU,
 # a[0, 0, o] of a C-contiguous 3-D array is the element at offset o (Numba computes
 # C-layout addresses from the shape, without bounds checks); the simulator checks
 # bounds, so there the kernel indexes 1-D views instead.
@@ -278,7 +279,11 @@ def correlate_blocked(img, weights, anchor, mode, cval, out, acc=None):
     """
     arrays = (img, out) if acc is None else (img, out, acc)
     if not all(a.is_c_contiguous() for a in arrays):
-        raise ValueError("the blocked kernel needs C-contiguous image and output arrays")
+        raise ValueError("the blocked kernel needs C-contiguous image, output and sum arrays")
+    if acc is not None and (acc.shape != out.shape or acc.dtype != np.float32):
+        raise ValueError(
+            f"acc must be float32 of out's shape {out.shape}, not {acc.dtype} {acc.shape}"
+        )
     kh, kw = weights.shape
     flat = weights.reshape(kh * kw)
     args = scalar_args(out.dtype, anchor, mode, cval)

@@ -1,5 +1,6 @@
-"""Launch geometry and arguments of `kernels.conv_blocked`, and the rank-1 test that
-routes kernels to separable passes; free of Numba (see kernels.box_plan)."""
+"""Launch geometry and arguments of `kernels.conv_blocked`, the low-rank factors (SVD)
+and the measured cost model that routes kernels to separable passes; free of Numba
+(see kernels.box_plan)."""
 
 from __future__ import annotations
 
@@ -114,7 +115,7 @@ def max_separable_rank(kh: int, kw: int) -> int:
 
 # Where auto takes a kernel of rank r apart, from the H100 sweep of 2026-11-25 (seed-size
 # uint8, benchmarks/sweep_low_rank.py, `benchmarks/results/2026-11-25j-h100-low-rank.txt`):
-# one 2-D pass (blocked) costs about 0.66 us per tap there (15x15 169 us, 21x21 293 us),
+# one 2-D pass (blocked) costs 0.62-0.75 us per tap there (15x15 169 us, 21x21 293 us),
 # the first pair of 1-D passes about 165 us whatever k (5x5 to 21x21), each further term
 # about 283 us (its float32 running sum is read and written once more). In taps:
 SEPARABLE_FIRST_TAPS = 250  # a 2-D pass of more taps than this is slower than one pair
@@ -133,8 +134,8 @@ def auto_method(kernel: np.ndarray) -> str | None:
     (then the shared-memory tiled kernel, or padded when its tile does not fit).
 
     Separable where `separable_pays` for the kernel's rank: rank 1 above 250 taps (16x16
-    and up), rank 2 above 680 (27x27 and up); rank 3 would need 1110 taps, more than
-    the 31x31 the passes take."""
+    and up, or 9x31), rank 2 above 680 (27x27, 23x31); rank 3 would need 1110 taps,
+    more than the 31x31 the passes take."""
     kh, kw = kernel.shape
     if kh * kw > SEPARABLE_FIRST_TAPS and separable_pays(kh, kw, kernel_rank(kernel)):
         return "separable"

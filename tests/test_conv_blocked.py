@@ -61,6 +61,42 @@ def test_wide_offsets_variant_matches(dtype):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-3)
 
 
+@pytest.mark.parametrize("wide", [False, True])
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16])
+def test_accumulate_variant_adds_the_sum_before_rounding(wide, dtype):
+    """out = acc + correlation, rounded once; acc given as a separate array and as
+    out itself (float32 out), 70 columns of 3 channels: three tile columns."""
+    rng = np.random.default_rng(2)
+    img = rng.integers(0, 256, (19, 70, 3)).astype(dtype)
+    kernel = (rng.standard_normal((5, 3)) / 4).astype(np.float32)
+    acc = (rng.standard_normal(img.shape) * 40 + 60).astype(np.float32)
+    want_f = ref.filter2d(img.astype(np.float32), kernel) + acc  # centred, reflect101
+    flat = cuda.to_device(kernel.reshape(-1))
+    launch = conv_blocked.kernel_for(5, 3, wide=wide, accumulate=True)
+    grid, block = conv_plan.grid(img.shape, 5), (conv_plan.TX, conv_plan.TY, 1)
+    d_img, d_acc = cuda.to_device(img), cuda.to_device(acc)
+
+    d_out = cuda.device_array_like(d_img)
+    args = conv_plan.scalar_args(img.dtype, (2, 1), 0, 0.0)  # mode 0: reflect101
+    launch[grid, block](d_img, flat, *args, d_out, d_acc)
+    hi = np.iinfo(dtype).max
+    got = d_out.copy_to_host().astype(np.float64)
+    assert np.abs(got - np.clip(np.round(want_f), 0, hi)).max() <= 1
+
+    args = conv_plan.scalar_args(np.float32, (2, 1), 0, 0.0)
+    launch[grid, block](d_img, flat, *args, d_acc, d_acc)  # in place: acc is out
+    np.testing.assert_allclose(d_acc.copy_to_host(), want_f, rtol=1e-5, atol=1e-3)
+
+
+def test_accumulate_refuses_a_sum_of_another_shape_or_dtype():
+    img = cuda.to_device(np.ones((8, 10, 3), np.uint8))
+    weights = cuda.to_device(np.ones((3, 3), np.float32))
+    out = cuda.device_array((8, 10, 3), np.uint8)
+    for acc in (cuda.device_array((8, 10, 1), np.float32), cuda.device_array((8, 10, 3))):
+        with pytest.raises(ValueError, match="acc must be float32"):
+            conv_blocked.correlate_blocked(img, weights, (1, 1), 0, 0.0, out, acc)
+
+
 def test_non_contiguous_arrays_are_refused():
     img = cuda.to_device(np.zeros((8, 10, 3), np.uint8))
     view = img[:, ::2]

@@ -311,6 +311,7 @@ def test_filter2d_cuda_rank1_kernel(method, border):
 # a value (each term's row pass sees cval * that term's row sum).
 LOW_RANK_CASES = [
     ((8, 11, 3), np.uint8, "constant", 2),
+    ((6, 70, 3), np.uint8, "reflect101", 2),  # three tile columns of three channels
     ((9, 13), np.uint8, "reflect101", 3),
     ((7, 10, 4), np.uint16, "wrap", 2),
     ((6, 9), np.float32, "replicate", 3),
