@@ -137,6 +137,7 @@ def auto_method(kernel: np.ndarray) -> str | None:
     and up, or 9x31), rank 2 above 680 (27x27, 23x31); rank 3 would need 1110 taps,
     more than the 31x31 the passes take."""
     kh, kw = kernel.shape
+    # The tap count first: kernels too small for any rank to pay skip the SVD.
     if kh * kw > SEPARABLE_FIRST_TAPS and separable_pays(kh, kw, kernel_rank(kernel)):
         return "separable"
     return "blocked" if fits(kh, kw) else None
