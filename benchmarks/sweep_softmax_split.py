@@ -1,7 +1,8 @@
 """Sweep of the softmax `split` path's build options and geometry on the GPU.
 
 For (2**26 / cols, cols) arrays: kernel time per launch (launches queued behind a spin
-kernel, imgfilter.bench's Timer) of kernels.softmax_split over the GEOMETRIES below:
+kernel, imgfilter.bench's Timer) of kernels.softmax_split over the GEOMETRIES below
+(then the slab-stealing variant, kernels.softmax_steal, over STEAL_GEOMETRIES):
 chunk counts, block sizes, unrolls, the piece cached as raw packs or element by
 element (`packed`), and launch bounds asking for N blocks per SM; the share
 of the copy bandwidth measured in the same run, and a check of three rows against
@@ -26,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from imgfilter.bench import Timer, copy_bandwidth_gbs  # noqa: E402
 from kernels import softmax_split as ss  # noqa: E402
+from kernels import softmax_steal as st  # noqa: E402
 
 # dtype -> (chunks, block size, unroll or None for split_unroll's, packed, launch
 # bounds' blocks per SM or 0): auto's geometry first.
@@ -37,6 +39,18 @@ GEOMETRIES = {
         (8, 256, 2, True, 4), (12, 128, 2, True, 0),
     ],
     "float32": [(8, 512, None, False, 0), (6, 512, None, False, 0), (10, 512, None, False, 0)],
+}  # fmt: skip
+# dtype -> (chunks, block size, unroll, slack, launch bounds' blocks per SM or 0) of the
+# slab-stealing variant (kernels.softmax_steal); packed as the split path's default.
+STEAL_GEOMETRIES = {
+    "float16": [
+        (4, 256, 2, 1, 0), (4, 128, 4, 1, 0), (4, 256, 1, 1, 0), (5, 256, 1, 1, 0),
+        (5, 128, 2, 1, 0), (6, 256, 1, 1, 0), (4, 256, 2, 1, 3), (8, 256, 1, 1, 5),
+    ],
+    "float32": [
+        (8, 256, 2, 1, 0), (8, 128, 4, 1, 0), (10, 256, 1, 1, 0), (8, 512, 1, 1, 0),
+        (8, 256, 2, 1, 3),
+    ],
 }  # fmt: skip
 DTYPES = {"float32": np.float32, "float16": np.float16}
 
@@ -53,7 +67,35 @@ def _error_to_tolerance(y: np.ndarray, x: np.ndarray) -> float:
     return float(np.max(np.abs(y.astype(np.float64) - ref) / (atol + rtol * ref)))
 
 
-def run(elements: int, cols: int, dtypes: list[str], launches: int) -> dict:
+def _measure(case: dict, label: str, how, launcher, **fields) -> dict:
+    """Kernel time, bandwidth and error of one planned launch on `case`'s arrays."""
+    x, dx, dy, rows, cols = (case[k] for k in ("x", "dx", "dy", "rows", "cols"))
+    cfg = launcher[how.grid, how.block, 0, how.smem]
+
+    def launch():
+        cfg(dx, dy, rows, cols)
+
+    k_us = case["timer"].kernel_us(launch, case["launches"])
+    picked = [0, rows // 2, rows - 1]
+    err = _error_to_tolerance(dy.copy_to_host()[picked], x[picked])
+    gbs = case["nbytes"] / (k_us * 1e-6) / 1e9
+    r = dict(
+        dtype=case["dname"], cols=cols, rows=rows, kernel=label, chunks=how.chunks,
+        block=how.block[0], unroll=how.unroll, grid=how.grid, smem=how.smem, **fields,
+        kernel_us=round(k_us, 2), gbs=round(gbs, 1),
+        pct_copy=round(100 * gbs / case["copy_gbs"], 1), error_to_tolerance=err,
+    )  # fmt: skip
+    extra = " ".join(f"{k}={v}" for k, v in fields.items())
+    print(
+        f"{case['dname']:8} {label:5} c{how.chunks:<3} b{how.block[0]:<5} u{how.unroll} "
+        f"grid {how.grid:5} smem {how.smem:6} {extra} {k_us:8.1f} us "
+        f"{gbs:6.0f} GB/s {r['pct_copy']:5.1f}%  err {err:.1e}",
+        flush=True,
+    )
+    return r
+
+
+def run(elements: int, cols: int, dtypes: list[str], launches: int, steal: bool = True) -> dict:
     from numba import cuda
 
     timer = Timer(repeats=5)
@@ -64,8 +106,11 @@ def run(elements: int, cols: int, dtypes: list[str], launches: int) -> dict:
         dtype = DTYPES[dname]
         rows = elements // cols
         x = (rng.standard_normal((rows, cols), dtype=np.float32) * 3).astype(dtype)
-        dx, dy = cuda.to_device(x), cuda.device_array((rows, cols), dtype)
-        nbytes = 2 * rows * cols * np.dtype(dtype).itemsize
+        case = dict(
+            dname=dname, x=x, dx=cuda.to_device(x), dy=cuda.device_array((rows, cols), dtype),
+            rows=rows, cols=cols, nbytes=2 * rows * cols * np.dtype(dtype).itemsize,
+            timer=timer, launches=launches, copy_gbs=copy_gbs,
+        )  # fmt: skip
         pack = 16 // np.dtype(dtype).itemsize
         for chunks, block, unroll, packed, per_sm in GEOMETRIES[dname]:
             bounds = (block, per_sm) if per_sm else None
@@ -75,30 +120,20 @@ def run(elements: int, cols: int, dtypes: list[str], launches: int) -> dict:
                     unroll=unroll, packed=packed, bounds=bounds,
                 )  # fmt: skip
             except ValueError as exc:
-                print(f"{dname} c{chunks} b{block}: {exc}", flush=True)
+                print(f"{dname} split c{chunks} b{block}: {exc}", flush=True)
                 continue
-            cfg = launcher[how.grid, how.block, 0, how.smem]
-
-            def launch(cfg=cfg, dx=dx, dy=dy, rows=rows):
-                cfg(dx, dy, rows, cols)
-
-            k_us = timer.kernel_us(launch, launches)
-            picked = [0, rows // 2, rows - 1]
-            err = _error_to_tolerance(dy.copy_to_host()[picked], x[picked])
-            gbs = nbytes / (k_us * 1e-6) / 1e9
-            r = dict(
-                dtype=dname, cols=cols, rows=rows, chunks=chunks, block=block,
-                unroll=how.unroll, grid=how.grid, smem=how.smem, packed=packed,
-                bounds=per_sm, kernel_us=round(k_us, 2), gbs=round(gbs, 1),
-                pct_copy=round(100 * gbs / copy_gbs, 1), error_to_tolerance=err,
-            )  # fmt: skip
-            out.append(r)
-            print(
-                f"{dname:8} c{chunks:<3} b{block:<5} u{how.unroll} grid {how.grid:5} "
-                f"packed={packed!s:5} bounds={per_sm} {k_us:8.1f} us "
-                f"{gbs:6.0f} GB/s {r['pct_copy']:5.1f}%  err {err:.1e}",
-                flush=True,
-            )
+            out.append(_measure(case, "split", how, launcher, packed=packed, bounds=per_sm))
+        for chunks, block, unroll, slack, per_sm in STEAL_GEOMETRIES[dname] if steal else ():
+            bounds = (block, per_sm) if per_sm else None
+            try:
+                how, launcher = st.plan_steal(
+                    rows, cols, dtype, dtype, pack, False, block_size=block, chunks=chunks,
+                    unroll=unroll, slack=slack, bounds=bounds,
+                )  # fmt: skip
+            except ValueError as exc:
+                print(f"{dname} steal c{chunks} b{block} u{unroll}: {exc}", flush=True)
+                continue
+            out.append(_measure(case, "steal", how, launcher, slack=slack, bounds=per_sm))
     dev = cuda.get_current_device()
     return dict(
         when=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -116,9 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtypes", nargs="*", default=["float16", "float32"], choices=list(DTYPES))
     ap.add_argument("--launches", type=int, default=20)
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--split-only", action="store_true", help="skip the stealing variant")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    result = run(args.elements, args.cols, args.dtypes, args.launches)
+    result = run(args.elements, args.cols, args.dtypes, args.launches, not args.split_only)
     result["sweep_seconds"] = round(time.perf_counter() - t0, 1)
     print(f"copy bandwidth {result['copy_gbs']} GB/s, {result['sweep_seconds']} s")
     if args.json:

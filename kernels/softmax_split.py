@@ -292,18 +292,20 @@ def split_unroll(span: int, block: int) -> int:
 class SplitLauncher:
     """Kernel-like front of split_kernel: `launcher[grid, block, stream, smem](x, y,
     rows, cols)` launches it with this launcher's scratch (allocated on first use,
-    zeroed, and left zeroed by every completed launch). Made for one row count."""
+    zeroed, and left zeroed by every completed launch). Made for one row count.
+    counters: int32 counters the kernel needs (split_kernel's 1 + rows, the default)."""
 
-    def __init__(self, kernel, rows: int, chunks: int):
+    def __init__(self, kernel, rows: int, chunks: int, counters: int | None = None):
         self.kernel = kernel
         self.rows = rows
         self.chunks = chunks
+        self.counters = 1 + rows if counters is None else counters
         self._scratch = None
 
     def scratch(self) -> tuple:
         """(counters, partials) device arrays of this launcher."""
         if self._scratch is None:
-            counters = cuda.to_device(np.zeros(1 + self.rows, np.int32))
+            counters = cuda.to_device(np.zeros(self.counters, np.int32))
             partials = cuda.device_array(2 * self.rows * self.chunks, np.float32)
             self._scratch = (counters, partials)
         return self._scratch
