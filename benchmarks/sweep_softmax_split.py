@@ -95,7 +95,10 @@ def _measure(case: dict, label: str, how, launcher, **fields) -> dict:
     return r
 
 
-def run(elements: int, cols: int, dtypes: list[str], launches: int, steal: bool = True) -> dict:
+def run(
+    elements: int, cols: int, dtypes: list[str], launches: int, steal: bool = True,
+    split_first: int | None = None,
+) -> dict:  # fmt: skip
     from numba import cuda
 
     timer = Timer(repeats=5)
@@ -112,7 +115,7 @@ def run(elements: int, cols: int, dtypes: list[str], launches: int, steal: bool 
             timer=timer, launches=launches, copy_gbs=copy_gbs,
         )  # fmt: skip
         pack = 16 // np.dtype(dtype).itemsize
-        for chunks, block, unroll, packed, per_sm in GEOMETRIES[dname]:
+        for chunks, block, unroll, packed, per_sm in GEOMETRIES[dname][:split_first]:
             bounds = (block, per_sm) if per_sm else None
             try:
                 how, launcher = ss.plan_split(
@@ -152,9 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--launches", type=int, default=20)
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--split-only", action="store_true", help="skip the stealing variant")
+    ap.add_argument("--split-first", type=int, help="only the first N split geometries")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    result = run(args.elements, args.cols, args.dtypes, args.launches, not args.split_only)
+    result = run(
+        args.elements, args.cols, args.dtypes, args.launches, not args.split_only,
+        args.split_first,
+    )  # fmt: skip
     result["sweep_seconds"] = round(time.perf_counter() - t0, 1)
     print(f"copy bandwidth {result['copy_gbs']} GB/s, {result['sweep_seconds']} s")
     if args.json:

@@ -88,7 +88,8 @@ def steal_kernel(
     in_t = from_dtype(np.dtype(in_dtype))
     P, U, C, W, K = pack, unroll, chunks, warps, slots
     SLAB = slab_packs(U)
-    CAP = W * K * SLAB  # packs the buffer holds
+    SLOTS = W * K  # the block's slots
+    CAP = SLOTS * SLAB  # packs the buffer holds
     NBI = pack * np.dtype(in_dtype).itemsize
     NBO = pack * np.dtype(out_dtype).itemsize
     PACKED = packed and NBI >= 4
@@ -127,7 +128,7 @@ def steal_kernel(
         row_pair = cuda.shared.array(2, float32)
         warp_max = cuda.shared.array(W, float32)
         warp_sum = cuda.shared.array(W, float32)
-        slab_of = cuda.shared.array(W * K, int32)
+        slab_of = cuda.shared.array(SLOTS, int32)
         a = cuda.local.array((U, P), float32)
         w = cuda.local.array((U, NW), uint32)
         wrow = cuda.local.array(NW, uint32)
