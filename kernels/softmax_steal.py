@@ -3,25 +3,27 @@
 A variant of the `split` path (kernels.softmax_split) with the same exchange of
 (max, sum) pairs between a row's blocks, but without fixed chunks. A row's `chunks`
 blocks share a per-row counter of *slabs* (32 * unroll consecutive packs, one load
-step of a warp): each warp of each block takes the row's next slab, loads it into one
-of its own slots of shared memory, and takes another, until the row has no slab left
-or the warp's `slots` are full. So a block that loads faster takes more of the row,
-and a row's blocks finish loading within about one slab of each other; with fixed
-chunks the block with the slowest chunk set the row's pace while its siblings
-waited (4.6 us per item on the H100, BENCHMARKS.md "Softmax").
+step of a warp): each warp of each block takes a free slot of its block's shared
+memory and the row's next slab, loads the slab into the slot, and takes another,
+until the row has no slab left or the block's `slots` are full. So a block that
+loads faster takes more of the row, and a row's blocks finish loading within about
+one slab of each other; with fixed chunks the block with the slowest chunk set the
+row's pace while its siblings waited (4.6 us per item on the H100, BENCHMARKS.md
+"Softmax").
 
-The capacity has slack: a warp has slots = ceil(slabs / (chunks * warps)) + slack,
-so the row is always taken by its own blocks (chunks * warps * slots >= slabs) and
-a warp can take `slack` more slabs than its even share.
+The capacity has slack: a block has slots = ceil(slabs / chunks) + slack, so the
+row is always taken by its own blocks (chunks * slots >= slabs) and a block can
+take `slack` more slabs than its even share.
 
 Per item (ticket t: row t // chunks):
-1. Each warp takes slabs from the row's slab counter (its lane 0 takes the next
-   before loading the current one, so the atomic's latency hides behind the loads)
-   and records in `slab_of` which slab each of its slots holds; running max and
-   online sum of exp per thread.
+1. Each warp takes (slot, slab) pairs: a shared-memory atomic for the slot, then a
+   global one on the row's slab counter. Its lane 0 takes the next pair before
+   loading the current slab, so the atomics' latency hides behind the loads.
+   `slab_of` records the slab each slot holds; running max and online sum of exp
+   per thread.
 2. The block's pair is published and the row's pairs combined as in the split path
    (arrival counter, spin, atomic reads at L2).
-3. Each warp writes the outputs of its own slots.
+3. The block writes the outputs of its filled slots, slot z by warp z % warps.
 
 Counters: 1 + 2 * rows int32 (ticket, per-row arrivals, per-row slab counters),
 zeroed again by the launch (the last block out of a row zeroes both of its
@@ -52,10 +54,9 @@ def slab_packs(unroll: int) -> int:
     return WARP * unroll
 
 
-def slots_per_warp(packs: int, unroll: int, chunks: int, warps: int, slack: int) -> int:
-    """A warp's slab slots: its even share of the row's slabs plus `slack`."""
-    slabs = cdiv(packs, slab_packs(unroll))
-    return cdiv(slabs, chunks * warps) + slack
+def slots_per_block(packs: int, unroll: int, chunks: int, slack: int) -> int:
+    """A block's slab slots: its even share of the row's slabs plus `slack`."""
+    return cdiv(cdiv(packs, slab_packs(unroll)), chunks) + slack
 
 
 @functools.cache
@@ -73,12 +74,12 @@ def steal_kernel(
 ):
     """The slab-stealing split kernel for one build.
 
-    Launch with `warps * 32` threads per block (fixed here: the slot table is sized
-    by it), any grid the device holds at once (at most rows * chunks useful) and
-    `warps * slots * slab_packs(unroll) * pack * itemsize(in)` bytes of dynamic
+    Launch with `warps * 32` threads per block (compiled in: warp w writes slots w,
+    w + warps, ...), any grid the device holds at once (at most rows * chunks
+    useful) and `slots * slab_packs(unroll) * pack * itemsize(in)` bytes of dynamic
     shared memory, as `kernel(x, y, rows, cols, counters, partials)`: counters an
     int32 array of 1 + 2 * rows zeros (left zeroed), partials float32 of 2 * rows *
-    chunks. The caller makes sure chunks * warps * slots covers a row's slabs.
+    chunks. The caller makes sure chunks * slots covers a row's slabs.
     packed: slots hold the raw words of whole packs (packs of 4 bytes or more),
     else element by element (element i of slot pack s at i * capacity + s).
     """
@@ -86,9 +87,8 @@ def steal_kernel(
     from .softmax import _online_folder, _pack_loader, exp32, exp_over
 
     in_t = from_dtype(np.dtype(in_dtype))
-    P, U, C, W, K = pack, unroll, chunks, warps, slots
+    P, U, C, W, SLOTS = pack, unroll, chunks, warps, slots
     SLAB = slab_packs(U)
-    SLOTS = W * K  # the block's slots
     CAP = SLOTS * SLAB  # packs the buffer holds
     NBI = pack * np.dtype(in_dtype).itemsize
     NBO = pack * np.dtype(out_dtype).itemsize
@@ -119,6 +119,15 @@ def steal_kernel(
             offset //= 2
         return m, d
 
+    @cuda.jit(device=True, inline="always")
+    def take(used, counters, taken, slabs):
+        """(slot, slab): a free slot of the block and, if there was one, the row's
+        next slab (slabs when the slots or the row have run out)."""
+        z = cuda.atomic.add(used, 0, 1)
+        if z >= SLOTS:
+            return int32(SLOTS), slabs
+        return z, cuda.atomic.add(counters, taken, 1)
+
     options = {"launch_bounds": bounds} if bounds and not SIMULATOR else {}
 
     @cuda.jit(**options)
@@ -128,7 +137,9 @@ def steal_kernel(
         row_pair = cuda.shared.array(2, float32)
         warp_max = cuda.shared.array(W, float32)
         warp_sum = cuda.shared.array(W, float32)
-        slab_of = cuda.shared.array(SLOTS, int32)
+        slab_of = cuda.shared.array(SLOTS, int32)  # the slab each slot holds
+        used = cuda.shared.array(1, int32)  # slots taken by this item's warps
+        filled = cuda.shared.array(1, int32)
         a = cuda.local.array((U, P), float32)
         w = cuda.local.array((U, NW), uint32)
         wrow = cuda.local.array(NW, uint32)
@@ -140,6 +151,8 @@ def steal_kernel(
         last_ticket = uint32(items + cuda.gridDim.x - 1)
         packs = uint32(cols // P)
         slabs = int32((packs + (SLAB - 1)) // SLAB)
+        if tid == 0:
+            used[0] = 0
         while True:
             if tid == 0:
                 t = cuda.atomic.add(counters, 0, 1)
@@ -154,19 +167,20 @@ def steal_kernel(
             arrivals = uint32(1 + row)
             taken = uint32(1 + rows + row)
 
-            # Pass 1: slabs into this warp's slots, running max and online sum.
+            # Pass 1: slabs into the block's slots, running max and online sum.
             m = NEG_INF
             d = float32(0.0)
-            k = uint32(0)  # slots filled
-            g = int32(0)
+            z = int32(SLOTS)
+            g = slabs
             if lane == 0:
-                g = cuda.atomic.add(counters, taken, 1)
+                z, g = take(used, counters, taken, slabs)
+            z = cuda.shfl_sync(FULL_MASK, z, 0)
             g = cuda.shfl_sync(FULL_MASK, g, 0)
             while g < slabs:
-                following = slabs
-                if lane == 0 and k + 1 < K:
-                    following = cuda.atomic.add(counters, taken, 1)
-                z = uint32(warp * K + k)
+                next_z = int32(SLOTS)
+                next_g = slabs
+                if lane == 0:
+                    next_z, next_g = take(used, counters, taken, slabs)
                 p = uint32(uint32(g) * SLAB + lane)
                 cm = m
                 if PACKED:
@@ -193,8 +207,10 @@ def steal_kernel(
                 m, d = fold(a, n, cm, m, d)
                 if lane == 0:
                     slab_of[z] = g
-                k = uint32(k + 1)
-                g = cuda.shfl_sync(FULL_MASK, following, 0)
+                z = cuda.shfl_sync(FULL_MASK, next_z, 0)
+                g = cuda.shfl_sync(FULL_MASK, next_g, 0)
+            if lane == 0 and z < SLOTS:
+                slab_of[z] = g  # a slot taken after the row ran out: left empty
 
             # The block's pair: per warp, then warp 0 over the warps' pairs.
             m, d = warp_merge(m, d)
@@ -207,7 +223,10 @@ def steal_kernel(
                 d = warp_sum[lane] if lane < W else float32(0.0)
                 m, d = warp_merge(m, d)
                 if lane == 0:
-                    # Publish it and wait for the row's other blocks.
+                    # Every warp is done taking: the slots filled, and a fresh pool.
+                    filled[0] = min(used[0], SLOTS)
+                    used[0] = 0
+                    # Publish the pair and wait for the row's other blocks.
                     partials[uint32(2 * t)] = m
                     partials[uint32(2 * t + 1)] = d
                     cuda.threadfence()
@@ -240,17 +259,23 @@ def steal_kernel(
             cuda.syncthreads()
             rmax = row_pair[0]
             rsum = row_pair[1]
+            nfilled = int32(filled[0])
 
-            # Pass 2: each warp writes its own slots' outputs.
+            # Pass 2: the filled slots' outputs, slot z by warp z % W.
             lse = math.log(rsum)
             l2s = float32(math.log2(rsum))
-            for kk in range(k):
-                z = uint32(warp * K + kk)
-                first = uint32(uint32(slab_of[z]) * SLAB)
+            z = int32(warp)
+            while z < nfilled:
+                gz = slab_of[z]
+                z0 = uint32(z)
+                z = int32(z + W)
+                if gz >= slabs:
+                    continue
+                first = uint32(uint32(gz) * SLAB)
                 for u in range(U):
                     q = uint32(first + u * WARP + lane)
                     if q < packs:
-                        s = uint32(z * SLAB + u * WARP + lane)
+                        s = uint32(z0 * SLAB + u * WARP + lane)
                         if PACKED:
                             pa = load_pack1(buf, uint32(s * P), NBI)
                         for i in range(P):
@@ -273,9 +298,9 @@ def plan_steal(
     log: bool,
     *,
     block_size: int = 256,
-    unroll: int = 2,
+    unroll: int = 4,
     chunks: int | None = None,
-    slack: int = 1,
+    slack: int = 4,
     packed: bool | None = None,
     bounds: tuple | None = None,
 ):
@@ -298,8 +323,8 @@ def plan_steal(
     if chunks < 1:
         raise ValueError(f"chunks must be at least 1, got {chunks}")
     warps = block_size // WARP
-    slots = slots_per_warp(packs, unroll, chunks, warps, slack)
-    smem = warps * slots * slab_packs(unroll) * pack * in_dtype.itemsize
+    slots = slots_per_block(packs, unroll, chunks, slack)
+    smem = slots * slab_packs(unroll) * pack * in_dtype.itemsize
     kernel = steal_kernel(
         in_dtype, out_dtype, pack, unroll, chunks, warps, slots, bool(log), packed, bounds
     )

@@ -31,20 +31,21 @@ def run_steal(x, log=False, *, pack=None, resident=64, **kw):
 
 
 def test_slots_cover_a_row_with_slack():
-    # 131072 float16 in packs of 8: 16384 packs, slabs of 64 -> 256 slabs over
-    # 4 blocks x 8 warps: 8 each, 9 with one slab of slack.
-    assert st.slab_packs(2) == 64
-    assert st.slots_per_warp(16384, 2, 4, 8, 1) == 9
-    assert st.slots_per_warp(16384, 2, 4, 8, 0) == 8
-    assert st.slots_per_warp(10, 1, 3, 1, 1) == 2  # one partial slab: 1 + slack
-    for packs, unroll, chunks, warps in [(1000, 1, 3, 2), (77, 2, 5, 1), (16384, 4, 4, 4)]:
-        slots = st.slots_per_warp(packs, unroll, chunks, warps, 0)
-        assert chunks * warps * slots * st.slab_packs(unroll) >= packs
+    # 131072 float16 in packs of 8: 16384 packs, slabs of 128 -> 128 slabs over
+    # 4 blocks: 32 each, 36 with 4 slabs of slack.
+    assert st.slab_packs(4) == 128
+    assert st.slots_per_block(16384, 4, 4, 4) == 36
+    assert st.slots_per_block(16384, 4, 4, 0) == 32
+    assert st.slots_per_block(10, 1, 3, 1) == 2  # one partial slab: 1 + slack
+    for packs, unroll, chunks in [(1000, 1, 3), (77, 2, 5), (16384, 4, 7)]:
+        slots = st.slots_per_block(packs, unroll, chunks, 0)
+        assert chunks * slots * st.slab_packs(unroll) >= packs
 
 
 STEAL_CASES = [  # (rows, cols, dtype, log, pack, chunks, block, unroll, slack, resident)
     (3, 300, np.float32, False, 1, 3, 32, 1, 1, 4),  # 10 slabs, 3 blocks of 5 slots
-    (2, 290, np.float16, True, 2, 2, 64, 1, 1, 3),  # two warps per block; partial slab
+    (2, 290, np.float16, True, 2, 2, 64, 1, 1, 3),  # two warps share 4 slots; partial slab
+    (2, 2000, np.float32, False, 1, 3, 96, 1, 2, 4),  # 63 slabs, 3 warps, 23 slots a block
     (4, 200, np.float16, False, 2, 3, 32, 2, 2, 12),  # slabs of 64 packs, 2 slots slack
     (1, 1, np.float32, False, 1, 2, 32, 1, 1, 2),  # one element: one block gets nothing
     (5, 33, np.float32, True, 1, 4, 32, 1, 0, 5),  # 2 slabs for 4 blocks, no slack
@@ -103,11 +104,11 @@ def test_steal_refused_where_a_row_blocks_cannot_be_held_at_once():
 
 # ------------------------------------------------------------------- full size (GPU)
 
-GPU_GEOMETRIES = [  # (chunks, block, unroll, slack); None: the defaults
+GPU_GEOMETRIES = [  # plan_steal's options; {}: the defaults
     dict(),
-    dict(chunks=4, block_size=128, unroll=4),
+    dict(chunks=4, block_size=128, unroll=4, slack=4),
     dict(chunks=5, block_size=256, unroll=1),
-    dict(chunks=8, block_size=256, unroll=2, slack=0),
+    dict(chunks=8, block_size=512, unroll=2, slack=0),
 ]
 
 
