@@ -2,7 +2,9 @@
 
 For (2**26 / cols, cols) arrays: kernel time per launch (launches queued behind a spin
 kernel, imgfilter.bench's Timer) of kernels.softmax_split over the GEOMETRIES below
-(then the slab-stealing variant, kernels.softmax_steal, over STEAL_GEOMETRIES):
+each with both exchanges of the chunks' pairs (`pairs`: one int64 atomic each;
+`fenced`: float32 partials, a fence and an arrival count), then the slab-stealing
+variant (kernels.softmax_steal) over STEAL_GEOMETRIES:
 chunk counts, block sizes, unrolls, the piece cached as raw packs or element by
 element (`packed`), and launch bounds asking for N blocks per SM; the share
 of the copy bandwidth measured in the same run, and a check of three rows against
@@ -97,7 +99,7 @@ def _measure(case: dict, label: str, how, launcher, **fields) -> dict:
 
 def run(
     elements: int, cols: int, dtypes: list[str], launches: int, steal: bool = True,
-    split_first: int | None = None,
+    split_first: int | None = None, exchanges: tuple = (True, False),
 ) -> dict:  # fmt: skip
     from numba import cuda
 
@@ -117,15 +119,17 @@ def run(
         pack = 16 // np.dtype(dtype).itemsize
         for chunks, block, unroll, packed, per_sm in GEOMETRIES[dname][:split_first]:
             bounds = (block, per_sm) if per_sm else None
-            try:
-                how, launcher = ss.plan_split(
-                    rows, cols, dtype, dtype, pack, False, block_size=block, chunks=chunks,
-                    unroll=unroll, packed=packed, bounds=bounds,
-                )  # fmt: skip
-            except ValueError as exc:
-                print(f"{dname} split c{chunks} b{block}: {exc}", flush=True)
-                continue
-            out.append(_measure(case, "split", how, launcher, packed=packed, bounds=per_sm))
+            for pairs in exchanges:
+                try:
+                    how, launcher = ss.plan_split(
+                        rows, cols, dtype, dtype, pack, False, block_size=block, chunks=chunks,
+                        unroll=unroll, packed=packed, bounds=bounds, pairs=pairs,
+                    )  # fmt: skip
+                except ValueError as exc:
+                    print(f"{dname} split c{chunks} b{block}: {exc}", flush=True)
+                    continue
+                fields = dict(packed=packed, bounds=per_sm, pairs=pairs)
+                out.append(_measure(case, "split", how, launcher, **fields))
         for chunks, block, unroll, slack, per_sm in STEAL_GEOMETRIES[dname] if steal else ():
             bounds = (block, per_sm) if per_sm else None
             try:
@@ -156,11 +160,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--split-only", action="store_true", help="skip the stealing variant")
     ap.add_argument("--split-first", type=int, help="only the first N split geometries")
+    ap.add_argument(
+        "--exchanges", nargs="*", default=["pairs", "fenced"], choices=["pairs", "fenced"],
+        help="the split kernel's exchanges of the chunks' pairs to run",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     result = run(
         args.elements, args.cols, args.dtypes, args.launches, not args.split_only,
-        args.split_first,
+        args.split_first, tuple(e == "pairs" for e in args.exchanges),
     )  # fmt: skip
     result["sweep_seconds"] = round(time.perf_counter() - t0, 1)
     print(f"copy bandwidth {result['copy_gbs']} GB/s, {result['sweep_seconds']} s")

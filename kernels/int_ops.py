@@ -6,6 +6,8 @@
   `mul.hi.u32` (Numba's `(uint64(x) * y) >> 32` costs a wide multiply and a move).
 - `round_div(acc, area, magic, shift_hi, even)`: round(acc / area) half to even by
   one multiply-high, for the box kernels' means.
+- `pair_bits(lo, hi)` / `pair_of(bits)`: two float32 as the low and high words of
+  one int64 and back, bit for bit (a pair published by one 64-bit atomic).
 
 The first two come from libdevice. On the CUDA simulator, which has none, they are the
 same operations in Python, so kernels that use them run unchanged in CI.
@@ -33,8 +35,15 @@ if SIMULATOR:
     def umulhi(x, y):
         return np.uint32(((int(x) & 0xFFFFFFFF) * (int(y) & 0xFFFFFFFF)) >> 32)
 
+    def pair_bits(lo, hi):
+        return np.array([lo, hi], np.float32).view(np.int64)[0]
+
+    def pair_of(bits):
+        lo, hi = np.array([bits], np.int64).view(np.float32)
+        return np.float32(lo), np.float32(hi)
+
 else:
-    from numba import cuda, int32, uint32
+    from numba import cuda, int32, int64, uint32
     from numba.cuda import libdevice
 
     @cuda.jit(device=True, inline="always")
@@ -44,6 +53,18 @@ else:
     @cuda.jit(device=True, inline="always")
     def umulhi(x, y):
         return uint32(libdevice.umulhi(int32(x), int32(y)))
+
+    @cuda.jit(device=True, inline="always")
+    def pair_bits(lo, hi):
+        """lo's float32 bits in the low word of an int64, hi's in the high word."""
+        low = int64(libdevice.float_as_int(lo)) & int64(0xFFFFFFFF)
+        return (int64(libdevice.float_as_int(hi)) << int64(32)) | low
+
+    @cuda.jit(device=True, inline="always")
+    def pair_of(bits):
+        """The (lo, hi) float32 pair of pair_bits(lo, hi)."""
+        lo = libdevice.int_as_float(int32(bits & int64(0xFFFFFFFF)))
+        return lo, libdevice.int_as_float(int32(bits >> int64(32)))
 
 
 @_cuda.jit(device=True)

@@ -39,8 +39,9 @@ import math
 
 import numpy as np
 from numba import config as _numba_config
-from numba import cuda, float32, from_dtype, int32, types, uint32
+from numba import cuda, float32, from_dtype, int32, int64, types, uint32
 
+from .int_ops import pair_bits, pair_of
 from .launch import allow_dynamic_smem, cdiv, largest_block_keeping_occupancy
 from .packs import load_pack1, store_pack2, store_words1, unpack_word
 
@@ -65,6 +66,7 @@ def split_kernel(
     log: bool,
     packed: bool = False,
     bounds: tuple | None = None,
+    pairs: bool = False,
 ):
     """The split-row kernel for one (dtypes, pack, unroll, chunks, log) combination.
 
@@ -76,7 +78,10 @@ def split_kernel(
     2 * rows * chunks. packed: the piece is cached as the raw words of whole packs
     (one vector store and load per pack; packs of 4 bytes or more), else element by
     element (element i of local pack q at i * span + q). bounds: CUDA launch bounds
-    (threads, blocks per SM) asked of the compiler.
+    (threads, blocks per SM) asked of the compiler. pairs: the chunks' pairs are
+    exchanged as one int64 each (partials: int64 zeros of rows * chunks, left zeroed;
+    see `_exchange_pairs` below) instead of the fenced float32 partials and arrival
+    count.
     """
     # Imported here: kernels.softmax imports this module inside plan().
     from .softmax import _online_folder, _pack_loader, exp32, exp_over
@@ -89,6 +94,7 @@ def split_kernel(
     NW = max(1, NBI // 4)  # raw words per pack (packed)
     PW = P // NW  # elements per word
     ISZ = np.dtype(in_dtype).itemsize
+    PAIRS = pairs
     load_packs = _pack_loader(P, NBI, U)
     load_words = _pack_loader(P, NBI, U, raw=PACKED)  # called where PACKED only
     fold = _online_folder(P, U)
@@ -111,6 +117,25 @@ def split_kernel(
             m, d = merge(m, d, om, od)
             offset //= 2
         return m, d
+
+    @cuda.jit(device=True, inline="always")
+    def row_pair_of(partials, first):
+        """The row's pair from its chunks' published pairs partials[first .. first +
+        C), waiting for each to be published (nonzero: a published pair is never
+        (+0.0, 0.0), as a finite max's sum is at least 1). Every lane of the calling
+        warp gets it. Atomic reads: at L2, never a stale L1 line."""
+        m = NEG_INF
+        d = float32(0.0)
+        j = uint32(cuda.threadIdx.x % 32)
+        while j < C:
+            k = uint32(first + j)
+            v = cuda.atomic.add(partials, k, int64(0))
+            while v == 0:
+                v = cuda.atomic.add(partials, k, int64(0))
+            om, od = pair_of(v)
+            m, d = merge(m, d, om, od)
+            j = uint32(j + 32)
+        return warp_merge(m, d)
 
     options = {"launch_bounds": bounds} if bounds and not SIMULATOR else {}
 
@@ -136,6 +161,7 @@ def split_kernel(
         last_ticket = uint32(items + cuda.gridDim.x - 1)
         packs = uint32(cols // P)
         span = uint32((packs + (C - 1)) // C)
+        readers = int32(0)
         while True:
             # A ticket is taken when the block is ready to load: the chunks of a row go
             # to the next blocks to be free, so they arrive close together. (Taking it
@@ -198,35 +224,47 @@ def split_kernel(
                 m = warp_max[lane] if lane < nwarps else NEG_INF
                 d = warp_sum[lane] if lane < nwarps else float32(0.0)
                 m, d = warp_merge(m, d)
-                if lane == 0:
-                    # Publish it, wait for the row's other chunks, take the next ticket.
-                    partials[uint32(2 * t)] = m
-                    partials[uint32(2 * t + 1)] = d
-                    cuda.threadfence()
-                    cuda.atomic.add(counters, slot, 1)
-                    while cuda.atomic.add(counters, slot, 0) < C:
-                        pass
-                    cuda.threadfence()
-                cuda.syncwarp()
-                # The row's pair from its chunks' pairs (read at L2, never a stale line).
-                m = NEG_INF
-                d = float32(0.0)
-                j = lane
-                while j < C:
-                    k = uint32(2 * (row * C + j))
-                    m, d = merge(
-                        m,
-                        d,
-                        cuda.atomic.add(partials, k, float32(0.0)),
-                        cuda.atomic.add(partials, uint32(k + 1), float32(0.0)),
-                    )
-                    j = uint32(j + 32)
-                m, d = warp_merge(m, d)  # every lane has read its pairs now
-                if lane == 0:
-                    row_pair[0] = m
-                    row_pair[1] = d
-                    if cuda.atomic.add(counters, slot, 1) == 2 * C - 1:
-                        counters[slot] = 0  # the row's last block out re-arms its counter
+                if PAIRS:
+                    # Publish the chunk's pair in one atomic (its own flag: no fence),
+                    # combine the row's as they arrive, count this block's reads.
+                    if lane == 0:
+                        cuda.atomic.exch(partials, t, pair_bits(m, d))
+                    m, d = row_pair_of(partials, uint32(row * C))
+                    if lane == 0:
+                        row_pair[0] = m
+                        row_pair[1] = d
+                        # Used after pass 2: the block that read the pairs last re-arms.
+                        readers = cuda.atomic.add(counters, slot, 1)
+                else:
+                    if lane == 0:
+                        # Publish it, wait for the row's other chunks, take the next ticket.
+                        partials[uint32(2 * t)] = m
+                        partials[uint32(2 * t + 1)] = d
+                        cuda.threadfence()
+                        cuda.atomic.add(counters, slot, 1)
+                        while cuda.atomic.add(counters, slot, 0) < C:
+                            pass
+                        cuda.threadfence()
+                    cuda.syncwarp()
+                    # The row's pair from its chunks' pairs (read at L2, never a stale line).
+                    m = NEG_INF
+                    d = float32(0.0)
+                    j = lane
+                    while j < C:
+                        k = uint32(2 * (row * C + j))
+                        m, d = merge(
+                            m,
+                            d,
+                            cuda.atomic.add(partials, k, float32(0.0)),
+                            cuda.atomic.add(partials, uint32(k + 1), float32(0.0)),
+                        )
+                        j = uint32(j + 32)
+                    m, d = warp_merge(m, d)  # every lane has read its pairs now
+                    if lane == 0:
+                        row_pair[0] = m
+                        row_pair[1] = d
+                        if cuda.atomic.add(counters, slot, 1) == 2 * C - 1:
+                            counters[slot] = 0  # the row's last block out re-arms its counter
             cuda.syncthreads()
             rmax = row_pair[0]
             rsum = row_pair[1]
@@ -246,11 +284,20 @@ def split_kernel(
                     tout[i] = v - lse if log else exp_over(v, l2s)
                 store_pack2(y, row, uint32((start + q) * P), tout, NBO)
                 q = uint32(q + nthreads)
+            if PAIRS and warp == 0:
+                if cuda.shfl_sync(FULL_MASK, readers, 0) == C - 1:
+                    # Every block of the row has read its pairs: zero them and the count.
+                    j = lane
+                    while j < C:
+                        partials[uint32(row * C + j)] = 0
+                        j = uint32(j + 32)
+                    if lane == 0:
+                        counters[slot] = 0
 
     return softmax_split
 
 
-def signature(in_dtype, out_dtype) -> tuple:
+def signature(in_dtype, out_dtype, pairs: bool = False) -> tuple:
     """The Numba signature split_kernel's kernels are launched with."""
     arr = types.Array
     return (
@@ -259,7 +306,7 @@ def signature(in_dtype, out_dtype) -> tuple:
         types.int64,
         types.int64,
         arr(types.int32, 1, "C"),
-        arr(types.float32, 1, "C"),
+        arr(types.int64 if pairs else types.float32, 1, "C"),
     )
 
 
@@ -293,20 +340,27 @@ class SplitLauncher:
     """Kernel-like front of split_kernel: `launcher[grid, block, stream, smem](x, y,
     rows, cols)` launches it with this launcher's scratch (allocated on first use,
     zeroed, and left zeroed by every completed launch). Made for one row count.
-    counters: int32 counters the kernel needs (split_kernel's 1 + rows, the default)."""
+    counters: int32 counters the kernel needs (split_kernel's 1 + rows, the default);
+    pairs: partials as int64 zeros, one per chunk (split_kernel's pairs=True)."""
 
-    def __init__(self, kernel, rows: int, chunks: int, counters: int | None = None):
+    def __init__(
+        self, kernel, rows: int, chunks: int, counters: int | None = None, pairs: bool = False
+    ):
         self.kernel = kernel
         self.rows = rows
         self.chunks = chunks
         self.counters = 1 + rows if counters is None else counters
+        self.pairs = pairs
         self._scratch = None
 
     def scratch(self) -> tuple:
         """(counters, partials) device arrays of this launcher."""
         if self._scratch is None:
             counters = cuda.to_device(np.zeros(self.counters, np.int32))
-            partials = cuda.device_array(2 * self.rows * self.chunks, np.float32)
+            if self.pairs:
+                partials = cuda.to_device(np.zeros(self.rows * self.chunks, np.int64))
+            else:
+                partials = cuda.device_array(2 * self.rows * self.chunks, np.float32)
             self._scratch = (counters, partials)
         return self._scratch
 
@@ -334,6 +388,7 @@ def plan_split(
     chunks: int | None = None,
     packed: bool | None = None,
     bounds: tuple | None = None,
+    pairs: bool = True,
 ):
     """(Plan, SplitLauncher) of the split path for this shape and pack.
 
@@ -359,8 +414,10 @@ def plan_split(
     smem = span * pack * in_dtype.itemsize
     sizes = (block_size,) if block_size else BLOCK_SIZES
     unroll = unroll or split_unroll(span, block_size or 256)
-    kernel = split_kernel(in_dtype, out_dtype, pack, unroll, chunks, bool(log), packed, bounds)
-    sig = signature(in_dtype, out_dtype)
+    kernel = split_kernel(
+        in_dtype, out_dtype, pack, unroll, chunks, bool(log), packed, bounds, pairs
+    )
+    sig = signature(in_dtype, out_dtype, pairs)
     held = {size: resident_blocks(kernel, sig, size, smem) for size in sizes}
     size = largest_block_keeping_occupancy(held.get, sizes)
     if not size or held[size] < chunks:
@@ -371,4 +428,4 @@ def plan_split(
         )
     grid = min(rows * chunks, held[size])
     how = Plan("split", pack, grid, (size, 1), smem, unroll=unroll, chunks=chunks)
-    return how, SplitLauncher(kernel, rows, chunks)
+    return how, SplitLauncher(kernel, rows, chunks, pairs=pairs)

@@ -287,27 +287,36 @@ def test_split_huge_and_infinite_values(dtype):
         check(y, x, log)
 
 
-def _split_layout(x, packed: bool, chunks: int, block: int, pack: int):
-    """The split kernel with the piece cached as raw packs or element by element."""
+def _split_layout(x, packed: bool, chunks: int, block: int, pack: int, pairs: bool = True):
+    """The split kernel with the piece cached as raw packs or element by element, the
+    chunks' pairs exchanged as int64 words (pairs) or fenced float32 partials."""
     rows, cols = x.shape
     dx, dy = cuda.to_device(x), cuda.device_array(x.shape, x.dtype)
     with concurrent_blocks(8) if SIM else contextlib.nullcontext():
         how, launcher = ss.plan_split(
             rows, cols, x.dtype, x.dtype, pack, False, block_size=block, chunks=chunks,
-            packed=packed,
+            packed=packed, pairs=pairs,
         )  # fmt: skip
         launcher[how.grid, how.block, 0, how.smem](dx, dy, rows, cols)
     return dy.copy_to_host()
 
 
 @sim_only
+@pytest.mark.parametrize("pairs", [True, False], ids=["pairs", "fenced"])
 @pytest.mark.parametrize("packed", [False, True], ids=["elements", "packs"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
-def test_split_both_piece_layouts(dtype, packed):
+def test_split_both_piece_layouts_and_exchanges(dtype, packed, pairs):
     # auto caches 2-byte inputs as raw packs, 4-byte ones element by element; both
-    # layouts are exact for both (35 packs of 2 in 3 chunks: 12, 12, 11).
+    # layouts are exact for both (35 packs of 2 in 3 chunks: 12, 12, 11), with
+    # either exchange of the chunks' pairs.
     x = random_rows(3, 70, dtype)
-    check(_split_layout(x, packed, chunks=3, block=32, pack=2), x, False)
+    check(_split_layout(x, packed, chunks=3, block=32, pack=2, pairs=pairs), x, False)
+
+
+@sim_only
+def test_split_fenced_exchange_special_values():
+    x = special_rows(40, np.float32)
+    check(_split_layout(x, False, chunks=3, block=32, pack=2, pairs=False), x, False)
 
 
 @sim_only
@@ -316,15 +325,15 @@ def test_split_counters_rearm_for_the_next_launch():
     z = random_rows(3, 48, np.float32, seed=5)
     y, how, launcher = run_split(x, chunks=3, resident=5)
     check(y, x, False)
-    counters, _ = launcher.scratch()
-    assert not counters.copy_to_host().any()
+    counters, partials = launcher.scratch()
+    assert not counters.copy_to_host().any() and not partials.copy_to_host().any()
     dz, dy = cuda.to_device(z), cuda.device_array(z.shape, z.dtype)
     with concurrent_blocks(resident=5):
         launcher[how.grid, how.block, 0, how.smem](dz, dy, 3, 48)
         with pytest.raises(ValueError, match="3 rows"):
             launcher[how.grid, how.block, 0, how.smem](dz[:2], dy[:2], 2, 48)
     check(dy.copy_to_host(), z, False)
-    assert not counters.copy_to_host().any()
+    assert not counters.copy_to_host().any() and not partials.copy_to_host().any()
 
 
 @sim_only
@@ -381,23 +390,28 @@ def test_gpu_split_variants_and_repeated_launches():
         dict(chunks=8, block_size=1024),
         dict(chunks=32, block_size=128, unroll=1),
         dict(chunks=64, unroll=2),
+        dict(chunks=8, block_size=512, pairs=False),
     ):
-        how, launcher = plan(rows, cols, np.float32, method="split", **kw)
+        if "pairs" in kw:
+            how, launcher = ss.plan_split(rows, cols, np.float32, np.float32, 4, False, **kw)
+        else:
+            how, launcher = plan(rows, cols, np.float32, method="split", **kw)
         launch = launcher[how.grid, how.block, 0, how.smem]
         for _ in range(50):
             launch(dx, dy, rows, cols)
         y = dy.copy_to_host()
         check(y[ref_rows], x[ref_rows], False)
-        assert not launcher.scratch()[0].copy_to_host().any()
+        assert not any(a.copy_to_host().any() for a in launcher.scratch())
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("pairs", [True, False], ids=["pairs", "fenced"])
 @pytest.mark.parametrize("packed", [False, True], ids=["elements", "packs"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
-def test_gpu_split_both_piece_layouts(dtype, packed):
+def test_gpu_split_both_piece_layouts_and_exchanges(dtype, packed, pairs):
     x = random_rows(64, 131072, dtype)
     pack = 16 // np.dtype(dtype).itemsize
-    check(_split_layout(x, packed, chunks=4, block=256, pack=pack), x, False)
+    check(_split_layout(x, packed, chunks=4, block=256, pack=pack, pairs=pairs), x, False)
 
 
 @pytest.mark.gpu
