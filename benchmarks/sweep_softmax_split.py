@@ -35,12 +35,15 @@ from kernels import softmax_steal as st  # noqa: E402
 # bounds' blocks per SM or 0): auto's geometry first.
 GEOMETRIES = {
     "float16": [
-        (4, 256, None, True, 0), (3, 256, None, True, 0), (3, 512, None, True, 0),
-        (5, 256, None, True, 0), (5, 512, None, True, 0), (6, 256, None, True, 0),
-        (6, 256, 2, True, 5), (7, 256, None, True, 0), (8, 256, 2, True, 6),
-        (8, 256, 2, True, 4), (12, 128, 2, True, 0),
+        (4, 256, None, True, 0), (8, 256, 2, True, 6), (8, 128, 4, True, 6),
+        (10, 128, 4, True, 8), (12, 128, 4, True, 10), (12, 128, 2, True, 10),
+        (16, 128, 4, True, 12), (16, 128, 2, True, 13), (10, 256, 2, True, 8),
+        (8, 256, 4, True, 6), (6, 256, 2, True, 5),
     ],
-    "float32": [(8, 512, None, False, 0), (6, 512, None, False, 0), (10, 512, None, False, 0)],
+    "float32": [
+        (8, 512, None, False, 0), (10, 512, 2, False, 0), (16, 256, 4, False, 6),
+        (12, 256, 4, False, 5),
+    ],
 }  # fmt: skip
 # dtype -> (chunks, block size, unroll, slack, launch bounds' blocks per SM or 0) of the
 # slab-stealing variant (kernels.softmax_steal); packed as the split path's default.

@@ -260,6 +260,7 @@ SPLIT_CASES = [  # (rows, cols, dtype, log, chunks, resident)
     (3, 40, np.float16, False, 2, 2),
     (5, 20, np.float32, False, 4, 6),  # 5 packs of 4: chunks of 2, 2, 1 and 0 packs
     (2, 33, np.float16, False, 1, 1),  # one chunk: no waiting
+    (2, 140, np.float32, False, 35, 40),  # 35 packs of 4, more chunks than a warp's lanes
 ]
 
 
@@ -271,9 +272,10 @@ SPLIT_CASES = [  # (rows, cols, dtype, log, chunks, resident)
 )
 def test_split_path(rows, cols, dtype, log, chunks, resident):
     x = random_rows(rows, cols, dtype)
-    y, how, _ = run_split(x, log, resident, chunks=chunks)
+    y, how, launcher = run_split(x, log, resident, chunks=chunks)
     assert how.chunks == chunks
     check(y, x, log)
+    assert not any(a.copy_to_host().any() for a in launcher.scratch())  # re-armed
 
 
 @sim_only
@@ -401,7 +403,10 @@ def test_gpu_split_variants_and_repeated_launches():
             launch(dx, dy, rows, cols)
         y = dy.copy_to_host()
         check(y[ref_rows], x[ref_rows], False)
-        assert not any(a.copy_to_host().any() for a in launcher.scratch())
+        counters, partials = launcher.scratch()
+        assert not counters.copy_to_host().any(), kw
+        # The int64 pairs are re-armed too (the fenced float32 partials are overwritten).
+        assert not (launcher.pairs and partials.copy_to_host().any()), kw
 
 
 @pytest.mark.gpu
