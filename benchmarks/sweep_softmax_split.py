@@ -17,7 +17,9 @@ themselves are tests/test_softmax_split.py).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
+import itertools
 import json
 import sys
 import time
@@ -72,9 +74,11 @@ def _error_to_tolerance(y: np.ndarray, x: np.ndarray) -> float:
     return float(np.max(np.abs(y.astype(np.float64) - ref) / (atol + rtol * ref)))
 
 
-def _measure(case: dict, label: str, how, launcher, **fields) -> dict:
-    """Kernel time, bandwidth and error of one planned launch on `case`'s arrays."""
+def _measure(case: dict, label: str, how, launcher, grid: int = 0, **fields) -> dict:
+    """Kernel time, bandwidth and error of one planned launch on `case`'s arrays
+    (`grid` blocks instead of the plan's when given)."""
     x, dx, dy, rows, cols = (case[k] for k in ("x", "dx", "dy", "rows", "cols"))
+    how = dataclasses.replace(how, grid=grid or how.grid)
     cfg = launcher[how.grid, how.block, 0, how.smem]
 
     def launch():
@@ -103,11 +107,13 @@ def _measure(case: dict, label: str, how, launcher, **fields) -> dict:
 def run(
     elements: int, cols: int, dtypes: list[str], launches: int, steal: bool = True,
     split_first: int | None = None, exchanges: tuple = (True, False),
+    earlies: tuple = (False,), grids_per_sm: tuple = (0,),
 ) -> dict:  # fmt: skip
     from numba import cuda
 
     timer = Timer(repeats=5)
     copy_gbs = copy_bandwidth_gbs(timer)
+    sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
     rng = np.random.default_rng(0)
     out = []
     for dname in dtypes:
@@ -122,17 +128,22 @@ def run(
         pack = 16 // np.dtype(dtype).itemsize
         for chunks, block, unroll, packed, per_sm in GEOMETRIES[dname][:split_first]:
             bounds = (block, per_sm) if per_sm else None
-            for pairs in exchanges:
+            for pairs, early in itertools.product(exchanges, earlies):
                 try:
                     how, launcher = ss.plan_split(
                         rows, cols, dtype, dtype, pack, False, block_size=block, chunks=chunks,
                         unroll=unroll, packed=packed, bounds=bounds, pairs=pairs,
+                        early_ticket=early,
                     )  # fmt: skip
                 except ValueError as exc:
                     print(f"{dname} split c{chunks} b{block}: {exc}", flush=True)
                     continue
-                fields = dict(packed=packed, bounds=per_sm, pairs=pairs)
-                out.append(_measure(case, "split", how, launcher, **fields))
+                for per_sm_grid in grids_per_sm:
+                    fields = dict(packed=packed, bounds=per_sm, pairs=pairs, early=early)
+                    grid = per_sm_grid * sms
+                    if grid and (grid > how.grid or grid < chunks):
+                        continue
+                    out.append(_measure(case, "split", how, launcher, grid=grid, **fields))
         for chunks, block, unroll, slack, per_sm in STEAL_GEOMETRIES[dname] if steal else ():
             bounds = (block, per_sm) if per_sm else None
             try:
@@ -167,11 +178,20 @@ def main(argv: list[str] | None = None) -> int:
         "--exchanges", nargs="*", default=["pairs", "fenced"], choices=["pairs", "fenced"],
         help="the split kernel's exchanges of the chunks' pairs to run",
     )  # fmt: skip
+    ap.add_argument(
+        "--early", nargs="*", default=["late"], choices=["late", "early"],
+        help="when the split kernel takes a block's next ticket: after or before pass 2",
+    )  # fmt: skip
+    ap.add_argument(
+        "--grid-per-sm", type=int, nargs="*", default=[0],
+        help="also launch the split kernel on N blocks per SM (0: as many as fit)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     result = run(
         args.elements, args.cols, args.dtypes, args.launches, not args.split_only,
         args.split_first, tuple(e == "pairs" for e in args.exchanges),
+        tuple(e == "early" for e in args.early), tuple(args.grid_per_sm),
     )  # fmt: skip
     result["sweep_seconds"] = round(time.perf_counter() - t0, 1)
     print(f"copy bandwidth {result['copy_gbs']} GB/s, {result['sweep_seconds']} s")

@@ -5,11 +5,13 @@ loudly when the kernel changes shape) so that thread 0 of each block records
 %globaltimer at four points of every item: ticket taken, chunk loaded and reduced,
 row pair ready, own stores issued. Runs float16 512 x 131072 at auto's geometry and
 prints per-item phase times and how many blocks are in each phase per 2 us bin.
+Options pick another geometry and the kernel's build options (see --help).
 Result of 2026-11-25: benchmarks/results/2026-11-25i-h100-softmax-split-trace.txt.
 
     python benchmarks/trace_split.py      # needs an NVIDIA GPU
 """
 
+import argparse
 import sys
 import types as pytypes
 from pathlib import Path
@@ -22,6 +24,7 @@ from numba.cuda.extending import intrinsic
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kernels  # noqa: E402
 from kernels import softmax as sm  # noqa: E402
+from kernels import softmax_split as ss  # noqa: E402
 
 
 @intrinsic
@@ -63,9 +66,9 @@ patch(
     "            if tid == 0:\n                trace[4 * t + 2] = globaltimer()\n",
 )
 patch(
-    "                q = uint32(q + nthreads)\n\n    return softmax_split",
+    "                q = uint32(q + nthreads)\n            if PAIRS and warp == 0:",
     "                q = uint32(q + nthreads)\n            if tid == 0:\n"
-    "                trace[4 * t + 3] = globaltimer()\n\n    return softmax_split",
+    "                trace[4 * t + 3] = globaltimer()\n            if PAIRS and warp == 0:",
 )
 mod = pytypes.ModuleType("kernels.softmax_split_traced")
 mod.__package__ = "kernels"
@@ -73,23 +76,44 @@ mod.globaltimer = globaltimer
 sys.modules[mod.__name__] = mod
 exec(compile(src, "softmax_split_traced.py", "exec"), mod.__dict__)
 
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ap.add_argument("--chunks", type=int, help="default: auto's plan")
+ap.add_argument("--block", type=int)
+ap.add_argument("--unroll", type=int)
+ap.add_argument("--bounds", type=int, default=0, help="launch bounds' blocks per SM")
+ap.add_argument("--fenced", action="store_true", help="the fenced float32 exchange")
+ap.add_argument("--early", action="store_true", help="next ticket before pass 2")
+args = ap.parse_args()
 rows, cols = 512, 131072
-how, launcher = sm.plan(rows, cols, np.float16)
-print("plan", how)
+f16 = np.dtype(np.float16)
+if args.chunks:
+    bounds = (args.block, args.bounds) if args.bounds else None
+    how, _ = ss.plan_split(
+        rows, cols, f16, f16, 8, False, block_size=args.block, unroll=args.unroll,
+        chunks=args.chunks, bounds=bounds, pairs=not args.fenced, early_ticket=args.early,
+    )  # fmt: skip
+else:
+    how, _ = sm.plan(rows, cols, f16)
+    bounds = None
+pairs = not args.fenced
+print("plan", how, "bounds", bounds, "pairs", pairs, "early", args.early)
 kernel = mod.split_kernel(
-    np.dtype(np.float16), np.dtype(np.float16), how.pack, how.unroll, how.chunks, False, True
+    f16, f16, how.pack, how.unroll, how.chunks, False, True, bounds, pairs, args.early
 )
 rng = np.random.default_rng(0)
 x = cuda.to_device(rng.standard_normal((rows, cols)).astype(np.float16))
 y = cuda.device_array((rows, cols), np.float16)
 counters = cuda.to_device(np.zeros(1 + rows, np.int32))
-partials = cuda.device_array(2 * rows * how.chunks, np.float32)
+if pairs:
+    partials = cuda.to_device(np.zeros(rows * how.chunks, np.int64))
+else:
+    partials = cuda.device_array(2 * rows * how.chunks, np.float32)
 items = rows * how.chunks
 trace = cuda.to_device(np.zeros(4 * items, np.uint64))
 from kernels.launch import allow_dynamic_smem  # noqa: E402
 
 allow_dynamic_smem(
-    kernel.compile(mod.signature(np.float16, np.float16) + (types.Array(types.uint64, 1, "C"),)),
+    kernel.compile(mod.signature(f16, f16, pairs) + (types.Array(types.uint64, 1, "C"),)),
     how.smem,
 )
 launch = kernel[how.grid, how.block, 0, how.smem]

@@ -67,6 +67,7 @@ def split_kernel(
     packed: bool = False,
     bounds: tuple | None = None,
     pairs: bool = False,
+    early_ticket: bool = False,
 ):
     """The split-row kernel for one (dtypes, pack, unroll, chunks, log) combination.
 
@@ -81,7 +82,8 @@ def split_kernel(
     (threads, blocks per SM) asked of the compiler. pairs: the chunks' pairs are
     exchanged as one int64 each (partials: int64 zeros of rows * chunks, left zeroed;
     see `_exchange_pairs` below) instead of the fenced float32 partials and arrival
-    count.
+    count. early_ticket: thread 0 takes the block's next ticket before pass 2 (its
+    atomic's latency hidden behind the writes) instead of after it.
     """
     # Imported here: kernels.softmax imports this module inside plan().
     from .softmax import _online_folder, _pack_loader, exp32, exp_over
@@ -95,6 +97,7 @@ def split_kernel(
     PW = P // NW  # elements per word
     ISZ = np.dtype(in_dtype).itemsize
     PAIRS = pairs
+    EARLY = early_ticket
     load_packs = _pack_loader(P, NBI, U)
     load_words = _pack_loader(P, NBI, U, raw=PACKED)  # called where PACKED only
     fold = _online_folder(P, U)
@@ -162,16 +165,26 @@ def split_kernel(
         packs = uint32(cols // P)
         span = uint32((packs + (C - 1)) // C)
         readers = int32(0)
-        while True:
-            # A ticket is taken when the block is ready to load: the chunks of a row go
-            # to the next blocks to be free, so they arrive close together. (Taking it
-            # before the previous item's pass 2 was measured 15% slower.)
+        if EARLY:
             if tid == 0:
                 t = cuda.atomic.add(counters, 0, 1)
                 if t == last_ticket:
-                    counters[0] = 0  # every block holds its last ticket: re-arm
+                    counters[0] = 0
                 item[0] = t
             cuda.syncthreads()
+        next_t = int32(0)
+        while True:
+            # A ticket is taken when the block is ready to load: the chunks of a row go
+            # to the next blocks to be free, so they arrive close together. (Taking it
+            # before the previous item's pass 2 was measured 15% slower with the
+            # fenced exchange; EARLY does that.)
+            if not EARLY:
+                if tid == 0:
+                    t = cuda.atomic.add(counters, 0, 1)
+                    if t == last_ticket:
+                        counters[0] = 0  # every block holds its last ticket: re-arm
+                    item[0] = t
+                cuda.syncthreads()
             t = uint32(item[0])
             if t >= items:
                 break
@@ -268,6 +281,8 @@ def split_kernel(
             cuda.syncthreads()
             rmax = row_pair[0]
             rsum = row_pair[1]
+            if EARLY and tid == 0:
+                next_t = cuda.atomic.add(counters, 0, 1)  # read after pass 2
 
             # Pass 2: outputs from shared memory (a thread reads the slots it wrote).
             lse = math.log(rsum)
@@ -293,6 +308,12 @@ def split_kernel(
                         j = uint32(j + 32)
                     if lane == 0:
                         counters[slot] = 0
+            if EARLY:
+                if tid == 0:
+                    if next_t == last_ticket:
+                        counters[0] = 0  # every block holds its last ticket: re-arm
+                    item[0] = next_t
+                cuda.syncthreads()
 
     return softmax_split
 
@@ -389,6 +410,7 @@ def plan_split(
     packed: bool | None = None,
     bounds: tuple | None = None,
     pairs: bool = True,
+    early_ticket: bool = False,
 ):
     """(Plan, SplitLauncher) of the split path for this shape and pack.
 
@@ -415,7 +437,7 @@ def plan_split(
     sizes = (block_size,) if block_size else BLOCK_SIZES
     unroll = unroll or split_unroll(span, block_size or 256)
     kernel = split_kernel(
-        in_dtype, out_dtype, pack, unroll, chunks, bool(log), packed, bounds, pairs
+        in_dtype, out_dtype, pack, unroll, chunks, bool(log), packed, bounds, pairs, early_ticket
     )
     sig = signature(in_dtype, out_dtype, pairs)
     held = {size: resident_blocks(kernel, sig, size, smem) for size in sizes}

@@ -316,6 +316,26 @@ def test_split_both_piece_layouts_and_exchanges(dtype, packed, pairs):
 
 
 @sim_only
+@pytest.mark.parametrize("pairs", [True, False], ids=["pairs", "fenced"])
+def test_split_early_ticket(pairs):
+    # The next ticket taken before pass 2: 5 rows of 3 chunks on 4 resident blocks,
+    # so blocks go round several times; counters (and pairs) re-armed after.
+    x = random_rows(5, 70, np.float32)
+    dx, dy = cuda.to_device(x), cuda.device_array(x.shape, x.dtype)
+    with concurrent_blocks(4):
+        how, launcher = ss.plan_split(
+            5, 70, x.dtype, x.dtype, 2, False, block_size=32, chunks=3, pairs=pairs,
+            early_ticket=True,
+        )  # fmt: skip
+        for _ in range(2):
+            launcher[how.grid, how.block, 0, how.smem](dx, dy, 5, 70)
+    check(dy.copy_to_host(), x, False)
+    counters, partials = launcher.scratch()
+    assert not counters.copy_to_host().any()
+    assert not (pairs and partials.copy_to_host().any())
+
+
+@sim_only
 def test_split_fenced_exchange_special_values():
     x = special_rows(40, np.float32)
     check(_split_layout(x, False, chunks=3, block=32, pack=2, pairs=False), x, False)
@@ -393,6 +413,7 @@ def test_gpu_split_variants_and_repeated_launches():
         dict(chunks=32, block_size=128, unroll=1),
         dict(chunks=64, unroll=2),
         dict(chunks=8, block_size=512, pairs=False),
+        dict(chunks=8, block_size=256, unroll=2, bounds=(256, 6), pairs=True, early_ticket=True),
     ):
         if "pairs" in kw:
             how, launcher = ss.plan_split(rows, cols, np.float32, np.float32, 4, False, **kw)
