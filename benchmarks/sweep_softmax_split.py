@@ -107,7 +107,7 @@ def _measure(case: dict, label: str, how, launcher, grid: int = 0, **fields) -> 
 def run(
     elements: int, cols: int, dtypes: list[str], launches: int, steal: bool = True,
     split_first: int | None = None, exchanges: tuple = (True, False),
-    earlies: tuple = (False,), grids_per_sm: tuple = (0,),
+    earlies: tuple = (False,), grids_per_sm: tuple = (0,), staggers: tuple = (0,),
 ) -> dict:  # fmt: skip
     from numba import cuda
 
@@ -128,18 +128,20 @@ def run(
         pack = 16 // np.dtype(dtype).itemsize
         for chunks, block, unroll, packed, per_sm in GEOMETRIES[dname][:split_first]:
             bounds = (block, per_sm) if per_sm else None
-            for pairs, early in itertools.product(exchanges, earlies):
+            for pairs, early, stagger in itertools.product(exchanges, earlies, staggers):
                 try:
                     how, launcher = ss.plan_split(
                         rows, cols, dtype, dtype, pack, False, block_size=block, chunks=chunks,
                         unroll=unroll, packed=packed, bounds=bounds, pairs=pairs,
-                        early_ticket=early,
+                        early_ticket=early, stagger=stagger,
                     )  # fmt: skip
                 except ValueError as exc:
                     print(f"{dname} split c{chunks} b{block}: {exc}", flush=True)
                     continue
                 for per_sm_grid in grids_per_sm:
-                    fields = dict(packed=packed, bounds=per_sm, pairs=pairs, early=early)
+                    fields = dict(
+                        packed=packed, bounds=per_sm, pairs=pairs, early=early, stagger=stagger
+                    )
                     grid = per_sm_grid * sms
                     if grid and (grid > how.grid or grid < chunks):
                         continue
@@ -183,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
         help="when the split kernel takes a block's next ticket: after or before pass 2",
     )  # fmt: skip
     ap.add_argument(
+        "--stagger", type=int, nargs="*", default=[0],
+        help="split kernel: first-round rows loading at once (0: no stagger)",
+    )  # fmt: skip
+    ap.add_argument(
         "--grid-per-sm", type=int, nargs="*", default=[0],
         help="also launch the split kernel on N blocks per SM (0: as many as fit)",
     )  # fmt: skip
@@ -191,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(
         args.elements, args.cols, args.dtypes, args.launches, not args.split_only,
         args.split_first, tuple(e == "pairs" for e in args.exchanges),
-        tuple(e == "early" for e in args.early), tuple(args.grid_per_sm),
+        tuple(e == "early" for e in args.early), tuple(args.grid_per_sm), tuple(args.stagger),
     )  # fmt: skip
     result["sweep_seconds"] = round(time.perf_counter() - t0, 1)
     print(f"copy bandwidth {result['copy_gbs']} GB/s, {result['sweep_seconds']} s")

@@ -83,6 +83,7 @@ ap.add_argument("--unroll", type=int)
 ap.add_argument("--bounds", type=int, default=0, help="launch bounds' blocks per SM")
 ap.add_argument("--fenced", action="store_true", help="the fenced float32 exchange")
 ap.add_argument("--early", action="store_true", help="next ticket before pass 2")
+ap.add_argument("--stagger", type=int, default=0, help="first-round rows loading at once")
 args = ap.parse_args()
 rows, cols = 512, 131072
 f16 = np.dtype(np.float16)
@@ -91,19 +92,21 @@ if args.chunks:
     how, _ = ss.plan_split(
         rows, cols, f16, f16, 8, False, block_size=args.block, unroll=args.unroll,
         chunks=args.chunks, bounds=bounds, pairs=not args.fenced, early_ticket=args.early,
+        stagger=args.stagger,
     )  # fmt: skip
 else:
     how, _ = sm.plan(rows, cols, f16)
     bounds = None
 pairs = not args.fenced
-print("plan", how, "bounds", bounds, "pairs", pairs, "early", args.early)
+print("plan", how, "bounds", bounds, "pairs", pairs, "early", args.early, "stagger", args.stagger)
 kernel = mod.split_kernel(
-    f16, f16, how.pack, how.unroll, how.chunks, False, True, bounds, pairs, args.early
-)
+    f16, f16, how.pack, how.unroll, how.chunks, False, True, bounds, pairs, args.early,
+    args.stagger,
+)  # fmt: skip
 rng = np.random.default_rng(0)
 x = cuda.to_device(rng.standard_normal((rows, cols)).astype(np.float16))
 y = cuda.device_array((rows, cols), np.float16)
-counters = cuda.to_device(np.zeros(1 + rows, np.int32))
+counters = cuda.to_device(np.zeros(2 + rows, np.int32))
 if pairs:
     partials = cuda.to_device(np.zeros(rows * how.chunks, np.int64))
 else:

@@ -68,6 +68,7 @@ def split_kernel(
     bounds: tuple | None = None,
     pairs: bool = False,
     early_ticket: bool = False,
+    stagger: int = 0,
 ):
     """The split-row kernel for one (dtypes, pack, unroll, chunks, log) combination.
 
@@ -75,7 +76,7 @@ def split_kernel(
     are useful), a 1-D block of a multiple of 32 threads and `span * pack *
     itemsize(in)` bytes of dynamic shared memory (span = ceil((cols // pack) /
     chunks)), as `kernel(x, y, rows, cols, counters, partials)`: counters an int32
-    array of 1 + rows zeros (left zeroed again on exit), partials float32 of
+    array of 2 + rows zeros (left zeroed again on exit), partials float32 of
     2 * rows * chunks. packed: the piece is cached as the raw words of whole packs
     (one vector store and load per pack; packs of 4 bytes or more), else element by
     element (element i of local pack q at i * span + q). bounds: CUDA launch bounds
@@ -83,7 +84,12 @@ def split_kernel(
     exchanged as one int64 each (partials: int64 zeros of rows * chunks, left zeroed;
     see `_exchange_pairs` below) instead of the fenced float32 partials and arrival
     count. early_ticket: thread 0 takes the block's next ticket before pass 2 (its
-    atomic's latency hidden behind the writes) instead of after it.
+    atomic's latency hidden behind the writes) instead of after it. stagger: in the
+    launch's first round (tickets below the grid size), the blocks of row r >=
+    stagger start loading only once (r - stagger) * chunks chunks have been loaded,
+    so at most about `stagger` rows load at once and the first rows are done (and
+    written) while later ones load, instead of every row of the first round
+    finishing its loads at the same time (0: no stagger).
     """
     # Imported here: kernels.softmax imports this module inside plan().
     from .softmax import _online_folder, _pack_loader, exp32, exp_over
@@ -98,6 +104,7 @@ def split_kernel(
     ISZ = np.dtype(in_dtype).itemsize
     PAIRS = pairs
     EARLY = early_ticket
+    STAGGER = stagger
     load_packs = _pack_loader(P, NBI, U)
     load_words = _pack_loader(P, NBI, U, raw=PACKED)  # called where PACKED only
     fold = _online_folder(P, U)
@@ -165,6 +172,7 @@ def split_kernel(
         packs = uint32(cols // P)
         span = uint32((packs + (C - 1)) // C)
         readers = int32(0)
+        loaded = uint32(1 + rows)  # stagger: chunks loaded so far
         if EARLY:
             if tid == 0:
                 t = cuda.atomic.add(counters, 0, 1)
@@ -183,6 +191,13 @@ def split_kernel(
                     t = cuda.atomic.add(counters, 0, 1)
                     if t == last_ticket:
                         counters[0] = 0  # every block holds its last ticket: re-arm
+                        if STAGGER:
+                            counters[loaded] = 0
+                    elif STAGGER and t < cuda.gridDim.x and t // C >= STAGGER:
+                        # First round: wait for the rows STAGGER before this one.
+                        need = (t // C - STAGGER) * C
+                        while cuda.atomic.add(counters, loaded, 0) < need:
+                            pass
                     item[0] = t
                 cuda.syncthreads()
             t = uint32(item[0])
@@ -242,6 +257,8 @@ def split_kernel(
                     # combine the row's as they arrive, count this block's reads.
                     if lane == 0:
                         cuda.atomic.exch(partials, t, pair_bits(m, d))
+                        if STAGGER:
+                            cuda.atomic.add(counters, loaded, 1)
                     m, d = row_pair_of(partials, uint32(row * C))
                     if lane == 0:
                         row_pair[0] = m
@@ -255,6 +272,8 @@ def split_kernel(
                         partials[uint32(2 * t + 1)] = d
                         cuda.threadfence()
                         cuda.atomic.add(counters, slot, 1)
+                        if STAGGER:
+                            cuda.atomic.add(counters, loaded, 1)
                         while cuda.atomic.add(counters, slot, 0) < C:
                             pass
                         cuda.threadfence()
@@ -361,7 +380,7 @@ class SplitLauncher:
     """Kernel-like front of split_kernel: `launcher[grid, block, stream, smem](x, y,
     rows, cols)` launches it with this launcher's scratch (allocated on first use,
     zeroed, and left zeroed by every completed launch). Made for one row count.
-    counters: int32 counters the kernel needs (split_kernel's 1 + rows, the default);
+    counters: int32 counters the kernel needs (split_kernel's 2 + rows, the default);
     pairs: partials as int64 zeros, one per chunk (split_kernel's pairs=True)."""
 
     def __init__(
@@ -370,7 +389,7 @@ class SplitLauncher:
         self.kernel = kernel
         self.rows = rows
         self.chunks = chunks
-        self.counters = 1 + rows if counters is None else counters
+        self.counters = 2 + rows if counters is None else counters
         self.pairs = pairs
         self._scratch = None
 
@@ -411,6 +430,7 @@ def plan_split(
     bounds: tuple | None = None,
     pairs: bool = True,
     early_ticket: bool = False,
+    stagger: int = 0,
 ):
     """(Plan, SplitLauncher) of the split path for this shape and pack.
 
@@ -437,8 +457,9 @@ def plan_split(
     sizes = (block_size,) if block_size else BLOCK_SIZES
     unroll = unroll or split_unroll(span, block_size or 256)
     kernel = split_kernel(
-        in_dtype, out_dtype, pack, unroll, chunks, bool(log), packed, bounds, pairs, early_ticket
-    )
+        in_dtype, out_dtype, pack, unroll, chunks, bool(log), packed, bounds, pairs,
+        early_ticket, stagger,
+    )  # fmt: skip
     sig = signature(in_dtype, out_dtype, pairs)
     held = {size: resident_blocks(kernel, sig, size, smem) for size in sizes}
     size = largest_block_keeping_occupancy(held.get, sizes)

@@ -336,6 +336,25 @@ def test_split_early_ticket(pairs):
 
 
 @sim_only
+@pytest.mark.parametrize("pairs", [True, False], ids=["pairs", "fenced"])
+def test_split_stagger(pairs):
+    # First-round rows 1.. wait for the rows `stagger` before them to be loaded:
+    # 6 rows of 2 chunks on 8 resident blocks (4 rows in the first round).
+    x = random_rows(6, 70, np.float16)
+    dx, dy = cuda.to_device(x), cuda.device_array(x.shape, x.dtype)
+    with concurrent_blocks(8):
+        how, launcher = ss.plan_split(
+            6, 70, x.dtype, x.dtype, 2, False, block_size=32, chunks=2, pairs=pairs, stagger=1,
+        )  # fmt: skip
+        for _ in range(2):
+            launcher[how.grid, how.block, 0, how.smem](dx, dy, 6, 70)
+    check(dy.copy_to_host(), x, False)
+    counters, partials = launcher.scratch()
+    assert not counters.copy_to_host().any()
+    assert not (pairs and partials.copy_to_host().any())
+
+
+@sim_only
 def test_split_fenced_exchange_special_values():
     x = special_rows(40, np.float32)
     check(_split_layout(x, False, chunks=3, block=32, pack=2, pairs=False), x, False)
@@ -414,6 +433,7 @@ def test_gpu_split_variants_and_repeated_launches():
         dict(chunks=64, unroll=2),
         dict(chunks=8, block_size=512, pairs=False),
         dict(chunks=8, block_size=256, unroll=2, bounds=(256, 6), pairs=True, early_ticket=True),
+        dict(chunks=8, block_size=256, unroll=2, bounds=(256, 6), pairs=True, stagger=40),
     ):
         if "pairs" in kw:
             how, launcher = ss.plan_split(rows, cols, np.float32, np.float32, 4, False, **kw)
