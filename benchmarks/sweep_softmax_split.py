@@ -2,11 +2,10 @@
 
 For (2**26 / cols, cols) arrays: kernel time per launch (launches queued behind a spin
 kernel, imgfilter.bench's Timer) of kernels.softmax_split over the GEOMETRIES below
-each with both exchanges of the chunks' pairs (`pairs`: one int64 atomic each;
-`fenced`: float32 partials, a fence and an arrival count), then the slab-stealing
-variant (kernels.softmax_steal) over STEAL_GEOMETRIES:
+(and, with --grid-per-sm, on fewer blocks than fit):
 chunk counts, block sizes, unrolls, the piece cached as raw packs or element by
-element (`packed`), and launch bounds asking for N blocks per SM; the share
+element (`packed`), and launch bounds asking for N blocks per SM (auto's geometry
+first); the share
 of the copy bandwidth measured in the same run, and a check of three rows against
 float64 NumPy as error / tolerance (the tests' tolerances: <= 1 passes; the tests
 themselves are tests/test_softmax_split.py).
@@ -19,7 +18,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as _dt
-import itertools
 import json
 import sys
 import time
@@ -31,13 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from imgfilter.bench import Timer, copy_bandwidth_gbs  # noqa: E402
 from kernels import softmax_split as ss  # noqa: E402
-from kernels import softmax_steal as st  # noqa: E402
 
 # dtype -> (chunks, block size, unroll or None for split_unroll's, packed, launch
 # bounds' blocks per SM or 0): auto's geometry first.
 GEOMETRIES = {
     "float16": [
-        (4, 256, None, True, 0), (8, 256, 2, True, 6), (8, 128, 4, True, 6),
+        (8, 256, 2, True, 6), (4, 256, None, True, 0), (8, 128, 4, True, 6),
         (10, 128, 4, True, 8), (12, 128, 4, True, 10), (12, 128, 2, True, 10),
         (16, 128, 4, True, 12), (16, 128, 2, True, 13), (10, 256, 2, True, 8),
         (8, 256, 4, True, 6), (6, 256, 2, True, 5),
@@ -45,18 +42,6 @@ GEOMETRIES = {
     "float32": [
         (8, 512, None, False, 0), (10, 512, 2, False, 0), (16, 256, 4, False, 6),
         (12, 256, 4, False, 5),
-    ],
-}  # fmt: skip
-# dtype -> (chunks, block size, unroll, slack, launch bounds' blocks per SM or 0) of the
-# slab-stealing variant (kernels.softmax_steal); packed as the split path's default.
-STEAL_GEOMETRIES = {
-    "float16": [
-        (4, 256, 4, 4, 0), (4, 256, 4, 2, 0), (4, 256, 2, 8, 0), (4, 512, 2, 8, 0),
-        (5, 256, 4, 2, 4), (6, 256, 4, 2, 4), (8, 256, 4, 1, 6), (4, 256, 4, 4, 3),
-    ],
-    "float32": [
-        (8, 256, 4, 4, 0), (8, 512, 4, 4, 0), (8, 512, 2, 8, 0), (8, 512, 4, 2, 0),
-        (10, 256, 4, 2, 4),
     ],
 }  # fmt: skip
 DTYPES = {"float32": np.float32, "float16": np.float16}
@@ -105,9 +90,8 @@ def _measure(case: dict, label: str, how, launcher, grid: int = 0, **fields) -> 
 
 
 def run(
-    elements: int, cols: int, dtypes: list[str], launches: int, steal: bool = True,
-    split_first: int | None = None, exchanges: tuple = (True, False),
-    earlies: tuple = (False,), grids_per_sm: tuple = (0,), staggers: tuple = (0,),
+    elements: int, cols: int, dtypes: list[str], launches: int,
+    first: int | None = None, grids_per_sm: tuple = (0,),
 ) -> dict:  # fmt: skip
     from numba import cuda
 
@@ -126,37 +110,22 @@ def run(
             timer=timer, launches=launches, copy_gbs=copy_gbs,
         )  # fmt: skip
         pack = 16 // np.dtype(dtype).itemsize
-        for chunks, block, unroll, packed, per_sm in GEOMETRIES[dname][:split_first]:
-            bounds = (block, per_sm) if per_sm else None
-            for pairs, early, stagger in itertools.product(exchanges, earlies, staggers):
-                try:
-                    how, launcher = ss.plan_split(
-                        rows, cols, dtype, dtype, pack, False, block_size=block, chunks=chunks,
-                        unroll=unroll, packed=packed, bounds=bounds, pairs=pairs,
-                        early_ticket=early, stagger=stagger,
-                    )  # fmt: skip
-                except ValueError as exc:
-                    print(f"{dname} split c{chunks} b{block}: {exc}", flush=True)
-                    continue
-                for per_sm_grid in grids_per_sm:
-                    fields = dict(
-                        packed=packed, bounds=per_sm, pairs=pairs, early=early, stagger=stagger
-                    )
-                    grid = per_sm_grid * sms
-                    if grid and (grid > how.grid or grid < chunks):
-                        continue
-                    out.append(_measure(case, "split", how, launcher, grid=grid, **fields))
-        for chunks, block, unroll, slack, per_sm in STEAL_GEOMETRIES[dname] if steal else ():
+        for chunks, block, unroll, packed, per_sm in GEOMETRIES[dname][:first]:
             bounds = (block, per_sm) if per_sm else None
             try:
-                how, launcher = st.plan_steal(
+                how, launcher = ss.plan_split(
                     rows, cols, dtype, dtype, pack, False, block_size=block, chunks=chunks,
-                    unroll=unroll, slack=slack, bounds=bounds,
+                    unroll=unroll, packed=packed, bounds=bounds,
                 )  # fmt: skip
             except ValueError as exc:
-                print(f"{dname} steal c{chunks} b{block} u{unroll}: {exc}", flush=True)
+                print(f"{dname} split c{chunks} b{block}: {exc}", flush=True)
                 continue
-            out.append(_measure(case, "steal", how, launcher, slack=slack, bounds=per_sm))
+            for per_sm_grid in grids_per_sm:
+                grid = per_sm_grid * sms
+                if grid and (grid > how.grid or grid < chunks):
+                    continue
+                fields = dict(packed=packed, bounds=per_sm)
+                out.append(_measure(case, "split", how, launcher, grid=grid, **fields))
     dev = cuda.get_current_device()
     return dict(
         when=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -174,20 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtypes", nargs="*", default=["float16", "float32"], choices=list(DTYPES))
     ap.add_argument("--launches", type=int, default=20)
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--split-only", action="store_true", help="skip the stealing variant")
-    ap.add_argument("--split-first", type=int, help="only the first N split geometries")
-    ap.add_argument(
-        "--exchanges", nargs="*", default=["pairs", "fenced"], choices=["pairs", "fenced"],
-        help="the split kernel's exchanges of the chunks' pairs to run",
-    )  # fmt: skip
-    ap.add_argument(
-        "--early", nargs="*", default=["late"], choices=["late", "early"],
-        help="when the split kernel takes a block's next ticket: after or before pass 2",
-    )  # fmt: skip
-    ap.add_argument(
-        "--stagger", type=int, nargs="*", default=[0],
-        help="split kernel: first-round rows loading at once (0: no stagger)",
-    )  # fmt: skip
+    ap.add_argument("--first", type=int, help="only the first N geometries")
     ap.add_argument(
         "--grid-per-sm", type=int, nargs="*", default=[0],
         help="also launch the split kernel on N blocks per SM (0: as many as fit)",
@@ -195,9 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     result = run(
-        args.elements, args.cols, args.dtypes, args.launches, not args.split_only,
-        args.split_first, tuple(e == "pairs" for e in args.exchanges),
-        tuple(e == "early" for e in args.early), tuple(args.grid_per_sm), tuple(args.stagger),
+        args.elements, args.cols, args.dtypes, args.launches, args.first,
+        tuple(args.grid_per_sm),
     )  # fmt: skip
     result["sweep_seconds"] = round(time.perf_counter() - t0, 1)
     print(f"copy bandwidth {result['copy_gbs']} GB/s, {result['sweep_seconds']} s")

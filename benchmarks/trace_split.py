@@ -66,9 +66,9 @@ patch(
     "            if tid == 0:\n                trace[4 * t + 2] = globaltimer()\n",
 )
 patch(
-    "                q = uint32(q + nthreads)\n            if PAIRS and warp == 0:",
+    "                q = uint32(q + nthreads)\n            if warp == 0:",
     "                q = uint32(q + nthreads)\n            if tid == 0:\n"
-    "                trace[4 * t + 3] = globaltimer()\n            if PAIRS and warp == 0:",
+    "                trace[4 * t + 3] = globaltimer()\n            if warp == 0:",
 )
 mod = pytypes.ModuleType("kernels.softmax_split_traced")
 mod.__package__ = "kernels"
@@ -81,9 +81,6 @@ ap.add_argument("--chunks", type=int, help="default: auto's plan")
 ap.add_argument("--block", type=int)
 ap.add_argument("--unroll", type=int)
 ap.add_argument("--bounds", type=int, default=0, help="launch bounds' blocks per SM")
-ap.add_argument("--fenced", action="store_true", help="the fenced float32 exchange")
-ap.add_argument("--early", action="store_true", help="next ticket before pass 2")
-ap.add_argument("--stagger", type=int, default=0, help="first-round rows loading at once")
 args = ap.parse_args()
 rows, cols = 512, 131072
 f16 = np.dtype(np.float16)
@@ -91,32 +88,24 @@ if args.chunks:
     bounds = (args.block, args.bounds) if args.bounds else None
     how, _ = ss.plan_split(
         rows, cols, f16, f16, 8, False, block_size=args.block, unroll=args.unroll,
-        chunks=args.chunks, bounds=bounds, pairs=not args.fenced, early_ticket=args.early,
-        stagger=args.stagger,
+        chunks=args.chunks, bounds=bounds,
     )  # fmt: skip
 else:
     how, _ = sm.plan(rows, cols, f16)
-    bounds = None
-pairs = not args.fenced
-print("plan", how, "bounds", bounds, "pairs", pairs, "early", args.early, "stagger", args.stagger)
-kernel = mod.split_kernel(
-    f16, f16, how.pack, how.unroll, how.chunks, False, True, bounds, pairs, args.early,
-    args.stagger,
-)  # fmt: skip
+    bounds = (ss.HALF_BLOCK, ss.HALF_BLOCKS_PER_SM)  # auto's, for 2-byte inputs
+print("plan", how, "bounds", bounds)
+kernel = mod.split_kernel(f16, f16, how.pack, how.unroll, how.chunks, False, True, bounds)
 rng = np.random.default_rng(0)
 x = cuda.to_device(rng.standard_normal((rows, cols)).astype(np.float16))
 y = cuda.device_array((rows, cols), np.float16)
-counters = cuda.to_device(np.zeros(2 + rows, np.int32))
-if pairs:
-    partials = cuda.to_device(np.zeros(rows * how.chunks, np.int64))
-else:
-    partials = cuda.device_array(2 * rows * how.chunks, np.float32)
+counters = cuda.to_device(np.zeros(1 + rows, np.int32))
+partials = cuda.to_device(np.zeros(rows * how.chunks, np.int64))
 items = rows * how.chunks
 trace = cuda.to_device(np.zeros(4 * items, np.uint64))
 from kernels.launch import allow_dynamic_smem  # noqa: E402
 
 allow_dynamic_smem(
-    kernel.compile(mod.signature(f16, f16, pairs) + (types.Array(types.uint64, 1, "C"),)),
+    kernel.compile(mod.signature(f16, f16) + (types.Array(types.uint64, 1, "C"),)),
     how.smem,
 )
 launch = kernel[how.grid, how.block, 0, how.smem]

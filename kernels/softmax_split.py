@@ -11,11 +11,18 @@ partial results through global memory:
 2. The block loads its chunk into shared memory, keeping per thread the running max
    and an online sum of exp (as block_uncached), and reduces them to the chunk's
    (max, sum of exp(x - max)).
-3. Thread 0 stores that pair in `partials`, fences, adds 1 to the row's arrival
-   counter, and spins (atomic reads) until all `chunks` blocks of the row arrived.
-4. The block reads the row's pairs (atomically, so at L2: never a stale L1 line),
-   combines them into the row's max and sum, and writes its chunk's outputs from
-   shared memory: exp(x - max) / sum, or x - max - log(sum).
+3. Thread 0 publishes that pair as one int64 (`int_ops.pair_bits`) by one atomic
+   exchange into the chunk's slot of `partials` (zero until then: a published pair
+   is never (+0.0, 0.0)), so the pair is its own arrival flag and needs no fence.
+4. Warp 0's lanes read the row's slots (atomically, so at L2: never a stale L1
+   line), each spinning until its slot is published, and combine them into the
+   row's max and sum; the block writes its chunk's outputs from shared memory:
+   exp(x - max) / sum, or x - max - log(sum).
+
+Step 3 once stored the pair as two float32, fenced, added 1 to an arrival counter
+and spun on it: about four L2 round trips between a row's last load and its
+writes, against one now. H100, float16 131072 columns: 85.0% -> 88.4% of copy at 8
+chunks of 32 KiB (2026-11-25k, BENCHMARKS.md).
 
 Forward progress: a block only waits for blocks of its own row. Tickets are taken
 in order, so only the row holding the newest ticket can have chunks nobody took
@@ -25,9 +32,10 @@ least `chunks` of its blocks at once, which plan_split checks (CUDA occupancy
 calculator; Numba's simulator answers 1 there, so the path is refused on it unless
 a test makes it run blocks concurrently).
 
-The counters re-arm themselves: the block taking the last ticket zeroes the ticket
-counter, and the last of a row's blocks to finish (second increment) zeroes the
-row's counter, so consecutive launches need no memset. One launcher's scratch
+The scratch re-arms itself: the block taking the last ticket zeroes the ticket
+counter, and the last of a row's blocks to read the row's pairs (a per-row
+counter) zeroes them and the counter after its writes, so consecutive launches
+need no memset. One launcher's scratch
 (counters and partials) must not be used by two launches running concurrently
 (e.g. on two streams); `softmax()` launches on the default stream only.
 """
@@ -50,9 +58,14 @@ NEG_INF = float32(-math.inf)
 FULL_MASK = 0xFFFFFFFF
 # auto: a row's chunks hold at most this much each. H100 2026-11-24 ~16:53 UTC
 # (benchmarks/results/2026-11-24-h100-softmax.txt), 131072 columns: float32 8 chunks
-# of 64 KiB with 512 threads 90.8% of copy, 16 of 32 KiB 85.6-87.5%; float16 4 chunks
-# of 64 KiB 75.6%, 8 of 32 KiB 74.7%.
+# of 64 KiB with 512 threads 90.8% of copy, 16 of 32 KiB 85.6-87.5%. 2-byte inputs
+# since the int64 exchange (2026-11-25k, benchmarks/results/2026-11-25k-h100-softmax-
+# split*.txt), float16 131072: 8 chunks of 32 KiB, 256 threads, 2 packs in flight and
+# launch bounds for 6 blocks per SM 88.4-88.8% of copy; 4 chunks of 64 KiB (3 blocks
+# per SM) 84.1-85.1%; 12 of 21 KiB 84.7-85.1%; 16 of 16 KiB 70.5%.
 SPLIT_CHUNK_BYTES = 64 * 1024
+HALF_CHUNK_BYTES = 32 * 1024
+HALF_BLOCK, HALF_UNROLL, HALF_BLOCKS_PER_SM = 256, 2, 6
 BLOCK_SIZES = (128, 256, 512, 1024)
 
 
@@ -66,9 +79,6 @@ def split_kernel(
     log: bool,
     packed: bool = False,
     bounds: tuple | None = None,
-    pairs: bool = False,
-    early_ticket: bool = False,
-    stagger: int = 0,
 ):
     """The split-row kernel for one (dtypes, pack, unroll, chunks, log) combination.
 
@@ -76,20 +86,11 @@ def split_kernel(
     are useful), a 1-D block of a multiple of 32 threads and `span * pack *
     itemsize(in)` bytes of dynamic shared memory (span = ceil((cols // pack) /
     chunks)), as `kernel(x, y, rows, cols, counters, partials)`: counters an int32
-    array of 2 + rows zeros (left zeroed again on exit), partials float32 of
-    2 * rows * chunks. packed: the piece is cached as the raw words of whole packs
+    array of 1 + rows zeros and partials an int64 array of rows * chunks zeros
+    (both left zeroed again on exit). packed: the piece is cached as the raw words of whole packs
     (one vector store and load per pack; packs of 4 bytes or more), else element by
     element (element i of local pack q at i * span + q). bounds: CUDA launch bounds
-    (threads, blocks per SM) asked of the compiler. pairs: the chunks' pairs are
-    exchanged as one int64 each (partials: int64 zeros of rows * chunks, left zeroed;
-    see `_exchange_pairs` below) instead of the fenced float32 partials and arrival
-    count. early_ticket: thread 0 takes the block's next ticket before pass 2 (its
-    atomic's latency hidden behind the writes) instead of after it. stagger: in the
-    launch's first round (tickets below the grid size), the blocks of row r >=
-    stagger start loading only once (r - stagger) * chunks chunks have been loaded,
-    so at most about `stagger` rows load at once and the first rows are done (and
-    written) while later ones load, instead of every row of the first round
-    finishing its loads at the same time (0: no stagger).
+    (threads, blocks per SM) asked of the compiler.
     """
     # Imported here: kernels.softmax imports this module inside plan().
     from .softmax import _online_folder, _pack_loader, exp32, exp_over
@@ -102,9 +103,6 @@ def split_kernel(
     NW = max(1, NBI // 4)  # raw words per pack (packed)
     PW = P // NW  # elements per word
     ISZ = np.dtype(in_dtype).itemsize
-    PAIRS = pairs
-    EARLY = early_ticket
-    STAGGER = stagger
     load_packs = _pack_loader(P, NBI, U)
     load_words = _pack_loader(P, NBI, U, raw=PACKED)  # called where PACKED only
     fold = _online_folder(P, U)
@@ -172,34 +170,17 @@ def split_kernel(
         packs = uint32(cols // P)
         span = uint32((packs + (C - 1)) // C)
         readers = int32(0)
-        loaded = uint32(1 + rows)  # stagger: chunks loaded so far
-        if EARLY:
-            if tid == 0:
-                t = cuda.atomic.add(counters, 0, 1)
-                if t == last_ticket:
-                    counters[0] = 0
-                item[0] = t
-            cuda.syncthreads()
-        next_t = int32(0)
         while True:
             # A ticket is taken when the block is ready to load: the chunks of a row go
             # to the next blocks to be free, so they arrive close together. (Taking it
-            # before the previous item's pass 2 was measured 15% slower with the
-            # fenced exchange; EARLY does that.)
-            if not EARLY:
-                if tid == 0:
-                    t = cuda.atomic.add(counters, 0, 1)
-                    if t == last_ticket:
-                        counters[0] = 0  # every block holds its last ticket: re-arm
-                        if STAGGER:
-                            counters[loaded] = 0
-                    elif STAGGER and t < cuda.gridDim.x and t // C >= STAGGER:
-                        # First round: wait for the rows STAGGER before this one.
-                        need = (t // C - STAGGER) * C
-                        while cuda.atomic.add(counters, loaded, 0) < need:
-                            pass
-                    item[0] = t
-                cuda.syncthreads()
+            # before the previous item's pass 2 was measured 15% slower, and 9% slower
+            # again with the int64 exchange: 2026-11-25k.)
+            if tid == 0:
+                t = cuda.atomic.add(counters, 0, 1)
+                if t == last_ticket:
+                    counters[0] = 0  # every block holds its last ticket: re-arm
+                item[0] = t
+            cuda.syncthreads()
             t = uint32(item[0])
             if t >= items:
                 break
@@ -252,56 +233,19 @@ def split_kernel(
                 m = warp_max[lane] if lane < nwarps else NEG_INF
                 d = warp_sum[lane] if lane < nwarps else float32(0.0)
                 m, d = warp_merge(m, d)
-                if PAIRS:
-                    # Publish the chunk's pair in one atomic (its own flag: no fence),
-                    # combine the row's as they arrive, count this block's reads.
-                    if lane == 0:
-                        cuda.atomic.exch(partials, t, pair_bits(m, d))
-                        if STAGGER:
-                            cuda.atomic.add(counters, loaded, 1)
-                    m, d = row_pair_of(partials, uint32(row * C))
-                    if lane == 0:
-                        row_pair[0] = m
-                        row_pair[1] = d
-                        # Used after pass 2: the block that read the pairs last re-arms.
-                        readers = cuda.atomic.add(counters, slot, 1)
-                else:
-                    if lane == 0:
-                        # Publish it, wait for the row's other chunks, take the next ticket.
-                        partials[uint32(2 * t)] = m
-                        partials[uint32(2 * t + 1)] = d
-                        cuda.threadfence()
-                        cuda.atomic.add(counters, slot, 1)
-                        if STAGGER:
-                            cuda.atomic.add(counters, loaded, 1)
-                        while cuda.atomic.add(counters, slot, 0) < C:
-                            pass
-                        cuda.threadfence()
-                    cuda.syncwarp()
-                    # The row's pair from its chunks' pairs (read at L2, never a stale line).
-                    m = NEG_INF
-                    d = float32(0.0)
-                    j = lane
-                    while j < C:
-                        k = uint32(2 * (row * C + j))
-                        m, d = merge(
-                            m,
-                            d,
-                            cuda.atomic.add(partials, k, float32(0.0)),
-                            cuda.atomic.add(partials, uint32(k + 1), float32(0.0)),
-                        )
-                        j = uint32(j + 32)
-                    m, d = warp_merge(m, d)  # every lane has read its pairs now
-                    if lane == 0:
-                        row_pair[0] = m
-                        row_pair[1] = d
-                        if cuda.atomic.add(counters, slot, 1) == 2 * C - 1:
-                            counters[slot] = 0  # the row's last block out re-arms its counter
+                # Publish the chunk's pair in one atomic (the pair is its own flag: no
+                # fence), combine the row's pairs as they arrive, count this block's
+                # reads; the count is read after pass 2 (its latency off the path).
+                if lane == 0:
+                    cuda.atomic.exch(partials, t, pair_bits(m, d))
+                m, d = row_pair_of(partials, uint32(row * C))
+                if lane == 0:
+                    row_pair[0] = m
+                    row_pair[1] = d
+                    readers = cuda.atomic.add(counters, slot, 1)
             cuda.syncthreads()
             rmax = row_pair[0]
             rsum = row_pair[1]
-            if EARLY and tid == 0:
-                next_t = cuda.atomic.add(counters, 0, 1)  # read after pass 2
 
             # Pass 2: outputs from shared memory (a thread reads the slots it wrote).
             lse = math.log(rsum)
@@ -318,7 +262,7 @@ def split_kernel(
                     tout[i] = v - lse if log else exp_over(v, l2s)
                 store_pack2(y, row, uint32((start + q) * P), tout, NBO)
                 q = uint32(q + nthreads)
-            if PAIRS and warp == 0:
+            if warp == 0:
                 if cuda.shfl_sync(FULL_MASK, readers, 0) == C - 1:
                     # Every block of the row has read its pairs: zero them and the count.
                     j = lane
@@ -327,17 +271,11 @@ def split_kernel(
                         j = uint32(j + 32)
                     if lane == 0:
                         counters[slot] = 0
-            if EARLY:
-                if tid == 0:
-                    if next_t == last_ticket:
-                        counters[0] = 0  # every block holds its last ticket: re-arm
-                    item[0] = next_t
-                cuda.syncthreads()
 
     return softmax_split
 
 
-def signature(in_dtype, out_dtype, pairs: bool = False) -> tuple:
+def signature(in_dtype, out_dtype) -> tuple:
     """The Numba signature split_kernel's kernels are launched with."""
     arr = types.Array
     return (
@@ -346,7 +284,7 @@ def signature(in_dtype, out_dtype, pairs: bool = False) -> tuple:
         types.int64,
         types.int64,
         arr(types.int32, 1, "C"),
-        arr(types.int64 if pairs else types.float32, 1, "C"),
+        arr(types.int64, 1, "C"),
     )
 
 
@@ -364,10 +302,11 @@ def resident_blocks(kernel, sig: tuple, block: int, smem: int) -> int:
 
 
 def default_chunks(cols: int, pack: int, itemsize: int) -> int:
-    """Chunks per row under `auto`: pieces of at most SPLIT_CHUNK_BYTES, at least 2,
-    at most one per pack."""
+    """Chunks per row under `auto`: pieces of at most SPLIT_CHUNK_BYTES
+    (HALF_CHUNK_BYTES for 2-byte inputs), at least 2, at most one per pack."""
     packs = cols // pack
-    return max(1, min(packs, max(2, cdiv(cols * itemsize, SPLIT_CHUNK_BYTES))))
+    most = HALF_CHUNK_BYTES if itemsize == 2 else SPLIT_CHUNK_BYTES
+    return max(1, min(packs, max(2, cdiv(cols * itemsize, most))))
 
 
 def split_unroll(span: int, block: int) -> int:
@@ -380,27 +319,19 @@ class SplitLauncher:
     """Kernel-like front of split_kernel: `launcher[grid, block, stream, smem](x, y,
     rows, cols)` launches it with this launcher's scratch (allocated on first use,
     zeroed, and left zeroed by every completed launch). Made for one row count.
-    counters: int32 counters the kernel needs (split_kernel's 2 + rows, the default);
-    pairs: partials as int64 zeros, one per chunk (split_kernel's pairs=True)."""
+    """
 
-    def __init__(
-        self, kernel, rows: int, chunks: int, counters: int | None = None, pairs: bool = False
-    ):
+    def __init__(self, kernel, rows: int, chunks: int):
         self.kernel = kernel
         self.rows = rows
         self.chunks = chunks
-        self.counters = 2 + rows if counters is None else counters
-        self.pairs = pairs
         self._scratch = None
 
     def scratch(self) -> tuple:
         """(counters, partials) device arrays of this launcher."""
         if self._scratch is None:
-            counters = cuda.to_device(np.zeros(self.counters, np.int32))
-            if self.pairs:
-                partials = cuda.to_device(np.zeros(self.rows * self.chunks, np.int64))
-            else:
-                partials = cuda.device_array(2 * self.rows * self.chunks, np.float32)
+            counters = cuda.to_device(np.zeros(1 + self.rows, np.int32))
+            partials = cuda.to_device(np.zeros(self.rows * self.chunks, np.int64))
             self._scratch = (counters, partials)
         return self._scratch
 
@@ -428,15 +359,15 @@ def plan_split(
     chunks: int | None = None,
     packed: bool | None = None,
     bounds: tuple | None = None,
-    pairs: bool = True,
-    early_ticket: bool = False,
-    stagger: int = 0,
 ):
     """(Plan, SplitLauncher) of the split path for this shape and pack.
 
     Defaults: `chunks` from default_chunks, the block size by OneFlow's occupancy rule
     (the largest of 128..1024 keeping the most blocks resident), `unroll` from
-    split_unroll, `packed` for 2-byte inputs only (H100 2026-11-25 ~02:58 UTC,
+    split_unroll; for 2-byte inputs when none of block_size, unroll and bounds is
+    given, HALF_BLOCK threads, HALF_UNROLL packs in flight and launch bounds for
+    HALF_BLOCKS_PER_SM blocks per SM (measured: see HALF_CHUNK_BYTES). `packed` for
+    2-byte inputs only (H100 2026-11-25 ~02:58 UTC,
     benchmarks/results/2026-11-25-h100-softmax-split.txt, 131072 columns at auto's
     geometry: float16 84.0% of copy packed, 82.0% not; float32 89.5% packed, 93.2%
     not). Raises ValueError when chunks is not in 1..cols // pack, or when
@@ -447,6 +378,8 @@ def plan_split(
 
     in_dtype, out_dtype = np.dtype(in_dtype), np.dtype(out_dtype)
     packed = in_dtype.itemsize == 2 if packed is None else packed
+    if in_dtype.itemsize == 2 and block_size is None and unroll is None and bounds is None:
+        block_size, unroll, bounds = HALF_BLOCK, HALF_UNROLL, (HALF_BLOCK, HALF_BLOCKS_PER_SM)
     packs = cols // pack
     if chunks is None:
         chunks = default_chunks(cols, pack, in_dtype.itemsize)
@@ -456,11 +389,8 @@ def plan_split(
     smem = span * pack * in_dtype.itemsize
     sizes = (block_size,) if block_size else BLOCK_SIZES
     unroll = unroll or split_unroll(span, block_size or 256)
-    kernel = split_kernel(
-        in_dtype, out_dtype, pack, unroll, chunks, bool(log), packed, bounds, pairs,
-        early_ticket, stagger,
-    )  # fmt: skip
-    sig = signature(in_dtype, out_dtype, pairs)
+    kernel = split_kernel(in_dtype, out_dtype, pack, unroll, chunks, bool(log), packed, bounds)
+    sig = signature(in_dtype, out_dtype)
     held = {size: resident_blocks(kernel, sig, size, smem) for size in sizes}
     size = largest_block_keeping_occupancy(held.get, sizes)
     if not size or held[size] < chunks:
@@ -471,4 +401,4 @@ def plan_split(
         )
     grid = min(rows * chunks, held[size])
     how = Plan("split", pack, grid, (size, 1), smem, unroll=unroll, chunks=chunks)
-    return how, SplitLauncher(kernel, rows, chunks, pairs=pairs)
+    return how, SplitLauncher(kernel, rows, chunks)

@@ -245,7 +245,7 @@ def test_auto_takes_split_for_rows_wider_than_a_block_else_block_uncached():
 
 def test_default_chunks():
     assert ss.default_chunks(131072, 4, 4) == 8  # 512 KiB rows in 64 KiB pieces
-    assert ss.default_chunks(131072, 8, 2) == 4
+    assert ss.default_chunks(131072, 8, 2) == 8  # 256 KiB float16 rows in 32 KiB pieces
     assert ss.default_chunks(4096, 4, 4) == 2  # at least two
     assert ss.default_chunks(3, 1, 4) == 2
     assert ss.default_chunks(4, 4, 4) == 1  # at most one per pack
@@ -289,75 +289,27 @@ def test_split_huge_and_infinite_values(dtype):
         check(y, x, log)
 
 
-def _split_layout(x, packed: bool, chunks: int, block: int, pack: int, pairs: bool = True):
-    """The split kernel with the piece cached as raw packs or element by element, the
-    chunks' pairs exchanged as int64 words (pairs) or fenced float32 partials."""
+def _split_layout(x, packed: bool, chunks: int, block: int, pack: int):
+    """The split kernel with the piece cached as raw packs or element by element."""
     rows, cols = x.shape
     dx, dy = cuda.to_device(x), cuda.device_array(x.shape, x.dtype)
     with concurrent_blocks(8) if SIM else contextlib.nullcontext():
         how, launcher = ss.plan_split(
             rows, cols, x.dtype, x.dtype, pack, False, block_size=block, chunks=chunks,
-            packed=packed, pairs=pairs,
+            packed=packed,
         )  # fmt: skip
         launcher[how.grid, how.block, 0, how.smem](dx, dy, rows, cols)
     return dy.copy_to_host()
 
 
 @sim_only
-@pytest.mark.parametrize("pairs", [True, False], ids=["pairs", "fenced"])
 @pytest.mark.parametrize("packed", [False, True], ids=["elements", "packs"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
-def test_split_both_piece_layouts_and_exchanges(dtype, packed, pairs):
+def test_split_both_piece_layouts(dtype, packed):
     # auto caches 2-byte inputs as raw packs, 4-byte ones element by element; both
-    # layouts are exact for both (35 packs of 2 in 3 chunks: 12, 12, 11), with
-    # either exchange of the chunks' pairs.
+    # layouts are exact for both (35 packs of 2 in 3 chunks: 12, 12, 11).
     x = random_rows(3, 70, dtype)
-    check(_split_layout(x, packed, chunks=3, block=32, pack=2, pairs=pairs), x, False)
-
-
-@sim_only
-@pytest.mark.parametrize("pairs", [True, False], ids=["pairs", "fenced"])
-def test_split_early_ticket(pairs):
-    # The next ticket taken before pass 2: 5 rows of 3 chunks on 4 resident blocks,
-    # so blocks go round several times; counters (and pairs) re-armed after.
-    x = random_rows(5, 70, np.float32)
-    dx, dy = cuda.to_device(x), cuda.device_array(x.shape, x.dtype)
-    with concurrent_blocks(4):
-        how, launcher = ss.plan_split(
-            5, 70, x.dtype, x.dtype, 2, False, block_size=32, chunks=3, pairs=pairs,
-            early_ticket=True,
-        )  # fmt: skip
-        for _ in range(2):
-            launcher[how.grid, how.block, 0, how.smem](dx, dy, 5, 70)
-    check(dy.copy_to_host(), x, False)
-    counters, partials = launcher.scratch()
-    assert not counters.copy_to_host().any()
-    assert not (pairs and partials.copy_to_host().any())
-
-
-@sim_only
-@pytest.mark.parametrize("pairs", [True, False], ids=["pairs", "fenced"])
-def test_split_stagger(pairs):
-    # First-round rows 1.. wait for the rows `stagger` before them to be loaded:
-    # 6 rows of 2 chunks on 8 resident blocks (4 rows in the first round).
-    x = random_rows(6, 70, np.float16)
-    dx, dy = cuda.to_device(x), cuda.device_array(x.shape, x.dtype)
-    with concurrent_blocks(8):
-        how, launcher = ss.plan_split(
-            6, 70, x.dtype, x.dtype, 2, False, block_size=32, chunks=2, pairs=pairs, stagger=1,
-        )  # fmt: skip
-        for _ in range(2):
-            launcher[how.grid, how.block, 0, how.smem](dx, dy, 6, 70)
-    check(dy.copy_to_host(), x, False)
-    counters, partials = launcher.scratch()
-    assert not counters.copy_to_host().any()
-    assert not (pairs and partials.copy_to_host().any())
-
-
-@sim_only
-def test_split_fenced_exchange_special_values():
-    x = special_rows(40, np.float32)
-    check(_split_layout(x, False, chunks=3, block=32, pack=2, pairs=False), x, False)
+    check(_split_layout(x, packed, chunks=3, block=32, pack=2), x, False)
 
 
 @sim_only
@@ -431,33 +383,42 @@ def test_gpu_split_variants_and_repeated_launches():
         dict(chunks=8, block_size=1024),
         dict(chunks=32, block_size=128, unroll=1),
         dict(chunks=64, unroll=2),
-        dict(chunks=8, block_size=512, pairs=False),
-        dict(chunks=8, block_size=256, unroll=2, bounds=(256, 6), pairs=True, early_ticket=True),
-        dict(chunks=8, block_size=256, unroll=2, bounds=(256, 6), pairs=True, stagger=40),
+        dict(chunks=8, block_size=256, unroll=2),
     ):
-        if "pairs" in kw:
-            how, launcher = ss.plan_split(rows, cols, np.float32, np.float32, 4, False, **kw)
-        else:
-            how, launcher = plan(rows, cols, np.float32, method="split", **kw)
+        how, launcher = plan(rows, cols, np.float32, method="split", **kw)
         launch = launcher[how.grid, how.block, 0, how.smem]
         for _ in range(50):
             launch(dx, dy, rows, cols)
         y = dy.copy_to_host()
         check(y[ref_rows], x[ref_rows], False)
-        counters, partials = launcher.scratch()
-        assert not counters.copy_to_host().any(), kw
-        # The int64 pairs are re-armed too (the fenced float32 partials are overwritten).
-        assert not (launcher.pairs and partials.copy_to_host().any()), kw
+        assert not any(a.copy_to_host().any() for a in launcher.scratch()), kw
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pairs", [True, False], ids=["pairs", "fenced"])
 @pytest.mark.parametrize("packed", [False, True], ids=["elements", "packs"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
-def test_gpu_split_both_piece_layouts_and_exchanges(dtype, packed, pairs):
+def test_gpu_split_both_piece_layouts(dtype, packed):
     x = random_rows(64, 131072, dtype)
     pack = 16 // np.dtype(dtype).itemsize
-    check(_split_layout(x, packed, chunks=4, block=256, pack=pack, pairs=pairs), x, False)
+    check(_split_layout(x, packed, chunks=4, block=256, pack=pack), x, False)
+
+
+@pytest.mark.gpu
+def test_gpu_split_float16_default_geometry_repeated():
+    """auto's 2-byte geometry (8 chunks of 32 KiB, 256 threads, launch bounds), 30
+    launches on one launcher, 2^26 float16 elements; scratch re-armed after."""
+    rows, cols = 512, 131072
+    x = random_rows(rows, cols, np.float16)
+    how, launcher = plan(rows, cols, np.float16)
+    assert (how.method, how.chunks, how.block[0], how.unroll) == (
+        "split", 8, ss.HALF_BLOCK, ss.HALF_UNROLL,
+    )  # fmt: skip
+    dx, dy = cuda.to_device(x), cuda.device_array(x.shape, x.dtype)
+    launch = launcher[how.grid, how.block, 0, how.smem]
+    for _ in range(30):
+        launch(dx, dy, rows, cols)
+    check(dy.copy_to_host(), x, False)
+    assert not any(a.copy_to_host().any() for a in launcher.scratch())
 
 
 @pytest.mark.gpu
