@@ -9,7 +9,7 @@
 - `pair_bits(lo, hi)` / `pair_of(bits)`: two float32 as the low and high words of
   one int64 and back, bit for bit (a pair published by one 64-bit atomic).
 
-The first two come from libdevice. On the CUDA simulator, which has none, they are the
+All but round_div come from libdevice. On the CUDA simulator, which has none, they are the
 same operations in Python, so kernels that use them run unchanged in CI.
 """
 

@@ -18,9 +18,9 @@ The design is OneFlow's softmax.cuh (three kernels and a dispatch on the row wid
   output. OneFlow reads it three times (max, sum, output).
 - `split` (kernels.softmax_split): a row cut into chunks, one block per chunk holding
   it in shared memory; the blocks of a row combine their (max, sum of exp) through
-  global memory (one int64 atomic per chunk, a spin wait) and each writes its chunk. Reads the
-  row once where block_uncached reads it twice. Needs the device to hold a row's
-  blocks at once (checked with the occupancy calculator).
+  global memory (one int64 atomic per chunk, a spin wait) and each writes its
+  chunk. Reads the row once where block_uncached reads it twice. Needs the device
+  to hold a row's blocks at once (checked with the occupancy calculator).
 - `auto`: warp for cols <= 1024, else block_smem when it can launch, else split
   when the device can hold a row's blocks at once, else block_uncached; unroll and
   online from the H100 measurements (smem_defaults, uncached_unroll).

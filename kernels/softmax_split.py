@@ -35,9 +35,9 @@ a test makes it run blocks concurrently).
 The scratch re-arms itself: the block taking the last ticket zeroes the ticket
 counter, and the last of a row's blocks to read the row's pairs (a per-row
 counter) zeroes them and the counter after its writes, so consecutive launches
-need no memset. One launcher's scratch
-(counters and partials) must not be used by two launches running concurrently
-(e.g. on two streams); `softmax()` launches on the default stream only.
+need no memset. One launcher's scratch (counters and partials) must not be used by
+two launches running concurrently (e.g. on two streams); `softmax()` launches on the
+default stream only.
 """
 
 from __future__ import annotations
@@ -87,9 +87,9 @@ def split_kernel(
     itemsize(in)` bytes of dynamic shared memory (span = ceil((cols // pack) /
     chunks)), as `kernel(x, y, rows, cols, counters, partials)`: counters an int32
     array of 1 + rows zeros and partials an int64 array of rows * chunks zeros
-    (both left zeroed again on exit). packed: the piece is cached as the raw words of whole packs
-    (one vector store and load per pack; packs of 4 bytes or more), else element by
-    element (element i of local pack q at i * span + q). bounds: CUDA launch bounds
+    (both left zeroed again on exit). packed: the piece is cached as the raw words
+    of whole packs (one vector store and load per pack; packs of 4 bytes or more),
+    else element by element (element i of local pack q at i * span + q). bounds: CUDA launch bounds
     (threads, blocks per SM) asked of the compiler.
     """
     # Imported here: kernels.softmax imports this module inside plan().
@@ -318,8 +318,7 @@ def split_unroll(span: int, block: int) -> int:
 class SplitLauncher:
     """Kernel-like front of split_kernel: `launcher[grid, block, stream, smem](x, y,
     rows, cols)` launches it with this launcher's scratch (allocated on first use,
-    zeroed, and left zeroed by every completed launch). Made for one row count.
-    """
+    zeroed, and left zeroed by every completed launch). Made for one row count."""
 
     def __init__(self, kernel, rows: int, chunks: int):
         self.kernel = kernel
