@@ -34,10 +34,11 @@ from kernels import softmax_split as ss  # noqa: E402
 # bounds' blocks per SM or 0): auto's geometry first.
 GEOMETRIES = {
     "float16": [
-        (8, 256, 2, True, 6), (4, 256, None, True, 0), (8, 128, 4, True, 6),
-        (10, 128, 4, True, 8), (12, 128, 4, True, 10), (12, 128, 2, True, 10),
-        (16, 128, 4, True, 12), (16, 128, 2, True, 13), (10, 256, 2, True, 8),
-        (8, 256, 4, True, 6), (6, 256, 2, True, 5),
+        (8, 256, 2, True, 6), (10, 192, 2, True, 8), (9, 192, 2, True, 7),
+        (7, 256, 2, True, 6), (10, 160, 2, True, 8), (4, 256, None, True, 0),
+        (8, 128, 4, True, 6), (10, 128, 4, True, 8), (12, 128, 4, True, 10),
+        (12, 128, 2, True, 10), (16, 128, 4, True, 12), (16, 128, 2, True, 13),
+        (10, 256, 2, True, 8), (8, 256, 4, True, 6), (6, 256, 2, True, 5),
     ],
     "float32": [
         (8, 512, None, False, 0), (10, 512, 2, False, 0), (16, 256, 4, False, 6),

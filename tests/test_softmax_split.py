@@ -405,13 +405,13 @@ def test_gpu_split_both_piece_layouts(dtype, packed):
 
 @pytest.mark.gpu
 def test_gpu_split_float16_default_geometry_repeated():
-    """auto's 2-byte geometry (8 chunks of 32 KiB, 256 threads, launch bounds), 30
-    launches on one launcher, 2^26 float16 elements; scratch re-armed after."""
+    """auto's 2-byte geometry (chunks of HALF_CHUNK_BYTES, HALF_BLOCK threads, launch
+    bounds), 30 launches on one launcher, 2^26 float16 elements; scratch re-armed."""
     rows, cols = 512, 131072
     x = random_rows(rows, cols, np.float16)
     how, launcher = plan(rows, cols, np.float16)
     assert (how.method, how.chunks, how.block[0], how.unroll) == (
-        "split", 8, ss.HALF_BLOCK, ss.HALF_UNROLL,
+        "split", ss.default_chunks(cols, 8, 2), ss.HALF_BLOCK, ss.HALF_UNROLL,
     )  # fmt: skip
     dx, dy = cuda.to_device(x), cuda.device_array(x.shape, x.dtype)
     launch = launcher[how.grid, how.block, 0, how.smem]
