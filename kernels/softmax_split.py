@@ -12,9 +12,9 @@ partial results through global memory:
    and an online sum of exp (as block_uncached), and reduces them to the chunk's
    (max, sum of exp(x - max)).
 3. Thread 0 publishes that pair as one int64 (`int_ops.pair_bits`) by one atomic
-   add into the chunk's slot of `partials` (zero until then: a published pair is
-   never (+0.0, 0.0), since a finite max has a sum >= 1 and -inf or NaN maxima have
-   non-zero bits), so the pair is its own arrival flag and needs no fence.
+   exchange into the chunk's slot of `partials` (zero until then: a published pair
+   is never (+0.0, 0.0), since a finite max has a sum >= 1 and -inf or NaN maxima
+   have non-zero bits), so the pair is its own arrival flag and needs no fence.
 4. Warp 0's lanes read the row's slots (atomically, so at L2: never a stale L1
    line), each spinning until its slot is published, and combine them into the
    row's max and sum; the block writes its chunk's outputs from shared memory:
@@ -237,10 +237,8 @@ def split_kernel(
                 # Publish the chunk's pair in one atomic (the pair is its own flag: no
                 # fence), combine the row's pairs as they arrive, count this block's
                 # reads; the count is read after pass 2 (its latency off the path).
-                # An add to the zero slot (not exch): the simulator's exch and add
-                # take different locks, and the readers' polls are adds of 0.
                 if lane == 0:
-                    cuda.atomic.add(partials, t, pair_bits(m, d))
+                    cuda.atomic.exch(partials, t, pair_bits(m, d))
                 m, d = row_pair_of(partials, uint32(row * C))
                 if lane == 0:
                     row_pair[0] = m
