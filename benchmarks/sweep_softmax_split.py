@@ -2,13 +2,12 @@
 
 For (2**26 / cols, cols) arrays: kernel time per launch (launches queued behind a spin
 kernel, imgfilter.bench's Timer) of kernels.softmax_split over the GEOMETRIES below
-(and, with --grid-per-sm, on fewer blocks than fit):
-chunk counts, block sizes, unrolls, the piece cached as raw packs or element by
-element (`packed`), and launch bounds asking for N blocks per SM (auto's geometry
-first); the share
-of the copy bandwidth measured in the same run, and a check of three rows against
-float64 NumPy as error / tolerance (the tests' tolerances: <= 1 passes; the tests
-themselves are tests/test_softmax_split.py).
+(and, with --grid-per-sm, on fewer blocks than fit): chunk counts, block sizes,
+unrolls, the piece cached as raw packs or element by element (`packed`), launch
+bounds asking for N blocks per SM, and one or two buffers a block (`stages`; auto's
+geometry first); the share of the copy bandwidth measured in the same run, and a
+check of three rows against float64 NumPy as error / tolerance (the tests'
+tolerances: <= 1 passes; the tests themselves are tests/test_softmax_split.py).
 
     python benchmarks/sweep_softmax_split.py --json out/sweep.json
 """
@@ -31,18 +30,19 @@ from imgfilter.bench import Timer, copy_bandwidth_gbs  # noqa: E402
 from kernels import softmax_split as ss  # noqa: E402
 
 # dtype -> (chunks, block size, unroll or None for split_unroll's, packed, launch
-# bounds' blocks per SM or 0): auto's geometry first.
+# bounds' blocks per SM or 0, stages): auto's geometry first.
 GEOMETRIES = {
     "float16": [
-        (8, 256, 2, True, 6), (10, 192, 2, True, 8), (9, 192, 2, True, 7),
-        (7, 256, 2, True, 6), (10, 160, 2, True, 8), (4, 256, None, True, 0),
-        (8, 128, 4, True, 6), (10, 128, 4, True, 8), (12, 128, 4, True, 10),
-        (12, 128, 2, True, 10), (16, 128, 4, True, 12), (16, 128, 2, True, 13),
-        (10, 256, 2, True, 8), (8, 256, 4, True, 6), (6, 256, 2, True, 5),
+        (8, 256, 2, True, 6, 1),
+        (8, 512, 2, True, 3, 2), (8, 256, 4, True, 3, 2), (8, 384, 2, True, 3, 2),
+        (16, 256, 2, True, 6, 2), (16, 128, 4, True, 6, 2), (12, 256, 2, True, 5, 2),
+        (12, 256, 4, True, 5, 2), (4, 1024, 2, True, 1, 2), (16, 512, 2, True, 3, 2),
+        (32, 256, 2, True, 6, 2),
     ],
     "float32": [
-        (8, 512, None, False, 0), (10, 512, 2, False, 0), (16, 256, 4, False, 6),
-        (12, 256, 4, False, 5),
+        (8, 512, None, False, 0, 1),
+        (16, 512, 2, False, 3, 2), (16, 256, 4, False, 3, 2), (32, 256, 2, False, 6, 2),
+        (8, 1024, 2, False, 1, 2), (24, 256, 2, False, 5, 2),
     ],
 }  # fmt: skip
 DTYPES = {"float32": np.float32, "float16": np.float16}
@@ -111,12 +111,12 @@ def run(
             timer=timer, launches=launches, copy_gbs=copy_gbs,
         )  # fmt: skip
         pack = 16 // np.dtype(dtype).itemsize
-        for chunks, block, unroll, packed, per_sm in GEOMETRIES[dname][:first]:
+        for chunks, block, unroll, packed, per_sm, stages in GEOMETRIES[dname][:first]:
             bounds = (block, per_sm) if per_sm else None
             try:
                 how, launcher = ss.plan_split(
                     rows, cols, dtype, dtype, pack, False, block_size=block, chunks=chunks,
-                    unroll=unroll, packed=packed, bounds=bounds,
+                    unroll=unroll, packed=packed, bounds=bounds, stages=stages,
                 )  # fmt: skip
             except ValueError as exc:
                 print(f"{dname} split c{chunks} b{block}: {exc}", flush=True)
@@ -125,7 +125,7 @@ def run(
                 grid = per_sm_grid * sms
                 if grid and (grid > how.grid or grid < chunks):
                     continue
-                fields = dict(packed=packed, bounds=per_sm)
+                fields = dict(packed=packed, bounds=per_sm, stages=stages)
                 out.append(_measure(case, "split", how, launcher, grid=grid, **fields))
     dev = cuda.get_current_device()
     return dict(

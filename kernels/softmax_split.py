@@ -80,24 +80,29 @@ def split_kernel(
     log: bool,
     packed: bool = False,
     bounds: tuple | None = None,
+    stages: int = 1,
 ):
     """The split-row kernel for one (dtypes, pack, unroll, chunks, log) combination.
 
     Launch with any grid of blocks the device holds at once (at most rows * chunks
-    are useful), a 1-D block of a multiple of 32 threads and `span * pack *
+    are useful), a 1-D block of a multiple of 32 threads and `stages * span * pack *
     itemsize(in)` bytes of dynamic shared memory (span = ceil((cols // pack) /
     chunks)), as `kernel(x, y, rows, cols, counters, partials)`: counters an int32
     array of 1 + rows zeros and partials an int64 array of rows * chunks zeros
     (both left zeroed again on exit). packed: the piece is cached as the raw words
     of whole packs (one vector store and load per pack; packs of 4 bytes or more),
-    else element by element (element i of local pack q at i * span + q). bounds: CUDA launch bounds
-    (threads, blocks per SM) asked of the compiler.
+    else element by element (element i of local pack q at i * span + q). bounds: CUDA
+    launch bounds (threads, blocks per SM) asked of the compiler. stages: 1, a block
+    writes an item's outputs before taking the next; 2, it loads the next item into
+    a second buffer first, and only then waits for the previous item's row.
     """
     # Imported here: kernels.softmax imports this module inside plan().
     from .softmax import _online_folder, _pack_loader, exp32, exp_over
 
     in_t = from_dtype(np.dtype(in_dtype))
-    P, U, C = pack, unroll, chunks
+    P, U, C, S = pack, unroll, chunks, stages
+    if S not in (1, 2):
+        raise ValueError(f"stages must be 1 or 2, got {stages}")
     NBI = pack * np.dtype(in_dtype).itemsize
     NBO = pack * np.dtype(out_dtype).itemsize
     PACKED = packed and NBI >= 4
@@ -146,6 +151,72 @@ def split_kernel(
             j = uint32(j + 32)
         return warp_merge(m, d)
 
+    @cuda.jit(device=True, inline="always")
+    def item_range(t, span, packs):
+        """(row, first pack, end pack) of item t: chunk t % C of row t // C."""
+        row = uint32(t // C)
+        start = uint32(min((t - row * C) * span, packs))
+        return row, start, uint32(min(start + span, packs))
+
+    @cuda.jit(device=True, inline="always")
+    def load_chunk(x, buf, base, row, start, end, span, a, w, wrow):
+        """Pass 1: packs start .. end of x's row into buf from base (a thread's slots
+        are the local packs q = tid (mod nthreads)); this thread's running max and
+        online sum of exp."""
+        tid = uint32(cuda.threadIdx.x)
+        nthreads = uint32(cuda.blockDim.x)
+        m = NEG_INF
+        d = float32(0.0)
+        p = uint32(start + tid)
+        while p < end:
+            cm = m
+            if PACKED:
+                # Raw words into shared memory, float32 values from the same words.
+                n = load_words(x, row, p, nthreads, end, w)
+                for u in range(U):
+                    if u < n:
+                        for k in range(NW):
+                            wrow[k] = w[u, k]
+                            vals = unpack_word(w[u, k], ISZ)
+                            for h in range(PW):
+                                a[u, k * PW + h] = vals[h]
+                                cm = max(cm, vals[h])
+                        q = uint32(p - start + u * nthreads)
+                        store_words1(buf, uint32(base + q * P), wrow, NW)
+            else:
+                n = load_packs(x, row, p, nthreads, end, a)
+                for u in range(U):
+                    if u < n:
+                        q = uint32(p - start + u * nthreads)
+                        for i in range(P):
+                            v = a[u, i]
+                            cm = max(cm, v)
+                            buf[uint32(base + i * span + q)] = in_t(v)
+            m, d = fold(a, n, cm, m, d)
+            p = uint32(p + U * nthreads)
+        return m, d
+
+    @cuda.jit(device=True, inline="always")
+    def write_chunk(y, buf, base, row, start, end, span, rmax, rsum, tout):
+        """Pass 2: the outputs of packs start .. end of y's row from buf (as
+        load_chunk left it), given the row's max and sum of exp(x - max)."""
+        tid = uint32(cuda.threadIdx.x)
+        nthreads = uint32(cuda.blockDim.x)
+        lse = math.log(rsum)
+        l2s = float32(math.log2(rsum))
+        q = tid
+        while q < end - start:
+            if PACKED:
+                pa = load_pack1(buf, uint32(base + q * P), NBI)
+            for i in range(P):
+                if PACKED:
+                    v = pa[i] - rmax
+                else:
+                    v = float32(buf[uint32(base + i * span + q)]) - rmax
+                tout[i] = v - lse if log else exp_over(v, l2s)
+            store_pack2(y, row, uint32((start + q) * P), tout, NBO)
+            q = uint32(q + nthreads)
+
     options = {"launch_bounds": bounds} if bounds and not SIMULATOR else {}
 
     @cuda.jit(**options)
@@ -170,7 +241,11 @@ def split_kernel(
         last_ticket = uint32(items + cuda.gridDim.x - 1)
         packs = uint32(cols // P)
         span = uint32((packs + (C - 1)) // C)
+        piece = uint32(span * P)  # elements of one buffer
         readers = int32(0)
+        load_base = uint32(0)  # where the next load goes in buf (S = 2: alternates)
+        held = uint32(items)  # S = 2: the item loaded last round (items: none) ...
+        held_base = uint32(0)  # ... and where
         while True:
             # A ticket is taken when the block is ready to load: the chunks of a row go
             # to the next blocks to be free, so they arrive close together. (Taking it
@@ -183,95 +258,58 @@ def split_kernel(
                 item[0] = t
             cuda.syncthreads()
             t = uint32(item[0])
+
+            if t < items:
+                # Pass 1 of item t, then its pair: per warp, warp 0 over the warps'
+                # pairs, published in one atomic (the pair is its own flag: no fence).
+                row, start, end = item_range(t, span, packs)
+                m, d = load_chunk(x, buf, load_base, row, start, end, span, a, w, wrow)
+                m, d = warp_merge(m, d)
+                if lane == 0:
+                    warp_max[warp] = m
+                    warp_sum[warp] = d
+                cuda.syncthreads()
+                if warp == 0:
+                    nwarps = nthreads // 32
+                    m = warp_max[lane] if lane < nwarps else NEG_INF
+                    d = warp_sum[lane] if lane < nwarps else float32(0.0)
+                    m, d = warp_merge(m, d)
+                    if lane == 0:
+                        cuda.atomic.exch(partials, t, pair_bits(m, d))
+
+            # The item whose outputs are due: t itself (S = 1), else the one loaded
+            # last round, whose row's other chunks had this round's load to arrive.
+            due = t if S == 1 else held
+            due_base = load_base if S == 1 else held_base
+            if due < items:
+                row, start, end = item_range(due, span, packs)
+                slot = uint32(1 + row)
+                if warp == 0:
+                    # Combine the row's pairs as they arrive; count this block's reads
+                    # (the count is read after pass 2: its latency off the path).
+                    m, d = row_pair_of(partials, uint32(row * C))
+                    if lane == 0:
+                        row_pair[0] = m
+                        row_pair[1] = d
+                        readers = cuda.atomic.add(counters, slot, 1)
+                cuda.syncthreads()
+                write_chunk(y, buf, due_base, row, start, end, span, row_pair[0], row_pair[1], tout)
+                if warp == 0:
+                    if cuda.shfl_sync(FULL_MASK, readers, 0) == C - 1:
+                        # Every block of the row has read its pairs: zero them and the
+                        # count.
+                        j = lane
+                        while j < C:
+                            partials[uint32(row * C + j)] = 0
+                            j = uint32(j + 32)
+                        if lane == 0:
+                            counters[slot] = 0
             if t >= items:
                 break
-            row = uint32(t // C)
-            chunk = uint32(t - row * C)
-            start = uint32(min(chunk * span, packs))
-            end = uint32(min(start + span, packs))
-
-            # Pass 1: the chunk into shared memory (a thread's slots are the local
-            # packs q = tid (mod nthreads), every item), running max and online sum.
-            m = NEG_INF
-            d = float32(0.0)
-            p = uint32(start + tid)
-            while p < end:
-                cm = m
-                if PACKED:
-                    # Raw words into shared memory, float32 values from the same words.
-                    n = load_words(x, row, p, nthreads, end, w)
-                    for u in range(U):
-                        if u < n:
-                            for k in range(NW):
-                                wrow[k] = w[u, k]
-                                vals = unpack_word(w[u, k], ISZ)
-                                for h in range(PW):
-                                    a[u, k * PW + h] = vals[h]
-                                    cm = max(cm, vals[h])
-                            q = uint32(p - start + u * nthreads)
-                            store_words1(buf, uint32(q * P), wrow, NW)
-                else:
-                    n = load_packs(x, row, p, nthreads, end, a)
-                    for u in range(U):
-                        if u < n:
-                            q = uint32(p - start + u * nthreads)
-                            for i in range(P):
-                                v = a[u, i]
-                                cm = max(cm, v)
-                                buf[uint32(i * span + q)] = in_t(v)
-                m, d = fold(a, n, cm, m, d)
-                p = uint32(p + U * nthreads)
-
-            # The chunk's pair: per warp, then warp 0 over the warps' pairs.
-            m, d = warp_merge(m, d)
-            if lane == 0:
-                warp_max[warp] = m
-                warp_sum[warp] = d
-            cuda.syncthreads()
-            slot = uint32(1 + row)
-            if warp == 0:
-                nwarps = nthreads // 32
-                m = warp_max[lane] if lane < nwarps else NEG_INF
-                d = warp_sum[lane] if lane < nwarps else float32(0.0)
-                m, d = warp_merge(m, d)
-                # Publish the chunk's pair in one atomic (the pair is its own flag: no
-                # fence), combine the row's pairs as they arrive, count this block's
-                # reads; the count is read after pass 2 (its latency off the path).
-                if lane == 0:
-                    cuda.atomic.exch(partials, t, pair_bits(m, d))
-                m, d = row_pair_of(partials, uint32(row * C))
-                if lane == 0:
-                    row_pair[0] = m
-                    row_pair[1] = d
-                    readers = cuda.atomic.add(counters, slot, 1)
-            cuda.syncthreads()
-            rmax = row_pair[0]
-            rsum = row_pair[1]
-
-            # Pass 2: outputs from shared memory (a thread reads the slots it wrote).
-            lse = math.log(rsum)
-            l2s = float32(math.log2(rsum))
-            q = tid
-            while q < end - start:
-                if PACKED:
-                    pa = load_pack1(buf, uint32(q * P), NBI)
-                for i in range(P):
-                    if PACKED:
-                        v = pa[i] - rmax
-                    else:
-                        v = float32(buf[uint32(i * span + q)]) - rmax
-                    tout[i] = v - lse if log else exp_over(v, l2s)
-                store_pack2(y, row, uint32((start + q) * P), tout, NBO)
-                q = uint32(q + nthreads)
-            if warp == 0:
-                if cuda.shfl_sync(FULL_MASK, readers, 0) == C - 1:
-                    # Every block of the row has read its pairs: zero them and the count.
-                    j = lane
-                    while j < C:
-                        partials[uint32(row * C + j)] = 0
-                        j = uint32(j + 32)
-                    if lane == 0:
-                        counters[slot] = 0
+            held = t
+            held_base = load_base
+            if S == 2:
+                load_base = uint32(piece - load_base)
 
     return softmax_split
 
@@ -359,6 +397,7 @@ def plan_split(
     chunks: int | None = None,
     packed: bool | None = None,
     bounds: tuple | None = None,
+    stages: int = 1,
 ):
     """(Plan, SplitLauncher) of the split path for this shape and pack.
 
@@ -386,10 +425,12 @@ def plan_split(
     if not 1 <= chunks <= packs:
         raise ValueError(f"chunks must be in 1..{packs} (packs per row), got {chunks}")
     span = cdiv(packs, chunks)
-    smem = span * pack * in_dtype.itemsize
+    smem = stages * span * pack * in_dtype.itemsize
     sizes = (block_size,) if block_size else BLOCK_SIZES
     unroll = unroll or split_unroll(span, block_size or 256)
-    kernel = split_kernel(in_dtype, out_dtype, pack, unroll, chunks, bool(log), packed, bounds)
+    kernel = split_kernel(
+        in_dtype, out_dtype, pack, unroll, chunks, bool(log), packed, bounds, stages
+    )
     sig = signature(in_dtype, out_dtype)
     held = {size: resident_blocks(kernel, sig, size, smem) for size in sizes}
     size = largest_block_keeping_occupancy(held.get, sizes)

@@ -23,6 +23,7 @@ from test_softmax import check, random_rows, reference, special_rows
 
 from kernels import softmax as sm
 from kernels import softmax_split as ss
+from kernels.launch import cdiv
 from kernels.softmax import plan, softmax
 
 SLOT_TIMEOUT_S = 120.0  # a launch waiting this long for a block slot is deadlocked
@@ -164,14 +165,20 @@ SIM = bool(ss.SIMULATOR)
 sim_only = pytest.mark.skipif(not SIM, reason="simulator shim")
 
 
-def run_split(x, log=False, resident=64, **kw):
-    """softmax(x, method="split", block_size=32 on the simulator, ...) under the shim."""
+def run_split(x, log=False, resident=64, stages=1, **kw):
+    """softmax(x, method="split", block_size=32 on the simulator, ...) under the shim;
+    stages=2: the same plan's pack, block and chunks with two buffers a block."""
     if SIM:
         kw.setdefault("block_size", 32)
     rows, cols = x.shape
     dx, dy = cuda.to_device(x), cuda.device_array(x.shape, x.dtype)
     with concurrent_blocks(resident) if SIM else contextlib.nullcontext():
         how, launcher = plan(rows, cols, x.dtype, log=log, method="split", **kw)
+        if stages != 1:
+            how, launcher = ss.plan_split(
+                rows, cols, x.dtype, x.dtype, how.pack, log, block_size=how.block[0],
+                chunks=how.chunks, stages=stages,
+            )  # fmt: skip
         assert how.method == "split" and 1 <= how.grid <= rows * how.chunks
         if SIM:  # persistent blocks: as many as are resident, at most one per item
             assert how.grid == min(rows * how.chunks, resident)
@@ -275,6 +282,25 @@ def test_split_path(rows, cols, dtype, log, chunks, resident):
     assert how.chunks == chunks
     check(y, x, log)
     assert not any(a.copy_to_host().any() for a in launcher.scratch())  # re-armed
+
+
+@sim_only
+@pytest.mark.parametrize(
+    "rows,cols,dtype,log,chunks,resident",
+    SPLIT_CASES,
+    ids=lambda v: getattr(v, "__name__", str(v)),
+)
+def test_split_two_stages(rows, cols, dtype, log, chunks, resident):
+    # A block loads its next item into its second buffer before writing the last.
+    x = random_rows(rows, cols, dtype, seed=3)
+    y, how, launcher = run_split(x, log, resident, stages=2, chunks=chunks)
+    assert how.chunks == chunks and how.smem == 2 * cdiv(cols // how.pack, chunks) * (
+        how.pack * x.itemsize
+    )
+    check(y, x, log)
+    assert not any(a.copy_to_host().any() for a in launcher.scratch())
+    with pytest.raises(ValueError, match="stages must be 1 or 2"):
+        ss.split_kernel(x.dtype, x.dtype, how.pack, 1, chunks, log, stages=3)
 
 
 @sim_only
@@ -408,6 +434,40 @@ def test_gpu_split_variants_and_repeated_launches():
         y = dy.copy_to_host()
         check(y[ref_rows], z[ref_rows], False)
         assert not any(a.copy_to_host().any() for a in launcher.scratch()), kw
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cols", [4097, 131072, 131073, 2**20])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+def test_gpu_split_two_stages_shapes(cols, dtype):
+    for rows in _gpu_rows(cols):
+        x = random_rows(rows, cols, dtype, seed=1)
+        for log in (False, True):
+            y, how, _ = run_split(x, log, stages=2)
+            check(y, x, log)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+def test_gpu_split_two_stages_geometries_repeated(dtype):
+    """Two-stage geometries the sweep measures, 20 launches each on one launcher
+    alternating two inputs (512 rows of 131072, 2^26 elements); scratch re-armed."""
+    rows, cols = 512, 131072
+    pack = 16 // np.dtype(dtype).itemsize
+    x = random_rows(rows, cols, dtype)
+    z = random_rows(rows, cols, dtype, seed=3)
+    dx, dz = cuda.to_device(x), cuda.to_device(z)
+    dy = cuda.device_array(x.shape, x.dtype)
+    for chunks, block, unroll, per_sm in ((8, 512, 2, 3), (16, 256, 2, 6), (12, 256, 4, 0)):
+        how, launcher = ss.plan_split(
+            rows, cols, dtype, dtype, pack, False, block_size=block, chunks=chunks,
+            unroll=unroll, bounds=(block, per_sm) if per_sm else None, stages=2,
+        )  # fmt: skip
+        launch = launcher[how.grid, how.block, 0, how.smem]
+        for i in range(20):
+            launch(dz if i % 2 else dx, dy, rows, cols)
+        check(dy.copy_to_host(), z, False)
+        assert not any(a.copy_to_host().any() for a in launcher.scratch()), chunks
 
 
 @pytest.mark.gpu
