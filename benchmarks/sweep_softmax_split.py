@@ -33,16 +33,17 @@ from kernels import softmax_split as ss  # noqa: E402
 # bounds' blocks per SM or 0, stages): auto's geometry first.
 GEOMETRIES = {
     "float16": [
-        (8, 256, 2, True, 6, 1),
-        (8, 512, 2, True, 3, 2), (8, 256, 4, True, 3, 2), (8, 384, 2, True, 3, 2),
-        (16, 256, 2, True, 6, 2), (16, 128, 4, True, 6, 2), (12, 256, 2, True, 5, 2),
-        (12, 256, 4, True, 5, 2), (4, 1024, 2, True, 1, 2), (16, 512, 2, True, 3, 2),
-        (32, 256, 2, True, 6, 2),
+        (8, 256, 2, True, 6, 1), (16, 128, 4, True, 6, 2), (16, 128, 4, True, 6, 1),
+        (16, 128, 8, True, 6, 2), (16, 128, 2, True, 6, 2), (16, 192, 4, True, 6, 2),
+        (16, 64, 8, True, 6, 2), (16, 256, 4, True, 6, 2), (14, 128, 4, True, 5, 2),
+        (20, 128, 4, True, 8, 2), (24, 128, 4, True, 9, 2), (24, 128, 2, True, 9, 2),
+        (32, 128, 4, True, 12, 2), (32, 128, 2, True, 12, 2), (20, 96, 4, True, 8, 2),
+        (16, 128, 4, True, 6, 2),
     ],
     "float32": [
-        (8, 512, None, False, 0, 1),
-        (16, 512, 2, False, 3, 2), (16, 256, 4, False, 3, 2), (32, 256, 2, False, 6, 2),
-        (8, 1024, 2, False, 1, 2), (24, 256, 2, False, 5, 2),
+        (8, 512, None, False, 0, 1), (32, 256, 2, False, 6, 2), (32, 128, 4, False, 6, 2),
+        (32, 256, 4, False, 6, 2), (64, 128, 4, False, 12, 2), (40, 128, 4, False, 8, 2),
+        (32, 256, 2, False, 6, 2),
     ],
 }  # fmt: skip
 DTYPES = {"float32": np.float32, "float16": np.float16}
