@@ -123,11 +123,11 @@ def run(
                 grid = per_sm_grid * sms
                 if grid and (grid > how.grid or grid < chunks):
                     continue
-                compiled = launcher.kernel.compile(ss.signature(dtype, dtype))
+                kernel, sig = launcher.kernel, ss.signature(dtype, dtype)
                 fields = dict(
                     packed=packed, bounds=per_sm, stages=stages,
-                    regs=compiled.get_regs_per_thread(),
-                    local=compiled.get_local_mem_per_thread(),
+                    regs=kernel.get_regs_per_thread(sig),
+                    local=kernel.get_local_mem_per_thread(sig),
                 )  # fmt: skip
                 out.append(_measure(case, "split", how, launcher, grid=grid, **fields))
     dev = cuda.get_current_device()
