@@ -123,11 +123,11 @@ def run(
                 grid = per_sm_grid * sms
                 if grid and (grid > how.grid or grid < chunks):
                     continue
-                kernel, sig = launcher.kernel, ss.signature(dtype, dtype)
+                compiled = launcher.kernel.overloads[ss.signature(dtype, dtype)]
                 fields = dict(
                     packed=packed, bounds=per_sm, stages=stages,
-                    regs=kernel.get_regs_per_thread(sig),
-                    local=kernel.get_local_mem_per_thread(sig),
+                    regs=compiled.regs_per_thread,
+                    local=compiled.local_mem_per_thread,
                 )  # fmt: skip
                 out.append(_measure(case, "split", how, launcher, grid=grid, **fields))
     dev = cuda.get_current_device()
