@@ -5,7 +5,8 @@ loudly when the kernel changes shape) so that thread 0 of each block records
 %globaltimer at four points of every item: ticket taken, chunk loaded and reduced,
 row pair ready, own stores issued. Runs float16 512 x 131072 at auto's geometry and
 prints per-item phase times and how many blocks are in each phase per 2 us bin.
-Options pick another geometry and the kernel's build options (see --help).
+Options pick another geometry and the kernel's build options (see --help). With
+--stages 2 an item's "wait" also spans the block's load of its next item.
 Result of 2026-11-25: benchmarks/results/2026-11-25i-h100-softmax-split-trace.txt.
 
     python benchmarks/trace_split.py      # needs an NVIDIA GPU
@@ -51,24 +52,25 @@ patch(
     "def softmax_split(x, y, rows, cols, counters, partials, trace):",
 )
 patch(
-    "            if t >= items:\n                break\n",
-    "            if t >= items:\n                break\n"
-    "            if tid == 0:\n                trace[4 * t] = globaltimer()\n",
+    "            t = uint32(item[0])\n",
+    "            t = uint32(item[0])\n"
+    "            if tid == 0 and t < items:\n                trace[4 * t] = globaltimer()\n",
 )
 patch(
-    "                warp_sum[warp] = d\n            cuda.syncthreads()\n",
-    "                warp_sum[warp] = d\n            cuda.syncthreads()\n"
-    "            if tid == 0:\n                trace[4 * t + 1] = globaltimer()\n",
+    "                    warp_sum[warp] = d\n                cuda.syncthreads()\n",
+    "                    warp_sum[warp] = d\n                cuda.syncthreads()\n"
+    "                if tid == 0:\n                    trace[4 * t + 1] = globaltimer()\n",
 )
 patch(
-    "            rmax = row_pair[0]\n",
-    "            rmax = row_pair[0]\n"
-    "            if tid == 0:\n                trace[4 * t + 2] = globaltimer()\n",
+    "                cuda.syncthreads()\n                write_chunk(",
+    "                cuda.syncthreads()\n"
+    "                if tid == 0:\n                    trace[4 * due + 2] = globaltimer()\n"
+    "                write_chunk(",
 )
 patch(
-    "                q = uint32(q + nthreads)\n            if warp == 0:",
-    "                q = uint32(q + nthreads)\n            if tid == 0:\n"
-    "                trace[4 * t + 3] = globaltimer()\n            if warp == 0:",
+    "row_pair[0], row_pair[1], tout)\n",
+    "row_pair[0], row_pair[1], tout)\n"
+    "                if tid == 0:\n                    trace[4 * due + 3] = globaltimer()\n",
 )
 mod = pytypes.ModuleType("kernels.softmax_split_traced")
 mod.__package__ = "kernels"
@@ -81,6 +83,7 @@ ap.add_argument("--chunks", type=int, help="default: auto's plan")
 ap.add_argument("--block", type=int)
 ap.add_argument("--unroll", type=int)
 ap.add_argument("--bounds", type=int, default=0, help="launch bounds' blocks per SM")
+ap.add_argument("--stages", type=int, default=1, help="buffers a block (1 or 2)")
 args = ap.parse_args()
 rows, cols = 512, 131072
 f16 = np.dtype(np.float16)
@@ -88,13 +91,15 @@ if args.chunks:
     bounds = (args.block, args.bounds) if args.bounds else None
     how, _ = ss.plan_split(
         rows, cols, f16, f16, 8, False, block_size=args.block, unroll=args.unroll,
-        chunks=args.chunks, bounds=bounds,
+        chunks=args.chunks, bounds=bounds, stages=args.stages,
     )  # fmt: skip
 else:
     how, _ = sm.plan(rows, cols, f16)
     bounds = (ss.HALF_BLOCK, ss.HALF_BLOCKS_PER_SM)  # auto's, for 2-byte inputs
 print("plan", how, "bounds", bounds)
-kernel = mod.split_kernel(f16, f16, how.pack, how.unroll, how.chunks, False, True, bounds)
+kernel = mod.split_kernel(
+    f16, f16, how.pack, how.unroll, how.chunks, False, True, bounds, args.stages
+)
 rng = np.random.default_rng(0)
 x = cuda.to_device(rng.standard_normal((rows, cols)).astype(np.float16))
 y = cuda.device_array((rows, cols), np.float16)

@@ -217,15 +217,6 @@ def split_kernel(
             store_pack2(y, row, uint32((start + q) * P), tout, NBO)
             q = uint32(q + nthreads)
 
-    @cuda.jit(device=True, inline="always")
-    def take_ticket(counters, last_ticket):
-        """The next ticket; the block taking the last one re-arms the counter (every
-        block then holds its last ticket)."""
-        t = cuda.atomic.add(counters, 0, 1)
-        if t == last_ticket:
-            counters[0] = 0
-        return t
-
     options = {"launch_bounds": bounds} if bounds and not SIMULATOR else {}
 
     @cuda.jit(**options)
@@ -255,11 +246,16 @@ def split_kernel(
         load_base = uint32(0)  # where the next load goes in buf (S = 2: alternates)
         held = uint32(items)  # S = 2: the item loaded last round (items: none) ...
         held_base = uint32(0)  # ... and where
-        ahead = int32(-1)  # thread 0: the ticket taken during the last pass 2 (-1: none)
         while True:
+            # A ticket is taken when the block is ready to load: the chunks of a row go
+            # to the next blocks to be free, so they arrive close together. (Taking it
+            # before the previous item's pass 2 was measured 15% slower, and 9% slower
+            # again with the int64 exchange: 2026-11-25k.)
             if tid == 0:
-                item[0] = ahead if ahead >= 0 else take_ticket(counters, last_ticket)
-                ahead = -1
+                t = cuda.atomic.add(counters, 0, 1)
+                if t == last_ticket:
+                    counters[0] = 0  # every block holds its last ticket: re-arm
+                item[0] = t
             cuda.syncthreads()
             t = uint32(item[0])
 
@@ -296,11 +292,6 @@ def split_kernel(
                         row_pair[0] = m
                         row_pair[1] = d
                         readers = cuda.atomic.add(counters, slot, 1)
-                        if t < items:
-                            # The next ticket, its latency hidden by pass 2: taken
-                            # once the row is ready, it waits for one pass 2 only.
-                            # (Taken before the wait, it was 15% slower: 2026-11-25k.)
-                            ahead = take_ticket(counters, last_ticket)
                 cuda.syncthreads()
                 write_chunk(y, buf, due_base, row, start, end, span, row_pair[0], row_pair[1], tout)
                 if warp == 0:
