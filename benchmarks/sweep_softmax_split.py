@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as _dt
+import importlib
 import json
 import sys
 import time
@@ -27,21 +28,18 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from imgfilter.bench import Timer, copy_bandwidth_gbs  # noqa: E402
-from kernels import softmax_split as ss  # noqa: E402
+from kernels import softmax_split  # noqa: E402
+
+ss = softmax_split  # the module measured; --module swaps it (A/B of a kernel edit)
 
 # dtype -> (chunks, block size, unroll or None for split_unroll's, packed, launch
 # bounds' blocks per SM or 0, stages): auto's geometry first.
 GEOMETRIES = {
     "float16": [
-        (8, 256, 2, True, 6, 1), (16, 128, 4, True, 6, 2), (16, 128, 4, True, 6, 1),
-        (8, 256, 4, True, 3, 2), (24, 128, 2, True, 9, 2), (20, 96, 4, True, 8, 2),
-        (16, 160, 4, True, 6, 2), (16, 96, 4, True, 6, 2), (16, 128, 4, True, 5, 2),
-        (16, 128, 4, True, 6, 2),
+        (8, 256, 2, True, 6, 1), (16, 128, 4, True, 6, 2), (8, 256, 4, True, 3, 2),
+        (24, 128, 2, True, 9, 2), (16, 128, 4, True, 6, 2),
     ],
-    "float32": [
-        (8, 512, None, False, 0, 1), (32, 256, 2, False, 6, 2), (32, 128, 4, False, 6, 2),
-        (16, 512, 2, False, 3, 2), (8, 512, None, False, 0, 1),
-    ],
+    "float32": [(8, 512, None, False, 0, 1), (32, 256, 2, False, 6, 2)],
 }  # fmt: skip
 DTYPES = {"float32": np.float32, "float16": np.float16}
 
@@ -149,15 +147,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--first", type=int, help="only the first N geometries")
     ap.add_argument(
+        "--module", action="append", default=[],
+        help="also measure this copy of kernels/softmax_split.py (e.g. "
+        "kernels.softmax_split_base), after the module itself",
+    )  # fmt: skip
+    ap.add_argument(
         "--grid-per-sm", type=int, nargs="*", default=[0],
         help="also launch the split kernel on N blocks per SM (0: as many as fit)",
     )  # fmt: skip
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    result = run(
-        args.elements, args.cols, args.dtypes, args.launches, args.first,
-        tuple(args.grid_per_sm),
-    )  # fmt: skip
+    global ss
+    result = None
+    for name in ["kernels.softmax_split", *args.module]:
+        ss = importlib.import_module(name)
+        print("module", name, flush=True)
+        part = run(
+            args.elements, args.cols, args.dtypes, args.launches, args.first,
+            tuple(args.grid_per_sm),
+        )  # fmt: skip
+        for r in part["rows"]:
+            r["module"] = name
+        if result is None:
+            result = part
+        else:
+            result["rows"] += part["rows"]
     result["sweep_seconds"] = round(time.perf_counter() - t0, 1)
     print(f"copy bandwidth {result['copy_gbs']} GB/s, {result['sweep_seconds']} s")
     if args.json:

@@ -133,22 +133,24 @@ def split_kernel(
         return m, d
 
     @cuda.jit(device=True, inline="always")
-    def row_pair_of(partials, first):
+    def row_pair_of(partials, first, seen):
         """The row's pair from its chunks' published pairs partials[first .. first +
         C), waiting for each to be published (nonzero: a published pair is never
         (+0.0, 0.0), as a finite max's sum is at least 1). Every lane of the calling
-        warp gets it. Atomic reads: at L2, never a stale L1 line."""
+        warp gets it. Atomic reads: at L2, never a stale L1 line. seen: what this
+        lane read earlier of slot first + lane (0: nothing yet)."""
         m = NEG_INF
         d = float32(0.0)
         j = uint32(cuda.threadIdx.x % 32)
+        v = seen
         while j < C:
             k = uint32(first + j)
-            v = cuda.atomic.add(partials, k, int64(0))
             while v == 0:
                 v = cuda.atomic.add(partials, k, int64(0))
             om, od = pair_of(v)
             m, d = merge(m, d, om, od)
             j = uint32(j + 32)
+            v = int64(0)
         return warp_merge(m, d)
 
     @cuda.jit(device=True, inline="always")
@@ -258,6 +260,11 @@ def split_kernel(
                 item[0] = t
             cuda.syncthreads()
             t = uint32(item[0])
+            seen = int64(0)
+            if S == 2 and warp == 0 and held < items and lane < C:
+                # The held item's row pairs, read now and used after this round's
+                # load: the usual case, all published, then costs no wait at all.
+                seen = cuda.atomic.add(partials, uint32((held // C) * C + lane), int64(0))
 
             if t < items:
                 # Pass 1 of item t, then its pair: per warp, warp 0 over the warps'
@@ -287,7 +294,7 @@ def split_kernel(
                 if warp == 0:
                     # Combine the row's pairs as they arrive; count this block's reads
                     # (the count is read after pass 2: its latency off the path).
-                    m, d = row_pair_of(partials, uint32(row * C))
+                    m, d = row_pair_of(partials, uint32(row * C), seen)
                     if lane == 0:
                         row_pair[0] = m
                         row_pair[1] = d
