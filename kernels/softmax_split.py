@@ -133,25 +133,39 @@ def split_kernel(
         return m, d
 
     @cuda.jit(device=True, inline="always")
-    def row_pair_of(partials, first, seen):
+    def row_pair_of(partials, first):
         """The row's pair from its chunks' published pairs partials[first .. first +
         C), waiting for each to be published (nonzero: a published pair is never
         (+0.0, 0.0), as a finite max's sum is at least 1). Every lane of the calling
-        warp gets it. Atomic reads: at L2, never a stale L1 line. seen: what this
-        lane read earlier of slot first + lane (0: nothing yet)."""
+        warp gets it. Atomic reads: at L2, never a stale L1 line."""
         m = NEG_INF
         d = float32(0.0)
         j = uint32(cuda.threadIdx.x % 32)
-        v = seen
         while j < C:
             k = uint32(first + j)
+            v = cuda.atomic.add(partials, k, int64(0))
             while v == 0:
                 v = cuda.atomic.add(partials, k, int64(0))
             om, od = pair_of(v)
             m, d = merge(m, d, om, od)
             j = uint32(j + 32)
-            v = int64(0)
         return warp_merge(m, d)
+
+    @cuda.jit(device=True, inline="always")
+    def fold_words(w, n, cm, m, d):
+        """fold over the n raw packs w[0 .. n - 1] (PACKED): rescale the running sum
+        d of exp(x - m) to cm (the max of m and the packs), add the packs' terms."""
+        if cm > m:
+            d *= exp32(m - cm)
+            m = cm
+        if m > NEG_INF:
+            for u in range(U):
+                if u < n:
+                    for k in range(NW):
+                        vals = unpack_word(w[u, k], ISZ)
+                        for h in range(PW):
+                            d += exp32(vals[h] - m)
+        return m, d
 
     @cuda.jit(device=True, inline="always")
     def item_range(t, span, packs):
@@ -173,7 +187,8 @@ def split_kernel(
         while p < end:
             cm = m
             if PACKED:
-                # Raw words into shared memory, float32 values from the same words.
+                # Raw words into shared memory; the values are unpacked from the words
+                # where used (not kept: U packs of float32 would double the registers).
                 n = load_words(x, row, p, nthreads, end, w)
                 for u in range(U):
                     if u < n:
@@ -181,10 +196,10 @@ def split_kernel(
                             wrow[k] = w[u, k]
                             vals = unpack_word(w[u, k], ISZ)
                             for h in range(PW):
-                                a[u, k * PW + h] = vals[h]
                                 cm = max(cm, vals[h])
                         q = uint32(p - start + u * nthreads)
                         store_words1(buf, uint32(base + q * P), wrow, NW)
+                m, d = fold_words(w, n, cm, m, d)
             else:
                 n = load_packs(x, row, p, nthreads, end, a)
                 for u in range(U):
@@ -194,7 +209,7 @@ def split_kernel(
                             v = a[u, i]
                             cm = max(cm, v)
                             buf[uint32(base + i * span + q)] = in_t(v)
-            m, d = fold(a, n, cm, m, d)
+                m, d = fold(a, n, cm, m, d)
             p = uint32(p + U * nthreads)
         return m, d
 
@@ -260,11 +275,6 @@ def split_kernel(
                 item[0] = t
             cuda.syncthreads()
             t = uint32(item[0])
-            seen = int64(0)
-            if S == 2 and warp == 0 and held < items and lane < C:
-                # The held item's row pairs, read now and used after this round's
-                # load: the usual case, all published, then costs no wait at all.
-                seen = cuda.atomic.add(partials, uint32((held // C) * C + lane), int64(0))
 
             if t < items:
                 # Pass 1 of item t, then its pair: per warp, warp 0 over the warps'
@@ -294,7 +304,7 @@ def split_kernel(
                 if warp == 0:
                     # Combine the row's pairs as they arrive; count this block's reads
                     # (the count is read after pass 2: its latency off the path).
-                    m, d = row_pair_of(partials, uint32(row * C), seen)
+                    m, d = row_pair_of(partials, uint32(row * C))
                     if lane == 0:
                         row_pair[0] = m
                         row_pair[1] = d
