@@ -36,9 +36,11 @@ ss = softmax_split  # the module measured; --module swaps it (A/B of a kernel ed
 # bounds' blocks per SM or 0, stages): auto's geometry first.
 GEOMETRIES = {
     "float16": [
-        (8, 256, 2, True, 6, 1), (16, 128, 4, True, 6, 2), (16, 128, 8, True, 6, 2),
-        (16, 64, 8, True, 6, 2), (8, 256, 4, True, 3, 2), (8, 128, 8, True, 3, 2),
-        (16, 128, 4, True, 6, 2),
+        (8, 256, 2, True, 6, 1), (8, 256, 4, True, 6, 1), (8, 192, 4, True, 6, 1),
+        (8, 128, 8, True, 6, 1), (8, 128, 4, True, 6, 1), (8, 512, 2, True, 3, 1),
+        (16, 128, 8, True, 6, 2), (16, 192, 4, True, 6, 2), (16, 256, 2, True, 6, 2),
+        (16, 256, 4, True, 6, 2), (16, 96, 8, True, 6, 2), (16, 160, 4, True, 6, 2),
+        (8, 256, 2, True, 6, 1), (16, 128, 8, True, 6, 2),
     ],
     "float32": [(8, 512, None, False, 0, 1), (32, 256, 2, False, 6, 2)],
 }  # fmt: skip
