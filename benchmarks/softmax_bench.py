@@ -33,8 +33,8 @@ from kernels import softmax as sm  # noqa: E402
 
 WIDTHS = [32, 128, 512, 1000, 1024, 2048, 4096, 8192, 32768, 131072]
 DTYPES = {"float32": np.float32, "float16": np.float16}
-# split's chunks per row and block sizes measured where auto picks split (its
-# defaults, 32 KiB chunks and OneFlow's occupancy rule, are not yet measured).
+# --variants: split's chunks per row and block sizes where auto picks split (its own
+# geometry is swept by benchmarks/sweep_softmax_split.py).
 SPLIT_SWEEP = [dict(chunks=c) for c in (4, 8, 16, 32, 64)] + [
     dict(block_size=b) for b in (128, 256, 512, 1024)
 ]
@@ -117,7 +117,7 @@ def run(
                 if how.method == "warp":
                     label += f" p{how.pack}"
                 elif how.method == "split":
-                    label += f" c{how.chunks} b{how.block[0]} u{how.unroll}"
+                    label += f" c{how.chunks} b{how.block[0]} u{how.unroll} s{how.stages}"
                 else:
                     label += f" u{how.unroll}" + (" on" if how.online else "")
                     label += f" b{how.block[0]}" if kw.get("block_size") else ""
@@ -132,6 +132,7 @@ def run(
                         unroll=how.unroll,
                         online=how.online,
                         chunks=how.chunks,
+                        stages=how.stages,
                         auto=ident == chosen,
                         kernel_us=round(k_us, 2),
                         call_us=None if c_us is None else round(c_us, 1),
@@ -182,7 +183,10 @@ def run(
 
 def _ident(how) -> tuple:
     """What makes two plans the same launch."""
-    return (how.method, how.pack, how.unroll, how.online, how.block, how.grid, how.chunks)
+    return (
+        how.method, how.pack, how.unroll, how.online, how.block, how.grid, how.chunks,
+        how.stages,
+    )  # fmt: skip
 
 
 def _line(r: dict) -> str:

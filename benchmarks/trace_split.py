@@ -83,7 +83,7 @@ ap.add_argument("--chunks", type=int, help="default: auto's plan")
 ap.add_argument("--block", type=int)
 ap.add_argument("--unroll", type=int)
 ap.add_argument("--bounds", type=int, default=0, help="launch bounds' blocks per SM")
-ap.add_argument("--stages", type=int, default=1, help="buffers a block (1 or 2)")
+ap.add_argument("--stages", type=int, help="buffers a block (1 or 2; default: plan's)")
 args = ap.parse_args()
 rows, cols = 512, 131072
 f16 = np.dtype(np.float16)
@@ -95,10 +95,10 @@ if args.chunks:
     )  # fmt: skip
 else:
     how, _ = sm.plan(rows, cols, f16)
-    bounds = (ss.HALF_BLOCK, ss.HALF_BLOCKS_PER_SM)  # auto's, for 2-byte inputs
+    bounds = (ss.SPLIT_BLOCK, ss.SPLIT_BLOCKS_PER_SM)  # auto's
 print("plan", how, "bounds", bounds)
 kernel = mod.split_kernel(
-    f16, f16, how.pack, how.unroll, how.chunks, False, True, bounds, args.stages
+    f16, f16, how.pack, how.unroll, how.chunks, False, True, bounds, how.stages
 )
 rng = np.random.default_rng(0)
 x = cuda.to_device(rng.standard_normal((rows, cols)).astype(np.float16))

@@ -144,6 +144,7 @@ class Plan:
     unroll: int = 1  # block paths: packs in flight per thread
     online: bool = False  # block_smem: input cached in its dtype, online sum
     chunks: int = 0  # split: blocks (chunks) per row
+    stages: int = 0  # split: buffers a block (kernels.softmax_split)
 
 
 # ------------------------------------------------------------------------------ kernels

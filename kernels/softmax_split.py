@@ -20,18 +20,25 @@ partial results through global memory:
    row's max and sum; the block writes its chunk's outputs from shared memory:
    exp(x - max) / sum, or x - max - log(sum).
 
+With two stages (auto's), a block has two buffers and does step 4 for the item it
+loaded the round before: take a ticket, load and publish item t into one buffer,
+then wait for the row of the previous item and write it from the other. The wait
+for a row's slowest chunk, 4.5 us of a 16 us item with one buffer (float16 131072,
+benchmarks/results/2026-11-25i-h100-softmax-split-trace.txt), is spent loading.
+
 Step 3 once stored the pair as two float32, fenced, added 1 to an arrival counter
 and spun on it: about four L2 round trips between a row's last load and its
 writes, against one now. H100, float16 131072 columns: 85.0% -> 88.4% of copy at 8
 chunks of 32 KiB (2026-11-25k, BENCHMARKS.md).
 
-Forward progress: a block only waits for blocks of its own row. Tickets are taken
-in order, so only the row holding the newest ticket can have chunks nobody took
-yet; a deadlock would need every resident block to be waiting in that one row, at
-most chunks - 1 blocks. So the kernel completes whenever the device can hold at
-least `chunks` of its blocks at once, which plan_split checks (CUDA occupancy
-calculator; Numba's simulator answers 1 there, so the path is refused on it unless
-a test makes it run blocks concurrently).
+Forward progress: a block only waits for blocks of its own row, after publishing
+every item it holds. Tickets are taken in order, so only the row holding the
+newest ticket can have chunks nobody took yet; a deadlock would need every resident
+block to be waiting in that one row, holding at most chunks - 1 of its tickets (one
+a block with one buffer, two with two). So the kernel completes whenever the device
+can hold at least `chunks` of its blocks at once, which plan_split checks (CUDA
+occupancy calculator; Numba's simulator answers 1 there, so the path is refused on
+it unless a test makes it run blocks concurrently).
 
 The scratch re-arms itself: the block taking the last ticket zeroes the ticket
 counter, and the last of a row's blocks to read the row's pairs (a per-row
@@ -57,16 +64,16 @@ from .packs import load_pack1, store_pack2, store_words1, unpack_word
 SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
 NEG_INF = float32(-math.inf)
 FULL_MASK = 0xFFFFFFFF
-# auto: a row's chunks hold at most this much each. H100 2026-11-24 ~16:53 UTC
-# (benchmarks/results/2026-11-24-h100-softmax.txt), 131072 columns: float32 8 chunks
-# of 64 KiB with 512 threads 90.8% of copy, 16 of 32 KiB 85.6-87.5%. 2-byte inputs
-# since the int64 exchange (2026-11-25k, benchmarks/results/2026-11-25k-h100-softmax-
-# split*.txt), float16 131072: 8 chunks of 32 KiB, 256 threads, 2 packs in flight and
-# launch bounds for 6 blocks per SM 88.4-88.8% of copy; 4 chunks of 64 KiB (3 blocks
-# per SM) 84.1-85.1%; 12 of 21 KiB 84.7-85.1%; 16 of 16 KiB 70.5%.
-SPLIT_CHUNK_BYTES = 64 * 1024
-HALF_CHUNK_BYTES = 32 * 1024
-HALF_BLOCK, HALF_UNROLL, HALF_BLOCKS_PER_SM = 256, 2, 6
+# auto's geometry, both dtypes: pieces of at most SPLIT_CHUNK_BYTES, two buffers a
+# block, SPLIT_BLOCK threads, SPLIT_UNROLL packs in flight, launch bounds for
+# SPLIT_BLOCKS_PER_SM blocks per SM (40 registers). H100 2026-11-26 (benchmarks/results/
+# 2026-11-26[e-g]-h100-softmax-split-words.txt), 2^26 elements of 131072 columns:
+# float16 16 chunks 91.7-92.4% of copy, float32 32 chunks 95.8-96.5%; one buffer a block
+# (8 chunks of 32 KiB float16 at 256 threads, 8 of 64 KiB float32 at 512) 90.5-90.7%
+# and 95.1-95.2%; two buffers with 128 or 192 threads a block, 1 or 4 packs in flight,
+# 12, 20, 24 or 32 chunks: 84.0-90.9%.
+SPLIT_CHUNK_BYTES = 16 * 1024
+SPLIT_BLOCK, SPLIT_UNROLL, SPLIT_BLOCKS_PER_SM, SPLIT_STAGES = 256, 2, 6, 2
 BLOCK_SIZES = (128, 256, 512, 1024)
 
 
@@ -80,7 +87,7 @@ def split_kernel(
     log: bool,
     packed: bool = False,
     bounds: tuple | None = None,
-    stages: int = 1,
+    stages: int = SPLIT_STAGES,
 ):
     """The split-row kernel for one (dtypes, pack, unroll, chunks, log) combination.
 
@@ -358,11 +365,10 @@ def resident_blocks(kernel, sig: tuple, block: int, smem: int) -> int:
 
 
 def default_chunks(cols: int, pack: int, itemsize: int) -> int:
-    """Chunks per row under `auto`: pieces of at most SPLIT_CHUNK_BYTES
-    (HALF_CHUNK_BYTES for 2-byte inputs), at least 2, at most one per pack."""
+    """Chunks per row under `auto`: pieces of at most SPLIT_CHUNK_BYTES, at least 2,
+    at most one per pack."""
     packs = cols // pack
-    most = HALF_CHUNK_BYTES if itemsize == 2 else SPLIT_CHUNK_BYTES
-    return max(1, min(packs, max(2, cdiv(cols * itemsize, most))))
+    return max(1, min(packs, max(2, cdiv(cols * itemsize, SPLIT_CHUNK_BYTES))))
 
 
 def split_unroll(span: int, block: int) -> int:
@@ -414,19 +420,20 @@ def plan_split(
     chunks: int | None = None,
     packed: bool | None = None,
     bounds: tuple | None = None,
-    stages: int = 1,
+    stages: int | None = None,
 ):
     """(Plan, SplitLauncher) of the split path for this shape and pack.
 
-    Defaults: `chunks` from default_chunks, the block size by OneFlow's occupancy rule
-    (the largest of 128..1024 keeping the most blocks resident), `unroll` from
-    split_unroll; for 2-byte inputs when none of block_size, unroll and bounds is
-    given, HALF_BLOCK threads, HALF_UNROLL packs in flight and launch bounds for
-    HALF_BLOCKS_PER_SM blocks per SM (measured: see HALF_CHUNK_BYTES). `packed` for
-    2-byte inputs only (H100 2026-11-25 ~02:58 UTC,
-    benchmarks/results/2026-11-25-h100-softmax-split.txt, 131072 columns at auto's
-    geometry: float16 84.0% of copy packed, 82.0% not; float32 89.5% packed, 93.2%
-    not). Raises ValueError when chunks is not in 1..cols // pack, or when
+    Defaults: `chunks` from default_chunks; when none of block_size, unroll and
+    bounds is given, SPLIT_BLOCK threads, SPLIT_UNROLL packs in flight and launch
+    bounds for SPLIT_BLOCKS_PER_SM blocks per SM (measured: see SPLIT_CHUNK_BYTES),
+    else the block size by OneFlow's occupancy rule (the largest of 128..1024 keeping
+    the most blocks resident) and `unroll` from split_unroll. `stages`: buffers a
+    block (split_kernel); by default SPLIT_STAGES where the device holds a row's
+    blocks with that many buffers each, else 1. `packed` for 2-byte inputs only (H100
+    2026-11-26g, benchmarks/results/2026-11-26g-h100-softmax-split-words.txt, 131072
+    columns at auto's geometry: float16 91.7-92.0% of copy packed, 81.7% not; float32
+    96.9% packed, 95.8-96.5% not). Raises ValueError when chunks is not in 1..cols // pack, or when
     the device cannot hold a row's `chunks` blocks at once (the kernel could
     deadlock), or cannot launch it at all.
     """
@@ -434,29 +441,33 @@ def plan_split(
 
     in_dtype, out_dtype = np.dtype(in_dtype), np.dtype(out_dtype)
     packed = in_dtype.itemsize == 2 if packed is None else packed
-    if in_dtype.itemsize == 2 and block_size is None and unroll is None and bounds is None:
-        block_size, unroll, bounds = HALF_BLOCK, HALF_UNROLL, (HALF_BLOCK, HALF_BLOCKS_PER_SM)
+    if block_size is None and unroll is None and bounds is None:
+        block_size, unroll, bounds = SPLIT_BLOCK, SPLIT_UNROLL, (SPLIT_BLOCK, SPLIT_BLOCKS_PER_SM)
     packs = cols // pack
     if chunks is None:
         chunks = default_chunks(cols, pack, in_dtype.itemsize)
     if not 1 <= chunks <= packs:
         raise ValueError(f"chunks must be in 1..{packs} (packs per row), got {chunks}")
     span = cdiv(packs, chunks)
-    smem = stages * span * pack * in_dtype.itemsize
     sizes = (block_size,) if block_size else BLOCK_SIZES
     unroll = unroll or split_unroll(span, block_size or 256)
-    kernel = split_kernel(
-        in_dtype, out_dtype, pack, unroll, chunks, bool(log), packed, bounds, stages
-    )
     sig = signature(in_dtype, out_dtype)
-    held = {size: resident_blocks(kernel, sig, size, smem) for size in sizes}
-    size = largest_block_keeping_occupancy(held.get, sizes)
-    if not size or held[size] < chunks:
-        raise ValueError(
-            f"method 'split' cannot run {chunks} chunks of {smem} bytes: the device holds "
-            f"{held[size or sizes[0]]} such blocks at once, and a row's blocks wait for "
-            "each other"
+    for buffers in (stages,) if stages else (SPLIT_STAGES, 1):
+        smem = buffers * span * pack * in_dtype.itemsize
+        kernel = split_kernel(
+            in_dtype, out_dtype, pack, unroll, chunks, bool(log), packed, bounds, buffers
         )
-    grid = min(rows * chunks, held[size])
-    how = Plan("split", pack, grid, (size, 1), smem, unroll=unroll, chunks=chunks)
-    return how, SplitLauncher(kernel, rows, chunks)
+        held = {size: resident_blocks(kernel, sig, size, smem) for size in sizes}
+        size = largest_block_keeping_occupancy(held.get, sizes)
+        if size and held[size] >= chunks:
+            grid = min(rows * chunks, held[size])
+            how = Plan(
+                "split", pack, grid, (size, 1), smem, unroll=unroll, chunks=chunks,
+                stages=buffers,
+            )  # fmt: skip
+            return how, SplitLauncher(kernel, rows, chunks)
+    raise ValueError(
+        f"method 'split' cannot run {chunks} chunks of {smem} bytes: the device holds "
+        f"{held[size or sizes[0]]} such blocks at once, and a row's blocks wait for "
+        "each other"
+    )

@@ -165,16 +165,16 @@ SIM = bool(ss.SIMULATOR)
 sim_only = pytest.mark.skipif(not SIM, reason="simulator shim")
 
 
-def run_split(x, log=False, resident=64, stages=1, **kw):
+def run_split(x, log=False, resident=64, stages=None, **kw):
     """softmax(x, method="split", block_size=32 on the simulator, ...) under the shim;
-    stages=2: the same plan's pack, block and chunks with two buffers a block."""
+    stages given: the same plan's pack, block and chunks with that many buffers."""
     if SIM:
         kw.setdefault("block_size", 32)
     rows, cols = x.shape
     dx, dy = cuda.to_device(x), cuda.device_array(x.shape, x.dtype)
     with concurrent_blocks(resident) if SIM else contextlib.nullcontext():
         how, launcher = plan(rows, cols, x.dtype, log=log, method="split", **kw)
-        if stages != 1:
+        if stages is not None:
             how, launcher = ss.plan_split(
                 rows, cols, x.dtype, x.dtype, how.pack, log, block_size=how.block[0],
                 chunks=how.chunks, stages=stages,
@@ -244,15 +244,16 @@ def test_auto_takes_split_for_rows_wider_than_a_block_else_block_uncached():
     cols = 20000  # 80 KB of float32: more than the simulator's 48 KiB per block
     with concurrent_blocks(resident=64):
         how = plan(3, cols, np.float32, block_size=32)[0]
-        assert how.method == "split" and how.chunks == ss.default_chunks(cols, 4, 4) == 2
+        assert how.method == "split" and how.chunks == ss.default_chunks(cols, 4, 4) == 5
         assert plan(3, 1000, np.float32, block_size=32)[0].method == "warp"
         assert plan(3, 2000, np.float32, block_size=32)[0].method == "block_smem"
     assert plan(3, cols, np.float32, block_size=32)[0].method == "block_uncached"
 
 
 def test_default_chunks():
-    assert ss.default_chunks(131072, 4, 4) == 8  # 512 KiB rows in 64 KiB pieces
-    assert ss.default_chunks(131072, 8, 2) == 8  # 256 KiB float16 rows in 32 KiB pieces
+    assert ss.default_chunks(131072, 4, 4) == 32  # 512 KiB rows in 16 KiB pieces
+    assert ss.default_chunks(131072, 8, 2) == 16  # 256 KiB float16 rows
+    assert ss.default_chunks(20000, 4, 4) == 5  # 80000 bytes: 4 pieces would be 20000
     assert ss.default_chunks(4096, 4, 4) == 2  # at least two
     assert ss.default_chunks(3, 1, 4) == 2
     assert ss.default_chunks(4, 4, 4) == 1  # at most one per pack
@@ -276,31 +277,21 @@ SPLIT_CASES = [  # (rows, cols, dtype, log, chunks, resident)
     SPLIT_CASES,
     ids=lambda v: getattr(v, "__name__", str(v)),
 )
-def test_split_path(rows, cols, dtype, log, chunks, resident):
-    x = random_rows(rows, cols, dtype)
-    y, how, launcher = run_split(x, log, resident, chunks=chunks)
-    assert how.chunks == chunks
+@pytest.mark.parametrize("stages", [1, 2])
+def test_split_path(rows, cols, dtype, log, chunks, resident, stages):
+    # Two stages: a block loads its next item into its second buffer before writing
+    # the one before.
+    x = random_rows(rows, cols, dtype, seed=stages)
+    y, how, launcher = run_split(x, log, resident, stages=stages, chunks=chunks)
+    assert (how.chunks, how.stages) == (chunks, stages)
+    assert how.smem == stages * cdiv(cols // how.pack, chunks) * how.pack * x.itemsize
     check(y, x, log)
     assert not any(a.copy_to_host().any() for a in launcher.scratch())  # re-armed
 
 
-@sim_only
-@pytest.mark.parametrize(
-    "rows,cols,dtype,log,chunks,resident",
-    SPLIT_CASES,
-    ids=lambda v: getattr(v, "__name__", str(v)),
-)
-def test_split_two_stages(rows, cols, dtype, log, chunks, resident):
-    # A block loads its next item into its second buffer before writing the last.
-    x = random_rows(rows, cols, dtype, seed=3)
-    y, how, launcher = run_split(x, log, resident, stages=2, chunks=chunks)
-    assert how.chunks == chunks and how.smem == 2 * cdiv(cols // how.pack, chunks) * (
-        how.pack * x.itemsize
-    )
-    check(y, x, log)
-    assert not any(a.copy_to_host().any() for a in launcher.scratch())
+def test_split_stages_are_one_or_two():
     with pytest.raises(ValueError, match="stages must be 1 or 2"):
-        ss.split_kernel(x.dtype, x.dtype, how.pack, 1, chunks, log, stages=3)
+        ss.split_kernel(np.dtype(np.float32), np.dtype(np.float32), 1, 1, 2, False, stages=3)
 
 
 @sim_only
@@ -396,6 +387,7 @@ def test_gpu_split_shapes(cols, dtype):
             y, how, _ = run_split(x, log)
             check(y, x, log)
     assert how.chunks == ss.default_chunks(cols, how.pack, np.dtype(dtype).itemsize)
+    assert how.stages == ss.SPLIT_STAGES
 
 
 @pytest.mark.gpu
@@ -421,13 +413,14 @@ def test_gpu_split_variants_and_repeated_launches():
     dy = cuda.device_array(x.shape, x.dtype)
     ref_rows = [0, 1, 255, 511]
     for kw in (
-        dict(chunks=4),
+        dict(chunks=4),  # two 128 KiB buffers do not fit a block: one stage
         dict(chunks=8, block_size=1024),
         dict(chunks=32, block_size=128, unroll=1),
         dict(chunks=64, unroll=2),
         dict(chunks=8, block_size=256, unroll=2),
     ):
         how, launcher = plan(rows, cols, np.float32, method="split", **kw)
+        assert how.stages == (1 if kw == dict(chunks=4) else 2), kw
         launch = launcher[how.grid, how.block, 0, how.smem]
         for i in range(50):
             launch(dz if i % 2 else dx, dy, rows, cols)
@@ -439,12 +432,13 @@ def test_gpu_split_variants_and_repeated_launches():
 @pytest.mark.gpu
 @pytest.mark.parametrize("cols", [4097, 131072, 131073, 2**20])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
-def test_gpu_split_two_stages_shapes(cols, dtype):
+def test_gpu_split_one_stage_shapes(cols, dtype):
     for rows in _gpu_rows(cols):
         x = random_rows(rows, cols, dtype, seed=1)
         for log in (False, True):
-            y, how, _ = run_split(x, log, stages=2)
+            y, how, _ = run_split(x, log, stages=1)
             check(y, x, log)
+    assert how.stages == 1
 
 
 @pytest.mark.gpu
@@ -480,17 +474,20 @@ def test_gpu_split_both_piece_layouts(dtype, packed):
 
 
 @pytest.mark.gpu
-def test_gpu_split_float16_default_geometry_repeated():
-    """auto's 2-byte geometry (chunks of HALF_CHUNK_BYTES, HALF_BLOCK threads, launch
-    bounds), 30 launches on one launcher alternating two inputs, 2^26 float16
-    elements; scratch re-armed."""
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+def test_gpu_split_default_geometry_repeated(dtype):
+    """auto's geometry (pieces of SPLIT_CHUNK_BYTES, SPLIT_BLOCK threads, launch
+    bounds, two buffers a block), 30 launches on one launcher alternating two inputs,
+    2^26 elements; scratch re-armed."""
     rows, cols = 512, 131072
-    x = random_rows(rows, cols, np.float16)
-    how, launcher = plan(rows, cols, np.float16)
-    assert (how.method, how.chunks, how.block[0], how.unroll) == (
-        "split", ss.default_chunks(cols, 8, 2), ss.HALF_BLOCK, ss.HALF_UNROLL,
+    x = random_rows(rows, cols, dtype)
+    how, launcher = plan(rows, cols, dtype)
+    itemsize = np.dtype(dtype).itemsize
+    assert (how.method, how.chunks, how.block[0], how.unroll, how.stages) == (
+        "split", ss.default_chunks(cols, 16 // itemsize, itemsize), ss.SPLIT_BLOCK,
+        ss.SPLIT_UNROLL, ss.SPLIT_STAGES,
     )  # fmt: skip
-    z = random_rows(rows, cols, np.float16, seed=3)
+    z = random_rows(rows, cols, dtype, seed=3)
     dx, dz = cuda.to_device(x), cuda.to_device(z)
     dy = cuda.device_array(x.shape, x.dtype)
     launch = launcher[how.grid, how.block, 0, how.smem]
