@@ -36,14 +36,12 @@ ss = softmax_split  # the module measured; --module swaps it (A/B of a kernel ed
 # bounds' blocks per SM or 0, stages): auto's geometry first.
 GEOMETRIES = {
     "float16": [
-        (8, 256, 2, True, 6, 1), (16, 256, 2, True, 6, 2), (16, 256, 1, True, 6, 2),
-        (20, 256, 2, True, 8, 2), (24, 192, 2, True, 9, 2), (32, 256, 2, True, 8, 2),
-        (12, 256, 2, True, 5, 2), (16, 224, 2, True, 6, 2), (16, 256, 2, False, 6, 2),
+        (16, 256, 2, True, 6, 2), (8, 256, 2, True, 6, 1), (16, 128, 8, True, 6, 2),
         (16, 256, 2, True, 6, 2),
     ],
     "float32": [
-        (8, 512, None, False, 0, 1), (32, 256, 2, False, 6, 2), (32, 256, 2, True, 6, 2),
-        (40, 256, 2, False, 8, 2), (32, 256, 1, False, 6, 2), (32, 256, 2, False, 6, 2),
+        (32, 256, 2, False, 6, 2), (8, 512, None, False, 0, 1), (32, 256, 2, True, 6, 2),
+        (32, 256, 2, False, 6, 2),
     ],
 }  # fmt: skip
 DTYPES = {"float32": np.float32, "float16": np.float16}

@@ -12,9 +12,12 @@ partial results through global memory:
    and an online sum of exp (as block_uncached), and reduces them to the chunk's
    (max, sum of exp(x - max)).
 3. Thread 0 publishes that pair as one int64 (`int_ops.pair_bits`) by one atomic
-   exchange into the chunk's slot of `partials` (zero until then: a published pair
-   is never (+0.0, 0.0), since a finite max has a sum >= 1 and -inf or NaN maxima
-   have non-zero bits), so the pair is its own arrival flag and needs no fence.
+   add into the chunk's slot of `partials` (zero until then, so the add stores the
+   pair; a published pair is never (+0.0, 0.0), since a finite max has a sum >= 1
+   and -inf or NaN maxima have non-zero bits), so the pair is its own arrival flag
+   and needs no fence. An add, not an exchange, because the readers' atomic reads
+   are adds too: Numba's simulator guards each atomic operation with its own lock,
+   so an exchange could land between a reader's read and write-back and be lost.
 4. Warp 0's lanes read the row's slots (atomically, so at L2: never a stale L1
    line), each spinning until its slot is published, and combine them into the
    row's max and sum; the block writes its chunk's outputs from shared memory:
@@ -299,7 +302,7 @@ def split_kernel(
                     d = warp_sum[lane] if lane < nwarps else float32(0.0)
                     m, d = warp_merge(m, d)
                     if lane == 0:
-                        cuda.atomic.exch(partials, t, pair_bits(m, d))
+                        cuda.atomic.add(partials, t, pair_bits(m, d))
 
             # The item whose outputs are due: t itself (S = 1), else the one loaded
             # last round, whose row's other chunks had this round's load to arrive.
