@@ -55,7 +55,7 @@ from .launch import (
     largest_block_keeping_occupancy,
     wave_blocks,
 )
-from .packs import load_pack2, load_words2, store_pack2
+from .packs import load_pack2, load_words2, store_pack2, unpack_word
 from .reduce import (
     block_allreduce_max,
     block_allreduce_sum,
@@ -241,10 +241,14 @@ def _pack_loader(pack: int, nbytes: int, unroll: int, raw: bool = False):
 
 
 @functools.cache
-def _online_folder(pack: int, unroll: int):
+def _online_folder(pack: int, unroll: int, raw_itemsize: int = 0):
     """Device function `fold(a, n, cm, m, d) -> (m, d)` of the online normaliser:
     with cm the max of m and the n loaded packs a[0 .. n - 1], rescale the running
-    sum d of exp(x - m) to the new max and add the packs' exp(x - max)."""
+    sum d of exp(x - m) to the new max and add the packs' exp(x - max). raw_itemsize
+    given: a[u] holds pack u's raw uint32 words (elements of that many bytes),
+    unpacked here."""
+    words = max(1, pack * raw_itemsize // 4)
+    per_word = pack // words
 
     @cuda.jit(device=True, inline="always")
     def fold(a, n, cm, m, d):
@@ -254,8 +258,14 @@ def _online_folder(pack: int, unroll: int):
         if m > NEG_INF:
             for u in range(unroll):
                 if u < n:
-                    for i in range(pack):
-                        d += exp32(a[u, i] - m)
+                    if raw_itemsize:
+                        for k in range(words):
+                            vals = unpack_word(a[u, k], raw_itemsize)
+                            for h in range(per_word):
+                                d += exp32(vals[h] - m)
+                    else:
+                        for i in range(pack):
+                            d += exp32(a[u, i] - m)
         return m, d
 
     return fold

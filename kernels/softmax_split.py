@@ -123,6 +123,7 @@ def split_kernel(
     load_packs = _pack_loader(P, NBI, U)
     load_words = _pack_loader(P, NBI, U, raw=PACKED)  # called where PACKED only
     fold = _online_folder(P, U)
+    fold_words = _online_folder(P, U, ISZ)  # called where PACKED only
 
     @cuda.jit(device=True, inline="always")
     def merge(m, d, om, od):
@@ -161,22 +162,6 @@ def split_kernel(
             m, d = merge(m, d, om, od)
             j = uint32(j + 32)
         return warp_merge(m, d)
-
-    @cuda.jit(device=True, inline="always")
-    def fold_words(w, n, cm, m, d):
-        """fold over the n raw packs w[0 .. n - 1] (PACKED): rescale the running sum
-        d of exp(x - m) to cm (the max of m and the packs), add the packs' terms."""
-        if cm > m:
-            d *= exp32(m - cm)
-            m = cm
-        if m > NEG_INF:
-            for u in range(U):
-                if u < n:
-                    for k in range(NW):
-                        vals = unpack_word(w[u, k], ISZ)
-                        for h in range(PW):
-                            d += exp32(vals[h] - m)
-        return m, d
 
     @cuda.jit(device=True, inline="always")
     def item_range(t, span, packs):
