@@ -1,8 +1,22 @@
-"""Telling device arrays from host arrays (Numba-free at import, so the app may ask too)."""
+"""Device arrays as the kernels' launch functions take them (Numba-free at import).
+
+On a GPU these are `kernels.devarray.DeviceArray` views, allocated from its
+stream-ordered pool; on Numba's CUDA simulator (the test suite without a GPU) they are
+the simulator's arrays, which the kernels run on through Numba. The functions here
+hide the difference, so the same launch code serves both.
+"""
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+import numpy as np
+
+from . import devarray
+from .devarray import LEGACY, DeviceArray
+
+SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
 
 def is_numba_device_array(obj: Any) -> bool:
@@ -11,34 +25,87 @@ def is_numba_device_array(obj: Any) -> bool:
 
 
 def is_device_array(obj: Any) -> bool:
-    """True for GPU arrays: Numba's, or anything with `__cuda_array_interface__` (CuPy,
-    torch CUDA tensors). Numba's check first: its interface builds a dict per access."""
-    return is_numba_device_array(obj) or hasattr(obj, "__cuda_array_interface__")
+    """True for GPU arrays: ours, Numba's, or anything with `__cuda_array_interface__`
+    (CuPy, torch CUDA tensors)."""
+    return (
+        type(obj) is DeviceArray
+        or is_numba_device_array(obj)
+        or hasattr(obj, "__cuda_array_interface__")
+    )
 
 
 def as_device_array(obj: Any):
-    """A Numba view of a device array, without copying."""
-    if is_numba_device_array(obj):
-        return obj
-    from numba import cuda
+    """A view of a device array that the launch functions take, without copying or
+    waiting: a DeviceArray on a GPU, a Numba array on the simulator."""
+    if SIMULATOR:
+        if is_numba_device_array(obj):
+            return obj
+        from numba import cuda
 
-    return cuda.as_cuda_array(obj)
+        return cuda.as_cuda_array(obj)
+    return devarray.as_device_array(obj)
+
+
+def empty(shape: tuple, dtype, stream: int = LEGACY):
+    """An uninitialised C-contiguous device array ordered on `stream`."""
+    if SIMULATOR:
+        from numba import cuda
+
+        return cuda.device_array(shape, dtype=dtype)
+    return devarray.empty(tuple(shape), dtype, stream)
+
+
+def to_device(host: np.ndarray, stream: int = LEGACY):
+    """A device copy of a host array, queued on `stream`."""
+    if SIMULATOR:
+        from numba import cuda
+
+        return cuda.to_device(np.ascontiguousarray(host))
+    return devarray.to_device(host, stream)
+
+
+def to_host(arr, stream: int = LEGACY) -> np.ndarray:
+    """The device array's contents as a NumPy array, after the work queued on `stream`."""
+    if SIMULATOR:
+        return arr.copy_to_host()
+    return arr.copy_to_host(stream=stream)
+
+
+def resolve_stream(stream: Any, *arrays: Any) -> int:
+    """The CUstream handle a call runs on (`kernels.devarray.resolve_stream`); 0 on
+    the simulator, which runs everything in order."""
+    if SIMULATOR:
+        return LEGACY
+    return devarray.resolve_stream(stream, *arrays)
 
 
 def start_address(obj: Any) -> int:
     """The address of a device array's first element (on the simulator, of the NumPy
     array it wraps: the offsets of views are the same)."""
+    if type(obj) is DeviceArray:
+        return obj.ptr
     try:
         return int(obj.__cuda_array_interface__["data"][0])
     except AttributeError:
         return int(obj.__array_interface__["data"][0])
 
 
-def whole_bytes(obj: Any) -> bool:
-    """A C-contiguous uint8 Numba device array (not the simulator's): what the kernels'
-    direct launches (`kernels.launch.core_launcher`) pass by address as it is."""
-    try:
-        from numba.cuda.cudadrv.devicearray import DeviceNDArray
-    except ImportError:  # Numba's simulator: no direct launches
-        return False
-    return isinstance(obj, DeviceNDArray) and obj.dtype == "uint8" and obj.is_c_contiguous()
+def overlaps(a: Any, b: Any) -> bool:
+    """Whether two device arrays share any byte (by their address ranges)."""
+    lo_a, hi_a = _extent(a)
+    lo_b, hi_b = _extent(b)
+    return lo_a < hi_b and lo_b < hi_a
+
+
+def _extent(arr: Any) -> tuple[int, int]:
+    start = start_address(arr)
+    itemsize = np.dtype(arr.dtype).itemsize
+    if arr.size == 0:
+        return start, start
+    lo = hi = start
+    for n, s in zip(arr.shape, arr.strides, strict=True):
+        if s >= 0:
+            hi += (n - 1) * s
+        else:
+            lo += (n - 1) * s
+    return lo, hi + itemsize

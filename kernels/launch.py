@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import struct
+import threading
+
+from .cudadrv import SMEM_DEFAULT, driver
+from .arrays import empty
+from .devarray import DeviceArray
+
 BLOCK_X = 32  # threads along a row: one warp reads 32 consecutive pixels
 BLOCK_Y = 8
 SMEM_LIMIT = 48 * 1024  # dynamic shared memory a block may use without opting in
@@ -19,28 +27,11 @@ def image_grid(height: int, width: int, channels: int) -> tuple[tuple, tuple]:
     return grid, block
 
 
-_SCRATCH: dict = {}
-_SCRATCH_KEEP = 4
-
-
-def scratch(shape: tuple, dtype, tag: str = ""):
-    """A device work buffer of this shape and dtype, reused across calls.
-
-    cudaMalloc and cudaFree cost far more than a fast filter; launches on the
-    default stream run in order, so one buffer per (shape, dtype, tag) is safe to
-    reuse; a caller needing two at once gives them different tags. Keeps the most
-    recent few.
-    """
-    from numba import cuda
-
-    key = (tuple(shape), str(dtype), tag)
-    buf = _SCRATCH.pop(key, None)
-    if buf is None:
-        buf = cuda.device_array(shape, dtype=dtype)
-    _SCRATCH[key] = buf
-    while len(_SCRATCH) > _SCRATCH_KEEP:
-        _SCRATCH.pop(next(iter(_SCRATCH)))
-    return buf
+def scratch(shape: tuple, dtype, stream: int = 0):
+    """A device work buffer for launches on `stream`: taken from the stream-ordered
+    pool (`kernels.devarray`), so dropping it after the launches that use it is safe
+    and the next call on the stream reuses the memory without cuMemAlloc."""
+    return empty(shape, dtype, stream)
 
 
 # ------------------------------------------------------- row-wise kernels (softmax, GEMV)
@@ -125,80 +116,124 @@ def allow_dynamic_smem(kernel, nbytes: int) -> bool:
         return False
 
 
-# ------------------------------------------------- direct launches (per-call cost)
+# ------------------------------------------------------------ the launch layer
+
+SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+_INT_CODES = {8: "b", 16: "h", 32: "i", 64: "q"}
 
 
-def direct_launcher(configured, args, sharedmem: int = 0):
-    """A launch function for a kernel whose array arguments change from call to call.
+class _Compiled:
+    """A kernel overload ready to launch: its driver handle and parameter layout."""
 
-    `configured` is `kernel[grid, block]` (or with stream and shared memory), just
-    launched with `args` through Numba (so the kernel is compiled for their types).
-    The returned `launch(*arrays)` passes Numba device arrays of the same types
-    straight to cuda.core's launch (`core_launcher`), skipping Numba's per-call
-    dispatch (argument typing, overload lookup, launch-config bookkeeping): about half
-    of Numba's Python cost per launch. Only arrays are supported. Returns None where
-    this numba-cuda has no such path (older releases, the simulator, a debug kernel):
-    callers then keep using `configured`.
+    __slots__ = ("handle", "packer")
+
+    def __init__(self, handle: int, packer: struct.Struct) -> None:
+        self.handle, self.packer = handle, packer
+
+
+_compiled: dict = {}
+_compile_lock = threading.RLock()
+
+
+def _arg_key(a):
+    t = type(a)
+    if t is DeviceArray:
+        return a._sig
+    if t is tuple:
+        return tuple(_arg_key(v) for v in a)
+    return t
+
+
+def _flatten(args, values: list) -> list:
+    for a in args:
+        t = type(a)
+        if t is DeviceArray:
+            values += a._params
+        elif t is tuple:
+            _flatten(a, values)
+        else:
+            values.append(a)
+    return values
+
+
+def _numba_type(dispatcher, a):
+    from numba import from_dtype, types
+
+    if type(a) is DeviceArray:
+        num, ndim, layout = a._sig
+        return types.Array(from_dtype(a.dtype), ndim, layout)
+    if type(a) is tuple:
+        return types.Tuple([_numba_type(dispatcher, v) for v in a])
+    return dispatcher.typeof_pyval(a)
+
+
+def _format(ty) -> str:
+    """struct codes of one kernel parameter as Numba flattens it (see numba-cuda's
+    `_Kernel._prepare_args`): arrays as meminfo, parent, size, itemsize, data, shape,
+    strides; scalars by their type; tuples element by element."""
+    from numba import types
+
+    if isinstance(ty, types.Array):
+        return "qqqqq" + "q" * (2 * ty.ndim)
+    if isinstance(ty, types.Boolean):
+        return "?"
+    if isinstance(ty, types.Integer):
+        code = _INT_CODES[ty.bitwidth]
+        return code if ty.signed else code.upper()
+    if ty == types.float32:
+        return "f"
+    if ty == types.float64:
+        return "d"
+    if ty == types.float16:
+        return "e"
+    if isinstance(ty, types.BaseTuple):
+        return "".join(_format(t) for t in ty)
+    raise TypeError(f"kernel parameter type {ty} is not supported by kernels.launch")
+
+
+def _compile(dispatcher, args) -> _Compiled:
+    """Compile (or load from Numba's cache) the overload `args` select, load it on
+    the device, and lay out its parameters. Guarded: Numba's loading is not
+    thread-safe."""
+    with _compile_lock:
+        argtypes = tuple(_numba_type(dispatcher, a) for a in args)
+        kernel = dispatcher.compile(argtypes)
+        if kernel.debug or kernel.cooperative or getattr(dispatcher, "extensions", None):
+            raise TypeError("debug, cooperative or extended kernels are not launched here")
+        handle = kernel._codelibrary.get_cufunc().handle
+        handle = int(getattr(handle, "value", None) or int(handle))
+        fmt = "@" + "".join(_format(t) for t in kernel.argument_types)
+        return _Compiled(handle, struct.Struct(fmt))
+
+
+def _dims(d) -> tuple:
+    if not isinstance(d, tuple | list):
+        return (int(d), 1, 1)
+    d = tuple(int(v) for v in d)
+    return d + (1,) * (3 - len(d))
+
+
+def launch(kernel, grid, block, args: tuple, stream: int = 0, smem: int = 0) -> None:
+    """Enqueue `kernel` (a Numba CUDA dispatcher) on `stream` with `args` and return
+    without waiting: the one launch path of the package.
+
+    args: DeviceArray (`kernels.devarray`), Python or NumPy scalars, tuples of them;
+    each distinct combination of types compiles once (as Numba's dispatch would) and
+    is then launched through the driver with its parameters packed in one buffer,
+    a few microseconds of Python. grid and block: an int or a tuple of up to three.
+    stream: a CUstream handle (`kernels.devarray.resolve_stream`). smem: dynamic
+    shared memory in bytes (opted in above 48 KiB). On Numba's simulator the kernel
+    runs through Numba (args are the simulator's arrays; streams are ignored).
     """
-    if not all(hasattr(a, "device_ctypes_pointer") for a in args):
-        return None
-    try:
-        grid, block, stream = configured.griddim, configured.blockdim, configured.stream
-    except AttributeError:
-        return None
-    core = core_launcher(configured.dispatcher, args, grid, block, sharedmem, stream)
-    if core is None:
-        return None
-
-    def launch(*arrays):
-        kargs = []
-        for a in arrays:
-            ptr = a.device_ctypes_pointer.value or 0
-            kargs += (0, 0, a.size, a.dtype.itemsize, ptr, *a.shape, *a.strides)
-        core(*kargs)
-
-    return launch
-
-
-def flat_array_args(ptr: int, nitems: int, itemsize: int) -> tuple:
-    """A 1-D C-contiguous device array argument as Numba passes it to a kernel
-    (meminfo, parent, size, itemsize, data, shape, strides), for `core_launcher`."""
-    return (0, 0, nitems, itemsize, ptr, nitems, itemsize)
-
-
-def core_launcher(dispatcher, args: tuple, grid: tuple, block, sharedmem: int = 0, stream=0):
-    """`launch(*kernelargs)` of the overload of `dispatcher` that `args` (just launched
-    through Numba, so compiled) select, with this grid, block (an int or a tuple),
-    dynamic shared memory and stream (0: the default one). It takes the arguments
-    already flattened as Numba flattens them (arrays: `flat_array_args`; integers:
-    ctypes.c_int64) and hands them to cuda.core's launch, skipping Numba's dispatch
-    and the array views a caller would build for it. None where this numba-cuda has no
-    such path (the simulator, older releases, debug kernels): callers keep launching
-    through Numba.
-    """
-    try:
-        from numba.cuda import dispatcher as nd
-        from numba.cuda.cudadrv import driver
-
-        core_stream = driver._to_core_stream(stream)
-        types = tuple(dispatcher.typeof_pyval(a) for a in args)
-        overload = dispatcher.overloads[types]
-        if overload.debug or overload.cooperative or getattr(overload, "extensions", None):
-            return None
-        block = (block,) if isinstance(block, int) else tuple(block)
-        coop = "is_cooperative" if nd.CUDA_CORE_GE_1_0 else "cooperative_launch"
-        cfg = nd.LaunchConfig(
-            grid=tuple(grid) + (1,) * (3 - len(grid)),
-            block=block + (1,) * (3 - len(block)),
-            shmem_size=sharedmem,
-            **{coop: False},
-        )
-        kern = overload._codelibrary.get_cufunc().kernel
-        core_launch = nd.launch
-    except Exception:  # noqa: BLE001 - private numba-cuda attributes may change
-        return None
-
-    def launch(*kernelargs):
-        core_launch(core_stream, cfg, kern, *kernelargs)
-
-    return launch
+    if SIMULATOR:
+        kernel[grid, block, 0, smem](*args)
+        return
+    key = (kernel, tuple([_arg_key(a) for a in args]))
+    compiled = _compiled.get(key)
+    if compiled is None:
+        compiled = _compiled[key] = _compile(kernel, args)
+    drv = driver()
+    if smem > SMEM_DEFAULT:
+        drv.opt_in_smem(compiled.handle, smem, library_kernel=True)
+    drv.launch(compiled.handle, _dims(grid), _dims(block), smem, stream, compiled.packer,
+               _flatten(args, []))  # fmt: skip

@@ -1,0 +1,231 @@
+"""The CUDA driver API through ctypes: the one launch and memory layer of the package.
+
+Numba compiles the kernels; this module runs them. Everything a call needs per launch
+(kernel launch, stream-ordered copies, allocation) is a direct driver call here, so a
+call costs microseconds of Python, never waits for the device unless asked to, and
+works on any stream a caller names. Numba-free: the quick start
+(`imgfilter.backends.cached`) uses it without importing Numba.
+
+Contexts: the primary context of device 0, made current in every thread that calls
+in (`current`). Every driver failure raises `CudaError` carrying the CUDA error name;
+out of memory raises `GpuOutOfMemory` (a `MemoryError`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import threading
+from collections.abc import Sequence
+
+_LIBS = ("libcuda.so.1", "libcuda.so", "nvcuda.dll")
+_ATTR_CC_MAJOR, _ATTR_CC_MINOR = 75, 76  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_*
+_ATTR_MAX_DYNAMIC_SMEM = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+SMEM_DEFAULT = 48 * 1024  # dynamic shared memory a launch gets without opting in
+_OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
+
+# cuLaunchKernel's `extra` markers: the parameters as one packed buffer.
+_PARAM_END, _PARAM_BUFFER_POINTER, _PARAM_BUFFER_SIZE = 0, 1, 2
+_PARAM_BYTES = 4096  # CUDA's limit on kernel parameters (older GPUs) fits
+
+
+class CudaError(RuntimeError):
+    """A CUDA driver call failed (or no driver is installed). `code` is the CUresult."""
+
+    def __init__(self, message: str, code: int = -1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class GpuOutOfMemory(CudaError, MemoryError):
+    """The GPU could not give the memory a call needs."""
+
+
+_c = ctypes
+_u64, _uint, _vp, _sz = _c.c_uint64, _c.c_uint, _c.c_void_p, _c.c_size_t
+
+
+def _signatures(lib) -> None:
+    """Argument types for the hot calls: ctypes then converts ints without wrappers."""
+    lib.cuLaunchKernel.argtypes = [
+        _vp, _uint, _uint, _uint, _uint, _uint, _uint, _uint, _vp, _vp, _vp,
+    ]  # fmt: skip
+    lib.cuMemcpyHtoDAsync_v2.argtypes = [_u64, _vp, _sz, _vp]
+    lib.cuMemcpyDtoHAsync_v2.argtypes = [_vp, _u64, _sz, _vp]
+    lib.cuMemcpyDtoDAsync_v2.argtypes = [_u64, _u64, _sz, _vp]
+    lib.cuMemsetD8Async.argtypes = [_u64, _c.c_ubyte, _sz, _vp]
+    lib.cuMemAlloc_v2.argtypes = [_c.POINTER(_u64), _sz]
+    lib.cuMemFree_v2.argtypes = [_u64]
+    lib.cuStreamSynchronize.argtypes = [_vp]
+    lib.cuCtxSetCurrent.argtypes = [_vp]
+
+
+class Driver:
+    """Device 0's primary context and the calls the package makes. Thread-safe: the
+    context is made current in each calling thread before its first call."""
+
+    def __init__(self) -> None:
+        lib = None
+        for name in _LIBS:
+            try:
+                lib = ctypes.CDLL(name)
+                break
+            except OSError:
+                continue
+        if lib is None:
+            raise CudaError("no CUDA driver library found")
+        self._lib = lib
+        _signatures(lib)
+        self.call("cuInit", _uint(0))
+        dev = _c.c_int()
+        self.call("cuDeviceGet", _c.byref(dev), _c.c_int(0))
+        self.device = dev
+        major, minor = _c.c_int(), _c.c_int()
+        self.call("cuDeviceGetAttribute", _c.byref(major), _ATTR_CC_MAJOR, dev)
+        self.call("cuDeviceGetAttribute", _c.byref(minor), _ATTR_CC_MINOR, dev)
+        self.cc = (major.value, minor.value)
+        self.context = _vp()
+        self.call("cuDevicePrimaryCtxRetain", _c.byref(self.context), dev)
+        self._tls = threading.local()
+        self._smem_opted: set = set()
+        self.current()
+
+    # ------------------------------------------------------------------ basics
+    def error_name(self, status: int) -> str:
+        text = _c.c_char_p()
+        self._lib.cuGetErrorName(status, _c.byref(text))
+        return text.value.decode() if text.value else str(status)
+
+    def check(self, status: int, name: str) -> None:
+        if status != 0:
+            label = self.error_name(status)
+            cls = GpuOutOfMemory if status == _OOM else CudaError
+            raise cls(f"{name} failed: {label}", status)
+
+    def call(self, name: str, *args) -> None:
+        self.check(getattr(self._lib, name)(*args), name)
+
+    def current(self) -> None:
+        """Make the context current in the calling thread (once per thread)."""
+        tls = self._tls
+        if getattr(tls, "ready", False):
+            return
+        self._lib.cuCtxSetCurrent(self.context)
+        tls.ready = True
+        tls.params = _c.create_string_buffer(_PARAM_BYTES)
+        tls.size = _sz(0)
+        tls.extra = (_vp * 5)(
+            _PARAM_BUFFER_POINTER, _c.addressof(tls.params),
+            _PARAM_BUFFER_SIZE, _c.addressof(tls.size), _PARAM_END,
+        )  # fmt: skip
+
+    def free_and_total(self) -> tuple[int, int]:
+        """(free, total) bytes of device memory."""
+        self.current()
+        free, total = _sz(), _sz()
+        self.call("cuMemGetInfo_v2", _c.byref(free), _c.byref(total))
+        return free.value, total.value
+
+    # ------------------------------------------------------------------ memory
+    def alloc(self, nbytes: int) -> int:
+        """cuMemAlloc: no wait for the device. Raises GpuOutOfMemory."""
+        self.current()
+        ptr = _u64()
+        self.check(self._lib.cuMemAlloc_v2(_c.byref(ptr), max(nbytes, 1)), "cuMemAlloc")
+        return ptr.value
+
+    def free(self, ptr: int) -> None:
+        """cuMemFree: waits for the device; only the pool's trim calls it."""
+        self.current()
+        self.check(self._lib.cuMemFree_v2(ptr), "cuMemFree")
+
+    def upload(self, ptr: int, host_address: int, nbytes: int, stream: int) -> None:
+        """Copy host bytes to the device in `stream`'s order. From pageable memory the
+        driver stages the bytes before returning (the host buffer may then change) and
+        does not wait for the device."""
+        self.current()
+        self.check(self._lib.cuMemcpyHtoDAsync_v2(ptr, host_address, nbytes, stream), "upload")
+
+    def download(self, host_address: int, ptr: int, nbytes: int, stream: int) -> None:
+        """Copy device bytes to the host in `stream`'s order, then wait for the stream
+        (the bytes are in place on return)."""
+        self.current()
+        self.check(self._lib.cuMemcpyDtoHAsync_v2(host_address, ptr, nbytes, stream), "download")
+        self.synchronize(stream)
+
+    def copy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        self.current()
+        self.check(self._lib.cuMemcpyDtoDAsync_v2(dst, src, nbytes, stream), "copy")
+
+    def memset(self, ptr: int, byte: int, nbytes: int, stream: int) -> None:
+        self.current()
+        self.check(self._lib.cuMemsetD8Async(ptr, byte, nbytes, stream), "memset")
+
+    def idle(self, stream: int) -> bool:
+        """Whether every piece of work queued on `stream` has finished (no waiting)."""
+        self.current()
+        status = self._lib.cuStreamQuery(_vp(stream))
+        if status == 600:  # CUDA_ERROR_NOT_READY
+            return False
+        self.check(status, "cuStreamQuery")
+        return True
+
+    def synchronize(self, stream: int) -> None:
+        self.current()
+        self.check(self._lib.cuStreamSynchronize(stream), "cuStreamSynchronize")
+
+    # ------------------------------------------------------------------ kernels
+    def function(self, cubin: bytes, entry: str) -> int:
+        """Load a cubin image and return its kernel `entry` as a CUfunction address.
+        The module stays loaded for the life of the process."""
+        self.current()
+        module = _vp()
+        self.call("cuModuleLoadData", _c.byref(module), _c.c_char_p(cubin))
+        fn = _vp()
+        self.call("cuModuleGetFunction", _c.byref(fn), module, entry.encode())
+        return fn.value
+
+    def opt_in_smem(self, fn: int, nbytes: int, library_kernel: bool = False) -> None:
+        """Let `fn` take more than 48 KiB of dynamic shared memory; once per function
+        and size. `library_kernel`: fn is a CUkernel (what Numba loads), not a
+        CUfunction from `function`."""
+        key = (fn, nbytes)
+        if nbytes <= SMEM_DEFAULT or key in self._smem_opted:
+            return
+        self.current()
+        value = _c.c_int(nbytes)
+        if library_kernel:
+            self.call("cuKernelSetAttribute", _ATTR_MAX_DYNAMIC_SMEM, value, _vp(fn), self.device)
+        else:
+            self.call("cuFuncSetAttribute", _vp(fn), _ATTR_MAX_DYNAMIC_SMEM, value)
+        self._smem_opted.add(key)
+
+    def launch(self, fn: int, grid: Sequence[int], block: Sequence[int], smem: int,
+               stream: int, packer: struct.Struct, values: Sequence) -> None:  # fmt: skip
+        """Enqueue `fn` on `stream` and return at once. `packer` lays out the kernel's
+        parameters (C alignment, as the CUDA ABI does); `values` fill it in order.
+        `grid` and `block` are 3-tuples."""
+        tls = self._tls
+        if not getattr(tls, "ready", False):
+            self.current()
+        packer.pack_into(tls.params, 0, *values)
+        tls.size.value = packer.size
+        gx, gy, gz = grid
+        bx, by, bz = block
+        status = self._lib.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, smem, stream, None, tls.extra)
+        if status:
+            self.check(status, "cuLaunchKernel")
+
+
+_driver: Driver | None = None
+_driver_lock = threading.Lock()
+
+
+def driver() -> Driver:
+    """The process's Driver (opened on first use, thread-safe). Raises CudaError."""
+    global _driver
+    if _driver is None:
+        with _driver_lock:
+            if _driver is None:
+                _driver = Driver()
+    return _driver

@@ -1,0 +1,326 @@
+"""Device arrays, their memory pool, and the streams calls run on (Numba-free).
+
+`DeviceArray` is a strided view of device memory: what the kernels' launch functions
+take and what the GPU entry points return for device inputs. It exports
+`__cuda_array_interface__` (v3, with the stream it was written on), so
+`cupy.asarray(a)`, `torch.as_tensor(a, device="cuda")` and Numba kernels take it
+without a copy; `copy_to_host()` brings it back.
+
+Memory comes from a caching pool, as PyTorch's allocator does it: a block freed by its
+last array goes back to the free list of the stream it was allocated on and is reused
+only by later allocations on that stream, which the stream orders after every use
+already queued there. So the steady state makes no cuMemAlloc and no cuMemFree (which
+waits for the device), and nothing waits for the GPU. An array used on another stream
+than its own must be kept alive until that work is done (torch's `record_stream` rule).
+When the device is full, the pool waits for the device, returns its cached blocks and
+tries again once.
+
+Streams (`resolve_stream`): a caller's `stream=` (a CuPy, PyTorch, Numba or cuda.core
+stream, an object with `__cuda_stream__`, or a raw CUstream handle as an int); else
+the `stream` entry of the first input's `__cuda_array_interface__`; else CUDA's
+legacy default stream (handle 0), which orders with every blocking stream.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+
+from .cudadrv import GpuOutOfMemory, driver
+
+LEGACY = 0  # CUstream handle of the legacy default stream (CU_STREAM_LEGACY is 1, the same)
+PER_THREAD = 2  # CU_STREAM_PER_THREAD
+
+
+def _round_size(nbytes: int) -> int:
+    """Pool block sizes: 512-byte steps up to 1 MiB, then 2 MiB steps (few distinct
+    sizes, little waste for images)."""
+    nbytes = max(int(nbytes), 1)
+    step = 512 if nbytes < (1 << 20) else (2 << 20)
+    return -(-nbytes // step) * step
+
+
+class _Block:
+    """A pooled allocation; returns itself to its stream's free list when collected."""
+
+    __slots__ = ("ptr", "size", "stream", "__weakref__")
+
+    def __init__(self, ptr: int, size: int, stream: int) -> None:
+        self.ptr, self.size, self.stream = ptr, size, stream
+
+    def __del__(self) -> None:
+        pool = _POOL_REF()
+        if pool is not None:
+            pool.release(self.ptr, self.size, self.stream)
+
+
+class Pool:
+    """Stream-keyed caching allocator (see the module docstring). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._free: dict[tuple[int, int], list[int]] = {}
+        self._lock = threading.Lock()
+        self.cached_bytes = 0
+        self.allocated_bytes = 0  # cuMemAlloc'd by the pool, cached or in use
+
+    def allocate(self, nbytes: int, stream: int) -> _Block:
+        size = _round_size(nbytes)
+        stream = LEGACY if stream == 1 else stream
+        key = (stream, size)
+        with self._lock:
+            free = self._free.get(key)
+            if free:
+                self.cached_bytes -= size
+                return _Block(free.pop(), size, stream)
+        drv = driver()
+        try:
+            ptr = drv.alloc(size)
+        except GpuOutOfMemory:
+            self.trim()
+            try:
+                ptr = drv.alloc(size)
+            except GpuOutOfMemory as exc:
+                free_now, total = drv.free_and_total()
+                raise GpuOutOfMemory(
+                    f"the GPU is out of memory: {size / 2**20:.1f} MiB needed, "
+                    f"{free_now / 2**20:.1f} MiB free of {total / 2**20:.0f} MiB",
+                    exc.code,
+                ) from None
+        with self._lock:
+            self.allocated_bytes += size
+        return _Block(ptr, size, stream)
+
+    def release(self, ptr: int, size: int, stream: int) -> None:
+        with self._lock:
+            self._free.setdefault((stream, size), []).append(ptr)
+            self.cached_bytes += size
+
+    def trim(self) -> None:
+        """Wait for the device, then give every cached block back to CUDA."""
+        drv = driver()
+        with self._lock:
+            blocks = [(p, size) for (_, size), ptrs in self._free.items() for p in ptrs]
+            self._free.clear()
+            self.cached_bytes = 0
+            self.allocated_bytes -= sum(size for _, size in blocks)
+        drv.current()
+        drv.call("cuCtxSynchronize")
+        for ptr, _ in blocks:
+            drv.free(ptr)
+
+
+POOL = Pool()
+_POOL_REF = weakref.ref(POOL)  # None at interpreter exit: blocks then stay with CUDA
+
+
+def _c_strides(shape: tuple, itemsize: int) -> tuple:
+    strides, step = [], itemsize
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
+class DeviceArray:
+    """A strided view of device memory (see the module docstring).
+
+    shape, strides (bytes), dtype, size, nbytes and ndim as NumPy's; `ptr` the
+    address of element 0; `stream` the CUstream handle the data was written on.
+    """
+
+    __slots__ = ("ptr", "shape", "strides", "dtype", "size", "stream", "_owner", "_params",
+                 "_sig", "__weakref__")  # fmt: skip
+
+    def __init__(self, ptr: int, shape: tuple, dtype, strides: tuple | None = None,
+                 stream: int = LEGACY, owner: Any = None) -> None:  # fmt: skip
+        dtype = np.dtype(dtype)
+        shape = tuple(int(n) for n in shape)
+        c_strides = _c_strides(shape, dtype.itemsize)
+        strides = c_strides if strides is None else tuple(int(s) for s in strides)
+        size = 1
+        for n in shape:
+            size *= n
+        self.ptr, self.shape, self.strides, self.dtype = int(ptr), shape, strides, dtype
+        self.size, self.stream, self._owner = size, stream, owner
+        layout = "C" if _contiguous(shape, strides, c_strides) else "A"
+        # How Numba passes an array to a kernel, and its type there (kernels.launch).
+        self._params = (0, 0, size, dtype.itemsize, self.ptr, *shape, *strides)
+        self._sig = (dtype.num, len(shape), layout)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def is_c_contiguous(self) -> bool:
+        return self._sig[2] == "C"
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return f"DeviceArray(shape={self.shape}, dtype={self.dtype}, ptr={self.ptr:#x})"
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        contiguous = self.is_c_contiguous
+        return {
+            "shape": self.shape,
+            "typestr": self.dtype.str,
+            "data": (self.ptr, False),
+            "strides": None if contiguous else self.strides,
+            "version": 3,
+            "stream": 1 if self.stream == LEGACY else self.stream,
+        }
+
+    def reshape(self, *shape) -> DeviceArray:
+        """A view with another shape (C-contiguous arrays only; one -1 allowed)."""
+        if len(shape) == 1 and isinstance(shape[0], tuple | list):
+            shape = tuple(shape[0])
+        shape = tuple(int(n) for n in shape)
+        if -1 in shape:
+            known = 1
+            for n in shape:
+                known *= n if n != -1 else 1
+            shape = tuple(self.size // known if n == -1 else n for n in shape)
+        if int(np.prod(shape, dtype=np.int64)) != self.size:
+            raise ValueError(f"cannot reshape {self.shape} into {shape}")
+        if not self.is_c_contiguous:
+            raise ValueError("only C-contiguous device arrays can be reshaped")
+        return DeviceArray(self.ptr, shape, self.dtype, None, self.stream, self._base())
+
+    def view(self, dtype) -> DeviceArray:
+        """The same bytes as another dtype (C-contiguous; the last axis is rescaled)."""
+        dtype = np.dtype(dtype)
+        if not self.is_c_contiguous or (self.shape[-1] * self.dtype.itemsize) % dtype.itemsize:
+            raise ValueError(f"cannot view {self.shape} {self.dtype} as {dtype}")
+        last = self.shape[-1] * self.dtype.itemsize // dtype.itemsize
+        shape = (*self.shape[:-1], last)
+        return DeviceArray(self.ptr, shape, dtype, None, self.stream, self._base())
+
+    def __getitem__(self, key) -> DeviceArray:
+        """Basic slicing with step 1 along the first axis (what the kernels need)."""
+        if isinstance(key, tuple) and len(key) == 1:
+            key = key[0]
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise TypeError("DeviceArray supports a[start:stop] only")
+        start, stop, _ = key.indices(self.shape[0])
+        stop = max(stop, start)
+        shape = (stop - start, *self.shape[1:])
+        ptr = self.ptr + start * self.strides[0]
+        return DeviceArray(ptr, shape, self.dtype, self.strides, self.stream, self._base())
+
+    def _base(self):
+        return self._owner if self._owner is not None else self
+
+    def copy_to_host(self, ary: np.ndarray | None = None, stream: Any = None) -> np.ndarray:
+        """The array as a NumPy array (waits for the stream it was written on)."""
+        if not self.is_c_contiguous:
+            raise ValueError("copy_to_host needs a C-contiguous device array")
+        host = np.empty(self.shape, self.dtype) if ary is None else ary
+        if host.nbytes != self.nbytes or not host.flags.c_contiguous:
+            raise ValueError("the host array must be C-contiguous with as many bytes")
+        handle = self.stream if stream is None else resolve_stream(stream)
+        driver().download(host.ctypes.data, self.ptr, self.nbytes, handle)
+        return host
+
+    def get(self) -> np.ndarray:
+        """CuPy's name for copy_to_host."""
+        return self.copy_to_host()
+
+
+def _contiguous(shape: tuple, strides: tuple, c_strides: tuple) -> bool:
+    return all(n == 1 or s == c for n, s, c in zip(shape, strides, c_strides, strict=True))
+
+
+def empty(shape: tuple, dtype, stream: int = LEGACY) -> DeviceArray:
+    """An uninitialised C-contiguous array from the pool, ordered on `stream`."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    block = POOL.allocate(nbytes, stream)
+    return DeviceArray(block.ptr, shape, dtype, None, stream, block)
+
+
+def to_device(host: np.ndarray, stream: int = LEGACY) -> DeviceArray:
+    """A device copy of a host array, queued on `stream` (the host array may change
+    once this returns: the driver has staged it)."""
+    host = np.ascontiguousarray(host)
+    arr = empty(host.shape, host.dtype, stream)
+    if host.nbytes:
+        driver().upload(arr.ptr, host.ctypes.data, host.nbytes, stream)
+    return arr
+
+
+# ------------------------------------------------------------------ foreign arrays
+
+
+def _torch_view(t) -> DeviceArray:
+    """A torch CUDA tensor, read without building its interface dict (which costs
+    several microseconds in torch's Python)."""
+    import torch
+
+    itemsize = t.element_size()
+    dtype = np.dtype(str(t.dtype).removeprefix("torch."))
+    strides = tuple(s * itemsize for s in t.stride())
+    stream = torch.cuda.current_stream(t.device).cuda_stream
+    return DeviceArray(t.data_ptr(), tuple(t.shape), dtype, strides, stream, t)
+
+
+def as_device_array(obj: Any) -> DeviceArray:
+    """A DeviceArray view of a GPU array (ours, torch, or anything with
+    `__cuda_array_interface__`: CuPy, Numba), without copying or waiting."""
+    if type(obj) is DeviceArray:
+        return obj
+    if type(obj).__module__ == "torch" and getattr(obj, "is_cuda", False):
+        return _torch_view(obj)
+    cai = obj.__cuda_array_interface__
+    dtype = np.dtype(cai["typestr"])
+    if cai.get("mask") is not None:
+        raise ValueError("masked device arrays are not supported")
+    ptr = cai["data"][0] or 0
+    stream = cai.get("stream")
+    stream = LEGACY if stream in (None, 1) else int(stream)
+    return DeviceArray(ptr, cai["shape"], dtype, cai.get("strides"), stream, obj)
+
+
+def stream_handle(stream: Any) -> int:
+    """The CUstream handle of a stream object or int (see the module docstring)."""
+    if stream is None:
+        return LEGACY
+    if isinstance(stream, int | np.integer):
+        value = int(stream)
+    elif hasattr(stream, "__cuda_stream__"):
+        value = int(stream.__cuda_stream__()[1])
+    elif hasattr(stream, "cuda_stream"):  # torch
+        value = int(stream.cuda_stream)
+    elif hasattr(stream, "ptr"):  # CuPy
+        value = int(stream.ptr)
+    elif hasattr(stream, "handle"):  # Numba, cuda.core
+        handle = stream.handle
+        value = getattr(handle, "value", None)
+        value = int(handle) if value is None else int(value)
+    else:
+        raise TypeError(
+            f"stream must be a CuPy, PyTorch, Numba or cuda.core stream or a CUstream "
+            f"handle, got {type(stream).__name__}"
+        )
+    return LEGACY if value == 1 else value
+
+
+def resolve_stream(stream: Any, *arrays: Any) -> int:
+    """The stream a call runs on: `stream` if given, else the first array's own
+    (DeviceArray.stream, from its interface's `stream` entry), else the legacy
+    default stream."""
+    if stream is not None:
+        return stream_handle(stream)
+    for arr in arrays:
+        if type(arr) is DeviceArray:
+            return arr.stream
+    return LEGACY
