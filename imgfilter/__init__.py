@@ -11,7 +11,14 @@ Backends: "cuda" (Numba CUDA kernels), "cpu" (Numba parallel CPU); "auto" picks 
 when a usable GPU exists. Importing this package does not import Numba.
 """
 
-from .errors import DeviceError, ImgFilterError, InputError, OutputError, UsageError
+from .errors import (
+    DeviceError,
+    GpuMemoryError,
+    ImgFilterError,
+    InputError,
+    OutputError,
+    UsageError,
+)
 
 __all__ = [
     "blur",
@@ -24,6 +31,7 @@ __all__ = [
     "InputError",
     "OutputError",
     "DeviceError",
+    "GpuMemoryError",
 ]
 _LAZY = {
     "blur": "api",

@@ -1,8 +1,16 @@
 """The array API: validate arguments, shape images as (H, W, C), call a backend.
 
-NumPy in, NumPy out. Objects with `__cuda_array_interface__` (CuPy, PyTorch, Numba
-device arrays) are filtered on the GPU without host copies and come back as Numba
-device arrays (wrap them with `cupy.asarray` / `torch.as_tensor` as you like).
+NumPy in, NumPy out. GPU arrays (PyTorch CUDA tensors, anything with
+`__cuda_array_interface__`: CuPy, Numba) are filtered on the GPU without host copies
+or waiting: the work is queued on the call's stream and a `kernels.devarray.DeviceArray`
+comes back at once (`cupy.asarray` / `torch.as_tensor(a, device="cuda")` take it
+without a copy), or the caller's `out` is written.
+
+Every function takes `out=` (an array of the result's shape and dtype, host for host
+input, device for device input, not overlapping the input) and `stream=` (a CuPy,
+PyTorch, Numba or cuda.core stream, or a CUstream handle). Without `stream`, a call
+runs on the stream named by the input's `__cuda_array_interface__` (a torch tensor:
+torch's current stream), else on CUDA's legacy default stream.
 Semantics match OpenCV: see `filter2d`, `blur` and `contour`.
 """
 
@@ -12,13 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from kernels.arrays import as_device_array, is_device_array
+from kernels.arrays import as_device_array, is_c_contiguous, is_device_array, overlaps
 
 from .backends import get_backend
 from .border import border_code
 from .errors import UsageError
 
 DTYPES = (np.uint8, np.uint16, np.float32)
+_DTYPES = frozenset(np.dtype(t) for t in DTYPES)
 CHANNELS = (1, 3, 4)
 METHODS = ("auto", "naive", "padded", "tiled", "blocked", "separable")
 MAX_KERNEL_SIDE = 255  # general kernels: taps per output grow as side**2
@@ -37,9 +46,12 @@ def _c_contiguous(shape: tuple, strides: tuple, itemsize: int) -> bool:
 
 def _as_image(img: Any) -> tuple[Any, bool]:
     """Return (array, is_device) after checking dtype, rank and channel count."""
-    device = is_device_array(img)
+    device = not isinstance(img, np.ndarray) and is_device_array(img)
     if device:
-        arr = as_device_array(img)
+        try:
+            arr = as_device_array(img)
+        except (ValueError, TypeError) as exc:
+            raise UsageError(f"unusable device array: {exc}") from None
         if not _c_contiguous(arr.shape, arr.strides, arr.dtype.itemsize):
             raise UsageError("device images must be C-contiguous")
     else:
@@ -50,7 +62,7 @@ def _as_image(img: Any) -> tuple[Any, bool]:
         raise UsageError(f"image must have 1, 3 or 4 channels, got {arr.shape[2]}")
     if arr.shape[0] < 1 or arr.shape[1] < 1:
         raise UsageError(f"image is empty (shape {arr.shape})")
-    if np.dtype(arr.dtype) not in [np.dtype(t) for t in DTYPES]:
+    if arr.dtype not in _DTYPES:
         raise UsageError(
             f"image dtype {np.dtype(arr.dtype)} is not supported; use uint8, uint16 or float32"
         )
@@ -63,6 +75,37 @@ def _as_3d(arr: Any) -> Any:
     return arr if arr.ndim == 3 else arr.reshape(arr.shape[0], arr.shape[1], 1)
 
 
+def _check_out(out: Any, arr: Any, device: bool, shape: tuple) -> Any:
+    """The caller's `out` as the backend takes it (None stays None): same kind (host
+    or device) as the image, the result's shape and dtype, C-contiguous, and sharing
+    no memory with the image (filters read neighbours that an in-place write would
+    already have changed)."""
+    if out is None:
+        return None
+    if device:
+        if isinstance(out, np.ndarray) or not is_device_array(out):
+            raise UsageError("out must be a device array for a device image")
+        dout = as_device_array(out)
+        if not is_c_contiguous(dout):
+            raise UsageError("out must be C-contiguous")
+        if overlaps(dout, arr):
+            raise UsageError("out overlaps the input image; filters cannot run in place")
+    else:
+        if not isinstance(out, np.ndarray):
+            raise UsageError("out must be a NumPy array for a host image")
+        dout = out
+        if not dout.flags.c_contiguous:
+            raise UsageError("out must be C-contiguous")
+        if np.shares_memory(dout, arr):
+            raise UsageError("out overlaps the input image; filters cannot run in place")
+    if tuple(dout.shape) != tuple(shape) or np.dtype(dout.dtype) != np.dtype(arr.dtype):
+        raise UsageError(
+            f"out must be {np.dtype(arr.dtype)} of shape {tuple(shape)}, "
+            f"got {np.dtype(dout.dtype)} {tuple(dout.shape)}"
+        )
+    return dout
+
+
 def _cast_value(value: float, dtype) -> float:
     """The constant-border value as the image's dtype stores it (cv2.copyMakeBorder rule)."""
     dt = np.dtype(dtype)
@@ -70,6 +113,10 @@ def _cast_value(value: float, dtype) -> float:
         info = np.iinfo(dt)
         return float(min(max(round(float(value)), info.min), info.max))
     return float(np.float32(value))
+
+
+def _out_3d(out: Any) -> Any:
+    return None if out is None else _as_3d(out)
 
 
 def _check_method(method: str) -> str:
@@ -128,6 +175,8 @@ def filter2d(
     border_value: float = 0.0,
     backend: str = "auto",
     method: str = "auto",
+    out: Any = None,
+    stream: Any = None,
 ) -> Any:
     """Correlate `img` with `kernel`, equal to `cv2.filter2D(img, -1, kernel, ...)`.
 
@@ -139,17 +188,20 @@ def filter2d(
     wrap. method: the CUDA variant: auto, naive, padded, tiled, blocked (register-blocked
     tiles), separable (a kernel of low rank as one pair of 1-D passes per term: rank 1,
     an outer product, or a sum of up to (kh * kw - 1) // (kh + kw) of them).
+    out, stream: see the module docstring; returns `out` when given.
     """
     arr, device = _as_image(img)
     k = as_kernel(kernel)
     anchor_yx = _resolve_anchor(anchor, *k.shape)
     code = border_code(border)
     method = _check_method(method)
+    dout = _check_out(out, arr, device, arr.shape)
     be = get_backend(backend, device_input=device)
-    out = be.correlate(
-        _as_3d(arr), k, anchor_yx, code, _cast_value(border_value, arr.dtype), method
+    value = _cast_value(border_value, arr.dtype)
+    result = be.correlate(
+        _as_3d(arr), k, anchor_yx, code, value, method, _out_3d(dout), stream
     )
-    return out.reshape(arr.shape)
+    return out if out is not None else result.reshape(arr.shape)
 
 
 def blur(
@@ -161,23 +213,27 @@ def blur(
     border_value: float = 0.0,
     backend: str = "auto",
     method: str = "auto",
+    out: Any = None,
+    stream: Any = None,
 ) -> Any:
     """Normalized box filter, equal to `cv2.blur(img, (k, k))`.
 
     k: the side of the square box, or OpenCV's (width, height); even sizes are valid
     (anchor at (k//2, k//2) as in OpenCV). Same image, border, backend rules as
-    `filter2d`; method "auto" uses separable running sums on the GPU.
+    `filter2d` (out and stream too); method "auto" uses separable running sums on the GPU.
     """
     arr, device = _as_image(img)
     kh, kw = box_size(k)
     anchor_yx = _resolve_anchor(anchor, kh, kw)
     code = border_code(border)
     method = _check_method(method)
+    dout = _check_out(out, arr, device, arr.shape)
     be = get_backend(backend, device_input=device)
-    out = be.box(
-        _as_3d(arr), (kh, kw), anchor_yx, code, _cast_value(border_value, arr.dtype), method
+    value = _cast_value(border_value, arr.dtype)
+    result = be.box(
+        _as_3d(arr), (kh, kw), anchor_yx, code, value, method, _out_3d(dout), stream
     )
-    return out.reshape(arr.shape)
+    return out if out is not None else result.reshape(arr.shape)
 
 
 def contour(
@@ -187,6 +243,8 @@ def contour(
     border_value: float = 0.0,
     backend: str = "auto",
     method: str = "auto",
+    out: Any = None,
+    stream: Any = None,
 ) -> Any:
     """Four-direction edge map, OR-merged: returns (H, W) of img's dtype.
 
@@ -194,12 +252,16 @@ def contour(
     kernels [[-1,0,1]]*3, its negation, [[-1,-1,-1],[0,0,0],[1,1,1]] and its negation
     are applied (3x3, centre anchor, `border`), each response saturated to the dtype,
     and the four OR-ed bitwise: bit-exact with four cv2.filter2D calls and
-    cv2.bitwise_or. Integer images only (uint8, uint16).
+    cv2.bitwise_or. Integer images only (uint8, uint16). out (H, W), stream: see
+    `filter2d`.
     """
     arr, device = _as_image(img)
     if np.dtype(arr.dtype) == np.float32:
         raise UsageError("contour needs an integer image (uint8 or uint16), got float32")
     code = border_code(border)
     method = _check_method(method)
+    dout = _check_out(out, arr, device, arr.shape[:2])
     be = get_backend(backend, device_input=device)
-    return be.contour(_as_3d(arr), code, _cast_value(border_value, arr.dtype), method)
+    value = _cast_value(border_value, arr.dtype)
+    result = be.contour(_as_3d(arr), code, value, method, dout, stream)
+    return out if out is not None else result

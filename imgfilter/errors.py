@@ -35,3 +35,8 @@ class DeviceError(ImgFilterError):
     """No usable GPU when one was demanded, or the GPU ran out of memory."""
 
     exit_code = 5
+
+
+class GpuMemoryError(DeviceError, MemoryError):
+    """The GPU could not give the memory a call needs (the message says how much was
+    needed and how much was free)."""

@@ -90,6 +90,12 @@ def start_address(obj: Any) -> int:
         return int(obj.__array_interface__["data"][0])
 
 
+def is_c_contiguous(arr: Any) -> bool:
+    """Row-major without gaps (a property of DeviceArray, a method of Numba's arrays)."""
+    flag = arr.is_c_contiguous
+    return flag if isinstance(flag, bool) else bool(flag())
+
+
 def overlaps(a: Any, b: Any) -> bool:
     """Whether two device arrays share any byte (by their address ranges)."""
     lo_a, hi_a = _extent(a)

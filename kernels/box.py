@@ -49,9 +49,9 @@ from . import box_packed as _packed
 from . import box_plan
 from . import box_tiled as _tiled
 from . import box_twopass as _twopass
-from .arrays import start_address
+from .arrays import empty, start_address
 from .device import border_index, saturate_int
-from .launch import SMEM_LIMIT, cdiv, image_grid, scratch
+from .launch import SMEM_LIMIT, cdiv, image_grid, launch, scratch
 from .saturate import output_limits
 
 # box_running geometry: the column pass walks STRIP_ROWS rows per thread; the row
@@ -109,20 +109,22 @@ def box_cols(sums, kh, ay, mode, row_cval, area, lo, hi, is_int, out):
         out[y, x, c] = v
 
 
-def box_separable(img, ksize, anchor, mode, cval, out=None):
-    """Box filter by a row pass and a column pass through a scratch sum image."""
+def box_separable(img, ksize, anchor, mode, cval, out=None, stream: int = 0):
+    """Box filter by a row pass and a column pass through a scratch sum image,
+    queued on `stream`."""
     height, width, channels = img.shape
     kh, kw = ksize
     ay, ax = anchor
     lo, hi, is_int = output_limits(img.dtype)
     sum_dtype = np.float32 if _exact_in_float32(img.dtype, kh, kw) else np.float64
-    sums = scratch(img.shape, sum_dtype)
+    sums = scratch(img.shape, sum_dtype, stream)
     if out is None:
-        out = cuda.device_array(img.shape, dtype=img.dtype)
+        out = empty(img.shape, img.dtype, stream)
     grid, block = image_grid(height, width, channels)
-    box_rows[grid, block](img, kw, ax, mode, float(cval), sums)
+    launch(box_rows, grid, block, (img, kw, ax, mode, float(cval), sums), stream)
     area = float(kh * kw)
-    box_cols[grid, block](sums, kh, ay, mode, kw * float(cval), area, lo, hi, is_int, out)
+    args = (sums, kh, ay, mode, kw * float(cval), area, lo, hi, is_int, out)
+    launch(box_cols, grid, block, args, stream)
     return out
 
 
@@ -267,7 +269,7 @@ def _column_sum_dtype(dtype, kh: int):
     return np.float64
 
 
-def box_running(img, ksize, anchor, mode, cval, out=None):
+def box_running(img, ksize, anchor, mode, cval, out=None, stream: int = 0):
     """Box filter by running sums: a column pass, then a row pass. Cost ~ independent of k.
 
     Falls back to `box_separable` when the row tile would not fit shared memory.
@@ -280,21 +282,20 @@ def box_running(img, ksize, anchor, mode, cval, out=None):
     tile_w = ROW_TILE
     smem = ((tile_w + kw - 1) * channels + tile_w * channels) * itemsize
     if smem > SMEM_LIMIT:
-        return box_separable(img, ksize, anchor, mode, cval, out)
+        return box_separable(img, ksize, anchor, mode, cval, out, stream)
     lo, hi, is_int = output_limits(img.dtype)
     if out is None:
-        out = cuda.device_array(img.shape, dtype=img.dtype)
-    sums = scratch((height, width * channels), _column_sum_dtype(img.dtype, kh))
+        out = empty(img.shape, img.dtype, stream)
+    sums = scratch((height, width * channels), _column_sum_dtype(img.dtype, kh), stream)
     lanes = width * channels
     col_cval = np.int64(cval) if is_int else np.float64(cval)
-    box_column_sums[(cdiv(lanes, 128), cdiv(height, STRIP_ROWS)), 128](
-        img, kh, ay, mode, col_cval, STRIP_ROWS, sums
-    )
+    grid = (cdiv(lanes, 128), cdiv(height, STRIP_ROWS))
+    launch(box_column_sums, grid, 128, (img, kh, ay, mode, col_cval, STRIP_ROWS, sums), stream)
     stage_type = np.float32 if exact32 else np.float64
     zero = stage_type(0)
     area = stage_type(kh * kw)
     threads = cdiv(tile_w, RUN) * channels
-    _ROW_SUMS[exact32][(cdiv(width, tile_w), height), threads, 0, smem](
+    args = (
         sums,
         kw,
         ax,
@@ -309,6 +310,7 @@ def box_running(img, ksize, anchor, mode, cval, out=None):
         channels,
         out.reshape(height, width * channels),
     )
+    launch(_ROW_SUMS[exact32], (cdiv(width, tile_w), height), threads, args, stream, smem)
     return out
 
 
@@ -343,16 +345,20 @@ def box_choice(img, ksize: tuple, out=None) -> tuple[str, dict | None]:
     return method, geometry
 
 
-def box_auto(img, ksize, anchor, mode, cval, out=None):
+_RUNNERS = {
+    "tiled": _tiled.box_tiled,
+    "packed": _packed.box_packed,
+    "fused": _fused.box_fused,
+    "twopass": _twopass.box_twopass,
+}
+
+
+def box_auto(img, ksize, anchor, mode, cval, out=None, stream: int = 0):
     """The fastest exact box filter for the case (see `box_choice`): `box_tiled`,
-    `box_twopass`, `box_fused`, `box_packed` or `box_running`. Same contract as all."""
+    `box_twopass`, `box_fused`, `box_packed` or `box_running`, queued on `stream`.
+    Same contract as all."""
     method, geometry = box_choice(img, ksize, out)
-    if method == "tiled":
-        return _tiled.box_tiled(img, ksize, anchor, mode, cval, out, geometry)
-    if method == "packed":
-        return _packed.box_packed(img, ksize, anchor, mode, cval, out, geometry)
-    if method == "fused":
-        return _fused.box_fused(img, ksize, anchor, mode, cval, out, geometry)
-    if method == "twopass":
-        return _twopass.box_twopass(img, ksize, anchor, mode, cval, out, geometry)
-    return box_running(img, ksize, anchor, mode, cval, out)
+    run = _RUNNERS.get(method)
+    if run is None:
+        return box_running(img, ksize, anchor, mode, cval, out, stream)
+    return run(img, ksize, anchor, mode, cval, out, geometry, stream)

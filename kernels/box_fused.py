@@ -24,8 +24,10 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32, int32, uint16, uint32, uint64
 
+from .arrays import empty
 from .box_plan import plan, scalar_args
 from .device import border_index
+from .launch import launch
 
 
 @cuda.jit(device=True)
@@ -306,18 +308,20 @@ def kernel_for(sum_type, channels: int, magic_rounding: bool):
     return _KERNELS[key]
 
 
-def box_fused(img, ksize, anchor, mode, cval, out=None, geometry: dict | None = None):
+def box_fused(img, ksize, anchor, mode, cval, out=None, geometry: dict | None = None,
+              stream: int = 0):  # fmt: skip
     """Box filter in one pass (see the module docstring); `geometry` from
-    `kernels.box_plan.plan`. Raises ValueError when plan says the case is not handled.
+    `kernels.box_plan.plan`. Queued on `stream`. Raises ValueError when plan says the
+    case is not handled.
     """
     height, width, channels = img.shape
     geo = geometry or plan(img.shape, img.dtype, ksize)
     if geo is None:
         raise ValueError("box_fused handles uint8/uint16 images with boxes that fit its tile")
     if out is None:
-        out = cuda.device_array(img.shape, dtype=img.dtype)
+        out = empty(img.shape, img.dtype, stream)
     kernel = kernel_for(geo["sum_type"], channels, geo["magic_rounding"])
     n = height * width * channels
-    args = scalar_args(img.shape, ksize, anchor, mode, cval, geo)
-    kernel[geo["grid"], geo["threads"], 0, geo["smem"]](img.reshape(n), *args, out.reshape(n))
+    args = (img.reshape(n), *scalar_args(img.shape, ksize, anchor, mode, cval, geo), out.reshape(n))
+    launch(kernel, geo["grid"], geo["threads"], args, stream, geo["smem"])
     return out

@@ -31,10 +31,11 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, int32, uint8, uint16, uint32, uint64
 
-from .arrays import start_address
+from .arrays import empty, start_address
 from .box_fused import _lane_column
 from .box_plan import packed_args, packed_plan
 from .device import border_index
+from .launch import launch
 
 BYTES = np.uint32(0x00FF00FF)  # bytes 0 and 2 of a word, as two 16-bit lanes
 LOW16 = np.uint32(0x0000FFFF)
@@ -354,7 +355,7 @@ def words(flat):
     return flat[: 4 * n4].view(np.uint32)
 
 
-def flat_images(img, out, kernel_name: str):
+def flat_images(img, out, kernel_name: str, stream: int = 0):
     """(out, src, dst, n): the output (allocated when None), then the (H, W, C) uint8
     device image and the output as flat byte arrays of n elements, for the kernels that
     read the image as 32-bit words; ValueError unless the image starts on a 4-byte
@@ -364,23 +365,23 @@ def flat_images(img, out, kernel_name: str):
             f"{kernel_name} reads 32-bit words: the image must start on a 4-byte boundary"
         )
     if out is None:
-        out = cuda.device_array(img.shape, dtype=img.dtype)
+        out = empty(img.shape, img.dtype, stream)
     n = img.shape[0] * img.shape[1] * img.shape[2]
     return out, img.reshape(n), out.reshape(n), n
 
 
-def box_packed(img, ksize, anchor, mode, cval, out=None, geometry: dict | None = None):
+def box_packed(img, ksize, anchor, mode, cval, out=None, geometry: dict | None = None,
+               stream: int = 0):  # fmt: skip
     """Box filter of a uint8 (H, W, C) device image, four bytes per load (see the
-    module docstring); `geometry` from `kernels.box_plan.packed_plan`. Raises
-    ValueError when the plan says the case is not handled.
+    module docstring); `geometry` from `kernels.box_plan.packed_plan`. Queued on
+    `stream`. Raises ValueError when the plan says the case is not handled.
     """
     geo = geometry or packed_plan(img.shape, img.dtype, ksize)
     if geo is None:
         raise ValueError("box_packed handles uint8 images with boxes of at most 257 rows")
-    out, src, dst, n = flat_images(img, out, "box_packed")
+    out, src, dst, n = flat_images(img, out, "box_packed", stream)
     kernel = kernel_for(img.shape[2], geo["run"], geo["threads"], geo["even"])
     args = packed_args(img.shape, ksize, anchor, mode, cval, geo)
-    kernel[geo["grid"], geo["threads"], 0, geo["smem"]](
-        src, words(src), n // 4, *args, dst, words(dst)
-    )
+    args = (src, words(src), n // 4, *args, dst, words(dst))
+    launch(kernel, geo["grid"], geo["threads"], args, stream, geo["smem"])
     return out

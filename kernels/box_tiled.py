@@ -32,16 +32,14 @@ the box: `kernels.box_plan.tiled_plan` declines boxes too big for its tiles.
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
-from numba import config, cuda, int64, typeof, uint8, uint16, uint32, uint64
+from numba import config, cuda, int64, uint8, uint16, uint32, uint64
 
 from . import box_tiled_vh
-from .arrays import start_address, whole_bytes
+from .arrays import start_address
 from .box_packed import flat_images, words
 from .box_plan import packed_magic, tiled_args, tiled_plan
-from .launch import SMEM_LIMIT, allow_dynamic_smem, core_launcher, flat_array_args
+from .launch import launch
 from .tile_load import div, make_loader, reciprocal
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
@@ -218,8 +216,6 @@ def _make_box_tiled(channels: int, ksize: tuple, threads: int, run: int, tile_w:
 
 
 _KERNELS: dict = {}
-# Kernels already allowed their shared memory above 48 KiB (fixed per specialisation).
-_OPTED_IN: set = set()
 
 
 def kernel_for(channels: int, ksize: tuple, geometry: dict):
@@ -235,10 +231,11 @@ def kernel_for(channels: int, ksize: tuple, geometry: dict):
     return _KERNELS[key, vertical_first]
 
 
-def box_tiled(img, ksize, anchor, mode, cval, out=None, geometry: dict | None = None):
+def box_tiled(img, ksize, anchor, mode, cval, out=None, geometry: dict | None = None,
+              stream: int = 0):  # fmt: skip
     """Box filter of a uint8 (H, W, C) device image, one shared-memory tile per block
-    (see the module docstring); `geometry` from `kernels.box_plan.tiled_plan`. Raises
-    ValueError when the plan says the case is not handled.
+    (see the module docstring); `geometry` from `kernels.box_plan.tiled_plan`. Queued
+    on `stream`. Raises ValueError when the plan says the case is not handled.
     """
     geo = geometry or tiled_plan(img.shape, img.dtype, ksize)
     if geo is None:
@@ -249,50 +246,11 @@ def box_tiled(img, ksize, anchor, mode, cval, out=None, geometry: dict | None = 
         )
     kernel = kernel_for(img.shape[2], ksize, geo)
     scalars = tiled_args(img.shape, ksize, anchor, mode, cval, geo)
-    key = (kernel, geo["grid"], geo["smem"])
-    launch = _LAUNCHERS.get(key)
-    if launch and whole_bytes(img) and (out is None or whole_bytes(out)):
-        try:
-            return _launch_direct(launch, img, out, scalars, geo.get("vertical_first", False))
-        except (TypeError, AttributeError):  # a cuda.core whose launch takes other types
-            _LAUNCHERS[key] = None  # Numba's launch from now on
-    out, src, dst, n = flat_images(img, out, "box_tiled")
+    out, src, dst, n = flat_images(img, out, "box_tiled", stream)
     args = (src, words(src), n // 4, *scalars, dst)
     if geo.get("vertical_first"):
         if start_address(out) % 4:
             raise ValueError("box_tiled writes 32-bit words: out must start on a 4-byte boundary")
         args += (words(dst),)
-    if geo["smem"] > SMEM_LIMIT and kernel not in _OPTED_IN:  # once per kernel: ~0.2 ms
-        compiled = kernel.compile(tuple(typeof(a) for a in args))
-        if not allow_dynamic_smem(compiled, geo["smem"]):
-            raise ValueError(f"the device cannot give box_tiled {geo['smem']} B of shared memory")
-        _OPTED_IN.add(kernel)
-    kernel[geo["grid"], geo["threads"], 0, geo["smem"]](*args)
-    if key not in _LAUNCHERS:
-        _LAUNCHERS[key] = core_launcher(kernel, args, geo["grid"], geo["threads"], geo["smem"])
-    return out
-
-
-# Later launches of a (kernel, grid, shared memory) skip Numba's dispatch and the flat
-# views: ~0.1 ms of Python per call (kernels.launch.core_launcher).
-_LAUNCHERS: dict = {}
-
-
-def _launch_direct(launch, img, out, scalars: tuple, out_words: bool):
-    """box_tiled's launch through `launch` (a core_launcher of its kernel): the same
-    arguments as the Numba launch, built from the arrays' addresses; out_words passes
-    the output's 32-bit words too (the columns-first kernel)."""
-    if start_address(img) % 4:
-        raise ValueError("box_tiled reads 32-bit words: the image must start on a 4-byte boundary")
-    if out is None:
-        out = cuda.device_array(img.shape, dtype=img.dtype)
-    if out_words and start_address(out) % 4:
-        raise ValueError("box_tiled writes 32-bit words: out must start on a 4-byte boundary")
-    n = img.size
-    src, dst = img.device_ctypes_pointer.value, out.device_ctypes_pointer.value
-    tail = flat_array_args(dst, n // 4, 4) if out_words else ()
-    launch(
-        *flat_array_args(src, n, 1), *flat_array_args(src, n // 4, 4), ctypes.c_int64(n // 4),
-        *(ctypes.c_int64(int(a)) for a in scalars), *flat_array_args(dst, n, 1), *tail,
-    )  # fmt: skip
+    launch(kernel, geo["grid"], geo["threads"], args, stream, geo["smem"])
     return out

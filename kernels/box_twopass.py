@@ -29,17 +29,15 @@ written and read once. Geometry: `kernels.box_plan.twopass_plan`.
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
-from numba import cuda, typeof, uint8, uint16, uint32, uint64
+from numba import cuda, uint8, uint16, uint32, uint64
 
-from .arrays import start_address, whole_bytes
+from .arrays import empty, start_address
 from .box_packed import words
 from .box_plan import twopass_args, twopass_plan
 from .device import border_index
 from .int_ops import round_div
-from .launch import SMEM_LIMIT, allow_dynamic_smem, core_launcher, flat_array_args, scratch
+from .launch import launch, scratch
 
 LOW16 = np.uint32(0xFFFF)
 SIXTEEN = np.uint32(16)
@@ -543,86 +541,38 @@ def column_kernel_for(geo: dict):
     return _COLUMN_TILES[wx]
 
 
-def row_pass(img, ksize: tuple, anchor: tuple, mode: int, cval, geo: dict):
-    """Launch the row pass of `img` ((H, W, C) uint8 device array starting on a 4-byte
-    boundary); returns the scratch of row sums, (H * pitch16 // 2,) uint32 words."""
-    args, _ = _launch_args(img, None, ksize, anchor, mode, cval, geo)
-    row_kernel_for(img.shape[2], geo["run"])[geo["row_grid"], geo["row_threads"], 0,
-                                             geo["row_smem"]](*args)  # fmt: skip
-    return args[-1]
-
-
-def column_pass(sums32, ksize: tuple, anchor: tuple, mode: int, cval, geo: dict, out):
-    """Launch the column pass: `out` ((H, W, C) uint8 device array) from the row sums.
-    Raises ValueError when the device cannot give the tile's shared memory."""
-    _, args = twopass_args(out.shape, ksize, anchor, mode, cval, geo)
-    args = (sums32, *args, out.reshape(out.size))
-    kernel, smem = column_kernel_for(geo), geo["col_smem"]
-    if smem > max(SMEM_LIMIT, _opted_in.get(kernel, 0)):  # once per size: ~0.2 ms
-        if not allow_dynamic_smem(kernel.compile(tuple(typeof(a) for a in args)), smem):
-            raise ValueError(f"the device cannot give box_twopass {smem} B of shared memory")
-        _opted_in[kernel] = smem
-    kernel[geo["col_grid"], geo["col_block"], 0, smem](*args)
-    return out
-
-
-# The most dynamic shared memory each column kernel has been allowed (above 48 KiB).
-_opted_in: dict = {}
-
-
-def _launch_args(img, out, ksize, anchor, mode, cval, geo: dict) -> tuple:
-    """(row pass, column pass) arguments as Numba launches them; the column pass's is
-    None without `out`."""
+def row_pass(img, ksize: tuple, anchor: tuple, mode: int, cval, geo: dict, stream: int = 0):
+    """Queue the row pass of `img` ((H, W, C) uint8 device array starting on a 4-byte
+    boundary) on `stream`; returns the scratch of row sums, (H * pitch16 // 2,) uint32
+    words (from the stream's pool: keep it until the column pass is queued)."""
     n = img.size
     src8 = img.reshape(n)
-    sums32 = scratch((img.shape[0] * geo["pitch16"] // 2,), np.uint32)
-    row, column = twopass_args(img.shape, ksize, anchor, mode, cval, geo)
-    row_args = (src8, words(src8), *row, sums32)
-    column_args = None if out is None else (sums32, *column, out.reshape(n))
-    return row_args, column_args
+    sums32 = scratch((img.shape[0] * geo["pitch16"] // 2,), np.uint32, stream)
+    row, _ = twopass_args(img.shape, ksize, anchor, mode, cval, geo)
+    args = (src8, words(src8), *row, sums32)
+    kernel = row_kernel_for(img.shape[2], geo["run"])
+    launch(kernel, geo["row_grid"], geo["row_threads"], args, stream, geo["row_smem"])
+    return sums32
 
 
-def _direct_launchers(img, out, ksize, anchor, mode, cval, geo: dict):
-    """(row, column) `core_launcher`s of both passes, whose kernels have just run on
-    these arguments; None where there is no such path."""
-    row_args, column_args = _launch_args(img, out, ksize, anchor, mode, cval, geo)
-    row = core_launcher(row_kernel_for(img.shape[2], geo["run"]), row_args, geo["row_grid"],
-                        geo["row_threads"], geo["row_smem"])  # fmt: skip
-    column = core_launcher(column_kernel_for(geo), column_args, geo["col_grid"],
-                           geo["col_block"], geo["col_smem"])  # fmt: skip
-    return None if row is None or column is None else (row, column)
-
-
-def _launch_direct(launchers, img, out, ksize, anchor, mode, cval, geo: dict):
-    """Both passes through their `core_launcher`s, with the arguments of the Numba
-    launches built from the arrays' addresses."""
-    height, n = img.shape[0], img.size
-    n_sums = height * geo["pitch16"] // 2
-    sums32 = scratch((n_sums,), np.uint32)
-    src, dst = img.device_ctypes_pointer.value, out.device_ctypes_pointer.value
-    sums = flat_array_args(sums32.device_ctypes_pointer.value, n_sums, 4)
-    row, column = twopass_args(img.shape, ksize, anchor, mode, cval, geo)
-    launch_rows, launch_columns = launchers
-    launch_rows(
-        *flat_array_args(src, n, 1), *flat_array_args(src, n // 4, 4),
-        *(ctypes.c_int64(a) for a in row), *sums,
-    )  # fmt: skip
-    launch_columns(*sums, *(ctypes.c_int64(a) for a in column), *flat_array_args(dst, n, 1))
+def column_pass(sums32, ksize: tuple, anchor: tuple, mode: int, cval, geo: dict, out,
+                stream: int = 0):  # fmt: skip
+    """Queue the column pass on `stream`: `out` ((H, W, C) uint8 device array) from
+    the row sums."""
+    _, args = twopass_args(out.shape, ksize, anchor, mode, cval, geo)
+    args = (sums32, *args, out.reshape(out.size))
+    launch(column_kernel_for(geo), geo["col_grid"], geo["col_block"], args, stream,
+           geo["col_smem"])  # fmt: skip
     return out
 
 
-# Later calls with the same kernels and launch geometry skip Numba's dispatch and the
-# flat views (`kernels.launch.core_launcher`); None where there is no such path.
-_LAUNCHERS: dict = {}
-
-
-def box_twopass(img, ksize, anchor, mode, cval, out=None, geometry: dict | None = None):
+def box_twopass(img, ksize, anchor, mode, cval, out=None, geometry: dict | None = None,
+                stream: int = 0):  # fmt: skip
     """Box filter in two passes (see the module docstring); `geometry` from
     `kernels.box_plan.twopass_plan`. The image must start on a 4-byte boundary (the row
     pass reads 32-bit words; `kernels.box.box_choice` sends other views elsewhere).
     Raises ValueError when the plan says the case is not handled or the image is not
-    aligned. The scratch of row sums is reused across calls (`kernels.launch.scratch`).
-    After a first call, whole uint8 device arrays go straight to the driver.
+    aligned. Queued on `stream`; the row sums' scratch comes from its pool.
     """
     geo = geometry or twopass_plan(img.shape, img.dtype, ksize)
     if geo is None:
@@ -632,16 +582,6 @@ def box_twopass(img, ksize, anchor, mode, cval, out=None, geometry: dict | None 
             "box_twopass reads 32-bit words: the image must start on a 4-byte boundary"
         )
     if out is None:
-        out = cuda.device_array(img.shape, dtype=img.dtype)
-    key = (img.shape[2], *(str(geo[k]) for k in sorted(geo)))
-    launchers = _LAUNCHERS.get(key)
-    if launchers and whole_bytes(img) and whole_bytes(out):
-        try:
-            return _launch_direct(launchers, img, out, ksize, anchor, mode, cval, geo)
-        except (TypeError, AttributeError):  # a cuda.core whose launch takes other types
-            _LAUNCHERS[key] = None  # Numba's launches from now on
-    sums32 = row_pass(img, ksize, anchor, mode, cval, geo)
-    column_pass(sums32, ksize, anchor, mode, cval, geo, out)
-    if key not in _LAUNCHERS and whole_bytes(img) and whole_bytes(out):
-        _LAUNCHERS[key] = _direct_launchers(img, out, ksize, anchor, mode, cval, geo)
-    return out
+        out = empty(img.shape, img.dtype, stream)
+    sums32 = row_pass(img, ksize, anchor, mode, cval, geo, stream)
+    return column_pass(sums32, ksize, anchor, mode, cval, geo, out, stream)

@@ -13,8 +13,10 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, int32, uint64
 
+from .arrays import empty
 from .contour_plan import RUN_Y, THREADS, grid, scalar_args
 from .device import bgr_to_gray, border_index
+from .launch import launch
 
 
 @cuda.jit(device=True)
@@ -164,16 +166,14 @@ def kernel_for(channels: int):
     return _KERNELS[channels]
 
 
-def contour(img, mode: int, cval: int, out=None):
-    """Contour map of a device image (H, W, C), C in {1, 3, 4}, uint8 or uint16.
-
-    Returns an (H, W) device array of the image's dtype.
-    """
+def contour(img, mode: int, cval: int, out=None, stream: int = 0):
+    """Contour map of a device image (H, W, C), C in {1, 3, 4}, uint8 or uint16,
+    queued on `stream`. Returns `out`, an (H, W) device array of the image's dtype
+    (allocated when None)."""
     height, width, channels = img.shape
     if out is None:
-        out = cuda.device_array((height, width), dtype=img.dtype)
+        out = empty((height, width), img.dtype, stream)
     mode, cval, hi = scalar_args(img.dtype, mode, cval)
-    kernel_for(channels)[grid(height, width), THREADS](
-        img, img.reshape(img.size), mode, cval, hi, out, out.reshape(out.size)
-    )
+    args = (img, img.reshape(img.size), mode, cval, hi, out, out.reshape(out.size))
+    launch(kernel_for(channels), grid(height, width), THREADS, args, stream)
     return out

@@ -20,8 +20,9 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32
 
+from .arrays import empty
 from .device import border_index, saturate_int
-from .launch import BLOCK_X, BLOCK_Y, SMEM_LIMIT, image_grid, scratch
+from .launch import BLOCK_X, BLOCK_Y, SMEM_LIMIT, image_grid, launch, scratch
 from .saturate import output_limits
 
 
@@ -145,34 +146,37 @@ def tiled_fits(kh: int, kw: int) -> bool:
     return tiled_smem_bytes(kh, kw) <= SMEM_LIMIT
 
 
-def correlate(img, weights, anchor, mode, cval, method, out=None):
+def correlate(img, weights, anchor, mode, cval, method, out=None, stream: int = 0):
     """Correlate a device image (H, W, C) with device weights (kh, kw); return `out`.
 
     method: "naive", "padded", "tiled" or "blocked" (the caller resolves "auto").
+    Queued on `stream`.
     """
     height, width, channels = img.shape
     kh, kw = weights.shape
     ay, ax = anchor
     lo, hi, is_int = output_limits(img.dtype)
     if out is None:
-        out = cuda.device_array(img.shape, dtype=img.dtype)
+        out = empty(img.shape, img.dtype, stream)
     grid, block = image_grid(height, width, channels)
     if method == "naive":
-        correlate_naive[grid, block](img, weights, ay, ax, mode, cval, lo, hi, is_int, out)
+        args = (img, weights, ay, ax, mode, cval, lo, hi, is_int, out)
+        launch(correlate_naive, grid, block, args, stream)
     elif method == "padded":
-        padded = scratch((height + kh - 1, width + kw - 1, channels), img.dtype)
+        padded = scratch((height + kh - 1, width + kw - 1, channels), img.dtype, stream)
         pgrid, _ = image_grid(padded.shape[0], padded.shape[1], channels)
-        pad_image[pgrid, block](img, ay, ax, mode, cval, padded)
-        correlate_valid[grid, block](padded, weights, lo, hi, is_int, out)
+        launch(pad_image, pgrid, block, (img, ay, ax, mode, cval, padded), stream)
+        launch(correlate_valid, grid, block, (padded, weights, lo, hi, is_int, out), stream)
     elif method == "blocked":
         from .conv_blocked import correlate_blocked
 
-        correlate_blocked(img, weights, anchor, mode, cval, out)
+        correlate_blocked(img, weights, anchor, mode, cval, out, stream=stream)
     elif method == "tiled":
         smem = tiled_smem_bytes(kh, kw)
         if smem > SMEM_LIMIT:
             raise ValueError(f"a {kh}x{kw} kernel needs {smem} bytes of shared memory")
-        correlate_tiled[grid, block, 0, smem](img, weights, ay, ax, mode, cval, lo, hi, is_int, out)
+        args = (img, weights, ay, ax, mode, cval, lo, hi, is_int, out)
+        launch(correlate_tiled, grid, block, args, stream, smem)
     else:
         raise ValueError(f"unknown correlation method {method!r}")
     return out

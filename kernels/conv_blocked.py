@@ -18,9 +18,10 @@ import numpy as np
 from numba import config as _numba_config
 from numba import cuda
 
+from .arrays import is_c_contiguous
 from .cache import cache_dir
 from .conv_plan import TX, TY, grid, offsets_fit, rows_per_thread, scalar_args, tile_shape
-from .launch import cdiv, scratch
+from .launch import cdiv, launch, scratch
 
 SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
 
@@ -269,16 +270,16 @@ def kernel_for(kh: int, kw: int, wide: bool = False, accumulate: bool = False):
     return _cache[key]
 
 
-def correlate_blocked(img, weights, anchor, mode, cval, out, acc=None):
+def correlate_blocked(img, weights, anchor, mode, cval, out, acc=None, stream: int = 0):
     """Launch the blocked kernel on a device image (H, W, C); `out` is filled.
 
     `out` may differ in dtype from `img` (a float32 intermediate, say): rounding and
     saturation follow out's dtype. With `acc` (float32, out's shape; may be out
     itself) out receives acc + the correlation, rounded once. All must be C-contiguous
-    (the kernel addresses them by flat element offsets).
+    (the kernel addresses them by flat element offsets). Queued on `stream`.
     """
     arrays = (img, out) if acc is None else (img, out, acc)
-    if not all(a.is_c_contiguous() for a in arrays):
+    if not all(is_c_contiguous(a) for a in arrays):
         raise ValueError("the blocked kernel needs C-contiguous image, output and sum arrays")
     if acc is not None and (acc.shape != out.shape or acc.dtype != np.float32):
         raise ValueError(
@@ -288,11 +289,11 @@ def correlate_blocked(img, weights, anchor, mode, cval, out, acc=None):
     flat = weights.reshape(kh * kw)
     args = scalar_args(out.dtype, anchor, mode, cval)
     kernel = kernel_for(kh, kw, wide=not offsets_fit(img.shape), accumulate=acc is not None)
-    kernel[grid(img.shape, kh), (TX, TY, 1)](img, flat, *args, out, *arrays[2:])
+    launch(kernel, grid(img.shape, kh), (TX, TY, 1), (img, flat, *args, out, *arrays[2:]), stream)
     return out
 
 
-def correlate_low_rank(img, terms, anchor, mode, cval, out):
+def correlate_low_rank(img, terms, anchor, mode, cval, out, stream: int = 0):
     """Correlate with sum_k outer(col_k, row_k), a kernel of rank len(terms).
 
     terms: [(row (1, kw), col (kh, 1), row_sum)], float32 device arrays and the sum of
@@ -305,20 +306,20 @@ def correlate_low_rank(img, terms, anchor, mode, cval, out):
     """
     if len(terms) == 1:
         row, col, row_sum = terms[0]
-        return correlate_separable(img, row, col, anchor, mode, cval, row_sum, out)
+        return correlate_separable(img, row, col, anchor, mode, cval, row_sum, out, stream)
     ay, ax = anchor
-    tmp = scratch(img.shape, np.float32)
-    acc = scratch(img.shape, np.float32, "low-rank sum")
+    tmp = scratch(img.shape, np.float32, stream)
+    acc = scratch(img.shape, np.float32, stream)
     last = len(terms) - 1
     for k, (row, col, row_sum) in enumerate(terms):
-        correlate_blocked(img, row, (0, ax), mode, float(cval), tmp)
+        correlate_blocked(img, row, (0, ax), mode, float(cval), tmp, stream=stream)
         target = out if k == last else acc
         col_cval = float(cval) * row_sum
-        correlate_blocked(tmp, col, (ay, 0), mode, col_cval, target, acc if k else None)
+        correlate_blocked(tmp, col, (ay, 0), mode, col_cval, target, acc if k else None, stream)
     return out
 
 
-def correlate_separable(img, row, col, anchor, mode, cval, row_sum, out):
+def correlate_separable(img, row, col, anchor, mode, cval, row_sum, out, stream: int = 0):
     """Correlate with the rank-1 kernel outer(col, row): a row pass, then a column pass.
 
     row (1, kw) and col (kh, 1) are float32 device arrays, row_sum the sum of row.
@@ -327,7 +328,7 @@ def correlate_separable(img, row, col, anchor, mode, cval, row_sum, out):
     cval, whose row-pass value is cval * row_sum.
     """
     ay, ax = anchor
-    tmp = scratch(img.shape, np.float32)
-    correlate_blocked(img, row, (0, ax), mode, float(cval), tmp)
-    correlate_blocked(tmp, col, (ay, 0), mode, float(cval) * row_sum, out)
+    tmp = scratch(img.shape, np.float32, stream)
+    correlate_blocked(img, row, (0, ax), mode, float(cval), tmp, stream=stream)
+    correlate_blocked(tmp, col, (ay, 0), mode, float(cval) * row_sum, out, stream=stream)
     return out

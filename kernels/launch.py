@@ -6,8 +6,8 @@ import os
 import struct
 import threading
 
-from .cudadrv import SMEM_DEFAULT, driver
 from .arrays import empty
+from .cudadrv import SMEM_DEFAULT, driver
 from .devarray import DeviceArray
 
 BLOCK_X = 32  # threads along a row: one warp reads 32 consecutive pixels

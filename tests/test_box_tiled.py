@@ -152,7 +152,7 @@ def test_default_order_and_geometry_follow_the_box_height(monkeypatch):
 def test_box_auto_runs_box_tiled_for_small_uint8_boxes(monkeypatch, order):
     ran = []
     real = ktiled.box_tiled
-    monkeypatch.setattr(ktiled, "box_tiled", lambda *a: ran.append(a[-1]) or real(*a))
+    monkeypatch.setitem(kbox._RUNNERS, "tiled", lambda *a: ran.append(a[-2]) or real(*a))
     img = _image((70, 70, 3), seed=11)  # default geometry: 2 x 2 tiles (columns first 2 x 3)
     for ksize, anchor, border in [((5, 5), (2, 2), "reflect101"), ((3, 7), (0, 6), "constant")]:
         d_img = cuda.to_device(img)

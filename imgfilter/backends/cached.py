@@ -208,32 +208,40 @@ def _blocked_quick(img, kernel, anchor, border, value) -> np.ndarray | None:
     return _run(name, img, img.shape, launch, extra=weights)
 
 
-def box(img, ksize, anchor, border, value, method):
-    """cv2.blur semantics; see imgfilter.backends and imgfilter.backends.cuda.box."""
-    if method == "auto" and isinstance(img, np.ndarray):
-        out = _box_quick(np.ascontiguousarray(img), ksize, anchor, border, value)
-        if out is not None:
-            return out
-    return _numba_backend().box(img, ksize, anchor, border, value, method)
+def _into(result: np.ndarray, out):
+    if out is None:
+        return result
+    out[...] = result
+    return out
 
 
-def contour(img, border, value, method):
+def box(img, ksize, anchor, border, value, method, out=None, stream=None):
+    """cv2.blur semantics; see imgfilter.backends and imgfilter.backends.cuda.box.
+    Host images without a stream only; anything else goes to the Numba path."""
+    if method == "auto" and isinstance(img, np.ndarray) and stream is None:
+        result = _box_quick(np.ascontiguousarray(img), ksize, anchor, border, value)
+        if result is not None:
+            return _into(result, out)
+    return _numba_backend().box(img, ksize, anchor, border, value, method, out, stream)
+
+
+def contour(img, border, value, method, out=None, stream=None):
     """The fused contour map; see imgfilter.backends.cuda.contour."""
-    if isinstance(img, np.ndarray):
-        out = _contour_quick(np.ascontiguousarray(img), border, value)
-        if out is not None:
-            return out
-    return _numba_backend().contour(img, border, value, method)
+    if isinstance(img, np.ndarray) and stream is None:
+        result = _contour_quick(np.ascontiguousarray(img), border, value)
+        if result is not None:
+            return _into(result, out)
+    return _numba_backend().contour(img, border, value, method, out, stream)
 
 
-def correlate(img, kernel, anchor, border, value, method):
+def correlate(img, kernel, anchor, border, value, method, out=None, stream=None):
     """cv2.filter2D semantics; the register-blocked kernel runs from its cubin where
     method auto (or blocked) picks it, anything else through Numba."""
     quick = method == "blocked" or (method == "auto" and conv_plan.auto_method(kernel) == "blocked")
     # The exported cubin is the 32-bit-offset variant: larger images go through Numba.
     fits = conv_plan.fits(*kernel.shape) and conv_plan.offsets_fit(img.shape)
-    if quick and fits and isinstance(img, np.ndarray):
-        out = _blocked_quick(np.ascontiguousarray(img), kernel, anchor, border, value)
-        if out is not None:
-            return out
-    return _numba_backend().correlate(img, kernel, anchor, border, value, method)
+    if quick and fits and isinstance(img, np.ndarray) and stream is None:
+        result = _blocked_quick(np.ascontiguousarray(img), kernel, anchor, border, value)
+        if result is not None:
+            return _into(result, out)
+    return _numba_backend().correlate(img, kernel, anchor, border, value, method, out, stream)

@@ -176,13 +176,14 @@ def _correlate_rows(pad, nch, weights, out, lo, hi, is_int, wide):
                 out[y, x] = np.float32(v)
 
 
-def correlate(img, kernel, anchor, border, value, method):
-    """cv2.filter2D semantics; `method` is ignored (one implementation)."""
+def correlate(img, kernel, anchor, border, value, method, out=None, stream=None):
+    """cv2.filter2D semantics; `method` and `stream` are ignored (one implementation,
+    no GPU); the result is written into `out` when given."""
     h, w, c = img.shape
     kh, kw = kernel.shape
     ay, ax = anchor
     pad = _pad(img, ay, kh - 1 - ay, ax, kw - 1 - ax, border, value)
-    out = np.empty_like(img)
+    out = np.empty_like(img) if out is None else out
     lo, hi, is_int = output_limits(img.dtype)
     weights = np.ascontiguousarray(kernel, dtype=np.float32)
     wide = kh * kw >= direct_area_limit(img.dtype)
@@ -250,13 +251,14 @@ def _box_rows(pad, nch, kh, kw, out, nchunks, mode, delta, mul, scale32, scale64
                         )
 
 
-def box(img, ksize, anchor, border, value, method):
-    """cv2.blur semantics (exact sums, OpenCV's scaling); `method` is ignored."""
+def box(img, ksize, anchor, border, value, method, out=None, stream=None):
+    """cv2.blur semantics (exact sums, OpenCV's scaling); `method` and `stream` are
+    ignored; the result is written into `out` when given."""
     h, w, c = img.shape
     kh, kw = ksize
     ay, ax = anchor
     pad = _pad(img, ay, kh - 1 - ay, ax, kw - 1 - ax, border, value)
-    out = np.empty_like(img)
+    out = np.empty_like(img) if out is None else out
     lo, hi, _ = output_limits(img.dtype)
     area = kh * kw
     mode, delta, mul = box_scaling(img.dtype, area)
@@ -319,14 +321,15 @@ def _contour_rows(g, hi, out):
             out[y, x] = _clip(gx, hi) | _clip(-gx, hi) | _clip(gy, hi) | _clip(-gy, hi)
 
 
-def contour(img, border, value, method):
-    """Gray (cv2.cvtColor), four 3x3 edge responses, saturated, OR-ed; (H, W) out."""
+def contour(img, border, value, method, out=None, stream=None):
+    """Gray (cv2.cvtColor), four 3x3 edge responses, saturated, OR-ed; (H, W) out
+    (written into `out` when given; `stream` is ignored)."""
     h, w, _ = img.shape
     _, hi, _ = output_limits(img.dtype)
     rows = _axis_map(h, 1, 1, border)
     cols = _axis_map(w, 1, 1, border)
     gray = np.empty((h + 2, w + 2), np.int64)
     _gray_padded(img, rows, cols, int(value), gray)
-    out = np.empty((h, w), img.dtype)
+    out = np.empty((h, w), img.dtype) if out is None else out
     _contour_rows(gray, hi, out)
     return out

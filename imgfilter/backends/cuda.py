@@ -1,14 +1,19 @@
 """The CUDA backend: runs `kernels` on the GPU (or on Numba's simulator in tests).
 
-Host arrays are copied to the device once and the result copied back; device
-arrays (anything with `__cuda_array_interface__`) stay on the device and a Numba
-device array is returned. See `imgfilter.backends` for the shared contract.
+Host arrays are copied to the device and the result copied back (the call waits for
+it); device arrays (the API hands them over as `kernels.devarray.DeviceArray` views)
+stay on the device: the work is queued on the call's stream and a device array is
+returned at once, without waiting for the GPU. See `imgfilter.backends` for the
+shared contract.
 """
 
 from __future__ import annotations
 
+import functools
+import threading
+
 import numpy as np
-from numba import config, cuda
+from numba import config
 
 from kernels import box as _box
 from kernels import box_fused as _box_fused
@@ -19,9 +24,11 @@ from kernels import contour as _contour
 from kernels import conv as _conv
 from kernels import conv_blocked as _blocked
 from kernels import conv_plan as _conv_plan
+from kernels.arrays import empty, resolve_stream, to_device, to_host
 from kernels.conv_plan import low_rank_factors
+from kernels.cudadrv import CudaError, GpuOutOfMemory, driver
 
-from ..errors import DeviceError, UsageError
+from ..errors import DeviceError, GpuMemoryError, UsageError
 from . import cubins
 
 NAME = "cuda"
@@ -33,37 +40,77 @@ config.CUDA_LOW_OCCUPANCY_WARNINGS = False
 def _export(kernel, name: str, array_dtypes: tuple) -> None:
     """Keep the compiled kernel's cubin on disk for the quick start (backends.cached)."""
     if not config.ENABLE_CUDASIM:
-        cc = cuda.get_current_device().compute_capability
-        cubins.remember(kernel, name, array_dtypes, cc)
+        cubins.remember(kernel, name, array_dtypes, driver().cc)
 
 
-def _to_device(img):
-    """(device array, came_from_host); the API has already wrapped device inputs."""
+class _Call:
+    """One call's device input, stream and output, host or device (see `begin`)."""
+
+    __slots__ = ("img", "stream", "from_host", "host_out", "out")
+
+    def __init__(self, img, stream: int, from_host: bool, host_out, out) -> None:
+        self.img, self.stream, self.from_host = img, stream, from_host
+        self.host_out, self.out = host_out, out
+
+    def finish(self, result):
+        """The result as the caller gets it: copied back (into their `out`, if given)
+        for a host input, else the device array itself."""
+        if not self.from_host:
+            return result
+        host = to_host(result, self.stream)
+        if self.host_out is None:
+            return host
+        self.host_out[...] = host
+        return self.host_out
+
+
+def begin(img, out, stream) -> _Call:
+    """The device image (a host image is queued for upload), the stream the call runs
+    on (`kernels.arrays.resolve_stream`) and where the result goes: a device `out` is
+    written in place, a host `out` receives the copy."""
     if isinstance(img, np.ndarray):
-        return cuda.to_device(np.ascontiguousarray(img)), True
-    return img, False
+        handle = resolve_stream(stream)
+        host_out = out if isinstance(out, np.ndarray) else None
+        dout = None if out is None or host_out is not None else out
+        return _Call(to_device(img, handle), handle, True, host_out, dout)
+    return _Call(img, resolve_stream(stream, img), False, None, out)
 
 
-def _finish(out, from_host: bool):
-    return out.copy_to_host() if from_host else out
-
-
+_lock = threading.Lock()
 _WEIGHTS: dict = {}
-_WEIGHTS_KEEP = 8
+_WEIGHTS_KEEP = 16
 
 
-def _device_weights(kernel: np.ndarray):
-    """The kernel as a float32 device array, kept for reuse: a host-to-device copy
-    waits for all queued GPU work, so repeated calls should not make one each time."""
-    key = (kernel.shape, kernel.tobytes())
-    weights = _WEIGHTS.pop(key, None)
-    if weights is None:
-        # np.array copies: a broadcast view (stride 0) would not reshape on the device.
-        weights = cuda.to_device(np.array(kernel, dtype=np.float32, order="C"))
-    _WEIGHTS[key] = weights
-    while len(_WEIGHTS) > _WEIGHTS_KEEP:
-        _WEIGHTS.pop(next(iter(_WEIGHTS)))
+def _device_weights(kernel: np.ndarray, stream: int):
+    """The kernel as a float32 device array, uploaded once per stream and kept: later
+    calls on the stream find it there, ordered after its upload."""
+    key = (stream, kernel.shape, kernel.tobytes())
+    with _lock:
+        weights = _WEIGHTS.pop(key, None)
+        if weights is None:
+            # np.array copies: a broadcast view (stride 0) would not reshape on the device.
+            weights = to_device(np.array(kernel, dtype=np.float32, order="C"), stream)
+        _WEIGHTS[key] = weights
+        while len(_WEIGHTS) > _WEIGHTS_KEEP:
+            _WEIGHTS.pop(next(iter(_WEIGHTS)))
     return weights
+
+
+@functools.lru_cache(maxsize=64)
+def _prepared(shape: tuple, data: bytes, method: str) -> tuple[str, tuple]:
+    """(resolved method, low-rank factors as ((row, col, row_sum), ...) for
+    "separable") for a kernel given by its shape and bytes: the SVD runs once."""
+    kernel = np.frombuffer(data, dtype=np.float32).reshape(shape)
+    method = _resolve_correlation_method(method, kernel)
+    if method != "separable":
+        return method, ()
+    kh, kw = shape
+    terms = tuple(
+        (row[None, :].astype(np.float32), col[:, None].astype(np.float32),
+         float(np.sum(row, dtype=np.float64)))  # fmt: skip
+        for col, row in low_rank_factors(kernel, _conv_plan.max_separable_rank(kh, kw))
+    )
+    return method, terms
 
 
 def _resolve_correlation_method(method: str, kernel: np.ndarray) -> str:
@@ -94,46 +141,45 @@ def _resolve_correlation_method(method: str, kernel: np.ndarray) -> str:
 
 
 def _run(fn):
-    """Call fn(), turning CUDA out-of-memory into DeviceError."""
+    """Call fn(), turning CUDA failures into DeviceError (GpuMemoryError when the GPU
+    is out of memory)."""
     try:
         return fn()
-    except cuda.cudadrv.driver.CudaAPIError as exc:  # pragma: no cover - real GPU only
-        if "OUT_OF_MEMORY" in str(exc) or "2" == str(getattr(exc, "code", "")):
-            raise DeviceError(f"the GPU ran out of memory: {exc}") from exc
+    except GpuOutOfMemory as exc:  # pragma: no cover - real GPU only
+        raise GpuMemoryError(f"{exc}; try --backend cpu") from exc
+    except CudaError as exc:  # pragma: no cover - real GPU only
         raise DeviceError(f"CUDA error: {exc}") from exc
 
 
-def correlate(img, kernel, anchor, border, value, method):
+def correlate(img, kernel, anchor, border, value, method, out=None, stream=None):
     """cv2.filter2D semantics on the GPU; see imgfilter.backends."""
-    method = _resolve_correlation_method(method, kernel)
+    kernel = np.ascontiguousarray(kernel, dtype=np.float32)
+    method, terms = _prepared(kernel.shape, kernel.tobytes(), method)
 
     def go():
-        dimg, from_host = _to_device(img)
+        call = begin(img, out, stream)
+        dimg, handle = call.img, call.stream
         cval = np.dtype(dimg.dtype).type(value)
         if method == "separable":
-            kh, kw = kernel.shape
-            terms = [
-                (
-                    _device_weights(row[None, :]),
-                    _device_weights(col[:, None]),
-                    float(np.sum(row, dtype=np.float64)),
-                )
-                for col, row in low_rank_factors(kernel, _conv_plan.max_separable_rank(kh, kw))
+            dterms = [
+                (_device_weights(row, handle), _device_weights(col, handle), row_sum)
+                for row, col, row_sum in terms
             ]
-            out = cuda.device_array(dimg.shape, dtype=dimg.dtype)
-            _blocked.correlate_low_rank(dimg, terms, anchor, border, cval, out)
+            dout = call.out if call.out is not None else empty(dimg.shape, dimg.dtype, handle)
+            _blocked.correlate_low_rank(dimg, dterms, anchor, border, cval, dout, handle)
         else:
-            out = _conv.correlate(dimg, _device_weights(kernel), anchor, border, cval, method)
-            if method == "blocked":
+            weights = _device_weights(kernel, handle)
+            dout = _conv.correlate(dimg, weights, anchor, border, cval, method, call.out, handle)
+            if method == "blocked" and call.from_host:
                 kh, kw = kernel.shape
                 name = cubins.blocked_name(kh, kw, dimg.dtype)
                 _export(_blocked.kernel_for(kh, kw), name, (dimg.dtype, np.float32, dimg.dtype))
-        return _finish(out, from_host)
+        return call.finish(dout)
 
     return _run(go)
 
 
-def box(img, ksize, anchor, border, value, method):
+def box(img, ksize, anchor, border, value, method, out=None, stream=None):
     """cv2.blur semantics on the GPU.
 
     auto: one pass for uint8/uint16 (`kernels.box_tiled` for uint8 boxes up to 41,
@@ -147,17 +193,15 @@ def box(img, ksize, anchor, border, value, method):
         run = _box.box_auto if method == "auto" else _box.box_separable
 
         def go():
-            dimg, from_host = _to_device(img)
-            out = run(dimg, ksize, anchor, border, value)
-            if method == "auto":
-                _export_box(dimg, ksize)
-            return _finish(out, from_host)
+            call = begin(img, out, stream)
+            dout = run(call.img, ksize, anchor, border, value, call.out, call.stream)
+            if method == "auto" and call.from_host:
+                _export_box(call.img, ksize)
+            return call.finish(dout)
 
         return _run(go)
     weights = np.full((kh, kw), 1.0 / (kh * kw), dtype=np.float32)
-    return correlate(img, weights, anchor, border, value, method)
-
-
+    return correlate(img, weights, anchor, border, value, method, out, stream)
 def _export_box(dimg, ksize: tuple) -> None:
     """Export the cubins of the box kernel box_auto just ran (both of box_twopass's
     passes), unless it ran box_running."""
@@ -182,15 +226,16 @@ def _export_box(dimg, ksize: tuple) -> None:
         _export(_box_twopass.column_kernel_for(geo), columns, (np.uint32, dtype))
 
 
-def contour(img, border, value, method):
+def contour(img, border, value, method, out=None, stream=None):
     """Fused four-direction contour map; method is ignored (one fused kernel)."""
 
     def go():
-        dimg, from_host = _to_device(img)
-        out = _contour.contour(dimg, border, int(value))
-        channels = dimg.shape[2]
-        name = cubins.contour_name(channels, dimg.dtype)
-        _export(_contour.kernel_for(channels), name, (dimg.dtype,) * 4)
-        return _finish(out, from_host)
+        call = begin(img, out, stream)
+        dimg = call.img
+        dout = _contour.contour(dimg, border, int(value), call.out, call.stream)
+        if call.from_host:
+            name = cubins.contour_name(dimg.shape[2], dimg.dtype)
+            _export(_contour.kernel_for(dimg.shape[2]), name, (dimg.dtype,) * 4)
+        return call.finish(dout)
 
     return _run(go)
