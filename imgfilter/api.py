@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from kernels.arrays import as_device_array, is_c_contiguous, is_device_array, overlaps
+from kernels.devarray import stream_handle
 
 from .backends import get_backend
 from .border import border_code
@@ -108,11 +109,26 @@ def _check_out(out: Any, arr: Any, device: bool, shape: tuple) -> Any:
 
 def _cast_value(value: float, dtype) -> float:
     """The constant-border value as the image's dtype stores it (cv2.copyMakeBorder rule)."""
+    if value == 0:
+        return 0.0
     dt = np.dtype(dtype)
     if dt.kind == "u":
         info = np.iinfo(dt)
         return float(min(max(round(float(value)), info.min), info.max))
     return float(np.float32(value))
+
+
+def _check_stream(stream: Any) -> Any:
+    if stream is not None:
+        try:
+            stream_handle(stream)
+        except (TypeError, ValueError) as exc:
+            raise UsageError(str(exc)) from None
+    return stream
+
+
+def _shaped(result: Any, shape: tuple) -> Any:
+    return result if result.shape == shape else result.reshape(shape)
 
 
 def _out_3d(out: Any) -> Any:
@@ -198,10 +214,11 @@ def filter2d(
     dout = _check_out(out, arr, device, arr.shape)
     be = get_backend(backend, device_input=device)
     value = _cast_value(border_value, arr.dtype)
+    stream = _check_stream(stream)
     result = be.correlate(
         _as_3d(arr), k, anchor_yx, code, value, method, _out_3d(dout), stream
     )
-    return out if out is not None else result.reshape(arr.shape)
+    return out if out is not None else _shaped(result, arr.shape)
 
 
 def blur(
@@ -230,10 +247,11 @@ def blur(
     dout = _check_out(out, arr, device, arr.shape)
     be = get_backend(backend, device_input=device)
     value = _cast_value(border_value, arr.dtype)
+    stream = _check_stream(stream)
     result = be.box(
         _as_3d(arr), (kh, kw), anchor_yx, code, value, method, _out_3d(dout), stream
     )
-    return out if out is not None else result.reshape(arr.shape)
+    return out if out is not None else _shaped(result, arr.shape)
 
 
 def contour(
@@ -263,5 +281,6 @@ def contour(
     dout = _check_out(out, arr, device, arr.shape[:2])
     be = get_backend(backend, device_input=device)
     value = _cast_value(border_value, arr.dtype)
+    stream = _check_stream(stream)
     result = be.contour(_as_3d(arr), code, value, method, dout, stream)
     return out if out is not None else result

@@ -75,6 +75,8 @@ def resolve_stream(stream: Any, *arrays: Any) -> int:
     """The CUstream handle a call runs on (`kernels.devarray.resolve_stream`); 0 on
     the simulator, which runs everything in order."""
     if SIMULATOR:
+        if stream is not None:
+            devarray.stream_handle(stream)  # the same TypeError for a non-stream
         return LEGACY
     return devarray.resolve_stream(stream, *arrays)
 

@@ -23,6 +23,7 @@ legacy default stream (handle 0), which orders with every blocking stream.
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 from typing import Any
@@ -113,6 +114,8 @@ class Pool:
 
 
 POOL = Pool()
+# `active`: the calling thread's launch recording, if any (kernels.launch.Recording).
+_recorder = threading.local()
 _POOL_REF = weakref.ref(POOL)  # None at interpreter exit: blocks then stay with CUDA
 
 
@@ -131,8 +134,8 @@ class DeviceArray:
     address of element 0; `stream` the CUstream handle the data was written on.
     """
 
-    __slots__ = ("ptr", "shape", "strides", "dtype", "size", "stream", "_owner", "_params",
-                 "_sig", "__weakref__")  # fmt: skip
+    __slots__ = ("ptr", "shape", "strides", "dtype", "size", "stream", "_owner", "_sig",
+                 "__weakref__")  # fmt: skip
 
     def __init__(self, ptr: int, shape: tuple, dtype, strides: tuple | None = None,
                  stream: int = LEGACY, owner: Any = None) -> None:  # fmt: skip
@@ -146,9 +149,12 @@ class DeviceArray:
         self.ptr, self.shape, self.strides, self.dtype = int(ptr), shape, strides, dtype
         self.size, self.stream, self._owner = size, stream, owner
         layout = "C" if _contiguous(shape, strides, c_strides) else "A"
-        # How Numba passes an array to a kernel, and its type there (kernels.launch).
-        self._params = (0, 0, size, dtype.itemsize, self.ptr, *shape, *strides)
-        self._sig = (dtype.num, len(shape), layout)
+        self._sig = (dtype.num, len(shape), layout)  # its Numba type (kernels.launch)
+
+    def params(self) -> tuple:
+        """The kernel parameters Numba passes for this array: meminfo, parent, size,
+        itemsize, data, shape, strides."""
+        return (0, 0, self.size, self.dtype.itemsize, self.ptr, *self.shape, *self.strides)
 
     @property
     def ndim(self) -> int:
@@ -190,11 +196,11 @@ class DeviceArray:
             for n in shape:
                 known *= n if n != -1 else 1
             shape = tuple(self.size // known if n == -1 else n for n in shape)
-        if int(np.prod(shape, dtype=np.int64)) != self.size:
+        if math.prod(shape) != self.size:
             raise ValueError(f"cannot reshape {self.shape} into {shape}")
         if not self.is_c_contiguous:
             raise ValueError("only C-contiguous device arrays can be reshaped")
-        return DeviceArray(self.ptr, shape, self.dtype, None, self.stream, self._base())
+        return c_array(self.ptr, shape, self.dtype, self.stream, self._base())
 
     def view(self, dtype) -> DeviceArray:
         """The same bytes as another dtype (C-contiguous; the last axis is rescaled)."""
@@ -203,7 +209,7 @@ class DeviceArray:
             raise ValueError(f"cannot view {self.shape} {self.dtype} as {dtype}")
         last = self.shape[-1] * self.dtype.itemsize // dtype.itemsize
         shape = (*self.shape[:-1], last)
-        return DeviceArray(self.ptr, shape, dtype, None, self.stream, self._base())
+        return c_array(self.ptr, shape, dtype, self.stream, self._base())
 
     def __getitem__(self, key) -> DeviceArray:
         """Basic slicing with step 1 along the first axis (what the kernels need)."""
@@ -236,6 +242,22 @@ class DeviceArray:
         return self.copy_to_host()
 
 
+def c_array(ptr: int, shape: tuple, dtype: np.dtype, stream: int, owner: Any) -> DeviceArray:
+    """A C-contiguous DeviceArray, built without DeviceArray's checks: ptr an int,
+    shape a tuple of ints, dtype a numpy dtype (the internal fast path)."""
+    a = object.__new__(DeviceArray)
+    itemsize = dtype.itemsize
+    strides, step = [], itemsize
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    strides.reverse()
+    a.ptr, a.shape, a.strides, a.dtype = ptr, shape, tuple(strides), dtype
+    a.size, a.stream, a._owner = step // itemsize, stream, owner
+    a._sig = (dtype.num, len(shape), "C")
+    return a
+
+
 def _contiguous(shape: tuple, strides: tuple, c_strides: tuple) -> bool:
     return all(n == 1 or s == c for n, s, c in zip(shape, strides, c_strides, strict=True))
 
@@ -243,15 +265,21 @@ def _contiguous(shape: tuple, strides: tuple, c_strides: tuple) -> bool:
 def empty(shape: tuple, dtype, stream: int = LEGACY) -> DeviceArray:
     """An uninitialised C-contiguous array from the pool, ordered on `stream`."""
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    block = POOL.allocate(nbytes, stream)
-    return DeviceArray(block.ptr, shape, dtype, None, stream, block)
+    shape = tuple(int(n) for n in shape)
+    block = POOL.allocate(math.prod(shape) * dtype.itemsize, stream)
+    recording = getattr(_recorder, "active", None)
+    if recording is not None:
+        recording.allocated(block)
+    return c_array(block.ptr, shape, dtype, stream, block)
 
 
 def to_device(host: np.ndarray, stream: int = LEGACY) -> DeviceArray:
     """A device copy of a host array, queued on `stream` (the host array may change
     once this returns: the driver has staged it)."""
     host = np.ascontiguousarray(host)
+    recording = getattr(_recorder, "active", None)
+    if recording is not None:
+        recording.replayable = False  # the data would not be there on a replay
     arr = empty(host.shape, host.dtype, stream)
     if host.nbytes:
         driver().upload(arr.ptr, host.ctypes.data, host.nbytes, stream)

@@ -6,9 +6,9 @@ import os
 import struct
 import threading
 
-from .arrays import empty
+from .arrays import as_device_array, empty
 from .cudadrv import SMEM_DEFAULT, driver
-from .devarray import DeviceArray
+from .devarray import POOL, DeviceArray, _recorder
 
 BLOCK_X = 32  # threads along a row: one warp reads 32 consecutive pixels
 BLOCK_Y = 8
@@ -148,7 +148,7 @@ def _flatten(args, values: list) -> list:
     for a in args:
         t = type(a)
         if t is DeviceArray:
-            values += a._params
+            values += a.params()
         elif t is tuple:
             _flatten(a, values)
         else:
@@ -228,6 +228,8 @@ def launch(kernel, grid, block, args: tuple, stream: int = 0, smem: int = 0) -> 
     if SIMULATOR:
         kernel[grid, block, 0, smem](*args)
         return
+    args = tuple([a if type(a) is DeviceArray or not _is_array(a) else as_device_array(a)
+                  for a in args])  # fmt: skip
     key = (kernel, tuple([_arg_key(a) for a in args]))
     compiled = _compiled.get(key)
     if compiled is None:
@@ -235,5 +237,98 @@ def launch(kernel, grid, block, args: tuple, stream: int = 0, smem: int = 0) -> 
     drv = driver()
     if smem > SMEM_DEFAULT:
         drv.opt_in_smem(compiled.handle, smem, library_kernel=True)
-    drv.launch(compiled.handle, _dims(grid), _dims(block), smem, stream, compiled.packer,
-               _flatten(args, []))  # fmt: skip
+    grid, block, values = _dims(grid), _dims(block), _flatten(args, [])
+    drv.launch(compiled.handle, grid, block, smem, stream, compiled.packer, values)
+    recording = getattr(_recorder, "active", None)
+    if recording is not None:
+        recording.launched(compiled, grid, block, smem, args, values)
+
+
+def _is_array(a) -> bool:
+    return hasattr(a, "__cuda_array_interface__")
+
+
+# ------------------------------------------------------------ recorded launch sequences
+
+
+class Recording:
+    """The launches a launch function makes, recorded so that later calls with the
+    same plan can repeat them on other arrays without running that function again
+    (`Recipe`). Arrays are placed by address: inside one of the call's own arrays
+    (its slots: the input, the output...), inside a pool allocation made while
+    recording (scratch, allocated afresh on each replay), or anywhere else (a
+    constant such as uploaded weights: kept alive by the recipe, passed as it is).
+    An upload of host data while recording makes it not replayable."""
+
+    def __init__(self, arrays: tuple) -> None:
+        self.ranges = [(a.ptr, a.ptr + a.nbytes, slot) for slot, a in enumerate(arrays)]
+        self.slots = len(arrays)
+        self.scratch: list[int] = []
+        self.steps: list[tuple] = []
+        self.constants: list = []
+        self.replayable = True
+
+    def __enter__(self) -> Recording:
+        if getattr(_recorder, "active", None) is not None:
+            raise RuntimeError("launch recordings do not nest")
+        _recorder.active = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _recorder.active = None
+
+    def allocated(self, block) -> None:
+        slot = self.slots + len(self.scratch)
+        self.scratch.append(block.size)
+        self.ranges.append((block.ptr, block.ptr + block.size, slot))
+
+    def _place(self, ptr: int) -> tuple[int, int] | None:
+        for lo, hi, slot in reversed(self.ranges):  # the latest allocation first
+            if lo <= ptr < hi or ptr == lo:
+                return slot, ptr - lo
+        return None
+
+    def launched(self, compiled, grid, block, smem, args, values) -> None:
+        patches, i = [], 0
+        for a in args:
+            if type(a) is DeviceArray:
+                place = self._place(a.ptr)
+                if place is None:
+                    self.constants.append(a)
+                else:
+                    patches.append((i + 4, *place))  # params()[4] is the data pointer
+                i += 5 + 2 * len(a.shape)
+            elif type(a) is tuple:
+                if any(type(v) is DeviceArray for v in a):
+                    self.replayable = False
+                i += len(_flatten(a, []))
+            else:
+                i += 1
+        step = (compiled.handle, grid, block, smem, compiled.packer, values, tuple(patches))
+        self.steps.append(step)
+
+    def recipe(self) -> Recipe | None:
+        if not self.replayable or not self.steps:
+            return None
+        return Recipe(tuple(self.steps), tuple(self.scratch), tuple(self.constants))
+
+
+class Recipe:
+    """Recorded launches (`Recording`), replayed on new arrays with `replay`."""
+
+    __slots__ = ("steps", "scratch", "constants")
+
+    def __init__(self, steps: tuple, scratch: tuple, constants: tuple) -> None:
+        self.steps, self.scratch, self.constants = steps, scratch, constants
+
+    def replay(self, pointers: list, stream: int) -> None:
+        """Queue the launches on `stream` with the recorded slots at `pointers` (in
+        the order the Recording was given its arrays) and fresh scratch."""
+        blocks = [POOL.allocate(n, stream) for n in self.scratch]
+        bases = pointers + [b.ptr for b in blocks]
+        launch_one = driver().launch
+        for handle, grid, block, smem, packer, template, patches in self.steps:
+            values = template.copy()
+            for index, slot, offset in patches:
+                values[index] = bases[slot] + offset
+            launch_one(handle, grid, block, smem, stream, packer, values)

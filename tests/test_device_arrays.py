@@ -71,3 +71,165 @@ def test_torch_cuda_tensor_in_device_array_out():
     out = imgfilter.blur(torch.from_numpy(host).cuda(), 21)
     got = torch.as_tensor(out, device="cuda").cpu().numpy()
     assert np.abs(got.astype(int) - ref.blur(host, 21)).max() <= 1
+
+
+# ------------------------------------------------------------- out= and stream=
+
+OPS = {
+    "blur": lambda a, **kw: imgfilter.blur(a, 3, **kw),
+    "filter2d": lambda a, **kw: imgfilter.filter2d(a, KERNEL, **kw),
+    "contour": lambda a, **kw: imgfilter.contour(a, **kw),
+}
+REFS = {
+    "blur": lambda a: ref.blur(a, 3),
+    "filter2d": lambda a: ref.filter2d(a, KERNEL),
+    "contour": lambda a: ref.contour(a),
+}
+
+
+def _to_device(host):
+    from numba import cuda
+
+    return cuda.to_device(host)
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_out_on_the_host_is_written_and_returned(name):
+    host = _image((7, 10, 3))
+    expected = REFS[name](host)
+    out = np.full(expected.shape, 77, expected.dtype)
+    got = OPS[name](host, out=out)
+    assert got is out
+    np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_out_on_the_device_is_written_and_returned(name):
+    host = _image((7, 10, 3))
+    expected = REFS[name](host)
+    out = _to_device(np.full(expected.shape, 77, expected.dtype))
+    got = OPS[name](_to_device(host), out=out, stream=0)
+    assert got is out
+    np.testing.assert_array_equal(out.copy_to_host(), expected)
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_out_that_overlaps_the_input_is_refused(name):
+    host = _image((7, 10, 3))
+    h, w = host.shape[:2]
+    # The result's shape over the input's own memory.
+    view = host.reshape(-1)[: h * w].reshape(h, w) if name == "contour" else host
+    with pytest.raises(imgfilter.UsageError, match="overlaps"):
+        OPS[name](host, out=view)
+    d = _to_device(host)
+    with pytest.raises(imgfilter.UsageError, match="overlaps"):
+        OPS["blur"](d, out=d)
+
+
+@pytest.mark.parametrize(
+    "out,match",
+    [
+        (np.zeros((7, 10, 3), np.uint16), "out must be uint8 of shape"),
+        (np.zeros((7, 9, 3), np.uint8), "out must be uint8 of shape"),
+        (np.zeros((7, 10, 3), np.uint8)[:, ::-1], "C-contiguous"),
+        ([[1]], "NumPy array"),
+    ],
+)
+def test_bad_out_is_refused_with_one_line(out, match):
+    with pytest.raises(imgfilter.UsageError, match=match):
+        imgfilter.blur(_image((7, 10, 3)), 3, out=out)
+
+
+def test_device_out_for_a_host_image_is_refused():
+    host = _image((7, 10, 3))
+    with pytest.raises(imgfilter.UsageError, match="NumPy array for a host image"):
+        imgfilter.blur(host, 3, out=_to_device(host))
+    with pytest.raises(imgfilter.UsageError, match="device array for a device image"):
+        imgfilter.blur(_to_device(host), 3, out=np.empty_like(host))
+
+
+def test_a_stream_that_is_not_one_is_refused():
+    with pytest.raises(imgfilter.UsageError, match="stream must be"):
+        imgfilter.blur(_to_device(_image((7, 10, 3))), 3, stream="fast")
+
+
+# ------------------------------------------------------------- on a real GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_device_call_returns_while_the_gpu_is_busy(name):
+    from kernels.cudadrv import driver
+
+    cp = pytest.importorskip("cupy")
+    from kernels.timing import busy
+
+    host = _image((517, 1031, 3))
+    d = cp.asarray(host)
+    OPS[name](d)  # compiled and loaded: the timed call only queues
+    cp.cuda.Device().synchronize()
+    stream = cp.cuda.Stream(non_blocking=True)
+    token = busy(0.3, stream.ptr)
+    out = OPS[name](d, stream=stream)
+    assert not driver().idle(stream.ptr), "the call waited for the GPU"
+    stream.synchronize()
+    np.testing.assert_array_equal(out.copy_to_host(), REFS[name](host))
+    del token
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_results_are_right_on_a_cupy_stream(name):
+    cp = pytest.importorskip("cupy")
+    host = _image((601, 899, 3), seed=5)
+    results = []
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        for i in range(4):  # queued back to back, consumed on the same stream
+            d = cp.asarray(np.roll(host, i, axis=0))
+            out = OPS[name](d)  # CuPy's current stream, from the array's interface
+            results.append(cp.asarray(out).copy())
+    stream.synchronize()
+    for i, r in enumerate(results):
+        np.testing.assert_array_equal(cp.asnumpy(r), REFS[name](np.roll(host, i, axis=0)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_results_are_right_on_a_torch_stream(name):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    host = _image((601, 899, 3), seed=6)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        x = torch.from_numpy(host).cuda(non_blocking=True)
+        expected_shape = REFS[name](host).shape
+        out = torch.empty(expected_shape, dtype=torch.uint8, device="cuda")
+        got = OPS[name](x, out=out)  # torch's current stream
+        assert got is out
+        total = out.to(torch.int64).sum()  # consumed in stream order, no sync by us
+    stream.synchronize()
+    expected = REFS[name](host)
+    assert int(total) == int(expected.astype(np.int64).sum())
+    np.testing.assert_array_equal(out.cpu().numpy(), expected)
+
+
+@pytest.mark.gpu
+def test_explicit_stream_argument_wins_over_the_arrays():
+    cp = pytest.importorskip("cupy")
+    from kernels.cudadrv import driver
+    from kernels.timing import busy
+
+    host = _image((300, 400, 3), seed=8)
+    d = cp.asarray(host)
+    imgfilter.blur(d, 5)  # compiled and loaded: the timed call only queues
+    cp.cuda.Device().synchronize()
+    stream = cp.cuda.Stream(non_blocking=True)
+    token = busy(0.3, stream.ptr)
+    out = imgfilter.blur(d, 5, stream=stream)
+    assert out.stream == stream.ptr
+    assert not driver().idle(stream.ptr)
+    stream.synchronize()
+    np.testing.assert_array_equal(out.copy_to_host(), ref.blur(host, 5))
+    del token

@@ -32,6 +32,7 @@ from ..errors import DeviceError, UsageError
 
 BACKENDS = ("auto", "cuda", "cpu")
 _warned_fallback = False
+_device_backend: list = []  # the cuda module, once device arrays have been given to it
 
 
 @functools.cache
@@ -64,6 +65,8 @@ def get_backend(name: str = "auto", *, device_input: bool = False) -> ModuleType
     "cuda" without a usable GPU raises DeviceError.
     """
     global _warned_fallback
+    if device_input and name in ("auto", "cuda") and _device_backend:
+        return _device_backend[0]
     name = str(name).lower()
     if name not in BACKENDS:
         raise UsageError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
@@ -87,6 +90,8 @@ def get_backend(name: str = "auto", *, device_input: bool = False) -> ModuleType
     if problem is None:
         from . import cuda
 
+        if device_input:
+            _device_backend.append(cuda)  # the answer for device arrays from now on
         return cuda
     if name == "cuda" or device_input:
         raise DeviceError(f"--backend cuda: {problem}")

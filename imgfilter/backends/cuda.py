@@ -27,6 +27,7 @@ from kernels import conv_plan as _conv_plan
 from kernels.arrays import empty, resolve_stream, to_device, to_host
 from kernels.conv_plan import low_rank_factors
 from kernels.cudadrv import CudaError, GpuOutOfMemory, driver
+from kernels.launch import Recording
 
 from ..errors import DeviceError, GpuMemoryError, UsageError
 from . import cubins
@@ -96,6 +97,38 @@ def _device_weights(kernel: np.ndarray, stream: int):
     return weights
 
 
+_RECIPES: dict = {}
+_RECIPES_KEEP = 256
+
+
+def _queue(key: tuple, call: _Call, out_shape: tuple, run):
+    """Queue `run(img, out)` for the call and return out (allocated on the call's
+    stream unless the caller gave one). The launches of a first call are recorded
+    (`kernels.launch.Recording`); later calls with the same key, shapes and
+    alignments replay them without running the launch functions again: a few
+    microseconds of Python. `key` must hold every argument that shapes the launches
+    besides the arrays (kernel size, anchor, border, value, method...)."""
+    img, stream = call.img, call.stream
+    out = call.out if call.out is not None else empty(out_shape, img.dtype, stream)
+    if config.ENABLE_CUDASIM:
+        run(img, out)
+        return out
+    key = (key, img.shape, img.dtype.num, img.ptr % 16, out.ptr % 16)
+    recipe = _RECIPES.get(key)
+    if recipe is not None:
+        recipe.replay([img.ptr, out.ptr], stream)
+        return out
+    with Recording((img, out)) as recording:
+        run(img, out)
+    recipe = recording.recipe()
+    if recipe is not None:
+        with _lock:
+            _RECIPES[key] = recipe
+            while len(_RECIPES) > _RECIPES_KEEP:
+                _RECIPES.pop(next(iter(_RECIPES)))
+    return out
+
+
 @functools.lru_cache(maxsize=64)
 def _prepared(shape: tuple, data: bytes, method: str) -> tuple[str, tuple]:
     """(resolved method, low-rank factors as ((row, col, row_sum), ...) for
@@ -106,8 +139,11 @@ def _prepared(shape: tuple, data: bytes, method: str) -> tuple[str, tuple]:
         return method, ()
     kh, kw = shape
     terms = tuple(
-        (row[None, :].astype(np.float32), col[:, None].astype(np.float32),
-         float(np.sum(row, dtype=np.float64)))  # fmt: skip
+        (
+            row[None, :].astype(np.float32),
+            col[:, None].astype(np.float32),
+            float(np.sum(row, dtype=np.float64)),
+        )  # fmt: skip
         for col, row in low_rank_factors(kernel, _conv_plan.max_separable_rank(kh, kw))
     )
     return method, terms
@@ -160,20 +196,27 @@ def correlate(img, kernel, anchor, border, value, method, out=None, stream=None)
         call = begin(img, out, stream)
         dimg, handle = call.img, call.stream
         cval = np.dtype(dimg.dtype).type(value)
+        # Weights are uploaded (once per stream) before recording: constants to it.
         if method == "separable":
             dterms = [
                 (_device_weights(row, handle), _device_weights(col, handle), row_sum)
                 for row, col, row_sum in terms
             ]
-            dout = call.out if call.out is not None else empty(dimg.shape, dimg.dtype, handle)
-            _blocked.correlate_low_rank(dimg, dterms, anchor, border, cval, dout, handle)
+
+            def run(src, dst):
+                _blocked.correlate_low_rank(src, dterms, anchor, border, cval, dst, handle)
         else:
             weights = _device_weights(kernel, handle)
-            dout = _conv.correlate(dimg, weights, anchor, border, cval, method, call.out, handle)
-            if method == "blocked" and call.from_host:
-                kh, kw = kernel.shape
-                name = cubins.blocked_name(kh, kw, dimg.dtype)
-                _export(_blocked.kernel_for(kh, kw), name, (dimg.dtype, np.float32, dimg.dtype))
+
+            def run(src, dst):
+                _conv.correlate(src, weights, anchor, border, cval, method, dst, handle)
+
+        key = ("correlate", method, kernel.shape, kernel.tobytes(), anchor, border, value, handle)
+        dout = _queue(key, call, dimg.shape, run)
+        if method == "blocked" and call.from_host:
+            kh, kw = kernel.shape
+            name = cubins.blocked_name(kh, kw, dimg.dtype)
+            _export(_blocked.kernel_for(kh, kw), name, (dimg.dtype, np.float32, dimg.dtype))
         return call.finish(dout)
 
     return _run(go)
@@ -194,7 +237,13 @@ def box(img, ksize, anchor, border, value, method, out=None, stream=None):
 
         def go():
             call = begin(img, out, stream)
-            dout = run(call.img, ksize, anchor, border, value, call.out, call.stream)
+            key = ("box", method, ksize, anchor, border, value)
+            dout = _queue(
+                key,
+                call,
+                call.img.shape,
+                lambda src, dst: run(src, ksize, anchor, border, value, dst, call.stream),
+            )
             if method == "auto" and call.from_host:
                 _export_box(call.img, ksize)
             return call.finish(dout)
@@ -202,6 +251,8 @@ def box(img, ksize, anchor, border, value, method, out=None, stream=None):
         return _run(go)
     weights = np.full((kh, kw), 1.0 / (kh * kw), dtype=np.float32)
     return correlate(img, weights, anchor, border, value, method, out, stream)
+
+
 def _export_box(dimg, ksize: tuple) -> None:
     """Export the cubins of the box kernel box_auto just ran (both of box_twopass's
     passes), unless it ran box_running."""
@@ -232,7 +283,12 @@ def contour(img, border, value, method, out=None, stream=None):
     def go():
         call = begin(img, out, stream)
         dimg = call.img
-        dout = _contour.contour(dimg, border, int(value), call.out, call.stream)
+        dout = _queue(
+            ("contour", border, value),
+            call,
+            dimg.shape[:2],
+            lambda src, dst: _contour.contour(src, border, int(value), dst, call.stream),
+        )
         if call.from_host:
             name = cubins.contour_name(dimg.shape[2], dimg.dtype)
             _export(_contour.kernel_for(dimg.shape[2]), name, (dimg.dtype,) * 4)
