@@ -15,7 +15,9 @@ features) or, with --train, a model trained here. Stages, on the GPU:
 - download: the labels (8 MB) and, for --proba, the probabilities (100 MB);
 - read / write: `imgfilter.io.read_image` of the JPEG and `write_image` of the labels
   PNG (CPU wall time);
-- predict: `imgfilter.classify.predict` as the command calls it (wall, warm);
+- predict: `imgfilter.classify.predict` as the command calls it (wall, warm), and on
+  the device image (device results: the synchronised call, and the host time to queue
+  it, which returns before the GPU is done);
 - command: read + predict + write in this process (wall, warm) against read + write.
 
 torch, on the same feature matrix and in the same run: a 1x1 convolution (cuDNN) in
@@ -147,7 +149,7 @@ def run(width: int, height: int, train: bool, calls: int) -> dict:
     Wrows = ccuda.weight_rows(W, b, Fa)
     dW = cuda.to_device(Wrows)
     L = cuda.device_array((P, C), np.float32)
-    cols = [L[:, c] for c in range(C)]
+    cols = [ccuda.column(L, c) for c in range(C)]  # O(1) views (not L[:, c]: see column)
     rowsW = [dW[c] for c in range(C)]
     Pr = cuda.device_array((P, C), np.float32)
     idx = cuda.device_array(P, np.uint8)
@@ -281,6 +283,21 @@ def run(width: int, height: int, train: bool, calls: int) -> dict:
         lambda: classify.predict(img, model, backend="cuda", proba=False, method="fused"), calls
     )
     add("predict (fused), host image in", fpredict_us, "wall")
+    # Device image in, device labels and probabilities out (issue 23): the synchronised
+    # call, and the host time to queue it (the call returns before the GPU is done).
+    for how in ("gemv", "fused"):
+        add(
+            f"predict ({how}), device image in",
+            timer.call_us(lambda h=how: classify.predict(dimg, model, method=h), calls),
+            "call",
+        )
+        add(
+            f"predict ({how}), device image in, host",
+            wall_us(lambda h=how: classify.predict(dimg, model, method=h), calls),
+            "wall",
+            note="host time to queue the call (no synchronisation)",
+        )
+        cuda.synchronize()
 
     def command():
         im = io.read_image(jpg)

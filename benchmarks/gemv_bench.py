@@ -7,7 +7,11 @@ excluded), the effective bandwidth (bytes of A / kernel time) and its share of t
 device-to-device copy bandwidth measured in the same run. Per-call times (synchronised
 wall time of one Python call on device arrays) and enqueue times (Python cost of a
 call, no synchronisation) are reported for `gemv(method="auto", out=...)`, for a
-pre-built Numba launch of the same kernel, and for torch.mv.
+pre-built Numba launch of the same kernel, and for torch.mv. "queued" is issue 23's
+pipeline figure: the wall time of 1000 calls queued back to back on device inputs
+(`gemv(dA, dx)` on kernels.devarray.DeviceArray views, `torch.mv(tA, tx)`: each call
+allocates its result), divided by 1000, the best of 3 runs: the host cost of a call
+where the kernel is shorter, the kernel time where it is longer.
 
     python benchmarks/gemv_bench.py --json out/gemv.json --txt out/gemv.txt --plot out/gemv.png
 """
@@ -28,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from imgfilter.bench import Timer, copy_bandwidth_gbs  # noqa: E402
 from kernels import gemv as G  # noqa: E402
+from kernels.arrays import as_device_array  # noqa: E402
 
 SIZES = [(1024, 1024), (4096, 4096), (16384, 16384), (8192, 28672)]
 DTYPES = {"float16": np.float16, "float32": np.float32}
@@ -55,6 +60,24 @@ def enqueue_us(fn, calls: int = 50) -> float:
         times.append(time.perf_counter() - t0)
     cuda.synchronize()
     return float(np.median(times) * 1e6)
+
+
+def queued_us(fn, calls: int = 1000, repeats: int = 3) -> float:
+    """Wall microseconds per call of `calls` calls of fn() queued back to back (no
+    synchronisation between them; the device is idle before each run), best of
+    `repeats`."""
+    from numba import cuda
+
+    fn()
+    cuda.synchronize()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / calls)
+        cuda.synchronize()
+    return best * 1e6
 
 
 def run(sizes, dtypes, launches: int, methods: list[str], tune_launches: int = 10) -> dict:
@@ -117,7 +140,9 @@ def run(sizes, dtypes, launches: int, methods: list[str], tune_launches: int = 1
                     def call(a=dA, b=dx, c=dy):
                         G.gemv(a, b, out=c)
 
+                    vA, vx = as_device_array(dA), as_device_array(dx)
                     extra.update(
+                        queued_us=round(queued_us(lambda a=vA, b=vx: G.gemv(a, b)), 2),
                         call_us=round(timer.call_us(call, 20), 1),
                         enqueue_us=round(enqueue_us(call), 1),
                         launch_call_us=round(
@@ -144,6 +169,7 @@ def run(sizes, dtypes, launches: int, methods: list[str], tune_launches: int = 1
                     ok=G.within_tolerance(got, ref, scale, dtype),
                     call_us=round(timer.call_us(tmv, 20), 1),
                     enqueue_us=round(enqueue_us(tmv), 1),
+                    queued_us=round(queued_us(lambda a=tA, b=tx: torch.mv(a, b)), 2),
                 )
                 del tA, tx, ty
             cuda.synchronize()
@@ -170,25 +196,27 @@ def _cfg(c: dict | None) -> str:
 def _line(r: dict) -> str:
     call = f"{r['call_us']:.1f}" if "call_us" in r else "-"
     enq = f"{r['enqueue_us']:.1f}" if "enqueue_us" in r else "-"
+    queued = f"{r['queued_us']:.1f}" if "queued_us" in r else "-"
     cfg = "" if r["impl"] == "torch.mv" else f"{r['method']} {_cfg(r.get('config'))}"
     flag = "" if r.get("ok", True) else "  WRONG RESULT"
     return (
         f"{r['dtype']:8} {str(r['n']) + 'x' + str(r['k']):>12} {r['impl']:10} "
         f"{r['kernel_us']:>10.2f} {r['gbs']:>7.0f} {r['pct_copy']:>6.1f} {call:>8} "
-        f"{enq:>7}  {cfg}{flag}"
+        f"{enq:>7} {queued:>7}  {cfg}{flag}"
     )
 
 
 def table(result: dict) -> str:
     head = (
         f"{'dtype':8} {'N x K':>12} {'impl':10} {'kernel us':>10} {'GB/s':>7} {'% copy':>6} "
-        f"{'call us':>8} {'enq us':>7}  config"
+        f"{'call us':>8} {'enq us':>7} {'queued':>7}  config"
     )
     lines = [
         f"GEMV y = A @ x, {result['device']}, copy bandwidth {result['copy_gbs']} GB/s "
         f"(read + write), {result['when']}",
         "kernel us: launches queued behind a spin kernel (CUDA events); call us: one "
-        "synchronised Python call; enq us: Python cost of a call (no sync)",
+        "synchronised Python call; enq us: Python cost of a call (no sync); queued: "
+        "wall time per call of 1000 calls queued on device inputs (no out=)",
         head,
         "-" * len(head),
     ]

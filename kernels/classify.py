@@ -3,15 +3,18 @@
 Feature assembly into the (P, Fa) float32 matrix (`prepare3`/`prepare1`: scaled colour
 planes and gray; `put`, `put_hypot`, `put_tail`: feature columns, gradient magnitudes,
 the bias column and zero padding), `gather_rows` (training rows), `zero_column`,
-`argmax_rows` (class numbers through a lookup table) and `fused_kernel` (logits,
-softmax and argmax per pixel in one pass). One thread per element or row unless said.
+`argmax_rows` (class numbers through a lookup table), `fused_kernel` (logits,
+softmax and argmax per pixel in one pass) and `quantize_u8` (a float32 image's 8-bit
+contour source). One thread per element or row unless said. All are launched through
+kernels.launch.launch, on the caller's stream.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 
-from numba import cuda, float32, uint32
+from numba import cuda, float32, uint8, uint32
 
 
 @cuda.jit(cache=True)
@@ -168,12 +171,31 @@ def zero_column(L, c):
         L[uint32(p), uint32(c)] = float32(0.0)
 
 
+@cuda.jit(cache=True)
+def quantize_u8(src, dst):
+    """dst = rint(clip(src, 0, 1) * 255) as uint8, NaN as 0, over flat (n,) arrays:
+    `imgfilter.classify.features.contour_source` of a float32 image, on the device."""
+    i = cuda.grid(1)
+    if i < dst.shape[0]:
+        v = float32(src[uint32(i)])
+        if v != v:
+            v = float32(0.0)
+        v = min(max(v, float32(0.0)), float32(1.0))
+        dst[uint32(i)] = uint8(round(v * float32(255.0)))
+
+
 _FUSED: dict = {}
+_FUSED_LOCK = threading.Lock()
 
 
 def fused_kernel(classes: int, width: int):
-    """The fused kernel for `classes` classes and a `width`-column matrix (kept per process)."""
+    """The fused kernel for `classes` classes and a `width`-column matrix (kept per
+    process; thread-safe)."""
     key = (classes, width)
-    if key not in _FUSED:
-        _FUSED[key] = _make_fused(classes, width)
-    return _FUSED[key]
+    kernel = _FUSED.get(key)
+    if kernel is None:
+        with _FUSED_LOCK:
+            kernel = _FUSED.get(key)
+            if kernel is None:
+                kernel = _FUSED[key] = _make_fused(classes, width)
+    return kernel

@@ -29,10 +29,14 @@ to float32); NVVM turns it into one `ld.global.v4.u32` (checked in the PTX). 8-b
 packs are one `ld.global.v2.u32`. On the CUDA simulator (no LLVM) the same name is a
 plain Python function that reads the pack element by element.
 
-Launch geometry (grid, block, kernel) is computed once per (method, config, shape,
-dtype, strides, alignment) and kept, so repeated calls do no planning work; after a
-plan's first call, calls launch through kernels.launch.direct_launcher (cuda.core,
-no Numba dispatch) where numba-cuda allows it.
+Calls are asynchronous on device arrays: `gemv` queues its kernel on the call's
+stream (`stream=`, else the input's, else the legacy default) through
+kernels.launch.launch (the driver directly, no Numba dispatch) and returns a device
+array from the stream-ordered pool (kernels.devarray), or writes `out=`. Launch
+geometry (grid, block, kernel) is computed once per (method, config, shape, dtype,
+strides, alignment) and kept, so repeated calls do no planning work. The plan cache,
+the kernel cache and the autotune cache (and its file) are guarded by one lock:
+calls from several threads are safe.
 """
 
 from __future__ import annotations
@@ -40,17 +44,27 @@ from __future__ import annotations
 import functools
 import json
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-from numba import config as _numba_config
 from numba import cuda, float32, uint32
 
-from .arrays import as_device_array, is_device_array
+from .arrays import (
+    SIMULATOR,
+    as_device_array,
+    empty,
+    is_device_array,
+    overlaps,
+    resolve_stream,
+    to_device,
+    to_host,
+)
 from .cache import cache_dir
-from .launch import cdiv, direct_launcher
+from .devarray import DeviceArray
+from .launch import cdiv, launch
 from .packs import load_pack1, load_pack2
 from .reduce import WARP, group_mask, warp_allreduce_sum
 
@@ -62,7 +76,6 @@ MAX_BLOCK_N = 64  # rows per block (size of the shared slots of the atomic paths
 PACK_BYTES = (16, 8, 4, 2)
 UNROLLS = (1, 2, 4, 8)
 NAIVE_BLOCK = 128
-SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
 CACHE_FILE = "gemv_autotune.json"
 CACHE_VERSION = 1
 
@@ -195,6 +208,7 @@ def gemv_splitk(A, x, y):
         y[uint32(r)] = slot[tn]
 
 
+_LOCK = threading.Lock()  # guards _PACKED, _PLANS, _TUNED and the autotune file
 _PACKED: dict[tuple, object] = {}
 
 
@@ -209,6 +223,14 @@ def packed_kernel(nbytes: int, itemsize: int, unroll: int, tree: bool):
     kernel = _PACKED.get(key)
     if kernel is not None:
         return kernel
+    with _LOCK:
+        kernel = _PACKED.get(key)
+        if kernel is None:
+            kernel = _PACKED[key] = _make_packed(nbytes, itemsize, unroll, tree)
+    return kernel
+
+
+def _make_packed(nbytes: int, itemsize: int, unroll: int, tree: bool):
     NB = nbytes
     P = nbytes // itemsize  # elements per pack
     U = unroll
@@ -283,7 +305,6 @@ def packed_kernel(nbytes: int, itemsize: int, unroll: int, tree: bool):
                 if tk == 0 and r < n:
                     y[uint32(r)] = acc
 
-    _PACKED[key] = gemv_packed
     return gemv_packed
 
 
@@ -367,13 +388,6 @@ def plan(
 # ------------------------------------------------------------------------------ the API
 
 
-def _address(arr) -> int | None:
-    try:
-        return int(arr.device_ctypes_pointer.value or 0)
-    except AttributeError:
-        return None  # the simulator's arrays
-
-
 def _check(arr, name: str, ndim: int, what: str) -> None:
     shape = getattr(arr, "shape", None)
     dtype = getattr(arr, "dtype", None)
@@ -381,34 +395,60 @@ def _check(arr, name: str, ndim: int, what: str) -> None:
         raise TypeError(f"{name} must be a NumPy or device array, got {type(arr).__name__}")
     if len(shape) != ndim:
         raise ValueError(f"{name} must be {ndim}-D {what}, got shape {tuple(shape)}")
-    if np.dtype(dtype) not in DTYPES:
+    if dtype not in DTYPES:
         raise TypeError(f"{name} must be float32 or float16, got {np.dtype(dtype)}")
 
 
-_PLANS: dict[tuple, list] = {}  # key -> [plan, configured launcher, direct, out dtype]
+# (method, config, N, K, dtype, row stride, unit, A and x addresses mod 16) ->
+# (Plan, kernel, grid, block). Read without the lock (a dict lookup is atomic);
+# written under it.
+_PLANS: dict[tuple, tuple] = {}
 _PLANS_KEEP = 256
 
 
-def gemv(A, x, *, method: str = "auto", config=None, out=None):
+def _plan_for(key: tuple, n: int, k: int, dtype, method: str, config, addresses: tuple,
+              row_stride: int, unit: bool) -> tuple:  # fmt: skip
+    """The cached (Plan, kernel, grid, block) of a call shape (planned on a miss)."""
+    how, kernel = plan(n, k, dtype, method=method, config=config, addresses=addresses,
+                       row_stride=row_stride, unit=unit)  # fmt: skip
+    hit = (how, kernel, (how.grid, 1, 1), (*how.block, 1))
+    with _LOCK:
+        if len(_PLANS) >= _PLANS_KEEP:
+            _PLANS.pop(next(iter(_PLANS)))
+        _PLANS[key] = hit
+    return hit
+
+
+def gemv(A, x, *, method: str = "auto", config=None, out=None, stream=None):
     """y = A @ x with float32 accumulation.
 
     A: (N, K) float32 or float16, row-major: C-contiguous, or (device arrays) rows of
     contiguous elements with a larger row stride (a view like big[:, :K]); host views
-    are copied to a contiguous array first. x: (K,), A's dtype. NumPy in -> NumPy out;
-    device arrays (Numba, or anything with __cuda_array_interface__) in -> Numba device
-    array out, no host copies. The result has A's dtype unless `out` (host or device,
-    shape (N,), float32 or float16) is given; then it is written there and returned.
+    are copied to a contiguous array first. x: (K,), A's dtype. The result has A's
+    dtype unless `out` ((N,), float32 or float16) is given; then it is written there
+    and `out` is returned.
+
+    Device arrays (kernels.devarray.DeviceArray, Numba, CuPy, torch: anything with
+    __cuda_array_interface__) in -> device array out, asynchronously: the kernel is
+    queued on the call's stream and the call returns without waiting for the GPU.
+    The stream: `stream` (a CuPy, torch, Numba or cuda.core stream, or a CUstream
+    handle), else the one A's interface names (torch: its current stream), else the
+    legacy default stream. The result is allocated on that stream
+    (kernels.devarray's pool) unless `out` (a device array not overlapping A or x)
+    is given. NumPy in: copied to the device on that stream, and the result copied
+    back (this waits for the stream); NumPy out.
     method: "auto" (tuned entry or default tree), "naive", "splitk", "vectorized",
     "tree". config: a Config (or dict of its fields) forcing the launch shape.
     """
     if method not in METHODS:
         raise ValueError(f"unknown gemv method {method!r}; choose one of {', '.join(METHODS)}")
-    on_device = is_device_array(A)
-    if on_device != is_device_array(x):
+    if type(A) is DeviceArray and type(x) is DeviceArray:  # the common case, first
+        on_device, dA, dx = True, A, x
+    elif (on_device := is_device_array(A)) != is_device_array(x):
         raise TypeError("A and x must both be host (NumPy) arrays or both device arrays")
-    if on_device:
-        # Shapes, dtypes and strides are read from Numba's views (a torch tensor's
-        # .dtype is not a NumPy dtype).
+    elif on_device:
+        # Shapes, dtypes and strides from DeviceArray views (a torch tensor's .dtype
+        # is not a NumPy dtype).
         dA, dx = as_device_array(A), as_device_array(x)
     else:
         for name, obj in (("A", A), ("x", x)):
@@ -417,74 +457,55 @@ def gemv(A, x, *, method: str = "auto", config=None, out=None):
         dA, dx = A, x
     _check(dA, "A", 2, "(N, K)")
     _check(dx, "x", 1, "(K,)")
-    n, k = (int(s) for s in dA.shape)
-    if int(dx.shape[0]) != k:
+    n, k = dA.shape
+    if dx.shape[0] != k:
         raise ValueError(f"x has {int(dx.shape[0])} elements, A has K = {k} columns")
-    dtype = np.dtype(dA.dtype)
-    if np.dtype(dx.dtype) != dtype:
+    dtype = dA.dtype
+    if dx.dtype != dtype:
         raise TypeError(f"x is {np.dtype(dx.dtype)} but A is {dtype}: give both the same dtype")
     dout = None
     if out is not None:
         if is_device_array(out):
             dout = as_device_array(out)
             _check(dout, "out", 1, "(N,)")
-            out_shape = dout.shape
         elif isinstance(out, np.ndarray):
             _check(out, "out", 1, "(N,)")
-            out_shape = out.shape
         else:
             raise TypeError(f"out must be a NumPy or device array, got {type(out).__name__}")
-        if int(out_shape[0]) != n:
-            raise ValueError(f"out has shape {tuple(out_shape)}, expected ({n},)")
+        if (out if dout is None else dout).shape[0] != n:
+            raise ValueError(f"out has shape {tuple(out.shape)}, expected ({n},)")
+        if on_device and dout is not None and (overlaps(dout, dA) or overlaps(dout, dx)):
+            raise ValueError("out overlaps A or x: give a separate output array")
+    s = resolve_stream(stream, dA, dx)
     if not on_device:
-        dA = cuda.to_device(np.ascontiguousarray(A))
-        dx = cuda.to_device(np.ascontiguousarray(x))
+        dA, dx = to_device(A, s), to_device(x, s)
     isz = dtype.itemsize
     sA, sx = dA.strides, dx.strides
     if n > 1 and k > 0 and (sA[0] <= 0 or sA[1] <= 0):
         raise ValueError(f"A must have positive strides, got {tuple(sA)}")
     unit = (sA[1] == isz or k <= 1) and (sx[0] == isz or k <= 1)
-    row_stride = int(sA[0]) if n > 1 else k * isz
-    if config is not None and not isinstance(config, Config):
+    row_stride = sA[0] if n > 1 else k * isz
+    if config is not None and type(config) is not Config:
         config = Config.coerce(config)
-    addresses = tuple(a for a in (_address(dA), _address(dx)) if a is not None)
-    key = (method, config, n, k, dtype.char, row_stride, unit, tuple(a % 16 for a in addresses))
+    if SIMULATOR:  # numpy addresses there: packs are trusted aligned, as before
+        addresses, align = (), ()
+    else:
+        addresses = (dA.ptr, dx.ptr)
+        align = (dA.ptr & 15, dx.ptr & 15)
+    key = (method, config, n, k, dtype.char, row_stride, unit, align)
     hit = _PLANS.get(key)
     if hit is None:
-        how, kernel = plan(
-            n,
-            k,
-            dtype,
-            method=method,
-            config=config,
-            addresses=addresses,
-            row_stride=row_stride,
-            unit=unit,
-        )
-        hit = [how, kernel[how.grid, how.block], None]  # configured launcher, direct one
-        if len(_PLANS) >= _PLANS_KEEP:
-            _PLANS.pop(next(iter(_PLANS)))
-        _PLANS[key] = hit
+        hit = _plan_for(key, n, k, dtype, method, config, addresses, row_stride, unit)
     if dout is not None:
         dy = dout
     else:
-        dy = cuda.device_array(n, dtype=dtype if out is None else np.dtype(out.dtype))
+        dy = empty((n,), dtype if out is None else out.dtype, s)
     if n:
-        direct = hit[2]
-        if direct and np.dtype(dy.dtype) == hit[3] and dy.is_c_contiguous():
-            direct(dA, dx, dy)
-        else:
-            hit[1](dA, dx, dy)
-            if direct is None and not SIMULATOR and dy.is_c_contiguous():
-                # Later calls skip Numba's dispatch (kernels.launch.direct_launcher);
-                # it is built for a C-contiguous output of this dtype (any other
-                # out= goes through Numba).
-                hit[2] = direct_launcher(hit[1], (dA, dx, dy)) or False
-                hit[3:] = [np.dtype(dy.dtype)]
+        launch(hit[1], hit[2], hit[3], (dA, dx, dy), s)
     if out is None:
-        return dy if on_device else dy.copy_to_host()
+        return dy if on_device else to_host(dy, s)
     if dout is None:
-        out[...] = dy.copy_to_host()
+        out[...] = to_host(dy, s)
     return out
 
 
@@ -514,7 +535,10 @@ def _entries() -> dict:
     path = str(cache_path())
     entries = _TUNED.get(path)
     if entries is None:
-        entries = _TUNED[path] = _read_cache(Path(path))
+        with _LOCK:
+            entries = _TUNED.get(path)
+            if entries is None:
+                entries = _TUNED[path] = _read_cache(Path(path))
     return entries
 
 
@@ -545,19 +569,21 @@ def cached_entry(n: int, k: int, dtype) -> tuple[str, Config] | None:
 
 
 def _store(key: str, entry: dict) -> None:
-    """Add an entry to the cache file (read-modify-write, atomic replace)."""
+    """Add an entry to the cache file (read-modify-write, atomic replace; one thread
+    at a time, a temp file per process and thread)."""
     path = cache_path()
-    entries = _read_cache(path)
-    entries[key] = entry
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"version": CACHE_VERSION, "entries": entries}, indent=1))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # an unwritable cache only costs re-tuning
-    _TUNED[str(path)] = entries
-    _PLANS.clear()
+    with _LOCK:
+        entries = _read_cache(path)
+        entries[key] = entry
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp.write_text(json.dumps({"version": CACHE_VERSION, "entries": entries}, indent=1))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # an unwritable cache only costs re-tuning
+        _TUNED[str(path)] = entries
+        _PLANS.clear()
 
 
 def candidates(n: int, k: int, dtype) -> list[tuple[str, Config]]:
@@ -614,26 +640,18 @@ def within_tolerance(y: np.ndarray, ref: np.ndarray, scale: np.ndarray, dtype) -
     return bool(np.all(err <= RTOL[np.dtype(dtype)] * scale + tiny))
 
 
-def _spin():
-    @cuda.jit
-    def spin(n, out):
-        v = float32(1.0)
-        for _ in range(n):
-            v = v * float32(1.0000001) + float32(1e-7)
-        out[0] = v
+def time_launches(fn, launches: int = 20, repeats: int = 3) -> float:
+    """Median GPU microseconds per launch of fn() (which queues one kernel on the
+    legacy default stream), launches queued behind kernels.timing's spin kernel so
+    the Python launch cost does not leak into the time (CUDA events). Synchronises:
+    for autotune and benchmarks, not a per-call path."""
+    from .timing import spin_kernel
 
-    return spin
-
-
-def time_launches(launch, launches: int = 20, repeats: int = 3) -> float:
-    """Median GPU microseconds per launch, launches queued behind a spin kernel (so
-    Numba's Python launch cost does not leak into the time)."""
-    spin = _spin()
-    buf = cuda.device_array(1, dtype=np.float32)
-    launch()
+    buf = empty((1,), np.float32)
+    fn()
     cuda.synchronize()
     t0 = time.perf_counter()
-    launch()
+    fn()
     cuda.synchronize()
     one = time.perf_counter() - t0
     iters = int(min(1e8, max(1e6, 1e6 * launches * max(one, 1e-4) / 1e-3)))
@@ -641,11 +659,11 @@ def time_launches(launch, launches: int = 20, repeats: int = 3) -> float:
         iters = 1  # a Python loop there: timings mean nothing, only the plumbing is tested
     times = []
     for _ in range(repeats):
-        spin[1, 1](iters, buf)
+        launch(spin_kernel, 1, 1, (iters, buf))
         start, end = cuda.event(), cuda.event()
         start.record()
         for _ in range(launches):
-            launch()
+            fn()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / launches)
@@ -686,19 +704,23 @@ def autotune(
         if A.shape != (n, k) or x.shape != (k,) or A.dtype != dtype or x.dtype != dtype:
             raise ValueError(f"data must be ({n}, {k}) and ({k},) arrays of {dtype}")
     ref, scale = _reference(A, x)
-    dA, dx = cuda.to_device(np.ascontiguousarray(A)), cuda.to_device(x)
-    dy = cuda.device_array(n, dtype=np.float32)
+    dA, dx = to_device(A), to_device(x)
+    nan = np.full(n, np.nan, np.float32)
     tried = []
     best = None
     for method, cfg in space if space is not None else candidates(n, k, dtype):
         how, kernel = plan(n, k, dtype, method=method, config=cfg)
-        launch_cfg = kernel[how.grid, how.block]
-        dy.copy_to_device(np.full(n, np.nan, np.float32))  # results must be this candidate's
-        launch_cfg(dA, dx, dy)
-        ok = within_tolerance(dy.copy_to_host(), ref, scale, dtype)
+        grid, block = how.grid, how.block
+        dy = to_device(nan)  # results must be this candidate's
+        launch(kernel, grid, block, (dA, dx, dy))
+        ok = within_tolerance(to_host(dy), ref, scale, dtype)
         row = dict(method=method, config=asdict(cfg), pack=how.pack, ok=ok)
         if ok:
-            us = time_launches(lambda c=launch_cfg: c(dA, dx, dy), launches)
+
+            def one(kernel=kernel, grid=grid, block=block, dy=dy):
+                launch(kernel, grid, block, (dA, dx, dy))
+
+            us = time_launches(one, launches)
             row["kernel_us"] = round(us, 3)
             if best is None or us < best["kernel_us"]:
                 best = dict(method=method, config=asdict(cfg), kernel_us=round(us, 3))

@@ -9,7 +9,8 @@
   and assumes every size is a multiple of 16).
 
 A (M, K) and B (K, N): float32 or float16, the same dtype; float32 accumulation; C
-has their dtype. NumPy in -> NumPy out; device arrays in -> Numba device array out.
+has their dtype. NumPy in -> NumPy out; device arrays in -> device array out
+(kernels.devarray.DeviceArray on a GPU), queued on the call's stream without waiting.
 Any strides (views) are fine on the device.
 """
 
@@ -18,8 +19,16 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32, uint32
 
-from .arrays import as_device_array, is_device_array
-from .launch import cdiv
+from .arrays import (
+    as_device_array,
+    empty,
+    is_device_array,
+    overlaps,
+    resolve_stream,
+    to_device,
+    to_host,
+)
+from .launch import cdiv, launch
 
 METHODS = ("global", "shared")
 DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
@@ -81,19 +90,26 @@ def _check(arr, name: str) -> None:
         raise TypeError(f"{name} must be float32 or float16, got {np.dtype(dtype)}")
 
 
-def matmul(A, B, *, method: str = "shared", out=None):
+def matmul(A, B, *, method: str = "shared", out=None, stream=None):
     """C = A @ B for A (M, K) and B (K, N), float32 accumulation.
 
     method: "global" (one thread per output, global memory) or "shared" (16 x 16
     shared-memory tiles). out: optional (M, N) host or device array (float32 or
-    float16) to write into; returned when given.
+    float16) to write into; returned when given. A device `out` must not overlap A
+    or B.
+
+    Device arrays in -> device array out, asynchronously: the kernel is queued on
+    `stream` (a CuPy, torch, Numba or cuda.core stream, or a CUstream handle), else
+    on the stream A's interface names, else on the legacy default stream, and the
+    call returns without waiting for the GPU. NumPy in: copied in on that stream,
+    the result copied back (this waits); NumPy out.
     """
     if method not in METHODS:
         raise ValueError(f"unknown matmul method {method!r}; choose one of {', '.join(METHODS)}")
     on_device = is_device_array(A)
     if on_device != is_device_array(B):
         raise TypeError("A and B must both be host (NumPy) arrays or both device arrays")
-    if on_device:  # shapes and dtypes from Numba's views (torch dtypes are not NumPy's)
+    if on_device:  # shapes and dtypes from DeviceArray views (torch dtypes are not NumPy's)
         dA, dB = as_device_array(A), as_device_array(B)
     else:
         for name, arr in (("A", A), ("B", B)):
@@ -118,20 +134,22 @@ def matmul(A, B, *, method: str = "shared", out=None):
         _check(view, "out")
         if tuple(int(s) for s in view.shape) != (m, n):
             raise ValueError(f"out has shape {tuple(view.shape)}, expected {(m, n)}")
+        if on_device and dout is not None and (overlaps(dout, dA) or overlaps(dout, dB)):
+            raise ValueError("out overlaps A or B: give a separate output array")
+    s = resolve_stream(stream, dA, dB)
     if not on_device:
-        dA = cuda.to_device(np.ascontiguousarray(A))
-        dB = cuda.to_device(np.ascontiguousarray(B))
+        dA, dB = to_device(A, s), to_device(B, s)
     if dout is not None:
         dC = dout
     else:
         cdtype = np.dtype(dA.dtype) if out is None else np.dtype(out.dtype)
-        dC = cuda.device_array((m, n), dtype=cdtype)
+        dC = empty((m, n), cdtype, s)
     if m and n:
-        grid = (cdiv(n, TILE), cdiv(m, TILE))
+        grid = (cdiv(n, TILE), cdiv(m, TILE), 1)
         kernel = matmul_global if method == "global" else matmul_shared
-        kernel[grid, (TILE, TILE)](dA, dB, dC)
+        launch(kernel, grid, (TILE, TILE, 1), (dA, dB, dC), s)
     if out is None:
-        return dC if on_device else dC.copy_to_host()
+        return dC if on_device else to_host(dC, s)
     if dout is None:
-        out[...] = dC.copy_to_host()
+        out[...] = to_host(dC, s)
     return out

@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -526,6 +527,48 @@ def test_cuda_column_is_a_view_of_the_column():
         ccuda.column(a, 3)
 
 
+def test_cuda_predict_device_image_gives_device_results():
+    """Simulator: a device image in -> device labels and probabilities (no copy back),
+    identical to the host image's; stream= accepted; float32 images take the contour
+    source from a device kernel (kernels.classify.quantize_u8) equal to the host's."""
+    from numba import cuda
+
+    img, truth = synthetic(6, 7, seed=5)
+    model, _ = classify.train(img, truth, spec=SMALL_SPEC, l2=1e-2, backend="cpu")
+    for method in ("gemv", "fused"):
+        ref = classify.predict(img, model, backend="cuda", method=method)
+        got = classify.predict(cuda.to_device(img), model, method=method, stream=0)
+        assert not isinstance(got.labels, np.ndarray) and hasattr(got.labels, "copy_to_host")
+        np.testing.assert_array_equal(got.labels.copy_to_host(), ref.labels)
+        np.testing.assert_array_equal(got.proba.copy_to_host(), ref.proba)
+    assert classify.predict(cuda.to_device(img), model, proba=False).proba is None
+    spec = normalize_spec({"raw": True, "contour": True})
+    imf = img.astype(np.float32) / 255
+    imf[0, 0, 0] = np.nan
+    imf[1, 1, 1] = 1.5
+    imf[2, 2, 2] = 0.5 / 255  # a tie: half to even, as np.rint
+    model, _ = classify.train(imf, truth, spec=spec, l2=1e-2, backend="cpu")
+    ref = classify.predict(imf, model, backend="cuda")
+    got = classify.predict(cuda.to_device(imf), model)
+    np.testing.assert_array_equal(got.labels.copy_to_host(), ref.labels)
+    np.testing.assert_array_equal(got.proba.copy_to_host(), ref.proba)
+
+
+def test_cuda_predict_device_image_checks():
+    from numba import cuda
+
+    img, truth = synthetic(6, 7, seed=5)
+    model, _ = classify.train(img, truth, spec=SMALL_SPEC, l2=1e-2, backend="cpu")
+    with pytest.raises(UsageError, match="cuda backend"):
+        classify.predict(cuda.to_device(img), model, backend="cpu")
+    with pytest.raises(UsageError, match="dtype"):
+        classify.predict(cuda.to_device(img.astype(np.int16)), model)
+    with pytest.raises(UsageError, match="C-contiguous"):
+        classify.predict(cuda.to_device(np.concatenate([img, img], axis=1))[:, ::2], model)
+    with pytest.raises(InputError, match="gray"):
+        classify.predict(cuda.to_device(img[:, :, 0].copy()), model)
+
+
 @pytest.mark.gpu
 def test_gpu_4k_predict_gemv_under_a_second():
     """A warm predict (gemv) on a 3840*2160 x 20 matrix: ~1 ms of kernels, 26 s before
@@ -593,3 +636,54 @@ def test_gpu_4k_gemv_and_fused_agree():
     np.testing.assert_allclose(a.proba, b.proba, atol=1e-5)
     assert np.mean(a.labels == b.labels) > 0.99999
     np.testing.assert_allclose(a.proba.sum(axis=2), 1.0, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_predict_device_image_returns_while_the_stream_is_busy(astro_small, astro_model):
+    """Issue 23: classify.predict on a device image queues features, GEMVs, softmax and
+    argmax behind 0.3 s of spin on the caller's stream and returns at once; the results
+    equal the host image's. Then on a torch side stream whose image is written behind
+    a spin kernel, with no caller-side sync."""
+    from kernels import cudadrv, timing
+    from kernels.arrays import to_device, to_host
+    from kernels.devarray import stream_handle
+
+    img, _ = astro_small
+    model, _ = astro_model
+    drv = cudadrv.driver()
+    h = stream_handle(cuda_stream())
+    for method in ("gemv", "fused"):
+        ref = classify.predict(img, model, backend="cuda", method=method)
+        dimg = to_device(img, h)
+        classify.predict(dimg, model, method=method)  # compile first
+        drv.synchronize(h)
+        buf = timing.busy(0.3, stream=h)
+        t0 = time.perf_counter()
+        got = classify.predict(dimg, model, method=method, stream=h)
+        took = time.perf_counter() - t0
+        assert not drv.idle(h), "predict waited for the stream"
+        assert took < 0.25
+        np.testing.assert_array_equal(to_host(got.labels, h), ref.labels)
+        np.testing.assert_allclose(to_host(got.proba, h), ref.proba, atol=1e-6)
+        del buf
+    torch = pytest.importorskip("torch")
+    ref = classify.predict(img, model, backend="cuda")
+    timg = torch.from_numpy(img).cuda()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        t = torch.zeros_like(timg)
+        buf = timing.busy(0.2, stream=side.cuda_stream)
+        t.copy_(timg)  # behind the spin: a call on another stream sees zeros
+        got = classify.predict(t, model)
+        labels = torch.as_tensor(got.labels, device="cuda").cpu().numpy()
+        proba = torch.as_tensor(got.proba, device="cuda").cpu().numpy()
+        del buf
+    np.testing.assert_array_equal(labels, ref.labels)
+    np.testing.assert_allclose(proba, ref.proba, atol=1e-6)
+
+
+def cuda_stream():
+    from numba import cuda
+
+    return cuda.stream()

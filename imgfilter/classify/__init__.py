@@ -68,11 +68,12 @@ PALETTE = np.array(
 )
 
 
-def engine(backend: str = "auto") -> ModuleType:
-    """The engine module (imgfilter.classify.cuda or .cpu) for a backend name."""
+def engine(backend: str = "auto", *, device_input: bool = False) -> ModuleType:
+    """The engine module (imgfilter.classify.cuda or .cpu) for a backend name
+    (device_input: the image is a device array, which needs the CUDA engine)."""
     from ..backends import get_backend
 
-    name = get_backend(backend).NAME
+    name = get_backend(backend, device_input=device_input).NAME
     if name == "cuda":
         from . import cuda
 
@@ -93,6 +94,32 @@ def _check_image(img: Any) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
+def _device_image(img: Any):
+    """A device image as a view the CUDA engine takes (no copy, no waiting), checked
+    as _check_image checks host images; None for anything else."""
+    if isinstance(img, np.ndarray):
+        return None
+    from kernels.arrays import as_device_array, is_device_array
+
+    if not is_device_array(img):
+        return None
+    try:
+        arr = as_device_array(img)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"unusable device array: {exc}") from None
+    shape, dtype = tuple(arr.shape), np.dtype(arr.dtype)
+    if len(shape) not in (2, 3) or (len(shape) == 3 and shape[2] not in (1, 3, 4)):
+        raise UsageError(f"image must be (H, W) or (H, W, 1|3|4), got shape {shape}")
+    if dtype not in (np.uint8, np.uint16, np.float32):
+        raise UsageError(f"image dtype {dtype} is not supported; use uint8, uint16 or float32")
+    if shape[0] < 1 or shape[1] < 1:
+        raise UsageError(f"image is empty (shape {shape})")
+    contiguous = arr.is_c_contiguous  # a property of DeviceArray, a method of Numba's
+    if not (contiguous if isinstance(contiguous, bool) else contiguous()):
+        raise UsageError("device images must be C-contiguous")
+    return arr
+
+
 def extract_features(img: Any, spec: dict | None = None, *, backend: str = "auto") -> np.ndarray:
     """The (H * W, F) float32 feature matrix of an image, on the host (for inspection,
     tests and other models)."""
@@ -102,7 +129,9 @@ def extract_features(img: Any, spec: dict | None = None, *, backend: str = "auto
     X = pipeline.compute(eng.FeatureEngine(), arr, spec)
     F = len(feature_names(spec, colour_channels(arr)))
     if eng.NAME == "cuda":
-        return X.copy_to_host()[:, :F]
+        from kernels.arrays import to_host
+
+        return to_host(X)[:, :F]
     return X
 
 
@@ -337,8 +366,8 @@ def train(
 
 @dataclass
 class Prediction:
-    labels: np.ndarray  # (H, W) uint8 class numbers
-    proba: np.ndarray | None  # (H, W, C) float32
+    labels: Any  # (H, W) uint8 class numbers: NumPy, or a device array for a device image
+    proba: Any | None  # (H, W, C) float32, likewise
     seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -350,14 +379,24 @@ def predict(
     proba: bool = True,
     backend: str = "auto",
     method: str = "auto",
+    stream: Any = None,
 ) -> Prediction:
     """Label every pixel: the class of highest probability, and the probabilities.
 
     temperature T divides the logits (T > 1 flattens the probabilities, T < 1 sharpens
     them; the labels do not change). method (CUDA): "gemv" (a GEMV per class, then the
     softmax kernel; "auto") or "fused" (one kernel per pixel row).
+
+    img: a NumPy image (NumPy results; the call waits for them), or a device image
+    (anything with `__cuda_array_interface__`: CuPy, torch, Numba; C-contiguous; CUDA
+    engine): then labels and proba are device arrays, queued without waiting for the
+    GPU (Prediction.seconds is then host time to queue the work). stream (CUDA): where
+    every launch and copy goes, a CuPy, torch, Numba or cuda.core stream or a CUstream
+    handle; default the device image's own stream (its interface's), else the legacy
+    default stream.
     """
-    arr = _check_image(img)
+    dimg = _device_image(img)
+    arr = _check_image(img) if dimg is None else dimg
     if method not in METHODS:
         raise UsageError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     ch = colour_channels(arr)
@@ -368,20 +407,32 @@ def predict(
             f"channel(s)); this image is {kind[ch]} ({ch})"
         )
     W, b = model.folded(temperature)
-    eng = engine(backend)
-    t0 = time.perf_counter()
-    X = pipeline.compute(eng.FeatureEngine(), arr, model.spec)
-    t1 = time.perf_counter()
-    lut = model.classes.astype(np.uint8)
-    if eng.NAME == "cuda":
-        how = "fused" if method == "fused" else "gemv"
-        out = eng.predict(X, W, b, proba=proba, method=how, lut=lut)
-    else:
-        out = eng.predict(X, W, b, proba=proba, lut=lut)
-    t2 = time.perf_counter()
+    eng = engine(backend, device_input=dimg is not None)
     h, w = arr.shape[:2]
-    labels = out["index"].reshape(h, w)
-    p = None if out["proba"] is None else out["proba"].reshape(h, w, model.n_classes)
+    C = model.n_classes
+    lut = model.classes.astype(np.uint8)
+    t0 = time.perf_counter()
+    if eng.NAME != "cuda":
+        X = pipeline.compute(eng.FeatureEngine(), arr, model.spec)
+        t1 = time.perf_counter()
+        out = eng.predict(X, W, b, proba=proba, lut=lut)
+        t2 = time.perf_counter()
+        labels = out["index"].reshape(h, w)
+        p = None if out["proba"] is None else out["proba"].reshape(h, w, C)
+        return Prediction(labels, p, {"features": t1 - t0, "classify": t2 - t1})
+    how = "fused" if method == "fused" else "gemv"
+    fe = eng.FeatureEngine(stream)
+    X = pipeline.compute(fe, arr, model.spec)
+    t1 = time.perf_counter()
+    if dimg is not None:
+        dindex, dprobs = eng.predict_device(X, W, b, method=how, lut=lut, stream=fe.stream)
+        labels = dindex.reshape(h, w)
+        p = dprobs.reshape(h, w, C) if proba else None
+    else:
+        out = eng.predict(X, W, b, proba=proba, method=how, lut=lut, stream=fe.stream)
+        labels = out["index"].reshape(h, w)
+        p = None if out["proba"] is None else out["proba"].reshape(h, w, C)
+    t2 = time.perf_counter()
     return Prediction(labels, p, {"features": t1 - t0, "classify": t2 - t1})
 
 

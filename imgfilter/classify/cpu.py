@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from .. import api
-from .features import GRAY_WEIGHTS, scale_of
+from .features import GRAY_WEIGHTS, contour_source, scale_of
 
 NAME = "cpu"
 
@@ -36,6 +36,9 @@ class FeatureEngine:
 
     def blur(self, a: np.ndarray, k: int) -> np.ndarray:
         return api.blur(a, k, backend="cpu")
+
+    def contour_source(self, img: np.ndarray) -> tuple[np.ndarray, np.float32]:
+        return contour_source(img)
 
     def contour(self, u: np.ndarray) -> np.ndarray:
         return api.contour(u, backend="cpu")

@@ -2,8 +2,10 @@
 
 An engine provides: prepare(img) -> (colour planes (H, W, ch) float32 in [0, 1], gray
 (H, W, 1) float32), filter2d(a, kernel), blur(a, k), contour(u) -> (H, W) integer,
-matrix(P, F) -> the feature matrix, put(X, col, a, scale) (copies a's channels, times
-scale, into columns col..), put_hypot(X, col, gx, gy), finish(X).
+contour_source(img) -> (the integer image contour() takes, its scale), matrix(P, F)
+-> the feature matrix, put(X, col, a, scale) (copies a's channels, times scale, into
+columns col..), put_hypot(X, col, gx, gy), finish(X). `img` is a NumPy array, or
+(CUDA engine) a device array.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .features import SOBEL_X, SOBEL_Y, colour_channels, contour_source, feature_names, gaussian_1d
+from .features import SOBEL_X, SOBEL_Y, colour_channels, feature_names, gaussian_1d
 
 
 def smooth(engine: Any, a: Any, sigma: float) -> Any:
@@ -43,7 +45,7 @@ def compute(engine: Any, img: np.ndarray, spec: dict[str, Any]) -> Any:
         engine.put_hypot(X, col, engine.filter2d(g, SOBEL_X), engine.filter2d(g, SOBEL_Y))
         col += 1
     if spec["contour"]:
-        src, scale = contour_source(img)
+        src, scale = engine.contour_source(img)
         engine.put(X, col, engine.contour(src), scale)
         col += 1
     assert col == n_features
