@@ -132,7 +132,9 @@ class _Compiled:
 
 
 _compiled: dict = {}
-_compile_lock = threading.RLock()
+# Held while Numba compiles, loads or exports a kernel: its caches are not thread-safe.
+compile_lock = threading.RLock()
+_compile_lock = compile_lock  # the name kernels.softmax imports
 
 
 def _arg_key(a):
@@ -195,7 +197,7 @@ def _compile(dispatcher, args) -> _Compiled:
     """Compile (or load from Numba's cache) the overload `args` select, load it on
     the device, and lay out its parameters. Guarded: Numba's loading is not
     thread-safe."""
-    with _compile_lock:
+    with compile_lock:
         argtypes = tuple(_numba_type(dispatcher, a) for a in args)
         kernel = dispatcher.compile(argtypes)
         if kernel.debug or kernel.cooperative or getattr(dispatcher, "extensions", None):
@@ -223,10 +225,12 @@ def launch(kernel, grid, block, args: tuple, stream: int = 0, smem: int = 0) -> 
     a few microseconds of Python. grid and block: an int or a tuple of up to three.
     stream: a CUstream handle (`kernels.devarray.resolve_stream`). smem: dynamic
     shared memory in bytes (opted in above 48 KiB). On Numba's simulator the kernel
-    runs through Numba (args are the simulator's arrays; streams are ignored).
+    runs through Numba (args are the simulator's arrays; streams are ignored; one
+    launch at a time, as the simulator is not thread-safe).
     """
     if SIMULATOR:
-        kernel[grid, block, 0, smem](*args)
+        with compile_lock:  # the simulator swaps module globals while a kernel runs
+            kernel[grid, block, 0, smem](*args)
         return
     args = tuple([a if type(a) is DeviceArray or not _is_array(a) else as_device_array(a)
                   for a in args])  # fmt: skip

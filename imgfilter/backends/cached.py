@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 
 import numpy as np
 
@@ -52,16 +53,18 @@ def _numba_backend():
 
 
 _functions: dict = {}
+_functions_lock = threading.Lock()
 
 
 def _function(drv: Driver, name: str):
     """The loaded kernel `name` (each cubin is loaded once per process), or None."""
-    if name not in _functions:
-        found = cubins.load(name, drv.cc)
-        if found is None:
-            return None
-        _functions[name] = drv.function(*found)
-    return _functions[name]
+    with _functions_lock:
+        if name not in _functions:
+            found = cubins.load(name, drv.cc)
+            if found is None:
+                return None
+            _functions[name] = drv.function(*found)
+        return _functions[name]
 
 
 def _run(name: str, img: np.ndarray, out_shape: tuple, launch, extra=None,

@@ -27,7 +27,7 @@ from kernels import conv_plan as _conv_plan
 from kernels.arrays import empty, resolve_stream, to_device, to_host
 from kernels.conv_plan import low_rank_factors
 from kernels.cudadrv import CudaError, GpuOutOfMemory, driver
-from kernels.launch import Recording
+from kernels.launch import Recording, compile_lock
 
 from ..errors import DeviceError, GpuMemoryError, UsageError
 from . import cubins
@@ -41,7 +41,8 @@ config.CUDA_LOW_OCCUPANCY_WARNINGS = False
 def _export(kernel, name: str, array_dtypes: tuple) -> None:
     """Keep the compiled kernel's cubin on disk for the quick start (backends.cached)."""
     if not config.ENABLE_CUDASIM:
-        cubins.remember(kernel, name, array_dtypes, driver().cc)
+        with compile_lock:
+            cubins.remember(kernel, name, array_dtypes, driver().cc)
 
 
 class _Call:
@@ -111,7 +112,8 @@ def _queue(key: tuple, call: _Call, out_shape: tuple, run):
     img, stream = call.img, call.stream
     out = call.out if call.out is not None else empty(out_shape, img.dtype, stream)
     if config.ENABLE_CUDASIM:
-        run(img, out)
+        with compile_lock:  # the simulator swaps the kernel modules' globals meanwhile
+            run(img, out)
         return out
     key = (key, img.shape, img.dtype.num, img.ptr % 16, out.ptr % 16)
     recipe = _RECIPES.get(key)

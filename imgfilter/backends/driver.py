@@ -13,6 +13,7 @@ size, the data pointer, then the shape and the strides in bytes, all 64-bit.
 from __future__ import annotations
 
 import ctypes
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -30,7 +31,8 @@ class DriverError(RuntimeError):
 
 
 class Driver:
-    """Device 0 through its primary context. Not thread-safe; one per process is enough."""
+    """Device 0 through its primary context; one per process is enough. Any thread
+    may call it: the context is made current in each thread before its first call."""
 
     def __init__(self) -> None:
         self._lib = None
@@ -51,16 +53,23 @@ class Driver:
         self._call("cuDeviceGetAttribute", ctypes.byref(minor), _ATTR_CC_MINOR, dev)
         self.cc = (major.value, minor.value)
         self._ctx = ctypes.c_void_p()
+        self._tls = threading.local()
         self._call("cuDevicePrimaryCtxRetain", ctypes.byref(self._ctx), dev)
         self.make_current()
         self._modules: list = []
 
     def make_current(self) -> None:
         """Bind the context to the calling thread (it was bound to the opening one)."""
-        self._call("cuCtxSetCurrent", self._ctx)
+        self._check("cuCtxSetCurrent", self._lib.cuCtxSetCurrent(self._ctx))
+        self._tls.current = True
 
     def _call(self, name: str, *args) -> None:
-        status = getattr(self._lib, name)(*args)
+        ctx = getattr(self, "_ctx", None)
+        if ctx is not None and ctx.value and not getattr(self._tls, "current", False):
+            self.make_current()
+        self._check(name, getattr(self._lib, name)(*args))
+
+    def _check(self, name: str, status: int) -> None:
         if status != 0:
             text = ctypes.c_char_p()
             self._lib.cuGetErrorName(status, ctypes.byref(text))
