@@ -22,8 +22,11 @@ from .errors import (
 
 __all__ = [
     "blur",
+    "blur_batch",
     "contour",
+    "contour_batch",
     "filter2d",
+    "filter2d_batch",
     "read_image",
     "write_image",
     "ImgFilterError",
@@ -35,8 +38,11 @@ __all__ = [
 ]
 _LAZY = {
     "blur": "api",
+    "blur_batch": "api",
     "contour": "api",
+    "contour_batch": "api",
     "filter2d": "api",
+    "filter2d_batch": "api",
     "read_image": "io",
     "write_image": "io",
 }

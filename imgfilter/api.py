@@ -215,9 +215,7 @@ def filter2d(
     be = get_backend(backend, device_input=device)
     value = _cast_value(border_value, arr.dtype)
     stream = _check_stream(stream)
-    result = be.correlate(
-        _as_3d(arr), k, anchor_yx, code, value, method, _out_3d(dout), stream
-    )
+    result = be.correlate(_as_3d(arr), k, anchor_yx, code, value, method, _out_3d(dout), stream)
     return out if out is not None else _shaped(result, arr.shape)
 
 
@@ -248,9 +246,7 @@ def blur(
     be = get_backend(backend, device_input=device)
     value = _cast_value(border_value, arr.dtype)
     stream = _check_stream(stream)
-    result = be.box(
-        _as_3d(arr), (kh, kw), anchor_yx, code, value, method, _out_3d(dout), stream
-    )
+    result = be.box(_as_3d(arr), (kh, kw), anchor_yx, code, value, method, _out_3d(dout), stream)
     return out if out is not None else _shaped(result, arr.shape)
 
 
@@ -284,3 +280,81 @@ def contour(
     stream = _check_stream(stream)
     result = be.contour(_as_3d(arr), code, value, method, dout, stream)
     return out if out is not None else result
+
+
+# ------------------------------------------------------------------ batches
+
+
+def _batch(images: Any, out: Any, stream: Any, filter_one, result_shape) -> Any:
+    """Filter each image of a batch with `filter_one(img, out=..., stream=...)`.
+
+    images: a 4-D (N, H, W, C) or 3-D (N, H, W) array (host or device), the first axis
+    always the batch, or a list/tuple of images of any sizes. Returns the same kind:
+    an array of the results (into `out`, an array of that shape, when given) or a list
+    (into `out`, a list of arrays, when given). All calls share one stream (device
+    batches) and each image has its own borders: results equal filtering each alone.
+    """
+    if isinstance(images, list | tuple):
+        if out is not None and (not isinstance(out, list | tuple) or len(out) != len(images)):
+            raise UsageError("out must be a list of as many arrays as there are images")
+        outs = out if out is not None else [None] * len(images)
+        return [filter_one(img, out=o, stream=stream) for img, o in zip(images, outs, strict=True)]
+    device = not isinstance(images, np.ndarray) and is_device_array(images)
+    batch = as_device_array(images) if device else np.asarray(images)
+    if batch.ndim not in (3, 4):
+        raise UsageError(
+            f"a batch array must be 3-D (N, H, W) or 4-D (N, H, W, C), got shape {batch.shape}"
+        )
+    if batch.shape[0] < 1:
+        raise UsageError("the batch is empty")
+    shape = (batch.shape[0], *result_shape(batch.shape[1:]))
+    if device:
+        from kernels.arrays import empty, resolve_stream
+
+        stream = resolve_stream(_check_stream(stream), batch)
+        if out is None:
+            out = empty(shape, batch.dtype, stream)
+        dout = _check_out(out, batch, True, shape)
+    else:
+        dout = np.empty(shape, batch.dtype) if out is None else _check_out(out, batch, False, shape)
+        out = dout if out is None else out
+    for i in range(batch.shape[0]):
+        filter_one(batch[i], out=dout[i], stream=stream)
+    return out
+
+
+def _same_shape(shape: tuple) -> tuple:
+    return tuple(shape)
+
+
+def filter2d_batch(images: Any, kernel: Any, *, out: Any = None, stream: Any = None,
+                   **options: Any) -> Any:  # fmt: skip
+    """`filter2d` of every image of a batch (see `_batch` for the batch forms):
+    `filter2d_batch(frames, kernel)` with frames (N, H, W, C), or a list of images.
+    Options as `filter2d`."""
+    kernel = as_kernel(kernel)
+
+    def one(img, out, stream):
+        return filter2d(img, kernel, out=out, stream=stream, **options)
+
+    return _batch(images, out, stream, one, _same_shape)
+
+
+def blur_batch(images: Any, k: int | tuple[int, int], *, out: Any = None, stream: Any = None,
+               **options: Any) -> Any:  # fmt: skip
+    """`blur` of every image of a batch (see `filter2d_batch`)."""
+    box_size(k)
+
+    def one(img, out, stream):
+        return blur(img, k, out=out, stream=stream, **options)
+
+    return _batch(images, out, stream, one, _same_shape)
+
+
+def contour_batch(images: Any, *, out: Any = None, stream: Any = None, **options: Any) -> Any:
+    """`contour` of every image of a batch (see `filter2d_batch`); results (N, H, W)."""
+
+    def one(img, out, stream):
+        return contour(img, out=out, stream=stream, **options)
+
+    return _batch(images, out, stream, one, lambda shape: tuple(shape[:2]))

@@ -212,11 +212,19 @@ class DeviceArray:
         return c_array(self.ptr, shape, dtype, self.stream, self._base())
 
     def __getitem__(self, key) -> DeviceArray:
-        """Basic slicing with step 1 along the first axis (what the kernels need)."""
+        """a[i] (one element of the first axis) or a[start:stop] (basic slicing with
+        step 1 along the first axis): views, what the kernels and batches need."""
         if isinstance(key, tuple) and len(key) == 1:
             key = key[0]
+        if isinstance(key, int | np.integer):
+            i = int(key) + (self.shape[0] if key < 0 else 0)
+            if not 0 <= i < self.shape[0]:
+                raise IndexError(f"index {key} is out of bounds for axis 0 of {self.shape}")
+            ptr = self.ptr + i * self.strides[0]
+            return DeviceArray(ptr, self.shape[1:], self.dtype, self.strides[1:], self.stream,
+                               self._base())  # fmt: skip
         if not isinstance(key, slice) or key.step not in (None, 1):
-            raise TypeError("DeviceArray supports a[start:stop] only")
+            raise TypeError("DeviceArray supports a[i] and a[start:stop] only")
         start, stop, _ = key.indices(self.shape[0])
         stop = max(stop, start)
         shape = (stop - start, *self.shape[1:])
