@@ -19,6 +19,7 @@ from numba import cuda
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kernels import arrays  # noqa: E402
 from kernels import softmax as sm  # noqa: E402
 from kernels import softmax_split as ss  # noqa: E402
 
@@ -41,15 +42,15 @@ def main(cases: list[str]) -> None:
                 kw["blocks_per_sm"] = int(item[1:])
             else:
                 kw["unroll"] = int(item)
-        dx = cuda.to_device(rng.standard_normal((rows, cols), dtype=np.float32).astype(dtype))
-        dy = cuda.device_array_like(dx)
+        dx = arrays.to_device(rng.standard_normal((rows, cols), dtype=np.float32).astype(dtype))
+        dy = arrays.empty((rows, cols), dtype)
         if method == "split":
             pack = 16 // dtype.itemsize
             how, kernel = ss.plan_split(rows, cols, dtype, dtype, pack, False, **kw)
         else:
             how, kernel = sm.plan(rows, cols, dtype, method=method, **kw)
         for _ in range(2):
-            kernel[how.grid, how.block, 0, how.smem](dx, dy, rows, cols)
+            sm.launch_plan(how, kernel, dx, dy)
         cuda.synchronize()
         print(case, how, flush=True)
 

@@ -2,14 +2,18 @@
 
 For each width and dtype, a (2**26 / cols, cols) array (2**26 elements by default):
 kernel time per launch from launches queued behind a spin kernel (imgfilter.bench's
-Timer, CUDA events), per-call time of the public `kernels.softmax` on device arrays
-(synchronised wall time, Numba's launch cost included), effective bandwidth = bytes
-read + written once / kernel time, and its share of the device-to-device copy
-bandwidth measured in the same run. The path `auto` chooses is marked. The split path
-(a row over several blocks) runs at every block width; where auto picks it (rows
-wider than one block's shared memory) also with other chunk counts and block sizes
-(SPLIT_SWEEP), and float16 rows up to 1024 columns also run the warp path with
-8-byte packs (the 1000-column case sits at the 90% line with 16-byte ones).
+Timer, CUDA events), per-call time of the public `kernels.softmax.softmax` on device
+arrays (the pipeline view: wall time of --calls calls queued back to back, output
+allocated by each call, then one synchronisation, divided by --calls; torch.softmax
+measured the same way), effective bandwidth = bytes read + written once / kernel
+time, and its share of the device-to-device copy bandwidth measured in the same run.
+A second table gives the same per-call times on small inputs (--small, default 1 x
+1024 and 4096 x 1024), where the host's cost per call shows. The path `auto` chooses
+is marked. The split path (a row over several blocks) runs at every block width;
+where auto picks it (rows wider than one block's shared memory) also with other
+chunk counts and block sizes (SPLIT_SWEEP), and float16 rows up to 1024 columns also
+run the warp path with 8-byte packs (the 1000-column case sits at the 90% line with
+16-byte ones).
 
     python benchmarks/softmax_bench.py --json out/softmax.json --plot out/softmax.png
 """
@@ -29,6 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from imgfilter.bench import Timer, copy_bandwidth_gbs  # noqa: E402
+from kernels import arrays  # noqa: E402
 from kernels import softmax as sm  # noqa: E402
 
 WIDTHS = [32, 128, 512, 1000, 1024, 2048, 4096, 8192, 32768, 131072]
@@ -40,6 +45,9 @@ SPLIT_SWEEP = [dict(chunks=c) for c in (4, 8, 16, 32, 64)] + [
 ]
 
 
+SMALL = [(1, 1024), (4096, 1024)]
+
+
 def _torch():
     try:
         import torch
@@ -48,8 +56,29 @@ def _torch():
     return torch if torch.cuda.is_available() else None
 
 
+def percall_us(fn, calls: int) -> float:
+    """Wall microseconds per call of `calls` calls of fn queued back to back, then
+    one synchronisation (after a warm-up call): what a caller's loop pays per call,
+    the larger of the host's cost and the GPU's."""
+    from numba import cuda
+
+    fn()
+    cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
 def run(
-    elements: int, widths: list[int], dtypes: list[str], launches: int, variants: bool = False
+    elements: int,
+    widths: list[int],
+    dtypes: list[str],
+    launches: int,
+    variants: bool = False,
+    calls: int = 1000,
+    small: list[tuple[int, int]] = SMALL,
 ) -> dict:
     from numba import cuda
 
@@ -60,12 +89,12 @@ def run(
     rng = np.random.default_rng(0)
     for dname in dtypes:
         dtype = DTYPES[dname]
-        flat = cuda.to_device(rng.standard_normal(elements, dtype=np.float32).astype(dtype))
+        flat = arrays.to_device(rng.standard_normal(elements, dtype=np.float32).astype(dtype))
         for cols in widths:
             rows = elements // cols
             n = rows * cols
             dx = flat[:n].reshape(rows, cols)
-            dy = cuda.device_array((rows, cols), dtype=dtype)
+            dy = arrays.empty((rows, cols), dtype)
             nbytes = 2 * n * np.dtype(dtype).itemsize
             auto_plan = sm.plan(rows, cols, dtype)[0]
             chosen = _ident(auto_plan)
@@ -98,20 +127,18 @@ def run(
                 if ident in seen:
                     continue
                 seen.add(ident)
-                xv, yv = dx, dy
-                cfg = kernel[how.grid, how.block, 0, how.smem]
 
-                def launch(cfg=cfg, xv=xv, yv=yv, rows=rows, cols=cols):
-                    cfg(xv, yv, rows, cols)
+                def launch(how=how, kernel=kernel, xv=dx, yv=dy):
+                    sm.launch_plan(how, kernel, xv, yv)
 
                 k_us = timer.kernel_us(launch, launches)
                 c_us = None
-                if not kw:
+                if not kw and calls:
 
-                    def call(m=method, a=dx, b=dy):
-                        sm.softmax(a, method=m, out=b)
+                    def call(m=method, a=dx):
+                        sm.softmax(a, method=m)
 
-                    c_us = timer.call_us(call, 10)
+                    c_us = percall_us(call, calls)
                 gbs = nbytes / (k_us * 1e-6) / 1e9
                 label = method
                 if how.method == "warp":
@@ -153,6 +180,7 @@ def run(
                     torch.softmax(tx, dim=-1)
 
                 k_us = timer.kernel_us(tsm, launches)
+                c_us = percall_us(tsm, calls) if calls else None
                 gbs = nbytes / (k_us * 1e-6) / 1e9
                 rows_out.append(
                     dict(
@@ -161,6 +189,7 @@ def run(
                         rows=rows,
                         impl="torch.softmax",
                         kernel_us=round(k_us, 2),
+                        call_us=None if c_us is None else round(c_us, 1),
                         gbs=round(gbs, 1),
                         pct_copy=round(100 * gbs / copy_gbs, 1),
                     )
@@ -177,7 +206,54 @@ def run(
         torch_note="" if torch is not None else "torch not importable: no torch column",
         elements=elements,
         copy_gbs=round(copy_gbs, 1),
+        calls=calls,
         rows=rows_out,
+        small=run_small(small, dtypes, calls or 1000, launches, timer, torch),
+    )
+
+
+def run_small(shapes, dtypes, calls: int, launches: int, timer, torch) -> list[dict]:
+    """Per-call and kernel times on small device inputs: softmax() allocating its
+    output, softmax(out=), and torch.softmax, each as `calls` queued calls."""
+    out = []
+    rng = np.random.default_rng(1)
+    for dname in dtypes:
+        dtype = DTYPES[dname]
+        for rows, cols in shapes:
+            x = rng.standard_normal((rows, cols), dtype=np.float32).astype(dtype)
+            dx, dy = arrays.to_device(x), arrays.empty((rows, cols), dtype)
+            r = dict(dtype=dname, rows=rows, cols=cols, path=sm.plan(rows, cols, dtype)[0].method)
+
+            def alloc(dx=dx):
+                sm.softmax(dx)
+
+            def into(dx=dx, dy=dy):
+                sm.softmax(dx, out=dy)
+
+            r["kernel_us"] = round(timer.kernel_us(into, launches), 2)
+            r["call_us"] = round(percall_us(alloc, calls), 2)
+            r["call_out_us"] = round(percall_us(into, calls), 2)
+            if torch is not None:
+                tx = torch.as_tensor(dx, device="cuda")
+                r["torch_kernel_us"] = round(
+                    timer.kernel_us(lambda tx=tx: torch.softmax(tx, dim=-1), launches), 2
+                )
+                r["torch_call_us"] = round(
+                    percall_us(lambda tx=tx: torch.softmax(tx, dim=-1), calls), 2
+                )
+            out.append(r)
+            print(_small_line(r), flush=True)
+    return out
+
+
+def _small_line(r: dict) -> str:
+    def f(key):
+        return f"{r[key]:.1f}" if r.get(key) is not None else "-"
+
+    return (
+        f"{r['dtype']:8} {r['rows']:>5}x{r['cols']:<6} {r['path']:11} {f('kernel_us'):>9} "
+        f"{f('call_us'):>9} {f('call_out_us'):>9} {f('torch_kernel_us'):>9} "
+        f"{f('torch_call_us'):>9}"
     )
 
 
@@ -208,10 +284,19 @@ def table(result: dict) -> str:
     lines = [
         f"softmax, {result['elements']} elements, {result['device']}, "
         f"copy bandwidth {result['copy_gbs']} GB/s, {result['when']}",
+        f"call us: wall time of {result.get('calls')} queued calls on device arrays / "
+        "calls (softmax() allocating its output; torch.softmax the same way)",
         head,
         "-" * len(head),
     ]
     lines += [_line(r) for r in result["rows"]]
+    if result.get("small"):
+        small_head = (
+            f"{'dtype':8} {'shape':12} {'path':11} {'kernel us':>9} {'call us':>9} "
+            f"{'out= us':>9} {'torch krn':>9} {'torch call':>9}"
+        )
+        lines += ["", "small inputs, per call (queued calls / calls)", small_head]
+        lines += ["-" * len(small_head)] + [_small_line(r) for r in result["small"]]
     if result["torch_note"]:
         lines.append(result["torch_note"])
     return "\n".join(lines)
@@ -255,13 +340,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtypes", nargs="*", default=list(DTYPES), choices=list(DTYPES))
     ap.add_argument("--launches", type=int, default=20)
     ap.add_argument(
+        "--calls", type=int, default=1000, help="queued calls per per-call time (0: none)"
+    )
+    ap.add_argument(
+        "--small",
+        nargs="*",
+        default=[f"{r}x{c}" for r, c in SMALL],
+        help="ROWSxCOLS shapes of the small-input per-call table",
+    )
+    ap.add_argument(
         "--variants", action="store_true", help="block paths: every unroll, online, block size"
     )
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    result = run(args.elements, args.widths, args.dtypes, args.launches, args.variants)
+    small = [tuple(int(v) for v in shape.split("x")) for shape in args.small]
+    result = run(
+        args.elements, args.widths, args.dtypes, args.launches, args.variants, args.calls, small
+    )
     result["bench_seconds"] = round(time.perf_counter() - t0, 1)
     print(table(result))
     if args.json:

@@ -40,29 +40,18 @@ class Row:
 # ------------------------------------------------------------------------- timing
 
 
-def _spin_kernel():
-    from numba import cuda
-
-    @cuda.jit
-    def spin(n, out):
-        x = 1.0
-        for _ in range(n):
-            x = x * 1.0000001 + 1e-7
-        out[0] = x
-
-    return spin
-
-
 class Timer:
     """GPU and wall timers sharing one spin kernel."""
 
     def __init__(self, repeats: int = 7):
         from numba import cuda
 
+        from kernels.timing import spin_kernel
+
         self.cuda = cuda
         self.repeats = repeats
-        self._spin = _spin_kernel()
-        self._buf = cuda.device_array(1, dtype=np.float64)
+        self._spin = spin_kernel
+        self._buf = cuda.device_array(1, dtype=np.float32)
         self._spin[1, 1](10, self._buf)
         cuda.synchronize()
 

@@ -626,6 +626,16 @@ def bench(
         bool,
         typer.Option("--quick", metavar="", help="Fewer repeats and a smaller bandwidth probe."),
     ] = False,
+    pipeline: Annotated[
+        bool,
+        typer.Option(
+            "--pipeline",
+            metavar="",
+            help="The pipeline view instead: per-call and kernel time of queued calls on "
+            "device arrays (720p, 2167x2495, 4K; filters, softmax, GEMV, a batch of 32 "
+            "frames) beside CV-CUDA, PyTorch and CuPy (needs CuPy). --sizes is ignored.",
+        ),
+    ] = False,
     force: ForceOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -655,6 +665,14 @@ def bench(
         if not json_path.parent.is_dir():
             raise OutputError(f"output directory {_shown(json_path.parent)} does not exist")
     _resolve_backend(Backend.cuda)
+    if pipeline:
+        from . import pipeline_bench
+
+        argv = (["--quick"] if quick else []) + (["--json", str(json_path)] if json_path else [])
+        rc = pipeline_bench.main(argv)
+        if rc:
+            raise typer.Exit(rc)
+        return
     result = _bench.run(chosen, quick=quick)
     print(_bench.print_table(result))
     if json_path is not None:

@@ -1,8 +1,9 @@
 """What a Python user feels calling GPU filters in a loop on device arrays (issue 23
 item 7): imgfilter beside CV-CUDA, PyTorch and CuPy, in one run (GPU only).
 
-    python benchmarks/pipeline_bench.py [--quick] [--calls N] [--only SUBSTR[,SUBSTR]]
-                                        [--json FILE] [--list]
+    imgfilter bench --pipeline [--quick] [--json FILE]
+    python -m imgfilter.pipeline_bench [--quick] [--calls N] [--only SUBSTR[,SUBSTR]]
+                                       [--json FILE] [--list]
 
 Every call runs on one non-default CuPy stream `s = cupy.cuda.Stream(non_blocking=True)`:
 imgfilter and kernels get `stream=s`; CuPy peers run inside `with s:`; torch peers
