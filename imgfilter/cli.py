@@ -37,7 +37,7 @@ from . import __version__
 from .api import MAX_BOX_SIDE, METHODS  # imgfilter/__init__ has imported api already
 from .backends import BACKENDS
 from .border import BORDERS
-from .errors import ImgFilterError, UsageError
+from .errors import DeviceError, ImgFilterError, UsageError
 
 PROG = "imgfilter"
 
@@ -150,11 +150,23 @@ def _command(fn: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as e:
             if debug:
                 traceback.print_exc()
+            if _gpu_failure(e):
+                _fail(f"the GPU failed: {e}; try --backend cpu")
+                raise typer.Exit(DeviceError.exit_code) from None
             hint = "" if debug else " (run with --debug for the traceback)"
             _fail(f"unexpected {type(e).__name__}: {e}{hint}")
             raise typer.Exit(1) from None
 
     return wrapper
+
+
+def _gpu_failure(e: Exception) -> bool:
+    """A CUDA error that reached the command (the driver's or Numba's), or a GPU
+    allocation that failed: a device problem (exit 5), not an unexpected one."""
+    from kernels.cudadrv import CudaError
+
+    module = type(e).__module__
+    return isinstance(e, CudaError) or module.startswith(("numba.cuda", "cuda."))
 
 
 # Options shared by the filtering commands.
