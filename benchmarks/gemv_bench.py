@@ -6,7 +6,8 @@ behind a spin kernel (imgfilter.bench's Timer, CUDA events; Numba's Python launc
 excluded), the effective bandwidth (bytes of A / kernel time) and its share of the
 device-to-device copy bandwidth measured in the same run. Per-call times (synchronised
 wall time of one Python call on device arrays) and enqueue times (Python cost of a
-call, no synchronisation) are reported for `gemv(method="auto", out=...)`, for a
+call, no synchronisation) are reported for `gemv(method="auto", out=...)` on
+kernels.devarray.DeviceArray views of the device arrays, for a
 pre-built Numba launch of the same kernel, and for torch.mv. "queued" is issue 23's
 pipeline figure: the wall time of 1000 calls queued back to back on device inputs
 (`gemv(dA, dx)` on kernels.devarray.DeviceArray views, `torch.mv(tA, tx)`: each call
@@ -136,11 +137,13 @@ def run(sizes, dtypes, launches: int, methods: list[str], tune_launches: int = 1
                 )
                 extra = dict(ok=ok, method=how.method, config=vars(how.config), pack=how.pack)
                 if method == "auto":
+                    # DeviceArray views: what the package's calls return (a Numba
+                    # array's interface dict costs ~10 us per array per call).
+                    vA, vx, vy = as_device_array(dA), as_device_array(dx), as_device_array(dy)
 
-                    def call(a=dA, b=dx, c=dy):
+                    def call(a=vA, b=vx, c=vy):
                         G.gemv(a, b, out=c)
 
-                    vA, vx = as_device_array(dA), as_device_array(dx)
                     extra.update(
                         queued_us=round(queued_us(lambda a=vA, b=vx: G.gemv(a, b)), 2),
                         call_us=round(timer.call_us(call, 20), 1),
