@@ -32,6 +32,13 @@ exp is one ex2.approx of x * log2(e) (exp32). Inputs and outputs are float32 or
 float16 (they may differ), computation is float32, numerically safe (the row max is
 subtracted). Grids follow OneFlow's GetNumBlocks (at most 32 waves of resident
 blocks) and kernels stride over rows.
+
+Calls (`softmax`): every launch goes through kernels.launch.launch on the caller's
+stream (`stream=`, else the input's `__cuda_array_interface__` stream, else the legacy
+default stream); device inputs never wait for the device (outputs come from the
+stream-ordered pool of kernels.devarray). The plan of a call shape is computed once
+and kept (`_PLANS`), so a repeated call costs a dict lookup, the output's allocation
+and the launch.
 """
 
 from __future__ import annotations
@@ -45,16 +52,29 @@ import numpy as np
 from numba import config as _numba_config
 from numba import cuda, float32, from_dtype, types, uint32
 
-from .arrays import as_device_array, is_device_array
+from .arrays import (
+    as_device_array,
+    empty,
+    is_device_array,
+    overlaps,
+    resolve_stream,
+    start_address,
+    to_device,
+    to_host,
+)
+from .devarray import DeviceArray
 from .launch import (
     SMEM_LIMIT,
+    Recording,
     active_blocks_per_sm,
     allow_dynamic_smem,
     cdiv,
     device_limits,
     largest_block_keeping_occupancy,
+    launch,
     wave_blocks,
 )
+from .launch import compile_lock as _COMPILE_LOCK
 from .packs import load_pack2, load_words2, store_pack2, unpack_word
 from .reduce import (
     block_allreduce_max,
@@ -497,6 +517,19 @@ def uncached_unroll(cols: int, pack: int, block: int) -> int:
     return 4 if per_thread >= 8 else 2 if per_thread >= 2 else 1
 
 
+def _under_compile_lock(fn):
+    """fn holding kernels.launch's compile lock (re-entrant): planning compiles and
+    queries Numba kernels, which is not thread-safe."""
+
+    @functools.wraps(fn)
+    def locked(*args, **kwargs):
+        with _COMPILE_LOCK:
+            return fn(*args, **kwargs)
+
+    return locked
+
+
+@_under_compile_lock
 def plan(
     rows: int,
     cols: int,
@@ -522,9 +555,11 @@ def plan(
     blocks per SM in the grid, so fewer rows are in flight and their second read
     hits L2) override the block paths' defaults, `max_pack_bytes` (16, 8, 4 or 2)
     the widest load and store (benchmarks), `chunks` the split path's blocks per row.
-    The kernel of the split path is a kernels.softmax_split.SplitLauncher, launched
-    the same way (`kernel[grid, block, stream, smem](x, y, rows, cols)`) with its own
-    scratch counters.
+    The kernel is a Numba dispatcher launched as `kernels.launch.launch(kernel, grid,
+    block, (x, y, rows, cols), stream, smem)`; the split path's is a
+    kernels.softmax_split.SplitLauncher, which adds its per-stream scratch
+    (`launcher.launch(x, y, rows, cols, grid, block, smem, stream)`). `launch_plan`
+    launches either. Thread-safe (under kernels.launch's compile lock).
     Raises ValueError when the requested method cannot run this width.
     """
     in_dtype = np.dtype(in_dtype)
@@ -631,25 +666,112 @@ def _validate(arr, name: str) -> None:
         raise TypeError(f"{name} must be an array, got {_describe(arr)}")
     if len(shape) != 2:
         raise ValueError(f"{name} must be 2-D (rows, cols), got shape {tuple(shape)}")
-    if np.dtype(dtype) not in DTYPES:
+    if dtype not in _DTYPE_SET:
         raise TypeError(f"{name} must be float32 or float16, got {np.dtype(dtype)}")
 
 
-def _pointers(*arrays) -> tuple[int, ...]:
-    """Device addresses of the arrays, or () where an array does not expose one (the
-    simulator's). Numba's pointer attribute first: the interface builds a dict."""
-    try:
-        return tuple(int(a.device_ctypes_pointer.value or 0) for a in arrays)
-    except AttributeError:
-        pass
-    try:
-        return tuple(int(a.__cuda_array_interface__["data"][0]) for a in arrays)
-    except AttributeError:
-        return ()
+_DTYPE_SET = frozenset(DTYPES)
 
 
-_PLANS: dict[tuple, tuple[Plan, object]] = {}  # call shape -> (plan, configured launcher)
+def _c_contiguous(arr) -> bool:
+    """Rows of consecutive elements, one after another (DeviceArray has it as a
+    property, Numba's arrays as a method)."""
+    flag = arr.is_c_contiguous
+    return flag if flag is True or flag is False else bool(flag())
+
+
+def _device_view(obj, name: str):
+    """A launchable view of a device array argument (kernels.arrays), checked."""
+    arr = as_device_array(obj)
+    _validate(arr, name)
+    if not _c_contiguous(arr):
+        raise ValueError(f"{name} must be C-contiguous (rows of consecutive elements)")
+    return arr
+
+
+# Call shape -> (recipe, kernel, grid, block, smem, split launcher or None): the plan
+# as launch() takes it, and once launched on a GPU the recorded launch
+# (kernels.launch.Recipe: parameters packed once, the pointers patched per call).
+# Read without the lock (one dict lookup); filled and trimmed under kernels.launch's
+# compile lock, which plan() holds (Numba compiles there).
+_PLANS: dict[tuple, tuple] = {}
 _PLANS_KEEP = 256
+
+
+def _entry(key: tuple, rows: int, cols: int, dx, dy, log: bool, method: str, block_size):
+    with _COMPILE_LOCK:
+        hit = _PLANS.get(key)
+        if hit is not None:
+            return hit
+        how, kernel = plan(
+            rows,
+            cols,
+            dx.dtype,
+            dy.dtype,
+            log=log,
+            method=method,
+            block_size=block_size,
+            addresses=(start_address(dx), start_address(dy)),
+        )
+        hit = (None, *_launch_entry(how, kernel))
+        if len(_PLANS) >= _PLANS_KEEP:
+            _PLANS.pop(next(iter(_PLANS)))
+        _PLANS[key] = hit
+    return hit
+
+
+def _launch_and_record(key: tuple, hit: tuple, dx, dy, rows: int, cols: int, stream: int):
+    """Launch a plan through kernels.launch.launch; on a GPU, record the launch so
+    that the next calls of this shape replay it (kept in _PLANS)."""
+    _, kernel, grid, block, smem, split = hit
+    if split is None:
+        slots, args = (dx, dy), (dx, dy, rows, cols)
+    else:
+        if rows != split.rows:
+            raise ValueError(f"this split launcher is for {split.rows} rows, got {rows}")
+        counters, partials = split.scratch(stream)
+        kernel = split.kernel
+        slots, args = (dx, dy, counters, partials), (dx, dy, rows, cols, counters, partials)
+    if SIMULATOR:  # kernels run through Numba there: nothing to record
+        launch(kernel, grid, block, args, stream, smem)
+        return
+    recording = Recording(slots)
+    try:
+        recording.__enter__()
+    except RuntimeError:  # inside another recording, which records this launch
+        launch(kernel, grid, block, args, stream, smem)
+        return
+    try:
+        launch(kernel, grid, block, args, stream, smem)
+    finally:
+        recording.__exit__(None, None, None)
+    recipe = recording.recipe()
+    if recipe is not None:
+        with _COMPILE_LOCK:
+            if _PLANS.get(key) is hit:
+                _PLANS[key] = (recipe, *hit[1:])
+
+
+def _launch_entry(how: Plan, kernel) -> tuple:
+    grid = (int(how.grid), 1, 1)
+    block = (int(how.block[0]), int(how.block[1]), 1)
+    split = kernel if how.method == "split" else None
+    return (None if split else kernel), grid, block, int(how.smem), split
+
+
+def launch_plan(how: Plan, kernel, x, y, stream=None) -> None:
+    """Queue one launch of a plan from plan() (`kernel` its second item) on device
+    arrays x and y (C-contiguous, x's shape; anything softmax() takes as a device
+    array) on `stream` (softmax()'s rule), and return at once. For tests, benchmarks
+    and profiling: softmax() does this with plans kept per call shape."""
+    dx, dy = as_device_array(x), as_device_array(y)
+    rows, cols = (int(n) for n in dx.shape)
+    fn, grid, block, smem, split = _launch_entry(how, kernel)
+    handle = resolve_stream(stream, dx)
+    if split is None:
+        launch(fn, grid, block, (dx, dy, rows, cols), handle, smem)
+    else:
+        split.launch(dx, dy, rows, cols, grid, block, smem, handle)
 
 
 def softmax(
@@ -659,80 +781,121 @@ def softmax(
     method: str = "auto",
     out=None,
     block_size: int | None = None,
+    stream=None,
 ):
     """Softmax (or log-softmax with log=True) of each row of a 2-D float array.
 
-    x: (rows, cols) float32 or float16, a NumPy array or a device array (anything with
-    __cuda_array_interface__). Returns an array of x's shape and dtype, on the host for
-    a host input and on the device (a Numba device array) for a device input; with
-    `out` (host or device, same shape, float32 or float16) the result is written there
-    and `out` is returned. method: "auto", "warp", "block_smem", "block_uncached" or
-    "split" (see the module docstring). block_size forces the block paths' threads per block.
+    x: (rows, cols) float32 or float16, a NumPy array or a C-contiguous device array
+    (a kernels.devarray.DeviceArray, or anything with __cuda_array_interface__: CuPy,
+    PyTorch, Numba). Returns an array of x's shape and dtype: for a device input a
+    DeviceArray (on Numba's simulator, its array), queued on the stream and returned
+    at once, without waiting for the device; for a host input a NumPy array (copied
+    in, computed and copied back on the stream, then synchronised).
+
+    out: host or device array of x's shape, float32 or float16 (e.g. float16 in and
+    float32 out), not overlapping x; the result is written there and `out` is
+    returned. stream: a CuPy, PyTorch, Numba or cuda.core stream or a CUstream
+    handle; without it the stream of x's __cuda_array_interface__ (PyTorch: its
+    current stream), else CUDA's legacy default stream (kernels.devarray). Device
+    arrays used on another stream than the one they were written on are the
+    caller's to order (as with CuPy and PyTorch).
+
+    method: "auto", "warp", "block_smem", "block_uncached" or "split" (see the module
+    docstring). block_size forces the block paths' threads per block. Thread-safe.
     """
     if method not in METHODS:
         raise ValueError(f"unknown softmax method {method!r}; choose one of {', '.join(METHODS)}")
-    on_device = is_device_array(x)
-    if on_device:
-        dx = as_device_array(x)
-        _validate(dx, "x")
-        if not dx.is_c_contiguous():
-            raise ValueError("x must be C-contiguous (rows of consecutive elements)")
-    else:
-        if not isinstance(x, np.ndarray):
-            raise TypeError(f"x must be a NumPy or device array, got {_describe(x)}")
+    if type(x) is DeviceArray:  # the common case on a GPU, checked inline
+        dx = x
+        if len(x.shape) != 2 or x.dtype not in _DTYPE_SET or not x.is_c_contiguous:
+            _device_view(x, "x")  # raises the error that names the problem
+        host_x = None
+    elif is_device_array(x):
+        dx = _device_view(x, "x")
+        host_x = None
+    elif isinstance(x, np.ndarray):
         _validate(x, "x")
         dx = None
-    rows, cols = (int(n) for n in x.shape)
-    dout = None
+        host_x = x
+    else:
+        raise TypeError(f"x must be a NumPy or device array, got {_describe(x)}")
+    shape = (dx if dx is not None else host_x).shape
+    rows, cols = shape
+    dout = host_out = None
     if out is not None:
-        if is_device_array(out):
-            dout = as_device_array(out)
-            _validate(dout, "out")
-            if not dout.is_c_contiguous():
-                raise ValueError("out must be C-contiguous")
+        if type(out) is DeviceArray:
+            dout = out
+            if len(out.shape) != 2 or out.dtype not in _DTYPE_SET or not out.is_c_contiguous:
+                _device_view(out, "out")
+        elif is_device_array(out):
+            dout = _device_view(out, "out")
         elif isinstance(out, np.ndarray):
             _validate(out, "out")
+            host_out = out
         else:
             raise TypeError(f"out must be a NumPy or device array, got {_describe(out)}")
-        if tuple(out.shape) != (rows, cols):
-            raise ValueError(f"out has shape {tuple(out.shape)}, x has {(rows, cols)}")
+        out_shape = (dout if dout is not None else host_out).shape
+        if out_shape != shape:
+            raise ValueError(f"out has shape {tuple(out_shape)}, x has {tuple(shape)}")
+        if dout is not None and dx is not None:
+            if type(dx) is DeviceArray and type(dout) is DeviceArray:
+                # Both C-contiguous: [ptr, ptr + nbytes) each.
+                lo, hi = dout.ptr, dout.ptr + dout.size * dout.dtype.itemsize
+                clash = lo < dx.ptr + dx.size * dx.dtype.itemsize and dx.ptr < hi
+            else:
+                clash = overlaps(dx, dout)
+        else:
+            clash = host_x is not None and host_out is not None
+            clash = clash and np.may_share_memory(host_x, host_out)
+        if clash:
+            raise ValueError(
+                "out overlaps x: softmax cannot work in place (the block and split paths "
+                "read x again after writing); give an out that shares no memory with x"
+            )
+    if stream is None and type(dx) is DeviceArray:
+        handle = dx.stream
+    else:
+        handle = resolve_stream(stream, dx, dout)
+    if dout is not None:
+        out_dtype = dout.dtype
+    elif host_out is not None:
+        out_dtype = host_out.dtype
+    else:
+        out_dtype = (dx if dx is not None else host_x).dtype
+    if host_x is not None and not (rows and cols):
+        if host_out is None and dout is None:
+            return np.empty((rows, cols), out_dtype)
+        return out
     if dx is None:
-        dx = cuda.to_device(np.ascontiguousarray(x))
-    out_dtype = np.dtype((dx if out is None else dout if dout is not None else out).dtype)
-    dy = dout if dout is not None else cuda.device_array((rows, cols), dtype=out_dtype)
+        dx = to_device(host_x, handle)
+    dy = dout if dout is not None else empty((rows, cols), out_dtype, handle)
 
     if rows and cols:
-        # The plan (path, pack, geometry; for block_smem an occupancy query and a
-        # compile lookup) is computed once per call shape and kept with its launcher.
-        addresses = _pointers(dx, dy)
-        in_dt, out_dt = np.dtype(dx.dtype), np.dtype(dy.dtype)
-        align = tuple(a % 16 for a in addresses)
-        key = (rows, cols, in_dt.char, out_dt.char, bool(log), method, block_size, align)
+        log = bool(log)
+        if type(dx) is DeviceArray and type(dy) is DeviceArray:
+            px, py = dx.ptr, dy.ptr
+        else:
+            px, py = start_address(dx), start_address(dy)
+        key = (rows, cols, dx.dtype, dy.dtype, log, method, block_size, px & 15, py & 15)
         hit = _PLANS.get(key)
         if hit is None:
-            how, kernel = plan(
-                rows,
-                cols,
-                in_dt,
-                out_dt,
-                log=log,
-                method=method,
-                block_size=block_size,
-                addresses=addresses,
-            )
-            hit = (how, kernel[how.grid, how.block, 0, how.smem])
-            if len(_PLANS) >= _PLANS_KEEP:
-                _PLANS.pop(next(iter(_PLANS)))
-            _PLANS[key] = hit
-        hit[1](dx, dy, rows, cols)
+            hit = _entry(key, rows, cols, dx, dy, log, method, block_size)
+        recipe = hit[0]
+        if recipe is None:
+            _launch_and_record(key, hit, dx, dy, rows, cols, handle)
+        elif hit[5] is None:
+            recipe.replay([px, py], handle)
+        else:
+            counters, partials = hit[5].scratch(handle)
+            recipe.replay([px, py, counters.ptr, partials.ptr], handle)
 
     if out is None:
-        return dy if on_device else dy.copy_to_host()
-    if dout is None:
-        out[...] = dy.copy_to_host()
+        return dy if host_x is None else to_host(dy, handle)
+    if host_out is not None:
+        host_out[...] = to_host(dy, handle)
     return out
 
 
-def log_softmax(x, *, method: str = "auto", out=None, block_size: int | None = None):
+def log_softmax(x, *, method: str = "auto", out=None, block_size: int | None = None, stream=None):
     """softmax(x, log=True, ...): log of the softmax of each row, computed stably."""
-    return softmax(x, log=True, method=method, out=out, block_size=block_size)
+    return softmax(x, log=True, method=method, out=out, block_size=block_size, stream=stream)

@@ -46,22 +46,27 @@ it unless a test makes it run blocks concurrently).
 The scratch re-arms itself: the block taking the last ticket zeroes the ticket
 counter, and the last of a row's blocks to read the row's pairs (a per-row
 counter) zeroes them and the counter after its writes, so consecutive launches
-need no memset. One launcher's scratch (counters and partials) must not be used by
-two launches running concurrently (e.g. on two streams); `softmax()` launches on the
-default stream only.
+need no memset. Two launches running at once (on two streams) must not share the
+scratch, so a launcher keeps one per stream (`SplitLauncher.scratch`), created zeroed
+by a memset queued on that stream; launches on one stream run one after another.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
+import threading
 
 import numpy as np
 from numba import config as _numba_config
 from numba import cuda, float32, from_dtype, int32, int64, types, uint32
 
+from .arrays import as_device_array, empty, resolve_stream, to_device
+from .devarray import PER_THREAD
 from .int_ops import pair_bits, pair_of
-from .launch import allow_dynamic_smem, cdiv, largest_block_keeping_occupancy
+from .launch import allow_dynamic_smem, cdiv, largest_block_keeping_occupancy, launch
+from .launch import compile_lock as _COMPILE_LOCK
 from .packs import load_pack1, store_pack2, store_words1, unpack_word
 
 SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
@@ -366,36 +371,102 @@ def split_unroll(span: int, block: int) -> int:
     return 4 if per_thread >= 8 else 2 if per_thread >= 2 else 1
 
 
+SCRATCH_KEEP = 32  # streams whose scratch a launcher keeps (the oldest goes first)
+_THREAD = threading.local()
+_TOKENS = itertools.count()
+
+
+def _thread_token() -> int:
+    """A number for the calling thread, never reused (thread idents are, once a
+    thread ends; its per-thread stream's work may still be running)."""
+    token = getattr(_THREAD, "token", None)
+    if token is None:
+        token = _THREAD.token = next(_TOKENS)
+    return token
+
+
+def _zeros(n: int, dtype, stream: int):
+    """A zeroed device array of n elements, zeroed in `stream`'s order (a memset
+    queued there; on the simulator a copy of host zeros)."""
+    if SIMULATOR:
+        return to_device(np.zeros(n, dtype), stream)
+    from .cudadrv import driver
+
+    arr = empty((n,), dtype, stream)
+    driver().memset(arr.ptr, 0, arr.nbytes, stream)
+    return arr
+
+
 class SplitLauncher:
-    """Kernel-like front of split_kernel: `launcher[grid, block, stream, smem](x, y,
-    rows, cols)` launches it with this launcher's scratch (allocated on first use,
-    zeroed, and left zeroed by every completed launch). Made for one row count."""
+    """split_kernel with its scratch, made for one row count. `launch(x, y, rows,
+    cols, grid, block, smem, stream)` queues it through kernels.launch.launch with
+    the scratch of `stream` (`scratch(stream)`); `launcher[grid, block, stream,
+    smem](x, y, rows, cols)` does the same, Numba-style, for any device arrays.
+
+    Scratch per stream: the counters and pairs are zero between launches and every
+    completed launch leaves them zeroed, but two launches running at once would mix
+    their tickets and pairs, so each stream (each thread's, for the per-thread
+    default stream) gets its own, created on first use by a memset queued on that
+    stream. Up to SCRATCH_KEEP streams are kept; dropping the oldest is safe (its
+    memory goes back to the pool of its stream, reused only after that stream's
+    queued work). Thread-safe."""
 
     def __init__(self, kernel, rows: int, chunks: int):
         self.kernel = kernel
         self.rows = rows
         self.chunks = chunks
-        self._scratch = None
+        self._scratch: dict = {}
+        self._lock = threading.Lock()
 
-    def scratch(self) -> tuple:
-        """(counters, partials) device arrays of this launcher."""
-        if self._scratch is None:
-            counters = cuda.to_device(np.zeros(1 + self.rows, np.int32))
-            partials = cuda.to_device(np.zeros(self.rows * self.chunks, np.int64))
-            self._scratch = (counters, partials)
-        return self._scratch
+    def scratch(self, stream: int = 0) -> tuple:
+        """(counters, partials) device arrays for launches on `stream` (a CUstream
+        handle): 1 + rows int32 and rows * chunks int64, zero between launches."""
+        key = (stream, _thread_token()) if stream == PER_THREAD else stream
+        pair = self._scratch.get(key)
+        if pair is None:
+            with self._lock:
+                pair = self._scratch.get(key)
+                if pair is None:
+                    pair = (
+                        _zeros(1 + self.rows, np.int32, stream),
+                        _zeros(self.rows * self.chunks, np.int64, stream),
+                    )
+                    if len(self._scratch) >= SCRATCH_KEEP:
+                        self._scratch.pop(next(iter(self._scratch)))
+                    self._scratch[key] = pair
+        return pair
+
+    def launch(self, x, y, rows: int, cols: int, grid, block, smem: int, stream: int = 0):
+        """Queue the kernel on x, y (launchable arrays: kernels.arrays) and return."""
+        if rows != self.rows:
+            raise ValueError(f"this split launcher is for {self.rows} rows, got {rows}")
+        counters, partials = self.scratch(stream)
+        launch(self.kernel, grid, block, (x, y, rows, cols, counters, partials), stream, smem)
 
     def __getitem__(self, config):
-        configured = self.kernel[config]
+        grid, block, *rest = config
+        handle = resolve_stream(rest[0] if rest else None)
+        smem = int(rest[1]) if len(rest) > 1 else 0
 
-        def launch(x, y, rows: int, cols: int) -> None:
-            if rows != self.rows:
-                raise ValueError(f"this split launcher is for {self.rows} rows, got {rows}")
-            configured(x, y, rows, cols, *self.scratch())
+        def run(x, y, rows: int, cols: int) -> None:
+            self.launch(as_device_array(x), as_device_array(y), int(rows), int(cols), grid,
+                        block, smem, handle)  # fmt: skip
 
-        return launch
+        return run
 
 
+def _under_compile_lock(fn):
+    """fn holding kernels.launch's compile lock (planning compiles Numba kernels)."""
+
+    @functools.wraps(fn)
+    def locked(*args, **kwargs):
+        with _COMPILE_LOCK:
+            return fn(*args, **kwargs)
+
+    return locked
+
+
+@_under_compile_lock
 def plan_split(
     rows: int,
     cols: int,

@@ -6,11 +6,16 @@ tests marked `gpu` run the full shape list on a real device.
 
 from __future__ import annotations
 
+import ctypes
+import threading
+import time
+
 import numpy as np
 import pytest
 from numba import cuda, float32, int32, uint32
 
-from kernels import launch
+from kernels import arrays, launch
+from kernels import softmax as sm
 from kernels.reduce import (
     block_allreduce_max,
     block_allreduce_sum,
@@ -18,7 +23,7 @@ from kernels.reduce import (
     warp_allreduce_max,
     warp_allreduce_sum,
 )
-from kernels.softmax import _pack_size, plan, softmax, warp_geometry
+from kernels.softmax import _pack_size, launch_plan, log_softmax, plan, softmax, warp_geometry
 
 # Relative tolerance of probabilities; for log-softmax the same number is the absolute
 # tolerance (an absolute error e in log space is a relative error ~e in probability).
@@ -236,7 +241,7 @@ def _run_plan(x, method, log, **kw):
     how, kernel = plan(rows, cols, x.dtype, log=log, method=method, block_size=32, **kw)
     for name, value in kw.items():
         assert getattr(how, name) == value
-    kernel[how.grid, how.block, 0, how.smem](dx, dy, rows, cols)
+    launch_plan(how, kernel, dx, dy)
     return dy.copy_to_host()
 
 
@@ -281,9 +286,123 @@ def test_device_in_device_out_and_out_argument():
     check(hout, x, True)
 
 
-def test_plan_kept_per_call_shape():
-    from kernels import softmax as sm
+def test_device_in_gives_a_device_array_on_the_call_stream():
+    x = random_rows(2, 40, np.float16)
+    dy = softmax(cuda.to_device(x))
+    assert not isinstance(dy, np.ndarray) and dy.shape == x.shape and dy.dtype == x.dtype
+    if not arrays.SIMULATOR:
+        from kernels.devarray import DeviceArray
 
+        assert type(dy) is DeviceArray and dy.stream == 0
+    check(dy.copy_to_host(), x, False)
+
+
+def test_stream_argument():
+    x = random_rows(3, 33, np.float32)
+    dx = cuda.to_device(x)
+    check(softmax(dx, stream=0).copy_to_host(), x, False)
+    check(log_softmax(dx, stream=0).copy_to_host(), x, True)
+    check(softmax(x, stream=0), x, False)
+    hout = np.zeros_like(x)
+    assert log_softmax(x, stream=0, out=hout) is hout
+    check(hout, x, True)
+    if arrays.SIMULATOR:  # one queue there: any handle is taken
+        check(softmax(dx, stream=12345).copy_to_host(), x, False)
+
+
+def test_device_out_written_in_place_and_returned():
+    x = random_rows(3, 70, np.float16)
+    dx = cuda.to_device(x)
+    dout = cuda.device_array((3, 70), np.float32)  # float16 in, float32 out
+    assert softmax(dx, out=dout, stream=0) is dout
+    np.testing.assert_allclose(dout.copy_to_host(), reference(x, False), rtol=1e-5, atol=1e-38)
+    assert log_softmax(x, out=dout) is dout  # host in, device out
+    np.testing.assert_allclose(dout.copy_to_host(), reference(x, True), rtol=1e-5, atol=1e-5)
+
+
+def test_out_overlapping_x_is_refused():
+    full = random_rows(6, 33, np.float32)
+    buf = cuda.to_device(full)
+    dx = buf[0:3]
+    for out in (dx, buf[1:4], buf[2:5]):  # the same array, partly overlapping views
+        with pytest.raises(ValueError, match="overlaps x"):
+            softmax(dx, out=out)
+    assert softmax(dx, out=buf[3:6]) is not None  # the neighbouring rows are fine
+    check(buf.copy_to_host()[3:6], full[0:3], False)
+    host = full.copy()
+    for out in (host[0:3], host[1:4]):
+        with pytest.raises(ValueError, match="overlaps x"):
+            softmax(host[0:3], out=out)
+    np.testing.assert_array_equal(host, full)  # refused before anything was written
+
+
+def test_device_out_of_wrong_shape_dtype_or_layout_is_refused():
+    x = random_rows(3, 33, np.float32)
+    dx = cuda.to_device(x)
+    with pytest.raises(ValueError, match=r"\(3, 32\)"):
+        softmax(dx, out=cuda.device_array((3, 32), np.float32))
+    with pytest.raises(TypeError, match="out must be float32 or float16, got float64"):
+        softmax(dx, out=cuda.device_array((3, 33), np.float64))
+    with pytest.raises(ValueError, match="out must be 2-D"):
+        softmax(dx, out=cuda.device_array(99, np.float32))
+    with pytest.raises(ValueError, match="out must be C-contiguous"):
+        softmax(dx, out=cuda.device_array((3, 66), np.float32)[:, ::2])
+    with pytest.raises(ValueError, match="x must be C-contiguous"):
+        softmax(cuda.device_array((3, 66), np.float32)[:, ::2])
+    with pytest.raises(TypeError, match="out must be a NumPy or device array"):
+        softmax(dx, out=[[0.0] * 33] * 3)
+
+
+def test_calls_from_threads_at_once(monkeypatch):
+    """First calls of several shapes from 6 threads at once (the plan cache filled
+    concurrently), host and device inputs. The simulator runs a kernel by swapping
+    its module's `cuda` for a fake one, which breaks a kernel built or run in another
+    thread meanwhile: there the launches (not the calls) take turns with planning."""
+    if arrays.SIMULATOR:
+        real = sm.launch
+
+        def one_at_a_time(*args, **kwargs):
+            with sm._COMPILE_LOCK:
+                real(*args, **kwargs)
+
+        monkeypatch.setattr(sm, "launch", one_at_a_time)
+    sm._PLANS.clear()
+    shapes = [(2, 8, np.float32), (3, 16, np.float16), (2, 33, np.float32), (4, 5, np.float16)]
+    inputs = [random_rows(r, c, d, seed=i) for i, (r, c, d) in enumerate(shapes)]
+    errors: list = []
+    start = threading.Barrier(6)
+
+    def work(t: int) -> None:
+        try:
+            start.wait()
+            for i in range(len(inputs)):
+                x = inputs[(i + t) % len(inputs)]
+                log = bool(t % 2)
+                y = softmax(x, log=log) if t % 3 else softmax(cuda.to_device(x), log=log)
+                check(y if isinstance(y, np.ndarray) else y.copy_to_host(), x, log)
+        except BaseException as exc:  # handed to the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert len(sm._PLANS) == 2 * len(shapes)  # softmax and log-softmax per shape
+
+
+def test_plan_cache_is_bounded(monkeypatch):
+    monkeypatch.setattr(sm, "_PLANS_KEEP", 3)
+    sm._PLANS.clear()
+    for cols in range(1, 8):
+        x = random_rows(1, cols, np.float32)
+        check(softmax(x), x, False)
+        assert len(sm._PLANS) <= 3
+    sm._PLANS.clear()
+
+
+def test_plan_kept_per_call_shape():
     sm._PLANS.clear()
     x = random_rows(2, 33, np.float32)
     dx, dy = cuda.to_device(x), cuda.device_array((2, 33), np.float32)
@@ -420,5 +539,170 @@ def test_gpu_block_variants(cols, dtype):
                 except ValueError:
                     assert method == "block_smem" and cols * 4 > 200 * 1024
                     continue
-                kernel[how.grid, how.block, 0, how.smem](dx, dy, rows, cols)
+                launch_plan(how, kernel, dx, dy)
                 check(dy.copy_to_host(), x, log)
+
+
+# ------------------------------------------- streams, asynchrony and out= (GPU)
+
+
+def _new_stream() -> int:
+    """A new non-blocking CUstream handle (destroy it with _destroy_stream)."""
+    from kernels.cudadrv import driver
+
+    drv = driver()
+    drv.current()
+    handle = ctypes.c_void_p()
+    drv.call("cuStreamCreate", ctypes.byref(handle), ctypes.c_uint(1))
+    return int(handle.value)
+
+
+def _destroy_stream(handle: int) -> None:
+    from kernels.cudadrv import driver
+
+    driver().synchronize(handle)
+    driver().call("cuStreamDestroy_v2", ctypes.c_void_p(handle))
+
+
+ASYNC_CASES = [  # (rows, cols, dtype, method): one per path
+    (512, 1000, np.float32, "warp"),
+    (256, 4096, np.float16, "block_smem"),
+    (256, 4096, np.float32, "block_uncached"),
+    (16, 131072, np.float32, "split"),
+    (16, 131072, np.float16, "auto"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "rows,cols,dtype,method", ASYNC_CASES, ids=lambda v: getattr(v, "__name__", str(v))
+)
+def test_gpu_call_returns_while_the_stream_is_busy(rows, cols, dtype, method):
+    """A call on device inputs queues its work behind 0.3 s of spinning on the stream
+    and returns while the GPU is still busy; the results are right afterwards. The
+    stream is new to the call (its output memory and the split path's scratch are
+    made on it then)."""
+    from kernels import timing
+    from kernels.cudadrv import driver
+    from kernels.devarray import DeviceArray
+
+    drv = driver()
+    x = random_rows(rows, cols, dtype)
+    softmax(x, method=method)  # plan and compile first (on the default stream)
+    log_softmax(x, method=method, out=np.empty(x.shape, np.float32))
+    h = _new_stream()
+    try:
+        dx = arrays.to_device(x, h)
+        dlog = arrays.empty(x.shape, np.float32, h)
+        drv.synchronize(h)
+        busy = timing.busy(0.3, stream=h)
+        t0 = time.perf_counter()
+        dy = softmax(dx, method=method, stream=h)
+        assert log_softmax(dx, method=method, out=dlog, stream=h) is dlog
+        took = time.perf_counter() - t0
+        still_busy = not drv.idle(h)
+        assert still_busy, "the call waited for the device"
+        assert took < 0.1, took
+        assert type(dy) is DeviceArray and dy.stream == h
+        drv.synchronize(h)
+        check(dy.copy_to_host(), x, False)
+        np.testing.assert_allclose(dlog.copy_to_host(), reference(x, True), rtol=1e-3, atol=1e-3)
+        del busy
+    finally:
+        _destroy_stream(h)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cols", [1000, 4096, 131072])
+def test_gpu_cupy_stream(cols):
+    """On a non-blocking CuPy stream: the input written there behind a spin kernel,
+    softmax by stream=s and by the array's own (interface) stream, the result used
+    there; no synchronisation by the caller before that."""
+    cupy = pytest.importorskip("cupy")
+    from kernels import timing
+
+    rows = max(8, (1 << 20) // cols)
+    x = random_rows(rows, cols, np.float32)
+    src = cupy.asarray(x)
+    cx = cupy.zeros_like(src)
+    softmax(cx)  # plan and compile
+    softmax(cx, out=cupy.empty_like(cx), log=True)
+    cupy.cuda.Device().synchronize()
+    with cupy.cuda.Stream(non_blocking=True) as s:
+        busy = timing.busy(0.2, stream=s.ptr)
+        cx[...] = src  # queued on s behind the spin: a call on another stream sees zeros
+        y1 = softmax(cx, stream=s)
+        y2 = softmax(cx)  # cx's interface names s (the current stream)
+        out = cupy.empty_like(cx)
+        assert softmax(cx, out=out, log=True) is out
+        assert not s.done, "the calls waited for the device"
+        z1 = cupy.asarray(y1) * 2
+        z2 = cupy.asarray(y2) + 0
+        lz = out + 0
+    s.synchronize()
+    check(cupy.asnumpy(z1) / 2, x, False)
+    check(cupy.asnumpy(z2), x, False)
+    check(cupy.asnumpy(lz), x, True)
+    with pytest.raises(ValueError, match="overlaps x"):
+        softmax(cx, out=cx)
+    del busy
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cols", [1000, 4096, 131072])
+def test_gpu_torch_stream(cols):
+    """The same on a torch side stream: softmax follows torch's current stream."""
+    torch = pytest.importorskip("torch")
+    from kernels import timing
+
+    rows = max(8, (1 << 20) // cols)
+    x = random_rows(rows, cols, np.float32)
+    src = torch.from_numpy(x).cuda()
+    tx = torch.zeros_like(src)
+    softmax(tx)  # plan and compile
+    softmax(tx, out=torch.empty_like(tx), log=True)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        busy = timing.busy(0.2, stream=s.cuda_stream)
+        tx.copy_(src)
+        y = softmax(tx)
+        out = torch.empty_like(tx)
+        assert softmax(tx, out=out, log=True, stream=s) is out
+        assert not s.query(), "the calls waited for the device"
+        ty = torch.as_tensor(y, device="cuda") * 1
+        lt = out + 0
+    s.synchronize()
+    check(ty.cpu().numpy(), x, False)
+    check(lt.cpu().numpy(), x, True)
+    del busy
+
+
+@pytest.mark.gpu
+def test_gpu_out_on_device():
+    """out= as our DeviceArray, Numba, CuPy and torch arrays: written, returned, no
+    new allocation needed; overlaps refused."""
+    x = random_rows(64, 4096, np.float32)
+    dx = arrays.to_device(x, 0)
+    outs = [arrays.empty(x.shape, np.float32, 0), cuda.device_array(x.shape, np.float32)]
+    cupy = None
+    try:
+        import cupy
+    except ImportError:
+        pass
+    if cupy is not None:
+        outs.append(cupy.empty(x.shape, cupy.float32))
+    try:
+        import torch
+
+        outs.append(torch.empty(x.shape, dtype=torch.float32, device="cuda"))
+    except ImportError:
+        pass
+    for out in outs:
+        assert softmax(dx, out=out) is out
+        got = np.asarray(arrays.as_device_array(out).copy_to_host())
+        check(got, x, False)
+    with pytest.raises(ValueError, match="overlaps x"):
+        softmax(dx, out=dx)
+    with pytest.raises(ValueError, match="overlaps x"):
+        softmax(dx[0:32], out=dx[16:48])

@@ -21,6 +21,7 @@ import pytest
 from numba import cuda
 from test_softmax import check, random_rows, reference, special_rows
 
+from kernels import arrays
 from kernels import softmax as sm
 from kernels import softmax_split as ss
 from kernels.launch import cdiv
@@ -370,6 +371,68 @@ def test_split_through_softmax():
     np.testing.assert_allclose(out, reference(x, True), rtol=1e-5, atol=1e-5)
 
 
+@sim_only
+def test_split_scratch_is_per_stream():
+    """Each stream gets its own zeroed scratch (two launches at once on two streams
+    would otherwise share tickets and pairs); a launch on stream 5 uses and re-arms
+    stream 5's only."""
+    x = random_rows(3, 48, np.float32)
+    dx, dy = cuda.to_device(x), cuda.device_array(x.shape, x.dtype)
+    with concurrent_blocks(resident=5):
+        how, launcher = plan(3, 48, np.float32, method="split", block_size=32, chunks=3)
+        launcher.launch(dx, dy, 3, 48, how.grid, how.block, how.smem, 5)
+    check(dy.copy_to_host(), x, False)
+    assert list(launcher._scratch) == [5]  # stream 0's was never made
+    five = launcher.scratch(5)
+    assert launcher.scratch(5) is five and launcher.scratch(0) is not five
+    counters, partials = five
+    assert counters.shape == (4,) and partials.shape == (9,)
+    assert counters.dtype == np.int32 and partials.dtype == np.int64
+    for a in (*five, *launcher.scratch(0)):
+        assert not a.copy_to_host().any()
+
+
+def test_split_scratch_per_thread_on_the_per_thread_default_stream():
+    """CU_STREAM_PER_THREAD (handle 2) is a different stream in every thread."""
+    from kernels.devarray import PER_THREAD
+
+    launcher = ss.SplitLauncher(kernel=None, rows=2, chunks=2)
+    got: dict = {}
+
+    def take(name: str) -> None:
+        got[name] = (launcher.scratch(PER_THREAD), launcher.scratch(PER_THREAD))
+
+    threads = [threading.Thread(target=take, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got["a"][0] is got["a"][1] and got["b"][0] is got["b"][1]
+    assert got["a"][0] is not got["b"][0]
+
+
+@sim_only  # made-up stream handles: a GPU's driver would take them for pointers
+def test_split_scratch_from_threads_at_once_and_bounded(monkeypatch):
+    monkeypatch.setattr(ss, "SCRATCH_KEEP", 4)
+    launcher = ss.SplitLauncher(kernel=None, rows=2, chunks=3)
+    start = threading.Barrier(8)
+    got: list = [None] * 8
+
+    def take(i: int) -> None:
+        start.wait()
+        got[i] = launcher.scratch(7)
+
+    threads = [threading.Thread(target=take, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(g is got[0] for g in got)  # one scratch for the stream, made once
+    for stream in range(10, 16):
+        launcher.scratch(stream)
+    assert list(launcher._scratch) == [12, 13, 14, 15]  # the oldest streams' dropped
+
+
 # ------------------------------------------------------------------- full size (GPU)
 
 
@@ -504,3 +567,36 @@ def test_gpu_auto_takes_split_for_wide_rows():
         assert how.method == "split" and how.chunks >= 2
     assert plan(100, 2**20, np.float32)[0].method == "split"
     assert plan(1000, 32768, np.float32)[0].method == "block_smem"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+def test_gpu_split_on_two_streams_at_once(dtype):
+    """One plan (one launcher) on two non-blocking streams, 20 launches each,
+    interleaved so that launches of the two streams overlap on the GPU: each stream
+    has its own scratch, so neither corrupts the other's tickets and pairs."""
+    from test_softmax import _destroy_stream, _new_stream
+
+    from kernels.cudadrv import driver
+
+    rows, cols = 64, 131072
+    x1 = random_rows(rows, cols, dtype, seed=1)
+    x2 = random_rows(rows, cols, dtype, seed=2) * dtype(2)
+    softmax(x1)  # plan and compile
+    a, b = _new_stream(), _new_stream()
+    try:
+        d1, d2 = arrays.to_device(x1, a), arrays.to_device(x2, b)
+        y1, y2 = arrays.empty(x1.shape, dtype, a), arrays.empty(x2.shape, dtype, b)
+        for _ in range(20):
+            softmax(d1, out=y1, stream=a)
+            softmax(d2, out=y2, stream=b)
+        driver().synchronize(a)
+        driver().synchronize(b)
+        check(y1.copy_to_host(), x1, False)
+        check(y2.copy_to_host(), x2, False)
+        launcher = next(e[-1] for k, e in sm._PLANS.items() if k[:2] == (rows, cols) and e[-1])
+        for stream in (a, b):
+            assert not any(s.copy_to_host().any() for s in launcher.scratch(stream))
+    finally:
+        _destroy_stream(a)
+        _destroy_stream(b)
