@@ -233,3 +233,20 @@ def test_explicit_stream_argument_wins_over_the_arrays():
     stream.synchronize()
     np.testing.assert_array_equal(out.copy_to_host(), ref.blur(host, 5))
     del token
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_replayed_calls_agree_with_the_first(name):
+    """The first call of a plan records its launches, later ones replay them: other
+    images (and outputs) of the same shape must come out right, borders included."""
+    cp = pytest.importorskip("cupy")
+    from imgfilter.backends import cuda as backend
+
+    for shape in [(301, 517, 3), (64, 64, 1), (7, 1001, 4)]:
+        before = len(backend._RECIPES)
+        for seed in range(3):
+            host = _image(shape, seed=seed)
+            got = OPS[name](cp.asarray(host)).copy_to_host()
+            np.testing.assert_array_equal(got.reshape(REFS[name](host).shape), REFS[name](host))
+        assert len(backend._RECIPES) == before + 1, "one recording, then replays"
