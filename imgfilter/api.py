@@ -285,20 +285,23 @@ def contour(
 # ------------------------------------------------------------------ batches
 
 
-def _batch(images: Any, out: Any, stream: Any, filter_one, result_shape) -> Any:
-    """Filter each image of a batch with `filter_one(img, out=..., stream=...)`.
+def _batch(images: Any, out: Any, stream: Any, backend: str, one, many, result_shape) -> Any:
+    """Filter each image of a batch.
 
     images: a 4-D (N, H, W, C) or 3-D (N, H, W) array (host or device), the first axis
     always the batch, or a list/tuple of images of any sizes. Returns the same kind:
     an array of the results (into `out`, an array of that shape, when given) or a list
-    (into `out`, a list of arrays, when given). All calls share one stream (device
-    batches) and each image has its own borders: results equal filtering each alone.
+    (into `out`, a list of arrays, when given). A list goes image by image through
+    `one(img, out, stream)`; a device array goes to the backend at once through
+    `many(backend, batch (N, H, W, C), out, stream)` (its launches queued back to back
+    on one stream); a host array image by image. Each image has its own borders:
+    results equal filtering each alone.
     """
     if isinstance(images, list | tuple):
         if out is not None and (not isinstance(out, list | tuple) or len(out) != len(images)):
             raise UsageError("out must be a list of as many arrays as there are images")
         outs = out if out is not None else [None] * len(images)
-        return [filter_one(img, out=o, stream=stream) for img, o in zip(images, outs, strict=True)]
+        return [one(img, o, stream) for img, o in zip(images, outs, strict=True)]
     device = not isinstance(images, np.ndarray) and is_device_array(images)
     batch = as_device_array(images) if device else np.asarray(images)
     if batch.ndim not in (3, 4):
@@ -307,54 +310,121 @@ def _batch(images: Any, out: Any, stream: Any, filter_one, result_shape) -> Any:
         )
     if batch.shape[0] < 1:
         raise UsageError("the batch is empty")
+    _as_image(batch[0])  # dtype, channels, size (and contiguity on the device)
     shape = (batch.shape[0], *result_shape(batch.shape[1:]))
-    if device:
-        from kernels.arrays import empty, resolve_stream
-
-        stream = resolve_stream(_check_stream(stream), batch)
-        if out is None:
-            out = empty(shape, batch.dtype, stream)
-        dout = _check_out(out, batch, True, shape)
-    else:
-        dout = np.empty(shape, batch.dtype) if out is None else _check_out(out, batch, False, shape)
-        out = dout if out is None else out
-    for i in range(batch.shape[0]):
-        filter_one(batch[i], out=dout[i], stream=stream)
-    return out
+    if not device:
+        host_out = np.empty(shape, batch.dtype) if out is None else out
+        dout = _check_out(host_out, batch, False, shape)
+        for i in range(batch.shape[0]):
+            one(batch[i], dout[i], stream)
+        return host_out
+    if not _c_contiguous(batch.shape, batch.strides, batch.dtype.itemsize):
+        raise UsageError("device batches must be C-contiguous")
+    stream = _check_stream(stream)
+    be = get_backend(backend, device_input=True)
+    dout = None if out is None else _check_out(out, batch, True, shape)
+    batch4 = batch if batch.ndim == 4 else batch.reshape(*batch.shape, 1)
+    result = many(be, batch4, dout, stream)
+    return out if out is not None else result.reshape(shape)
 
 
 def _same_shape(shape: tuple) -> tuple:
     return tuple(shape)
 
 
-def filter2d_batch(images: Any, kernel: Any, *, out: Any = None, stream: Any = None,
-                   **options: Any) -> Any:  # fmt: skip
-    """`filter2d` of every image of a batch (see `_batch` for the batch forms):
-    `filter2d_batch(frames, kernel)` with frames (N, H, W, C), or a list of images.
-    Options as `filter2d`."""
-    kernel = as_kernel(kernel)
+def _image_shape(shape: tuple) -> tuple:
+    return tuple(shape[:2])
+
+
+def filter2d_batch(
+    images: Any,
+    kernel: Any,
+    *,
+    anchor: tuple[int, int] | None = None,
+    border: str = "reflect101",
+    border_value: float = 0.0,
+    backend: str = "auto",
+    method: str = "auto",
+    out: Any = None,
+    stream: Any = None,
+) -> Any:
+    """`filter2d` of every image of a batch: `images` a 4-D (N, H, W, C) or 3-D
+    (N, H, W) array, host or device (the first axis is always the batch), or a list
+    of images of any sizes; the result has the same form (see README, Batches).
+    Options as `filter2d`; `out` an array of the result's shape, or a list."""
+    k = as_kernel(kernel)
+    opts = dict(anchor=anchor, border=border, border_value=border_value, backend=backend,
+                method=method)  # fmt: skip
 
     def one(img, out, stream):
-        return filter2d(img, kernel, out=out, stream=stream, **options)
+        return filter2d(img, k, out=out, stream=stream, **opts)
 
-    return _batch(images, out, stream, one, _same_shape)
+    def many(be, batch, out, stream):
+        anchor_yx = _resolve_anchor(anchor, *k.shape)
+        value = _cast_value(border_value, batch.dtype)
+        code, m = border_code(border), _check_method(method)
+        return be.correlate(batch, k, anchor_yx, code, value, m, _out_4d(out), stream)
+
+    return _batch(images, out, stream, backend, one, many, _same_shape)
 
 
-def blur_batch(images: Any, k: int | tuple[int, int], *, out: Any = None, stream: Any = None,
-               **options: Any) -> Any:  # fmt: skip
-    """`blur` of every image of a batch (see `filter2d_batch`)."""
-    box_size(k)
+def blur_batch(
+    images: Any,
+    k: int | tuple[int, int],
+    *,
+    anchor: tuple[int, int] | None = None,
+    border: str = "reflect101",
+    border_value: float = 0.0,
+    backend: str = "auto",
+    method: str = "auto",
+    out: Any = None,
+    stream: Any = None,
+) -> Any:
+    """`blur` of every image of a batch (the batch forms as `filter2d_batch`)."""
+    kh, kw = box_size(k)
+    opts = dict(anchor=anchor, border=border, border_value=border_value, backend=backend,
+                method=method)  # fmt: skip
 
     def one(img, out, stream):
-        return blur(img, k, out=out, stream=stream, **options)
+        return blur(img, k, out=out, stream=stream, **opts)
 
-    return _batch(images, out, stream, one, _same_shape)
+    def many(be, batch, out, stream):
+        anchor_yx = _resolve_anchor(anchor, kh, kw)
+        value = _cast_value(border_value, batch.dtype)
+        code, m = border_code(border), _check_method(method)
+        return be.box(batch, (kh, kw), anchor_yx, code, value, m, _out_4d(out), stream)
+
+    return _batch(images, out, stream, backend, one, many, _same_shape)
 
 
-def contour_batch(images: Any, *, out: Any = None, stream: Any = None, **options: Any) -> Any:
-    """`contour` of every image of a batch (see `filter2d_batch`); results (N, H, W)."""
+def contour_batch(
+    images: Any,
+    *,
+    border: str = "reflect101",
+    border_value: float = 0.0,
+    backend: str = "auto",
+    method: str = "auto",
+    out: Any = None,
+    stream: Any = None,
+) -> Any:
+    """`contour` of every image of a batch (the batch forms as `filter2d_batch`);
+    results (N, H, W), or a list of (H, W)."""
+    opts = dict(border=border, border_value=border_value, backend=backend, method=method)
 
     def one(img, out, stream):
-        return contour(img, out=out, stream=stream, **options)
+        return contour(img, out=out, stream=stream, **opts)
 
-    return _batch(images, out, stream, one, lambda shape: tuple(shape[:2]))
+    def many(be, batch, out, stream):
+        if np.dtype(batch.dtype) == np.float32:
+            raise UsageError("contour needs an integer image (uint8 or uint16), got float32")
+        value = _cast_value(border_value, batch.dtype)
+        return be.contour(batch, border_code(border), value, _check_method(method), out, stream)
+
+    return _batch(images, out, stream, backend, one, many, _image_shape)
+
+
+def _out_4d(out: Any) -> Any:
+    """A batch's out as (N, H, W, C): (N, H, W) gains a channel axis."""
+    if out is None or out.ndim == 4:
+        return out
+    return out.reshape(*out.shape, 1)

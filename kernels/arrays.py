@@ -106,6 +106,8 @@ def overlaps(a: Any, b: Any) -> bool:
 
 
 def _extent(arr: Any) -> tuple[int, int]:
+    if type(arr) is DeviceArray and arr.is_c_contiguous:
+        return arr.ptr, arr.ptr + arr.nbytes
     start = start_address(arr)
     itemsize = np.dtype(arr.dtype).itemsize
     if arr.size == 0:

@@ -272,8 +272,9 @@ def _contiguous(shape: tuple, strides: tuple, c_strides: tuple) -> bool:
 
 def empty(shape: tuple, dtype, stream: int = LEGACY) -> DeviceArray:
     """An uninitialised C-contiguous array from the pool, ordered on `stream`."""
-    dtype = np.dtype(dtype)
-    shape = tuple(int(n) for n in shape)
+    if type(dtype) is not np.dtype:
+        dtype = np.dtype(dtype)
+    shape = tuple([int(n) for n in shape])
     block = POOL.allocate(math.prod(shape) * dtype.itemsize, stream)
     recording = getattr(_recorder, "active", None)
     if recording is not None:
@@ -297,15 +298,30 @@ def to_device(host: np.ndarray, stream: int = LEGACY) -> DeviceArray:
 # ------------------------------------------------------------------ foreign arrays
 
 
+_TORCH_DTYPES: dict = {}
+
+
+def _torch_dtype(tdtype) -> np.dtype:
+    dtype = _TORCH_DTYPES.get(tdtype)
+    if dtype is None:
+        dtype = _TORCH_DTYPES[tdtype] = np.dtype(str(tdtype).removeprefix("torch."))
+    return dtype
+
+
 def _torch_view(t) -> DeviceArray:
     """A torch CUDA tensor, read without building its interface dict (which costs
-    several microseconds in torch's Python)."""
+    several microseconds in torch's Python); its stream is torch's current stream
+    on its device, as the interface would say."""
     import torch
 
-    itemsize = t.element_size()
-    dtype = np.dtype(str(t.dtype).removeprefix("torch."))
+    dtype = _torch_dtype(t.dtype)
+    itemsize = dtype.itemsize
     strides = tuple(s * itemsize for s in t.stride())
-    stream = torch.cuda.current_stream(t.device).cuda_stream
+    try:
+        stream = torch._C._cuda_getCurrentRawStream(t.get_device())
+    except AttributeError:  # a torch without the private call
+        stream = torch.cuda.current_stream(t.device).cuda_stream
+    stream = LEGACY if stream in (0, 1) else stream
     return DeviceArray(t.data_ptr(), tuple(t.shape), dtype, strides, stream, t)
 
 

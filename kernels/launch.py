@@ -6,6 +6,8 @@ import os
 import struct
 import threading
 
+import numpy as np
+
 from .arrays import as_device_array, empty
 from .cudadrv import SMEM_DEFAULT, driver
 from .devarray import POOL, DeviceArray, _recorder
@@ -209,6 +211,8 @@ def _compile(dispatcher, args) -> _Compiled:
 
 
 def _dims(d) -> tuple:
+    if type(d) is tuple and len(d) == 3 and all([type(v) is int for v in d]):
+        return d
     if not isinstance(d, tuple | list):
         return (int(d), 1, 1)
     d = tuple(int(v) for v in d)
@@ -232,8 +236,8 @@ def launch(kernel, grid, block, args: tuple, stream: int = 0, smem: int = 0) -> 
         with compile_lock:  # the simulator swaps module globals while a kernel runs
             kernel[grid, block, 0, smem](*args)
         return
-    args = tuple([a if type(a) is DeviceArray or not _is_array(a) else as_device_array(a)
-                  for a in args])  # fmt: skip
+    if not all([type(a) in _PLAIN for a in args]):
+        args = tuple([as_device_array(a) if _is_array(a) else a for a in args])
     key = (kernel, tuple([_arg_key(a) for a in args]))
     compiled = _compiled.get(key)
     if compiled is None:
@@ -246,6 +250,12 @@ def launch(kernel, grid, block, args: tuple, stream: int = 0, smem: int = 0) -> 
     recording = getattr(_recorder, "active", None)
     if recording is not None:
         recording.launched(compiled, grid, block, smem, args, values)
+
+
+# Argument types launch passes as they are (anything else with an array interface is
+# viewed as a DeviceArray first).
+_PLAIN = frozenset({DeviceArray, int, float, bool, tuple, np.float32, np.float64, np.int32,
+                    np.int64, np.uint8, np.uint16, np.uint32, np.uint64, np.bool_})  # fmt: skip
 
 
 def _is_array(a) -> bool:

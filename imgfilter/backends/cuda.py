@@ -108,18 +108,52 @@ def _queue(key: tuple, call: _Call, out_shape: tuple, run):
     (`kernels.launch.Recording`); later calls with the same key, shapes and
     alignments replay them without running the launch functions again: a few
     microseconds of Python. `key` must hold every argument that shapes the launches
-    besides the arrays (kernel size, anchor, border, value, method...)."""
+    besides the arrays (kernel size, anchor, border, value, method...).
+
+    A batch, img (N, H, W, C) and out_shape (N, ...), is each image in turn on the
+    call's stream: one recording for the first, replays for the others."""
     img, stream = call.img, call.stream
     out = call.out if call.out is not None else empty(out_shape, img.dtype, stream)
+    if img.ndim == 4:
+        return _queue_batch(key, img, out, stream, run)
     if config.ENABLE_CUDASIM:
         with compile_lock:  # the simulator swaps the kernel modules' globals meanwhile
             run(img, out)
         return out
+    _replay_or_record(key, img, out, stream, run)
+    return out
+
+
+def _queue_batch(key: tuple, batch, out, stream: int, run):
+    """`_queue` for each image of a batch; the images share one recipe when their
+    strides keep every image's alignment the same."""
+    n = batch.shape[0]
+    if config.ENABLE_CUDASIM:
+        with compile_lock:
+            for i in range(n):
+                run(batch[i], out[i])
+        return out
+    recipe = _replay_or_record(key, batch[0], out[0], stream, run)
+    step_in, step_out = batch.strides[0], out.strides[0]
+    if recipe is None or step_in % 16 or step_out % 16:
+        for i in range(1, n):
+            _replay_or_record(key, batch[i], out[i], stream, run)
+        return out
+    replay = recipe.replay
+    for i in range(1, n):
+        replay([batch.ptr + i * step_in, out.ptr + i * step_out], stream)
+    return out
+
+
+def _replay_or_record(key: tuple, img, out, stream: int, run):
+    """Replay the recipe of (key, img's shape, dtype and alignments) on img and out,
+    or run and record it; returns the recipe (None if the launches cannot be
+    replayed)."""
     key = (key, img.shape, img.dtype.num, img.ptr % 16, out.ptr % 16)
     recipe = _RECIPES.get(key)
     if recipe is not None:
         recipe.replay([img.ptr, out.ptr], stream)
-        return out
+        return recipe
     with Recording((img, out)) as recording:
         run(img, out)
     recipe = recording.recipe()
@@ -128,7 +162,7 @@ def _queue(key: tuple, call: _Call, out_shape: tuple, run):
             _RECIPES[key] = recipe
             while len(_RECIPES) > _RECIPES_KEEP:
                 _RECIPES.pop(next(iter(_RECIPES)))
-    return out
+    return recipe
 
 
 @functools.lru_cache(maxsize=64)
@@ -288,7 +322,7 @@ def contour(img, border, value, method, out=None, stream=None):
         dout = _queue(
             ("contour", border, value),
             call,
-            dimg.shape[:2],
+            dimg.shape[:-1],
             lambda src, dst: _contour.contour(src, border, int(value), dst, call.stream),
         )
         if call.from_host:
