@@ -1,84 +1,67 @@
-"""Where the per-call time of `imgfilter.blur` on a device array goes (GPU only).
+"""Where the host time of a GPU call goes (GPU and CuPy needed).
 
-Times, on a seed-size uint8 RGB device image: the public call (synchronised), the
-same call without synchronising (Python-side cost), `kernels.box.box_auto` alone, a
-bare `cuda.device_array` of the output's size, and prints a cProfile of the public
-calls' top entries by cumulative time.
+Queues `--calls` calls of one operation on a CuPy device image (after a warm-up call
+that records its launches), prints the host microseconds per call, then a cProfile of
+the same loop by own time. The pipeline view with the peers is
+`imgfilter bench --pipeline`.
 
-    python benchmarks/percall_probe.py [--k 21] [--calls 50]
+    python benchmarks/percall_probe.py [--op blur|filter2d|gaussian|contour]
+                                       [--shape 64x64x3] [--k 3] [--calls 2000]
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
-import io
 import pstats
 import time
 
 import numpy as np
 
 
-def _wall_us(fn, calls: int, sync) -> float:
-    fn()
-    sync()
-    times = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times) * 1e6)
+def _operation(name: str, k: int):
+    import imgfilter
+
+    if name == "blur":
+        return lambda d: imgfilter.blur(d, k)
+    if name == "filter2d":
+        weights = np.random.default_rng(0).random((k, k), dtype=np.float32)
+        return lambda d: imgfilter.filter2d(d, weights)
+    if name == "gaussian":
+        g = np.exp(-((np.arange(k) - k // 2) ** 2) / (2 * (0.3 * k) ** 2)).astype(np.float32)
+        weights = np.outer(g, g) / np.outer(g, g).sum()
+        return lambda d: imgfilter.filter2d(d, weights)
+    return lambda d: imgfilter.contour(d)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--k", type=int, default=21)
-    ap.add_argument("--calls", type=int, default=50)
+    ap.add_argument("--op", default="blur", choices=("blur", "filter2d", "gaussian", "contour"))
+    ap.add_argument("--shape", default="64x64x3")
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--calls", type=int, default=2000)
     args = ap.parse_args()
 
-    from numba import cuda
+    import cupy as cp
 
-    import imgfilter
-    from kernels import box as kbox
-
-    k, calls = args.k, args.calls
-    img = np.random.default_rng(0).integers(0, 256, (2167, 2495, 3), dtype=np.uint8)
-    d_img = cuda.to_device(img)
-    d_out = cuda.device_array_like(d_img)
-    sync = cuda.synchronize
-
-    def nothing():
-        return None
-
-    figures = {
-        "imgfilter.blur(device), synchronised": _wall_us(
-            lambda: imgfilter.blur(d_img, k), calls, sync
-        ),
-        "imgfilter.blur(device), not synchronised": _wall_us(
-            lambda: imgfilter.blur(d_img, k), calls, nothing
-        ),
-        "box_auto into a given output, synchronised": _wall_us(
-            lambda: kbox.box_auto(d_img, (k, k), (k // 2, k // 2), 0, 0, d_out), calls, sync
-        ),
-        "box_auto into a given output, not synchronised": _wall_us(
-            lambda: kbox.box_auto(d_img, (k, k), (k // 2, k // 2), 0, 0, d_out), calls, nothing
-        ),
-        "cuda.device_array of the image's size": _wall_us(
-            lambda: cuda.device_array(img.shape, np.uint8), calls, nothing
-        ),
-    }
-    for what, us in figures.items():
-        print(f"{us:9.1f} us  {what}")
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(calls):
-        imgfilter.blur(d_img, k)
-        sync()
-    prof.disable()
-    out = io.StringIO()
-    pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(30)
-    print(out.getvalue())
+    shape = tuple(int(n) for n in args.shape.split("x"))
+    d = cp.asarray(np.random.default_rng(1).integers(1, 256, shape, dtype=np.uint8))
+    op = _operation(args.op, args.k)
+    op(d)
+    cp.cuda.Device().synchronize()
+    t0 = time.perf_counter()
+    for _ in range(args.calls):
+        op(d)
+    host = (time.perf_counter() - t0) / args.calls * 1e6
+    cp.cuda.Device().synchronize()
+    print(f"{args.op} {args.shape} k={args.k}: {host:.1f} us of host time per call")
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(args.calls):
+        op(d)
+    profile.disable()
+    cp.cuda.Device().synchronize()
+    pstats.Stats(profile).sort_stats("tottime").print_stats(20)
 
 
 if __name__ == "__main__":
