@@ -325,12 +325,29 @@ def _torch_view(t) -> DeviceArray:
     return DeviceArray(t.data_ptr(), tuple(t.shape), dtype, strides, stream, t)
 
 
+def _cupy_view(a) -> DeviceArray:
+    """A CuPy array, read from its attributes (its interface dict costs more); its
+    stream is CuPy's current stream, as the interface would say."""
+    from cupy.cuda import get_current_stream
+
+    stream = get_current_stream().ptr
+    stream = LEGACY if stream in (0, 1) else stream
+    dtype = a.dtype
+    if a.flags.c_contiguous:
+        return c_array(a.data.ptr, a.shape, dtype, stream, a)
+    return DeviceArray(a.data.ptr, a.shape, dtype, a.strides, stream, a)
+
+
 def as_device_array(obj: Any) -> DeviceArray:
     """A DeviceArray view of a GPU array (ours, torch, or anything with
     `__cuda_array_interface__`: CuPy, Numba), without copying or waiting."""
-    if type(obj) is DeviceArray:
+    kind = type(obj)
+    if kind is DeviceArray:
         return obj
-    if type(obj).__module__ == "torch" and getattr(obj, "is_cuda", False):
+    module = kind.__module__
+    if module == "cupy" or module.startswith("cupy._core"):
+        return _cupy_view(obj)
+    if module == "torch" and getattr(obj, "is_cuda", False):
         return _torch_view(obj)
     cai = obj.__cuda_array_interface__
     dtype = np.dtype(cai["typestr"])
