@@ -45,7 +45,9 @@ def _round_size(nbytes: int) -> int:
 
 
 class _Block:
-    """A pooled allocation; returns itself to its stream's free list when collected."""
+    """A pooled allocation; returns itself to its stream's free list when collected.
+    `stream` is the pool's key for the stream: its handle, or (PER_THREAD, thread id)
+    for the per-thread default stream, which is a different stream in each thread."""
 
     __slots__ = ("ptr", "size", "stream", "__weakref__")
 
@@ -70,6 +72,8 @@ class Pool:
     def allocate(self, nbytes: int, stream: int) -> _Block:
         size = _round_size(nbytes)
         stream = LEGACY if stream == 1 else stream
+        if stream == PER_THREAD:  # one handle, but each thread's own stream
+            stream = (PER_THREAD, threading.get_ident())
         key = (stream, size)
         with self._lock:
             free = self._free.get(key)
