@@ -77,3 +77,58 @@ def test_api_under_a_memory_hog(leave):
     finally:
         del hog
     np.testing.assert_array_equal(out.shape, d.shape)
+
+
+# ------------------------------------------------ host images in bands (any machine)
+
+
+def _ops(border):
+    kernel = np.array([[1, 0, -2], [0.5, 3, 1], [2, -1, 1], [1, 1, 1]], np.float32)
+    kw = {"border": border, "border_value": 9, "backend": "cuda"}
+    return {
+        "blur": lambda a: imgfilter.blur(a, (3, 5), **kw),
+        "blur_anchor": lambda a: imgfilter.blur(a, 4, anchor=(0, 3), **kw),
+        "filter2d": lambda a: imgfilter.filter2d(a, kernel, **kw),
+        "contour": lambda a: imgfilter.contour(a, **kw),
+    }
+
+
+@pytest.mark.parametrize(
+    "border,dtype",
+    [("reflect101", np.uint8), ("constant", np.uint8), ("wrap", np.uint8), ("reflect", np.uint16)],
+)
+def test_a_host_image_the_gpu_cannot_hold_is_filtered_in_bands(monkeypatch, border, dtype):
+    """When the GPU cannot hold more than a few rows, host images go through in
+    bands with a halo of real rows: the same result as the whole image."""
+    from imgfilter.backends import cuda as backend
+    from imgfilter.errors import GpuMemoryError
+
+    rng = np.random.default_rng(3)
+    img = rng.integers(1, np.iinfo(dtype).max, (15, 7, 3)).astype(dtype)
+    whole = {name: op(img) for name, op in _ops(border).items()}
+    real_queue, calls = backend._queue, []
+
+    def small_gpu(key, call, out_shape, run):
+        calls.append(call.img.shape[0])
+        if call.img.shape[0] > 6:
+            raise GpuMemoryError("the GPU is out of memory (test)")
+        return real_queue(key, call, out_shape, run)
+
+    monkeypatch.setattr(backend, "_queue", small_gpu)
+    for name, op in _ops(border).items():
+        calls.clear()
+        got = op(img)
+        assert max(calls) > 6 and min(calls) <= 6, calls  # it tried whole, then bands
+        np.testing.assert_array_equal(got, whole[name], err_msg=name)
+
+
+def test_bands_give_up_when_a_band_would_be_no_smaller(monkeypatch):
+    from imgfilter.backends import cuda as backend
+    from imgfilter.errors import GpuMemoryError
+
+    def no_gpu(key, call, out_shape, run):
+        raise GpuMemoryError("the GPU is out of memory (test)")
+
+    monkeypatch.setattr(backend, "_queue", no_gpu)
+    with pytest.raises(GpuMemoryError):
+        imgfilter.blur(np.ones((40, 8), np.uint8), 3, backend="cuda")

@@ -25,6 +25,7 @@ from kernels import conv as _conv
 from kernels import conv_blocked as _blocked
 from kernels import conv_plan as _conv_plan
 from kernels.arrays import empty, resolve_stream, to_device, to_host
+from kernels.border_index import border_index as _border_index
 from kernels.conv_plan import low_rank_factors
 from kernels.cudadrv import CudaError, GpuOutOfMemory, driver
 from kernels.launch import Recording, compile_lock
@@ -223,6 +224,42 @@ def _run(fn):
         raise DeviceError(f"CUDA error: {exc}") from exc
 
 
+def _run_or_bands(go, img, out, rows: tuple, border: int, value, again):
+    """`_run(go)`; when the GPU has not the memory for a host image, filter it in
+    bands of rows instead (`_in_bands`), each with its halo about half the image,
+    each split again as needed."""
+    try:
+        return _run(go)
+    except GpuMemoryError:
+        height = img.shape[0]
+        band = (height - sum(rows)) // 2
+        if not isinstance(img, np.ndarray) or band < 1:
+            raise  # device images stay whole; a band with its halo would be no smaller
+    return _in_bands(img, out, band, rows, border, value, again)
+
+
+def _in_bands(img: np.ndarray, out, band: int, rows: tuple, border: int, value, again):
+    """Filter a host image band by band, each band with `rows` = (above, below) rows
+    of halo taken from the image under its vertical border rule (constant rows of
+    `value` where the rule says so), so that the rows kept from each band read only
+    real neighbours: for integer images the result equals the whole image's
+    (float32 within the rounding of a different summation order)."""
+    height = img.shape[0]
+    above, below = rows
+    first = None
+    for y0 in range(0, height, band):
+        y1 = min(height, y0 + band)
+        index = np.array([_border_index(y, height, border) for y in range(y0 - above, y1 + below)])
+        src = img[np.clip(index, 0, None)]
+        if (index < 0).any():
+            src[index < 0] = value
+        part = again(np.ascontiguousarray(src))[above : above + y1 - y0]
+        if first is None:
+            first = out if out is not None else np.empty((height, *part.shape[1:]), part.dtype)
+        first[y0:y1] = part
+    return first
+
+
 def correlate(img, kernel, anchor, border, value, method, out=None, stream=None):
     """cv2.filter2D semantics on the GPU; see imgfilter.backends."""
     kernel = np.ascontiguousarray(kernel, dtype=np.float32)
@@ -255,7 +292,11 @@ def correlate(img, kernel, anchor, border, value, method, out=None, stream=None)
             _export(_blocked.kernel_for(kh, kw), name, (dimg.dtype, np.float32, dimg.dtype))
         return call.finish(dout)
 
-    return _run(go)
+    def again(band):
+        return correlate(band, kernel, anchor, border, value, method, None, stream)
+
+    kh = kernel.shape[0]
+    return _run_or_bands(go, img, out, (anchor[0], kh - 1 - anchor[0]), border, value, again)
 
 
 def box(img, ksize, anchor, border, value, method, out=None, stream=None):
@@ -284,7 +325,11 @@ def box(img, ksize, anchor, border, value, method, out=None, stream=None):
                 _export_box(call.img, ksize)
             return call.finish(dout)
 
-        return _run(go)
+        def again(band):
+            return box(band, ksize, anchor, border, value, method, None, stream)
+
+        rows = (anchor[0], kh - 1 - anchor[0])
+        return _run_or_bands(go, img, out, rows, border, value, again)
     weights = np.full((kh, kw), 1.0 / (kh * kw), dtype=np.float32)
     return correlate(img, weights, anchor, border, value, method, out, stream)
 
@@ -330,4 +375,7 @@ def contour(img, border, value, method, out=None, stream=None):
             _export(_contour.kernel_for(dimg.shape[2]), name, (dimg.dtype,) * 4)
         return call.finish(dout)
 
-    return _run(go)
+    def again(band):
+        return contour(band, border, value, method, None, stream)
+
+    return _run_or_bands(go, img, out, (1, 1), border, value, again)
