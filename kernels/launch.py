@@ -136,7 +136,6 @@ class _Compiled:
 _compiled: dict = {}
 # Held while Numba compiles, loads or exports a kernel: its caches are not thread-safe.
 compile_lock = threading.RLock()
-_compile_lock = compile_lock  # the name kernels.softmax imports
 
 
 def _arg_key(a):

@@ -135,3 +135,65 @@ def test_sixteen_threads_first_use_in_a_fresh_process(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, timeout=900)  # fmt: skip
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+
+
+# ------------------------------------------------ many processes on one empty cache
+
+
+def _processes(count: int, tmp_path, backend: str) -> list:
+    """`count` CLI blurs started together on one empty kernel cache; their results."""
+    import cv2
+
+    img = np.random.default_rng(5).integers(0, 255, (64, 80, 3), dtype=np.uint8)
+    src = tmp_path / "in.png"
+    cv2.imwrite(str(src), img)
+    env = dict(os.environ, IMGFILTER_CACHE_DIR=str(tmp_path / "k"),
+               NUMBA_CACHE_DIR=str(tmp_path / "n"))  # fmt: skip
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "imgfilter",
+                "blur",
+                str(src),
+                "--k",
+                "5",
+                "--backend",
+                backend,
+                "-o",
+                str(tmp_path / f"out{i}.png"),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for i in range(count)
+    ]
+    results = []
+    for i, proc in enumerate(procs):
+        _, err = proc.communicate(timeout=600)
+        results.append((proc.returncode, err, cv2.imread(str(tmp_path / f"out{i}.png"))))
+    return results, img
+
+
+def _check_processes(results, img):
+    want = ref.blur(img, 5)
+    for code, err, got in results:
+        assert code == 0, err[-2000:]
+        assert got is not None and np.abs(got.astype(int) - want).max() <= 1
+
+
+def test_concurrent_processes_share_an_empty_cache_cpu(tmp_path):
+    """Numba's on-disk cache written by several processes at once (CPU backend)."""
+    _check_processes(*_processes(3, tmp_path, "cpu"))
+
+
+@pytest.mark.gpu
+def test_sixteen_processes_on_one_empty_cache(tmp_path):
+    """Numba's cache and the exported cubins written by 16 processes at once, twice
+    (the second round loads what the first wrote)."""
+    for _ in range(2):
+        _check_processes(*_processes(16, tmp_path, "cuda"))
