@@ -118,6 +118,59 @@ def _cast_value(value: float, dtype) -> float:
     return float(np.float32(value))
 
 
+_MEMO: dict = {}  # validated options by their raw values (bounded)
+_MEMO_KEEP = 512
+
+
+def _remember(key, make):
+    """make(), kept under `key` when that is hashable (options repeat call after call;
+    checking them again costs more than the lookup)."""
+    try:
+        return _MEMO[key]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable option (a list): no memo
+        return make()
+    value = make()
+    if len(_MEMO) >= _MEMO_KEEP:
+        _MEMO.clear()
+    _MEMO[key] = value
+    return value
+
+
+def _options(anchor, kshape: tuple, border, border_value, method, dtype) -> tuple:
+    """(anchor (ay, ax), border code, method, border value cast to dtype), checked."""
+
+    def make():
+        return (
+            _resolve_anchor(anchor, *kshape),
+            border_code(border),
+            _check_method(method),
+            _cast_value(border_value, dtype),
+        )
+
+    return _remember(("options", anchor, kshape, border, border_value, method, dtype), make)
+
+
+def _box_memo(k) -> tuple[int, int]:
+    return _remember(("box", k), lambda: box_size(k))
+
+
+def _kernel_memo(kernel: Any) -> np.ndarray:
+    """as_kernel(kernel), kept by the kernel's bytes (a read-only float32 array)."""
+    if isinstance(kernel, np.ndarray) and kernel.size <= MAX_KERNEL_SIDE**2:
+        key = ("kernel", kernel.shape, kernel.dtype.str, kernel.tobytes())
+    else:
+        return as_kernel(kernel)
+
+    def make():
+        k = as_kernel(kernel)
+        k.flags.writeable = False
+        return k
+
+    return _remember(key, make)
+
+
 def _check_stream(stream: Any) -> Any:
     if stream is not None:
         try:
@@ -207,13 +260,11 @@ def filter2d(
     out, stream: see the module docstring; returns `out` when given.
     """
     arr, device = _as_image(img)
-    k = as_kernel(kernel)
-    anchor_yx = _resolve_anchor(anchor, *k.shape)
-    code = border_code(border)
-    method = _check_method(method)
+    k = _kernel_memo(kernel)
+    anchor_yx, code, method, value = _options(anchor, k.shape, border, border_value, method,
+                                              arr.dtype)  # fmt: skip
     dout = _check_out(out, arr, device, arr.shape)
     be = get_backend(backend, device_input=device)
-    value = _cast_value(border_value, arr.dtype)
     stream = _check_stream(stream)
     result = be.correlate(_as_3d(arr), k, anchor_yx, code, value, method, _out_3d(dout), stream)
     return out if out is not None else _shaped(result, arr.shape)
@@ -238,13 +289,11 @@ def blur(
     `filter2d` (out and stream too); method "auto" uses separable running sums on the GPU.
     """
     arr, device = _as_image(img)
-    kh, kw = box_size(k)
-    anchor_yx = _resolve_anchor(anchor, kh, kw)
-    code = border_code(border)
-    method = _check_method(method)
+    kh, kw = _box_memo(k)
+    anchor_yx, code, method, value = _options(anchor, (kh, kw), border, border_value, method,
+                                              arr.dtype)  # fmt: skip
     dout = _check_out(out, arr, device, arr.shape)
     be = get_backend(backend, device_input=device)
-    value = _cast_value(border_value, arr.dtype)
     stream = _check_stream(stream)
     result = be.box(_as_3d(arr), (kh, kw), anchor_yx, code, value, method, _out_3d(dout), stream)
     return out if out is not None else _shaped(result, arr.shape)
