@@ -409,10 +409,8 @@ def filter2d_batch(
         return filter2d(img, k, out=out, stream=stream, **opts)
 
     def many(be, batch, out, stream):
-        anchor_yx = _resolve_anchor(anchor, *k.shape)
-        value = _cast_value(border_value, batch.dtype)
-        code, m = border_code(border), _check_method(method)
-        return be.correlate(batch, k, anchor_yx, code, value, m, _out_4d(out), stream)
+        a, code, m, value = _options(anchor, k.shape, border, border_value, method, batch.dtype)
+        return be.correlate(batch, k, a, code, value, m, _out_4d(out), stream)
 
     return _batch(images, out, stream, backend, one, many, _same_shape)
 
@@ -438,10 +436,8 @@ def blur_batch(
         return blur(img, k, out=out, stream=stream, **opts)
 
     def many(be, batch, out, stream):
-        anchor_yx = _resolve_anchor(anchor, kh, kw)
-        value = _cast_value(border_value, batch.dtype)
-        code, m = border_code(border), _check_method(method)
-        return be.box(batch, (kh, kw), anchor_yx, code, value, m, _out_4d(out), stream)
+        a, code, m, value = _options(anchor, (kh, kw), border, border_value, method, batch.dtype)
+        return be.box(batch, (kh, kw), a, code, value, m, _out_4d(out), stream)
 
     return _batch(images, out, stream, backend, one, many, _same_shape)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 import threading
@@ -136,6 +137,18 @@ class _Compiled:
 _compiled: dict = {}
 # Held while Numba compiles, loads or exports a kernel: its caches are not thread-safe.
 compile_lock = threading.RLock()
+
+
+def under_compile_lock(fn):
+    """fn run holding `compile_lock` (re-entrant): for planning functions that compile
+    or query Numba kernels, which is not thread-safe."""
+
+    @functools.wraps(fn)
+    def locked(*args, **kwargs):
+        with compile_lock:
+            return fn(*args, **kwargs)
+
+    return locked
 
 
 def _arg_key(a):

@@ -72,6 +72,7 @@ from .launch import (
     device_limits,
     largest_block_keeping_occupancy,
     launch,
+    under_compile_lock,
     wave_blocks,
 )
 from .launch import compile_lock as _COMPILE_LOCK
@@ -517,19 +518,7 @@ def uncached_unroll(cols: int, pack: int, block: int) -> int:
     return 4 if per_thread >= 8 else 2 if per_thread >= 2 else 1
 
 
-def _under_compile_lock(fn):
-    """fn holding kernels.launch's compile lock (re-entrant): planning compiles and
-    queries Numba kernels, which is not thread-safe."""
-
-    @functools.wraps(fn)
-    def locked(*args, **kwargs):
-        with _COMPILE_LOCK:
-            return fn(*args, **kwargs)
-
-    return locked
-
-
-@_under_compile_lock
+@under_compile_lock
 def plan(
     rows: int,
     cols: int,

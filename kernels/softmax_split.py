@@ -65,8 +65,13 @@ from numba import cuda, float32, from_dtype, int32, int64, types, uint32
 from .arrays import as_device_array, empty, resolve_stream, to_device
 from .devarray import PER_THREAD
 from .int_ops import pair_bits, pair_of
-from .launch import allow_dynamic_smem, cdiv, largest_block_keeping_occupancy, launch
-from .launch import compile_lock as _COMPILE_LOCK
+from .launch import (
+    allow_dynamic_smem,
+    cdiv,
+    largest_block_keeping_occupancy,
+    launch,
+    under_compile_lock,
+)
 from .packs import load_pack1, store_pack2, store_words1, unpack_word
 
 SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
@@ -455,18 +460,7 @@ class SplitLauncher:
         return run
 
 
-def _under_compile_lock(fn):
-    """fn holding kernels.launch's compile lock (planning compiles Numba kernels)."""
-
-    @functools.wraps(fn)
-    def locked(*args, **kwargs):
-        with _COMPILE_LOCK:
-            return fn(*args, **kwargs)
-
-    return locked
-
-
-@_under_compile_lock
+@under_compile_lock
 def plan_split(
     rows: int,
     cols: int,
