@@ -128,7 +128,7 @@ def _main(
       imgfilter compare photo.jpg --k 21 --json
 
     Exit codes: 0 ok, 1 compare disagrees or unexpected error, 2 bad usage,
-    3 input problem, 4 output problem, 5 no usable GPU.
+    3 input problem, 4 output problem, 5 GPU problem (none usable, out of memory, CUDA failure).
     """
 
 
