@@ -210,7 +210,12 @@ def as_kernel(kernel: Any) -> np.ndarray:
 
     A 1-D kernel is a column (N, 1), as OpenCV reads a 1-D NumPy array.
     """
-    k = np.asarray(kernel, dtype=np.float64)
+    try:
+        k = np.asarray(kernel, dtype=np.float64)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(
+            f"kernel must be a 2-D matrix of numbers (rows of equal length): {exc}"
+        ) from None
     if k.ndim == 1:
         k = k.reshape(-1, 1)
     if k.ndim != 2 or k.size == 0:

@@ -37,7 +37,7 @@ from . import __version__
 from .api import MAX_BOX_SIDE, METHODS  # imgfilter/__init__ has imported api already
 from .backends import BACKENDS
 from .border import BORDERS
-from .errors import DeviceError, ImgFilterError, UsageError
+from .errors import DeviceError, ImgFilterError, OutputError, UsageError
 
 PROG = "imgfilter"
 
@@ -145,7 +145,7 @@ def _command(fn: Callable[..., Any]) -> Callable[..., Any]:
         except ImgFilterError as e:
             if debug:
                 traceback.print_exc()
-            _fail(str(e))
+            _fail(e.cli_message or str(e))
             raise typer.Exit(e.exit_code) from None
         except Exception as e:
             if debug:
@@ -219,9 +219,7 @@ MethodOpt = Annotated[
 ]
 ForceOpt = Annotated[
     bool,
-    typer.Option(
-        "--force", "-f", metavar="", help="Overwrite an existing output, even the input itself."
-    ),
+    typer.Option("--force", "-f", metavar="", help="Overwrite an existing output file."),
 ]
 DebugOpt = Annotated[bool, typer.Option("--debug", metavar="", help="Show tracebacks for errors.")]
 BoxSideOpt = Annotated[
@@ -662,7 +660,6 @@ def bench(
     Example: imgfilter bench --sizes seed,4k,8k --json results.json
     """
     from . import bench as _bench
-    from .errors import OutputError
 
     chosen = tuple(s.strip() for s in sizes.split(",") if s.strip())
     unknown = [s for s in chosen if s not in _bench.SHAPES]
@@ -676,7 +673,11 @@ def bench(
             raise OutputError(f"{_shown(json_path)} exists (use --force to overwrite)")
         if not json_path.parent.is_dir():
             raise OutputError(f"output directory {_shown(json_path.parent)} does not exist")
-    _resolve_backend(Backend.cuda)
+    try:
+        _resolve_backend(Backend.cuda)
+    except DeviceError as e:
+        problem = str(e).replace("--backend cuda: ", "")
+        raise DeviceError(f"bench needs an NVIDIA GPU: {problem}") from None
     if pipeline:
         from . import pipeline_bench
 
@@ -705,7 +706,6 @@ MethodClassify = Enum("MethodClassify", {n: n for n in ("auto", "gemv", "fused")
 
 def _check_npy_output(path: Path, suffix: str, what: str, *, inputs: tuple, force: bool) -> None:
     from . import io
-    from .errors import OutputError
 
     if path.suffix.lower() != suffix:
         raise OutputError(f"cannot write {path}: {what} must end in {suffix}")
@@ -924,7 +924,7 @@ def classify(
     mdl = _classify.load(model)
     target = output if output is not None else io.default_output(image, "labels")
     if target.suffix.lower() in (".jpg", ".jpeg"):
-        raise UsageError(f"{target}: a label map needs a lossless format (.png, .tif)")
+        raise OutputError(f"{target}: a label map needs a lossless format (.png, .tif)")
     target = io.check_output(target, input_path=image, overwrite=force, dtype=np.uint8, channels=1)
     if proba is not None:
         _check_npy_output(proba, ".npy", "--proba", inputs=(image,), force=force)

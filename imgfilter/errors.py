@@ -8,9 +8,17 @@ from __future__ import annotations
 
 
 class ImgFilterError(Exception):
-    """Base class: a problem the user can fix, reported as one line."""
+    """Base class: a problem the user can fix, reported as one line.
+
+    `cli_message`, when given, is the same problem in the command line's words (an
+    option instead of a Python parameter); the CLI shows it instead of the message.
+    """
 
     exit_code = 1
+
+    def __init__(self, message: str = "", *, cli_message: str | None = None) -> None:
+        super().__init__(message)
+        self.cli_message = cli_message
 
 
 class UsageError(ImgFilterError, ValueError):

@@ -612,12 +612,26 @@ def _check_path(p: Path, *, input_path: Any, overwrite: bool) -> None:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OutputError(f"cannot write {p}: directory {parent} is not writable")
     if input_path is not None and not overwrite and _same_file(p, Path(input_path)):
-        raise OutputError(f"would overwrite the input {input_path}; pass --force to overwrite it")
+        raise OutputError(
+            f"would overwrite the input {input_path}; pass overwrite=True to replace it",
+            cli_message=f"would overwrite the input {input_path}; pass --force to overwrite it",
+        )
     if os.path.lexists(p) and not overwrite:
-        raise OutputError(f"{p} exists; pass --force to overwrite")
+        raise _exists(p)
+
+
+def _exists(p) -> OutputError:
+    return OutputError(
+        f"{p} exists; pass overwrite=True to replace it",
+        cli_message=f"{p} exists; pass --force to overwrite",
+    )
 
 
 def _format_for(p: Path) -> _Format:
+    if str(p) == "-":
+        raise OutputError("cannot write to standard output (-): give an output file name")
+    if p.is_dir():
+        raise OutputError(f"cannot write {p}: it is a directory; give a file name inside it")
     ext = p.suffix.lower()
     if ext not in _FORMATS:
         shown = f"extension {p.suffix!r}" if p.suffix else "no extension"
@@ -723,10 +737,10 @@ def _publish(tmp: Path, target: Path, *, overwrite: bool, shown: Path) -> None:
     try:
         os.link(tmp, target)  # atomic and fails if target appeared since the check
     except FileExistsError as e:
-        raise OutputError(f"{shown} exists; pass --force to overwrite") from e
+        raise _exists(shown) from e
     except OSError:  # no hard links on this file system
         if os.path.lexists(target):
-            raise OutputError(f"{shown} exists; pass --force to overwrite") from None
+            raise _exists(shown) from None
         os.replace(tmp, target)
         return
     os.unlink(tmp)

@@ -335,7 +335,7 @@ def test_cli_errors(cli_files, tmp_path):
         (("classify", img, "-m", tmp_path / "bad.npz", "-o", out), 3, "not"),
         (("classify", d / "gray.png", "-m", model, "-o", out), 3, "trained on colour"),
         (("classify", img, "-m", model, "-o", out, "-t", "0"), 2, "temperature"),
-        (("classify", img, "-m", model, "-o", tmp_path / "l.jpg"), 2, "lossless"),
+        (("classify", img, "-m", model, "-o", tmp_path / "l.jpg"), 4, "lossless"),
         (("classify", img, "-m", model, "-o", out, "--proba", tmp_path / "p.txt"), 4, ".npy"),
         (("classify", img, "-m", model, "-o", out, "--overlay", out), 2, "different"),
         (("train", img, one, "-o", tmp_path / "m.npz"), 3, "two classes"),

@@ -653,3 +653,19 @@ def test_bench_without_gpu_is_device_error():
     assert proc.returncode == 5, proc.stderr
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("imgfilter: error: "), proc.stderr
+
+
+def test_cli_messages_name_cli_options_and_api_messages_api_parameters(tmp_path):
+    src = tmp_path / "in.png"
+    cv2.imwrite(str(src), np.full((6, 7, 3), 9, np.uint8))
+    out = tmp_path / "out.png"
+    out.write_bytes(b"keep")
+    result = run("blur", src, "--k", "3", "-o", out)
+    assert result.exit_code == 4 and "pass --force" in result.output
+    assert "overwrite=True" not in result.output
+    result = run("blur", src, "--k", "3", "-o", tmp_path)
+    assert result.exit_code == 4 and "is a directory" in result.output
+    import imgfilter
+
+    with pytest.raises(imgfilter.UsageError, match="rows of equal length"):
+        imgfilter.filter2d(np.ones((4, 4), np.uint8), [[1, 2], [3]])

@@ -643,14 +643,22 @@ def test_unwritable_directory(tmp_path, monkeypatch):
 def test_existing_output_needs_overwrite(tmp_path):
     out = tmp_path / "o.png"
     out.write_bytes(b"keep me")
-    with pytest.raises(OutputError, match=r"o\.png exists; pass --force to overwrite"):
+    with pytest.raises(OutputError, match=r"o\.png exists; pass overwrite=True") as info:
         iio.check_output(out)
-    with pytest.raises(OutputError, match="exists"):
+    assert info.value.cli_message.endswith("pass --force to overwrite")  # the CLI's words
+    with pytest.raises(OutputError, match="exists; pass overwrite=True"):
         iio.write_image(out, sample_image("uint8", 3))
     assert out.read_bytes() == b"keep me"
     img = sample_image("uint8", 3)
     iio.write_image(out, img, overwrite=True)
     np.testing.assert_array_equal(iio.read_image(out), img)
+
+
+def test_a_directory_or_dash_as_output_says_what_is_wrong(tmp_path):
+    with pytest.raises(OutputError, match="it is a directory; give a file name inside it"):
+        iio.check_output(tmp_path)
+    with pytest.raises(OutputError, match=r"cannot write to standard output \(-\)"):
+        iio.check_output("-")
 
 
 def test_same_file_as_input(tmp_path):
@@ -662,7 +670,8 @@ def test_same_file_as_input(tmp_path):
     for out in spellings:
         with pytest.raises(OutputError, match="would overwrite the input") as err:
             iio.check_output(out, input_path=src)
-        assert "--force" in str(err.value) and str(src) in str(err.value)
+        assert "overwrite=True" in str(err.value) and str(src) in str(err.value)
+        assert "--force" in err.value.cli_message
     assert iio.check_output(src, input_path=src, overwrite=True) == src
     other = tmp_path / "other.png"
     assert iio.check_output(other, input_path=src) == other
