@@ -52,10 +52,13 @@ def main() -> None:
     n = ap.parse_args().launches
 
     from kernels.arrays import empty
-    from kernels.cudadrv import driver
+    from kernels.cudadrv import CudaError, driver
     from kernels.launch import _compiled, launch
 
-    drv = driver()
+    try:
+        drv = driver()
+    except CudaError as exc:
+        raise SystemExit(f"launch_overhead needs an NVIDIA GPU: {exc}") from None
     stream = cuda.stream()
     handle = int(stream.handle.value if hasattr(stream.handle, "value") else stream.handle)
     out = empty((1,), np.int32, handle)

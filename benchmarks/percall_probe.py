@@ -42,7 +42,12 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=2000)
     args = ap.parse_args()
 
-    import cupy as cp
+    try:
+        import cupy as cp
+
+        cp.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # noqa: BLE001 - no CuPy, no driver, no device
+        raise SystemExit(f"percall_probe needs CuPy and an NVIDIA GPU: {exc}") from None
 
     shape = tuple(int(n) for n in args.shape.split("x"))
     d = cp.asarray(np.random.default_rng(1).integers(1, 256, shape, dtype=np.uint8))

@@ -87,8 +87,16 @@ def table(result: dict) -> str:
 
 
 def main() -> int:
+    if len(sys.argv) != 2:
+        print("usage: python benchmarks/report.py RESULTS.json  (from imgfilter bench --json)",
+              file=sys.stderr)  # fmt: skip
+        return 2
     path = Path(sys.argv[1])
-    result = json.loads(path.read_text())
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"report: cannot read {path}: {exc}", file=sys.stderr)
+        return 3
     plot(result, path.with_suffix(".png"))
     print(table(result))
     return 0

@@ -278,6 +278,16 @@ def _describe(img: Any) -> str:
     return f"{w}x{h} px, {c} ch {img.dtype}"
 
 
+def _note_unused_method(backend_name: str, method: Method) -> None:
+    """--method picks among CUDA kernels; say so when the CPU backend runs instead."""
+    if backend_name == "cpu" and method.value != "auto":
+        print(
+            f"{PROG}: --method {method.value} applies to the CUDA backend; "
+            "the CPU backend has one implementation",
+            file=sys.stderr,
+        )
+
+
 def _engine(backend_name: str, method: Method) -> str:
     return f"{backend_name}/{method.value}" if backend_name == "cuda" else backend_name
 
@@ -317,6 +327,7 @@ def _filter_file(
     # Resolved only now, so that the "using the CPU backend" note of --backend auto
     # never comes before a one-line input or output error.
     backend_name = _resolve_backend(backend)
+    _note_unused_method(backend_name, method)
     start = time.perf_counter()
     out = apply(img, backend_name)
     ms = (time.perf_counter() - start) * 1e3

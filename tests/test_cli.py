@@ -669,3 +669,12 @@ def test_cli_messages_name_cli_options_and_api_messages_api_parameters(tmp_path)
 
     with pytest.raises(imgfilter.UsageError, match="rows of equal length"):
         imgfilter.filter2d(np.ones((4, 4), np.uint8), [[1, 2], [3]])
+
+
+def test_a_cuda_method_on_the_cpu_backend_is_said_to_be_unused(tmp_path):
+    src = tmp_path / "in.png"
+    cv2.imwrite(str(src), np.full((6, 7, 3), 9, np.uint8))
+    result = run("blur", src, "--k", "3", "--backend", "cpu", "--method", "naive",
+                 "-o", tmp_path / "o.png")  # fmt: skip
+    assert result.exit_code == 0
+    assert "--method naive applies to the CUDA backend" in result.output
