@@ -9,12 +9,12 @@ On the simulator (CI) shapes and blocks stay tiny; `gpu` tests run the full list
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import numpy as np
 import pytest
 from numba import cuda
+from threaded import run_in_threads
 
 from kernels import gemv as G
 from kernels.gemv import Config, gemv, pack_bytes, plan
@@ -325,21 +325,12 @@ def test_out_of_wrong_shape_or_dtype_is_refused(out, exc, words, where):
 def test_threads_share_the_autotune_file_without_losing_entries(tmp_cache):
     """Issue 28: eight threads store entries at once; each read-modify-write of the
     cache file is whole (without the lock, entries are lost)."""
-    errors = []
 
     def store(i):
-        try:
-            for j in range(5):
-                G._store(f"{i}x{j}:float32:test", {"method": "tree", "config": {}})
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
+        for j in range(5):
+            G._store(f"{i}x{j}:float32:test", {"method": "tree", "config": {}})
 
-    threads = [threading.Thread(target=store, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    assert run_in_threads(8, store) == []
     entries = json.loads(G.cache_path().read_text())["entries"]
     assert len(entries) == 40
 
@@ -348,18 +339,12 @@ def test_threads_plan_concurrently():
     """Plans made from many threads at once (first use included) are all cached and
     right; the simulator's kernels run one thread at a time, so only planning is
     concurrent here (the gpu tests launch from threads)."""
-    barrier = threading.Barrier(8)
     got = {}
 
     def work(i):
-        barrier.wait()
         got[i] = G._plan_for(("t", i), 5 + i, 40, np.float32, "tree", None, (), 160, True)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    assert run_in_threads(8, work) == []
     assert all(G._PLANS[("t", i)] is got[i] for i in range(8))
     assert all(got[i][0] == G.plan(5 + i, 40, np.float32, method="tree")[0] for i in range(8))
 
@@ -529,23 +514,14 @@ def test_gpu_threads_call_at_once():
     own stream."""
     from kernels.arrays import to_device, to_host
 
-    errors = []
-
     def work(i):
-        try:
-            st, h = _stream_and_handle()
-            for j in range(10):
-                A, x = random_problem(100 + 7 * i + j, 333 + i, np.float16)
-                y = gemv(to_device(A, h), to_device(x, h), stream=h)
-                check(to_host(y, h), A, x)
-        except Exception as exc:  # reported below
-            errors.append(exc)
+        st, h = _stream_and_handle()
+        for j in range(10):
+            A, x = random_problem(100 + 7 * i + j, 333 + i, np.float16)
+            y = gemv(to_device(A, h), to_device(x, h), stream=h)
+            check(to_host(y, h), A, x)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_in_threads(8, work)
     assert not errors, errors[0]
 
 

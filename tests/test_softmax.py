@@ -7,12 +7,12 @@ tests marked `gpu` run the full shape list on a real device.
 from __future__ import annotations
 
 import ctypes
-import threading
 import time
 
 import numpy as np
 import pytest
 from numba import cuda, float32, int32, uint32
+from threaded import run_in_threads
 
 from kernels import arrays, launch
 from kernels import softmax as sm
@@ -369,25 +369,15 @@ def test_calls_from_threads_at_once(monkeypatch):
     sm._PLANS.clear()
     shapes = [(2, 8, np.float32), (3, 16, np.float16), (2, 33, np.float32), (4, 5, np.float16)]
     inputs = [random_rows(r, c, d, seed=i) for i, (r, c, d) in enumerate(shapes)]
-    errors: list = []
-    start = threading.Barrier(6)
 
     def work(t: int) -> None:
-        try:
-            start.wait()
-            for i in range(len(inputs)):
-                x = inputs[(i + t) % len(inputs)]
-                log = bool(t % 2)
-                y = softmax(x, log=log) if t % 3 else softmax(cuda.to_device(x), log=log)
-                check(y if isinstance(y, np.ndarray) else y.copy_to_host(), x, log)
-        except BaseException as exc:  # handed to the main thread
-            errors.append(exc)
+        for i in range(len(inputs)):
+            x = inputs[(i + t) % len(inputs)]
+            log = bool(t % 2)
+            y = softmax(x, log=log) if t % 3 else softmax(cuda.to_device(x), log=log)
+            check(y if isinstance(y, np.ndarray) else y.copy_to_host(), x, log)
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_in_threads(6, work)
     assert not errors, errors[0]
     assert len(sm._PLANS) == 2 * len(shapes)  # softmax and log-softmax per shape
 

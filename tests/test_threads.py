@@ -13,11 +13,11 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+from threaded import run_in_threads
 
 import imgfilter
 from imgfilter.backends import opencv as ref
@@ -61,32 +61,12 @@ def _check(name, got, want):
         np.testing.assert_array_equal(got, want, err_msg=name)
 
 
-def _hammer(threads: int, calls: int, run) -> list:
-    """Run `run(thread_index)` in `threads` threads started together; the errors."""
-    errors: list = []
-    barrier = threading.Barrier(threads)
-
-    def body(t):
-        try:
-            barrier.wait()
-            run(t)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            errors.append(f"thread {t}: {exc!r}")
-
-    pool = [threading.Thread(target=body, args=(t,)) for t in range(threads)]
-    for th in pool:
-        th.start()
-    for th in pool:
-        th.join()
-    return errors
-
-
 def test_threads_on_the_cpu_backend():
     def run(t):
         for name, img, ours, theirs in _jobs(t, 6, small=True):
             _check(name, ours(img, backend="cpu"), theirs(img))
 
-    assert _hammer(8, 6, run) == []
+    assert run_in_threads(8, run) == []
 
 
 def test_threads_with_device_arrays_on_the_cuda_backend():
@@ -97,16 +77,17 @@ def test_threads_with_device_arrays_on_the_cuda_backend():
             got = ours(cuda.to_device(img))
             _check(name, got.copy_to_host(), theirs(img))
 
-    assert _hammer(4, 3, run) == []
+    assert run_in_threads(4, run) == []
 
 
 _GPU_SCRIPT = textwrap.dedent(
     """
-    import sys, threading
+    import sys
     sys.path.insert(0, {tests!r})
     import numpy as np
     import cupy as cp
-    from test_threads import _jobs, _check, _hammer
+    from test_threads import _jobs, _check
+    from threaded import run_in_threads
 
     def run(t):
         for i, (name, img, ours, theirs) in enumerate(_jobs(1000 + t, {calls}, small=False)):
@@ -119,7 +100,7 @@ _GPU_SCRIPT = textwrap.dedent(
                     got = ours(cp.asarray(img), stream=stream).copy_to_host()
                 _check(name, got, want)
 
-    errors = _hammer({threads}, {calls}, run)
+    errors = run_in_threads({threads}, run)
     print("\\n".join(errors) or "ok")
     sys.exit(1 if errors else 0)
     """
