@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from kernels.arrays import as_device_array, is_c_contiguous, is_device_array, overlaps
-from kernels.devarray import stream_handle
+from kernels.devarray import DeviceArray, stream_handle
 
 from .backends import get_backend
 from .border import border_code
@@ -47,6 +47,8 @@ def _c_contiguous(shape: tuple, strides: tuple, itemsize: int) -> bool:
 
 def _as_image(img: Any) -> tuple[Any, bool]:
     """Return (array, is_device) after checking dtype, rank and channel count."""
+    if type(img) is DeviceArray and img.is_c_contiguous and _plain_image(img.shape, img.dtype):
+        return img, True  # what a pipeline passes call after call: checked at once
     device = not isinstance(img, np.ndarray) and is_device_array(img)
     if device:
         try:
@@ -70,6 +72,17 @@ def _as_image(img: Any) -> tuple[Any, bool]:
     if not device:
         arr = np.ascontiguousarray(arr)
     return arr, device
+
+
+def _plain_image(shape: tuple, dtype) -> bool:
+    """An image _as_image takes as it is: (H, W) or (H, W, C in CHANNELS), not empty,
+    of a supported dtype."""
+    return (
+        (len(shape) == 2 or (len(shape) == 3 and shape[2] in CHANNELS))
+        and shape[0] > 0
+        and shape[1] > 0
+        and dtype in _DTYPES
+    )
 
 
 def _as_3d(arr: Any) -> Any:

@@ -55,6 +55,15 @@ def empty(shape: tuple, dtype, stream: int = LEGACY):
     return devarray.empty(tuple(shape), dtype, stream)
 
 
+def empty_like(arr: Any, stream: int = LEGACY):
+    """`empty(arr.shape, arr.dtype, stream)` for a C-contiguous device array."""
+    if SIMULATOR:
+        from numba import cuda
+
+        return cuda.device_array(arr.shape, dtype=arr.dtype)
+    return devarray.empty_like(arr, stream)
+
+
 def to_device(host: np.ndarray, stream: int = LEGACY):
     """A device copy of a host array, queued on `stream`."""
     if SIMULATOR:
@@ -119,3 +128,24 @@ def _extent(arr: Any) -> tuple[int, int]:
         else:
             lo += (n - 1) * s
     return lo, hi + itemsize
+
+
+def batched_view(arr: Any, n: int, step: int):
+    """`arr` (a view into the first image of a batch) as n arrays `step` bytes apart:
+    shape (n, *arr.shape), a view of the same memory (no copy, no bounds check: the
+    caller knows the batch holds n images)."""
+    if SIMULATOR:
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        host = arr._ary
+        view = np.lib.stride_tricks.as_strided(
+            host, shape=(n, *host.shape), strides=(step, *host.strides)
+        )
+        return FakeCUDAArray(view)
+    return DeviceArray(arr.ptr, (n, *arr.shape), arr.dtype, (step, *arr.strides), arr.stream,
+                       arr._base())  # fmt: skip
+
+
+def extent(arr: Any) -> tuple[int, int]:
+    """(first, past the last) byte address a device array covers."""
+    return _extent(arr)

@@ -286,6 +286,19 @@ def empty(shape: tuple, dtype, stream: int = LEGACY) -> DeviceArray:
     return c_array(block.ptr, shape, dtype, stream, block)
 
 
+def empty_like(arr: DeviceArray, stream: int = LEGACY) -> DeviceArray:
+    """An uninitialised C-contiguous array of a C-contiguous `arr`'s shape and dtype,
+    from the pool on `stream` (`empty` without recomputing the layout)."""
+    block = POOL.allocate(arr.nbytes, stream)
+    recording = getattr(_recorder, "active", None)
+    if recording is not None:
+        recording.allocated(block)
+    a = object.__new__(DeviceArray)
+    a.ptr, a.shape, a.strides, a.dtype = block.ptr, arr.shape, arr.strides, arr.dtype
+    a.size, a.stream, a._owner, a._sig = arr.size, stream, block, arr._sig
+    return a
+
+
 def to_device(host: np.ndarray, stream: int = LEGACY) -> DeviceArray:
     """A device copy of a host array, queued on `stream` (the host array may change
     once this returns: the driver has staged it)."""

@@ -63,6 +63,56 @@ def test_array_batch_equals_each_image_alone(dtype, channels, border, where):
         np.testing.assert_array_equal(got, expected, err_msg=name)
 
 
+# (8, 16) images: every image's plane a multiple of 16 bytes, so a device batch
+# runs each kernel once for all its images (kernels.launch.Batching).
+ONE_LAUNCH_OPS = {
+    "box (uint8: tiled)": (np.uint8, lambda b, **o: imgfilter.blur_batch(b, 3, **o),
+                           lambda i, **o: imgfilter.blur(i, 3, **o)),
+    "box (uint16: fused)": (np.uint16, lambda b, **o: imgfilter.blur_batch(b, (5, 3), **o),
+                            lambda i, **o: imgfilter.blur(i, (5, 3), **o)),
+    "box (float32: running sums)": (np.float32, lambda b, **o: imgfilter.blur_batch(b, 4, **o),
+                                    lambda i, **o: imgfilter.blur(i, 4, **o)),
+    "filter2d (blocked)": (np.uint8, lambda b, **o: imgfilter.filter2d_batch(b, KERNEL, **o),
+                           lambda i, **o: imgfilter.filter2d(i, KERNEL, **o)),
+    "filter2d (separable)": (np.uint16,
+                             lambda b, **o: imgfilter.filter2d_batch(b, OUTER, **o),
+                             lambda i, **o: imgfilter.filter2d(i, OUTER, **o)),
+    "contour": (np.uint8, lambda b, **o: imgfilter.contour_batch(b, **o),
+                lambda i, **o: imgfilter.contour(i, **o)),
+}  # fmt: skip
+OUTER = np.outer([1, 2, 1], [0.25, 1, 2, -1]).astype(np.float32)
+
+
+def _count_launches(monkeypatch):
+    from kernels import launch
+
+    counted = []
+    real = launch._launch
+
+    def counting(kernel, grid, block, args, stream, smem):
+        counted.append(kernel)
+        return real(kernel, grid, block, args, stream, smem)
+
+    monkeypatch.setattr(launch, "_launch", counting)
+    return counted
+
+
+@pytest.mark.parametrize("index,name", list(enumerate(ONE_LAUNCH_OPS)))
+def test_a_device_batch_is_one_launch_per_kernel(monkeypatch, index, name):
+    dtype, many, one = ONE_LAUNCH_OPS[name]
+    channels, border = (1, 3, 4)[index % 3], BORDERS[index % len(BORDERS)]
+    counted = _count_launches(monkeypatch)
+    launches = []
+    for n in (2, 3):
+        batch = _images(n, (8, 16, channels), dtype, seed=n + channels)
+        counted.clear()
+        got = many(_device(batch), border=border, border_value=7).copy_to_host()
+        launches.append(len(counted))
+        expected = np.stack([one(batch[i], border=border, border_value=7) for i in range(n)])
+        np.testing.assert_array_equal(got, expected, err_msg=f"{name}, {border}, n={n}")
+    assert launches[0] == launches[1], f"{name}: launches for 2 and 3 images: {launches}"
+
+
 @pytest.mark.parametrize("where", ["host", "device"])
 def test_list_of_mixed_sizes(where):
     rng = np.random.default_rng(4)

@@ -121,8 +121,9 @@ def test_sixteen_threads_first_use_in_a_fresh_process(tmp_path):
 # ------------------------------------------------ many processes on one empty cache
 
 
-def _processes(count: int, tmp_path, backend: str) -> list:
-    """`count` CLI blurs started together on one empty kernel cache; their results."""
+def _processes(count: int, tmp_path, backend: str, round_: int = 0) -> list:
+    """`count` CLI blurs started together on one kernel cache (empty in round 0);
+    their results."""
     import cv2
 
     img = np.random.default_rng(5).integers(0, 255, (64, 80, 3), dtype=np.uint8)
@@ -144,7 +145,7 @@ def _processes(count: int, tmp_path, backend: str) -> list:
                 "--backend",
                 backend,
                 "-o",
-                str(tmp_path / f"out{i}.png"),
+                str(tmp_path / f"out{round_}-{i}.png"),
             ],
             env=env,
             stdout=subprocess.PIPE,
@@ -156,7 +157,7 @@ def _processes(count: int, tmp_path, backend: str) -> list:
     results = []
     for i, proc in enumerate(procs):
         _, err = proc.communicate(timeout=600)
-        results.append((proc.returncode, err, cv2.imread(str(tmp_path / f"out{i}.png"))))
+        results.append((proc.returncode, err, cv2.imread(str(tmp_path / f"out{round_}-{i}.png"))))
     return results, img
 
 
@@ -176,5 +177,5 @@ def test_concurrent_processes_share_an_empty_cache_cpu(tmp_path):
 def test_sixteen_processes_on_one_empty_cache(tmp_path):
     """Numba's cache and the exported cubins written by 16 processes at once, twice
     (the second round loads what the first wrote)."""
-    for _ in range(2):
-        _check_processes(*_processes(16, tmp_path, "cuda"))
+    for round_ in range(2):
+        _check_processes(*_processes(16, tmp_path, "cuda", round_))

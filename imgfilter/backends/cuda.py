@@ -24,11 +24,11 @@ from kernels import contour as _contour
 from kernels import conv as _conv
 from kernels import conv_blocked as _blocked
 from kernels import conv_plan as _conv_plan
-from kernels.arrays import empty, resolve_stream, to_device, to_host
+from kernels.arrays import empty, empty_like, resolve_stream, to_device, to_host
 from kernels.border_index import border_index as _border_index
 from kernels.conv_plan import low_rank_factors
 from kernels.cudadrv import CudaError, GpuOutOfMemory, driver
-from kernels.launch import Recording, compile_lock
+from kernels.launch import Batching, Recording, compile_lock
 
 from ..errors import DeviceError, GpuMemoryError, UsageError
 from . import cubins
@@ -109,14 +109,9 @@ def _queue(key: tuple, call: _Call, out_shape: tuple, run):
     (`kernels.launch.Recording`); later calls with the same key, shapes and
     alignments replay them without running the launch functions again: a few
     microseconds of Python. `key` must hold every argument that shapes the launches
-    besides the arrays (kernel size, anchor, border, value, method...).
-
-    A batch, img (N, H, W, C) and out_shape (N, ...), is each image in turn on the
-    call's stream: one recording for the first, replays for the others."""
+    besides the arrays (kernel size, anchor, border, value, method...)."""
     img, stream = call.img, call.stream
     out = call.out if call.out is not None else empty(out_shape, img.dtype, stream)
-    if img.ndim == 4:
-        return _queue_batch(key, img, out, stream, run)
     if config.ENABLE_CUDASIM:
         with compile_lock:  # the simulator swaps the kernel modules' globals meanwhile
             run(img, out)
@@ -126,37 +121,41 @@ def _queue(key: tuple, call: _Call, out_shape: tuple, run):
 
 
 def _queue_batch(key: tuple, batch, out, stream: int, run):
-    """`_queue` for each image of a batch; the images share one recipe when their
-    strides keep every image's alignment the same."""
+    """`_queue` for a batch: the launches of its first image made for every image
+    (`kernels.launch.Batching`: one launch per kernel where it can), recorded and
+    replayed as one recipe; each image on its own where the images do not keep the
+    first one's 16-byte alignment."""
     n = batch.shape[0]
-    if config.ENABLE_CUDASIM:
-        with compile_lock:
-            for i in range(n):
-                run(batch[i], out[i])
-        return out
-    recipe = _replay_or_record(key, batch[0], out[0], stream, run)
     step_in, step_out = batch.strides[0], out.strides[0]
-    if recipe is None or step_in % 16 or step_out % 16:
-        for i in range(1, n):
-            _replay_or_record(key, batch[i], out[i], stream, run)
+    if step_in % 16 or step_out % 16:
+        for i in range(n):
+            _queue(key, _Call(batch[i], stream, False, None, out[i]), out.shape[1:], run)
         return out
-    replay = recipe.replay
-    for i in range(1, n):
-        replay([batch.ptr + i * step_in, out.ptr + i * step_out], stream)
+    batching = Batching(n, ((batch[0], step_in), (out[0], step_out)))
+    if config.ENABLE_CUDASIM:
+        with compile_lock, batching:
+            run(batch[0], out[0])
+        return out
+    _replay_or_record(key, batch, out, stream, run, batching)
     return out
 
 
-def _replay_or_record(key: tuple, img, out, stream: int, run):
-    """Replay the recipe of (key, img's shape, dtype and alignments) on img and out,
+def _replay_or_record(key: tuple, img, out, stream: int, run, batching=None):
+    """Replay the recipe of (key, img's shape, dtype and alignments, stream) on img and out,
     or run and record it; returns the recipe (None if the launches cannot be
-    replayed)."""
-    key = (key, img.shape, img.dtype.num, img.ptr % 16, out.ptr % 16)
+    replayed). With `batching`, img and out are batches and run gets their first
+    images under it."""
+    key = (key, img.shape, img.dtype.num, img.ptr & 15, out.ptr & 15, stream)
     recipe = _RECIPES.get(key)
     if recipe is not None:
         recipe.replay([img.ptr, out.ptr], stream)
         return recipe
     with Recording((img, out)) as recording:
-        run(img, out)
+        if batching is None:
+            run(img, out)
+        else:
+            with batching:
+                run(img[0], out[0])
     recipe = recording.recipe()
     if recipe is not None:
         with _lock:
@@ -164,6 +163,34 @@ def _replay_or_record(key: tuple, img, out, stream: int, run):
             while len(_RECIPES) > _RECIPES_KEEP:
                 _RECIPES.pop(next(iter(_RECIPES)))
     return recipe
+
+
+def _on_device(key: tuple, img, out, stream, out_shape: tuple, record):
+    """A device image's call: queued on its stream (`kernels.arrays.resolve_stream`)
+    into `out` (allocated there when None), which is returned at once. `record(src,
+    dst, handle)` makes the launches; it runs on a first call only (`_queue`), later
+    calls replay them. CUDA failures as `_run` says."""
+    handle = resolve_stream(stream, img)
+    try:
+        if out is None:
+            same = out_shape is img.shape  # C-contiguous, as the API checked
+            out = empty_like(img, handle) if same else empty(out_shape, img.dtype, handle)
+        if img.ndim == 4:
+            return _queue_batch(key, img, out, handle, lambda s, d: record(s, d, handle))
+        if config.ENABLE_CUDASIM:
+            with compile_lock:  # the simulator swaps the kernel modules' globals meanwhile
+                record(img, out, handle)
+            return out
+        recipe = _RECIPES.get((key, img.shape, img.dtype.num, img.ptr & 15, out.ptr & 15, handle))
+        if recipe is not None:
+            recipe.replay([img.ptr, out.ptr], handle)
+        else:
+            _replay_or_record(key, img, out, handle, lambda s, d: record(s, d, handle))
+        return out
+    except GpuOutOfMemory as exc:  # pragma: no cover - real GPU only
+        raise GpuMemoryError(f"{exc}; try --backend cpu") from exc
+    except CudaError as exc:  # pragma: no cover - real GPU only
+        raise DeviceError(f"CUDA error: {exc}") from exc
 
 
 @functools.lru_cache(maxsize=64)
@@ -260,31 +287,43 @@ def _in_bands(img: np.ndarray, out, band: int, rows: tuple, border: int, value, 
     return first
 
 
+def _correlate_launches(src, dst, handle: int, kernel, terms, anchor, border, value, method):
+    """Queue the correlation of src into dst on `handle`. The weights are uploaded
+    (once per stream) before the kernels are launched: constants to a recording,
+    which is why recipes are kept per stream (the handle is in their key)."""
+    cval = np.dtype(src.dtype).type(value)
+    if method == "separable":
+        dterms = [
+            (_device_weights(row, handle), _device_weights(col, handle), row_sum)
+            for row, col, row_sum in terms
+        ]
+        _blocked.correlate_low_rank(src, dterms, anchor, border, cval, dst, handle)
+    else:
+        weights = _device_weights(kernel, handle)
+        _conv.correlate(src, weights, anchor, border, cval, method, dst, handle)
+
+
 def correlate(img, kernel, anchor, border, value, method, out=None, stream=None):
     """cv2.filter2D semantics on the GPU; see imgfilter.backends."""
     kernel = np.ascontiguousarray(kernel, dtype=np.float32)
-    method, terms = _prepared(kernel.shape, kernel.tobytes(), method)
+    data = kernel.tobytes()
+    method, terms = _prepared(kernel.shape, data, method)
+    if not isinstance(img, np.ndarray):
+        key = ("correlate", method, kernel.shape, data, anchor, border, value)
+
+        def record(src, dst, handle):
+            _correlate_launches(src, dst, handle, kernel, terms, anchor, border, value, method)
+
+        return _on_device(key, img, out, stream, img.shape, record)
 
     def go():
         call = begin(img, out, stream)
         dimg, handle = call.img, call.stream
-        cval = np.dtype(dimg.dtype).type(value)
-        # Weights are uploaded (once per stream) before recording: constants to it.
-        if method == "separable":
-            dterms = [
-                (_device_weights(row, handle), _device_weights(col, handle), row_sum)
-                for row, col, row_sum in terms
-            ]
+        key = ("correlate", method, kernel.shape, data, anchor, border, value)
 
-            def run(src, dst):
-                _blocked.correlate_low_rank(src, dterms, anchor, border, cval, dst, handle)
-        else:
-            weights = _device_weights(kernel, handle)
+        def run(src, dst):
+            _correlate_launches(src, dst, handle, kernel, terms, anchor, border, value, method)
 
-            def run(src, dst):
-                _conv.correlate(src, weights, anchor, border, cval, method, dst, handle)
-
-        key = ("correlate", method, kernel.shape, kernel.tobytes(), anchor, border, value, handle)
         dout = _queue(key, call, dimg.shape, run)
         if method == "blocked" and call.from_host:
             kh, kw = kernel.shape
@@ -311,6 +350,13 @@ def box(img, ksize, anchor, border, value, method, out=None, stream=None):
     kh, kw = ksize
     if method in ("auto", "separable"):
         run = _box.box_auto if method == "auto" else _box.box_separable
+        if not isinstance(img, np.ndarray):
+
+            def record(src, dst, handle):
+                run(src, ksize, anchor, border, value, dst, handle)
+
+            key = ("box", method, ksize, anchor, border, value)
+            return _on_device(key, img, out, stream, img.shape, record)
 
         def go():
             call = begin(img, out, stream)
@@ -360,6 +406,12 @@ def _export_box(dimg, ksize: tuple) -> None:
 
 def contour(img, border, value, method, out=None, stream=None):
     """Fused four-direction contour map; method is ignored (one fused kernel)."""
+    if not isinstance(img, np.ndarray):
+
+        def record(src, dst, handle):
+            _contour.contour(src, border, int(value), dst, handle)
+
+        return _on_device(("contour", border, value), img, out, stream, img.shape[:-1], record)
 
     def go():
         call = begin(img, out, stream)
