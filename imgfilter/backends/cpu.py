@@ -1,27 +1,44 @@
-"""The CPU backend: Numba `@njit(parallel=True)` loops, rows spread over the cores.
+"""The CPU backend: OpenCV where it computes our semantics exactly, Numba loops elsewhere.
 
 Host arrays only. See `imgfilter.backends` for the contract shared with the CUDA
 backend. Border handling, rounding and the gray conversion are the plain-Python
 helpers in `kernels` (`border_index`, `saturate_int`, `bgr_to_gray`), compiled here
-with `njit`, so CPU and CUDA code share one source of truth.
+with `njit`, so CPU and CUDA code share one source of truth. Borders cv2 cannot apply
+itself (wrap; a constant border with a non-zero value) are padded here by those index
+maps (`_pad_into`), and cv2 filters the padded image, whose middle is the result.
 
-How each filter rounds, and how that compares with OpenCV:
-- correlate: the image is padded on the host (index maps from `border_index`), then
-  each output row accumulates its taps in row-major order, zero taps skipped, from 0,
-  as cv2.filter2D's direct path does: in float32 with fused multiply-adds (OpenCV's
-  SIMD body) below `direct_area_limit` taps, in float64 from there (where OpenCV 5's
-  uint16 and float32 results equal a float64 correlation). Integer outputs through
-  `saturate_int` (round half to even, clamp). Measured against cv2.filter2D on random
-  data: integer kernels bit-exact; float kernels bit-exact for uint16, and for uint8
-  below 130 taps (from 130 OpenCV correlates uint8 by DFT: rare 1 LSB differences);
-  float32 bit-exact except in OpenCV's scalar tails (a few elements per row, computed
-  without FMA: last-bit differences).
-- box: exact sums (float64 registers hold every integer box sum exactly; running
-  sums for integer images, direct sums for float32 so that huge values do not leak
-  into their neighbours), then OpenCV's own scaling, see `box_scaling`: bit-exact with
-  cv2.blur for uint8 boxes of up to 256 pixels, and elsewhere equal to the SIMD body
-  of OpenCV's column filter (its scalar tail, a few pixels per row, rounds in double
-  and can differ by 1 LSB at near-ties).
+correlate (`correlate_plan` says which path a call takes):
+- kernels below `direct_area_limit` taps (130; uint16 50): cv2.filter2D itself. There
+  OpenCV correlates directly (no DFT), taps in row-major order with float32 fused
+  multiply-adds: the semantics by definition (integer kernels on integer images are
+  exact; float kernels round as OpenCV rounds).
+- from the limit (where cv2.filter2D switches to a DFT, whose uint8 results differ by
+  1 LSB now and then), the promise is the direct float64 correlation: non-zero taps
+  in row-major order from 0, multiply then add, then round half to even and saturate
+  (integers) or round to float32. Three ways to it:
+  - separable: kernels equal to a sum of r outer products within 1e-6 of |K|_1
+    (`low_rank`, SVD; taken when r * (kh + kw) <= taps / 2) are filtered as r pairs
+    of float64 1-D passes. For integer outputs each value comes with a rigorous
+    bound on its distance from the direct result (|E|_1 * max|x| plus rounding of
+    both summations); where an output within that bound could round differently, it
+    is recomputed by the direct sum (`_direct_one`), so integer outputs are bit-equal
+    to the direct path. float32 outputs are stored from the passes: within
+    (|E|_1 + ~1e-15 |K|_1) * max|x| of the direct result (images with inf or NaN take
+    the direct sums).
+  - direct32 (uint8, full rank, bound < `_DIRECT32_BOUND`): float32 FMAs, twice the
+    SIMD width of float64, with the same bound-and-recompute check: bit-equal.
+  - direct64 (otherwise): the float64 direct sums themselves.
+  The direct loops run four taps per pass over a chunk of 512 accumulators: the same
+  operations in the same order as one tap at a time.
+- box: integer images go to cv2.blur (its running sums are exact integers; its
+  scaling is the semantics: uint8 boxes up to 256 pixels in 23-bit fixed point,
+  others in float32 in its SIMD body and double in its scalar tail), except the
+  2-pixel uint8 box: cv2.blur's scalar tail stores (255 + 255 + 2) >> 1 = 256 as 0
+  there, so exact sums (cv2.boxFilter, normalize=False, int32) go through OpenCV's
+  fixed point here, saturated (`box_scaling`). float32 images: direct float64 sums
+  per box, no running sums, so huge, inf or NaN values reach only the boxes that hold
+  them (cv2.blur's double running sums carry them along the row), then
+  float32(sum * (1 / area)).
 - contour: gray as cv2.cvtColor (`bgr_to_gray`), four integer responses, saturated,
   OR-ed: bit-exact.
 """
@@ -30,7 +47,6 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
@@ -98,17 +114,6 @@ def _axis_map(n, before, after, mode):
     return out
 
 
-def _pad(img: np.ndarray, top: int, bottom: int, left: int, right: int, mode: int, value):
-    """(H, W, C) -> (H + top + bottom, W + left + right, C), borders by `mode`."""
-    rows = _axis_map(img.shape[0], top, bottom, mode)
-    cols = _axis_map(img.shape[1], left, right, mode)
-    out = img.take(np.maximum(rows, 0), axis=0).take(np.maximum(cols, 0), axis=1)
-    if mode == _bi.CONSTANT and (top or bottom or left or right):
-        out[rows < 0] = value
-        out[:, cols < 0] = value
-    return out
-
-
 @njit(inline="always")
 def _store_int(acc, lo, hi):
     # Clamp first so that huge (or NaN) accumulators never reach an integer conversion.
@@ -142,54 +147,325 @@ def direct_area_limit(dtype) -> int:
     return 50 if np.dtype(dtype) == np.uint16 else 130
 
 
-@njit(parallel=True, cache=True)
-def _correlate_rows(pad, nch, weights, out, lo, hi, is_int, wide):
-    """out[y, x*C + c] = sum_ij weights[i, j] * pad[y + i, (x + j)*C + c].
+_CHUNK = 512  # output elements per task of the direct loops (accumulators stay in L1)
+_U32 = 2.0**-24  # unit roundoff of float32
+_U64 = 2.0**-53  # unit roundoff of float64
+_DIRECT32_BOUND = 0.05  # float32 FMAs when at most ~10% of the outputs fall back
 
-    Taps in row-major order, zero taps skipped, from 0: float32 fused multiply-adds,
-    or float64 when `wide`.
+
+@njit(parallel=True, cache=True)
+def _pad_into(src, nch, rows, cols, left, value, out):
+    """out (Hp, Wp*C) = src (H, W*C) extended by the index maps rows/cols (-1: value).
+
+    Columns left .. left + W - 1 of out are src's columns 0 .. W - 1 (a plain copy,
+    converted to out's dtype); the others go through `cols`.
     """
-    height, width = out.shape
-    kh, kw = weights.shape
-    for y in prange(height):
-        acc = np.zeros(width, np.float32)
-        acc64 = np.zeros(width if wide else 0, np.float64)
-        for i in range(kh):
-            src = pad[y + i]
-            for j in range(kw):
-                w = weights[i, j]
-                if w == 0:
-                    continue
-                off = j * nch
-                if wide:
-                    w64 = np.float64(w)
-                    for x in range(width):
-                        acc64[x] += w64 * np.float64(src[off + x])
+    wc = src.shape[1]
+    for py in prange(rows.shape[0]):
+        sy = rows[py]
+        o = out[py]
+        if sy < 0:
+            for q in range(o.shape[0]):
+                o[q] = value
+            continue
+        s = src[sy]
+        for q in range(wc):
+            o[left * nch + q] = s[q]
+        for px in range(cols.shape[0]):
+            if px == left:
+                continue
+            if left <= px < left + wc // nch:
+                continue
+            sx = cols[px]
+            for c in range(nch):
+                o[px * nch + c] = value if sx < 0 else s[sx * nch + c]
+
+
+def _padded(img, top, bottom, left, right, border, value, dtype):
+    """(H, W, C) -> (H + top + bottom, (W + left + right) * C) of `dtype`, by `border`."""
+    h, w, c = img.shape
+    rows = _axis_map(h, top, bottom, border)
+    cols = _axis_map(w, left, right, border)
+    out = np.empty((rows.shape[0], cols.shape[0] * c), dtype)
+    _pad_into(img.reshape(h, w * c), c, rows, cols, left, value, out)
+    return out
+
+
+@njit(inline="always")
+def _store_checked(v, bound, lo, hi, is_int):
+    """(ok, stored value): `v` rounded as the output dtype rounds it, and whether every
+    value within `bound` of `v` rounds (and saturates) the same way."""
+    if is_int:
+        a = _store_int(v - bound, lo, hi)
+        b = _store_int(v + bound, lo, hi)
+        return a == b, np.float64(a)
+    a = np.float32(v - bound)
+    b = np.float32(v + bound)
+    return a == b, np.float64(a)
+
+
+@njit(inline="always")
+def _direct_one(flat, base, offs, ws):
+    """One output of the direct float64 correlation: taps in order, from 0."""
+    s = 0.0
+    for t in range(offs.shape[0]):
+        s += np.float64(ws[t]) * np.float64(flat[base + offs[t]])
+    return s
+
+
+@njit(parallel=True, cache=True)
+def _direct_rows(flat, rowlen, offs, ws, out, lo, hi, is_int, wide, bound):
+    """out[y, x] = sum_t ws[t] * flat[y * rowlen + offs[t] + x] (x over W*C).
+
+    The non-zero taps in row-major order, from 0: in float64 (mul, then add) when
+    `wide`, else float32 fused multiply-adds. Four taps share a pass over a chunk of
+    accumulators (the same operations in the same order as one tap at a time).
+    bound >= 0 (float32 only): an output whose value within `bound` does not round
+    the same way is recomputed in float64 (`_direct_one`), so the stored value is
+    that of the float64 correlation.
+    """
+    height, wc = out.shape
+    ntaps = offs.shape[0]
+    nchunks = (wc + _CHUNK - 1) // _CHUNK
+    for task in prange(height * nchunks):
+        y = task // nchunks
+        x0 = (task % nchunks) * _CHUNK
+        n = min(_CHUNK, wc - x0)
+        base = y * rowlen + x0
+        if wide:
+            acc = np.zeros(n, np.float64)
+            t = 0
+            while t + 4 <= ntaps:
+                w0 = np.float64(ws[t])
+                w1 = np.float64(ws[t + 1])
+                w2 = np.float64(ws[t + 2])
+                w3 = np.float64(ws[t + 3])
+                s0 = flat[base + offs[t] : base + offs[t] + n]
+                s1 = flat[base + offs[t + 1] : base + offs[t + 1] + n]
+                s2 = flat[base + offs[t + 2] : base + offs[t + 2] + n]
+                s3 = flat[base + offs[t + 3] : base + offs[t + 3] + n]
+                for x in range(n):
+                    a = acc[x] + w0 * np.float64(s0[x])
+                    a = a + w1 * np.float64(s1[x])
+                    a = a + w2 * np.float64(s2[x])
+                    acc[x] = a + w3 * np.float64(s3[x])
+                t += 4
+            while t < ntaps:
+                w0 = np.float64(ws[t])
+                s0 = flat[base + offs[t] : base + offs[t] + n]
+                for x in range(n):
+                    acc[x] = acc[x] + w0 * np.float64(s0[x])
+                t += 1
+            for x in range(n):
+                if is_int:
+                    out[y, x0 + x] = _store_int(acc[x], lo, hi)
                 else:
-                    for x in range(width):
-                        acc[x] = _fma32(w, np.float32(src[off + x]), acc[x])
-        for x in range(width):
-            v = acc64[x] if wide else np.float64(acc[x])
+                    out[y, x0 + x] = np.float32(acc[x])
+        else:
+            acc32 = np.zeros(n, np.float32)
+            t = 0
+            while t + 4 <= ntaps:
+                w0 = ws[t]
+                w1 = ws[t + 1]
+                w2 = ws[t + 2]
+                w3 = ws[t + 3]
+                s0 = flat[base + offs[t] : base + offs[t] + n]
+                s1 = flat[base + offs[t + 1] : base + offs[t + 1] + n]
+                s2 = flat[base + offs[t + 2] : base + offs[t + 2] + n]
+                s3 = flat[base + offs[t + 3] : base + offs[t + 3] + n]
+                for x in range(n):
+                    a = _fma32(w0, s0[x], acc32[x])
+                    a = _fma32(w1, s1[x], a)
+                    a = _fma32(w2, s2[x], a)
+                    acc32[x] = _fma32(w3, s3[x], a)
+                t += 4
+            while t < ntaps:
+                w0 = ws[t]
+                s0 = flat[base + offs[t] : base + offs[t] + n]
+                for x in range(n):
+                    acc32[x] = _fma32(w0, s0[x], acc32[x])
+                t += 1
+            for x in range(n):
+                v = np.float64(acc32[x])
+                if bound >= 0:
+                    ok, r = _store_checked(v, bound, lo, hi, is_int)
+                    if not ok:
+                        v = _direct_one(flat, base + x, offs, ws)
+                if is_int:
+                    out[y, x0 + x] = _store_int(v, lo, hi)
+                else:
+                    out[y, x0 + x] = np.float32(v)
+
+
+@njit(parallel=True, cache=True)
+def _separable_rows(pad, nch, u, v, out, lo, hi, is_int, bound, flat, offs, ws):
+    """out[y] = sum_r (row pass v[r] of (column pass u[r] of pad rows y ..)), in float64.
+
+    bound >= 0: outputs whose value within `bound` does not round the same way are
+    recomputed by the direct float64 correlation (`_direct_one`); bound < 0: stored
+    as computed (float32 outputs).
+    """
+    height, wc = out.shape
+    rank, kh = u.shape
+    kw = v.shape[1]
+    wpc = pad.shape[1]
+    for y in prange(height):
+        col = np.empty(wpc, np.float64)
+        acc = np.zeros(wc, np.float64)
+        for r in range(rank):
+            u0 = u[r, 0]
+            src = pad[y]
+            for x in range(wpc):
+                col[x] = u0 * np.float64(src[x])
+            for i in range(1, kh):
+                ui = u[r, i]
+                src = pad[y + i]
+                for x in range(wpc):
+                    col[x] += ui * np.float64(src[x])
+            for j in range(kw):
+                vj = v[r, j]
+                c = col[j * nch : j * nch + wc]
+                for x in range(wc):
+                    acc[x] += vj * c[x]
+        for x in range(wc):
+            s = acc[x]
+            if bound >= 0:
+                ok, q = _store_checked(s, bound, lo, hi, is_int)
+                if not ok:
+                    s = _direct_one(flat, y * wpc + x, offs, ws)
             if is_int:
-                out[y, x] = _store_int(v, lo, hi)
+                out[y, x] = _store_int(s, lo, hi)
             else:
-                out[y, x] = np.float32(v)
+                out[y, x] = np.float32(s)
+
+
+# OpenCV's border constants for the modes cv2 applies itself (wrap and a constant
+# border with a non-zero value are padded here first).
+_CV_BORDER = {_bi.REFLECT101: 4, _bi.REFLECT: 2, _bi.REPLICATE: 1, _bi.CONSTANT: 0}
+
+
+def _cv_plan(img, kh, kw, anchor, border, value):
+    """(source, borderType, crop): what to hand cv2 so that it sees our border.
+
+    cv2 applies reflect101, reflect, replicate and a zero constant border itself
+    (crop None). Otherwise the image is padded here (`_pad_into`, our index maps) and
+    cv2 filters the padded image; the output is its crop (top, left)."""
+    h, w, c = img.shape
+    if border in _CV_BORDER and (border != _bi.CONSTANT or value == 0):
+        return (img.reshape(h, w) if c == 1 else img), _CV_BORDER[border], None
+    ay, ax = anchor
+    pad = _padded(img, ay, kh - 1 - ay, ax, kw - 1 - ax, border, value, img.dtype)
+    pad = pad.reshape(pad.shape[0], -1, c)
+    return (pad[:, :, 0] if c == 1 else pad), 4, (ay, ax)
+
+
+def _cv_dst(out, crop):
+    """The array cv2 may write into directly (out as cv2 shapes it), or None."""
+    if crop is not None:
+        return None
+    h, w, c = out.shape
+    return out.reshape(h, w) if c == 1 else out
+
+
+def _cv_finish(res, crop, out, dst=None):
+    """Copy cv2's result (cropped when padded) into `out` (H, W, C) unless cv2 wrote
+    it there already."""
+    h, w, c = out.shape
+    if dst is not None and res is dst:
+        return out
+    if crop is not None:
+        res = res[crop[0] : crop[0] + h, crop[1] : crop[1] + w]
+    out.reshape(h, w, c)[...] = res.reshape(h, w, c)
+    return out
+
+
+def low_rank(kernel64: np.ndarray, max_rank: int, rel: float = 1e-6):
+    """(u (r, kh), v (r, kw), |E|_1) with kernel = sum_r outer(u[r], v[r]) + E and
+    |E|_1 <= rel * |kernel|_1, for the smallest such r <= max_rank; None if none."""
+    if max_rank < 1:
+        return None
+    uu, s, vt = np.linalg.svd(kernel64)
+    l1 = float(np.abs(kernel64).sum())
+    for r in range(1, min(max_rank, s.shape[0]) + 1):
+        u = (uu[:, :r] * s[:r]).T.copy()
+        v = vt[:r].copy()
+        err = float(np.abs(kernel64 - u.T @ v).sum())
+        if err <= rel * l1:
+            return u, v, err
+    return None
+
+
+def _magnitude(img, value) -> float:
+    """An upper bound of |x| over the padded image (inf when it holds inf or NaN)."""
+    if img.dtype.kind == "u":
+        return float(max(np.iinfo(img.dtype).max, abs(value)))
+    m = max(float(np.abs(img).max(initial=0.0)), abs(float(value)))
+    return m if math.isfinite(m) else math.inf
+
+
+def correlate_plan(img, kernel, value):
+    """(path, params): how `correlate` filters `img` with `kernel` (see the module
+    docstring): ("opencv", None), ("separable", (u, v, bound)), ("direct32", bound)
+    or ("direct64", None)."""
+    kh, kw = kernel.shape
+    if kh * kw < direct_area_limit(img.dtype):
+        return "opencv", None
+    weights = np.asarray(kernel, np.float32)
+    k64 = weights.astype(np.float64)
+    ntaps = int(np.count_nonzero(k64))
+    l1 = float(np.abs(k64).sum())
+    mag = _magnitude(img, value)
+    _, _, is_int = output_limits(img.dtype)
+    if math.isfinite(mag) and ntaps:
+        plan = low_rank(k64, ntaps // (2 * (kh + kw)))
+        if plan is not None:
+            u, v, err = plan
+            rank = u.shape[0]
+            uv = float((np.abs(u).sum(axis=1) * np.abs(v).sum(axis=1)).sum())
+            # |separable - exact| <= (|E|_1 + rounding of E and of the passes) * max|x|;
+            # |direct float64 - exact| <= (ntaps + 2) * 2 u64 * |K|_1 * max|x|.
+            rounding = (rank + 2) * (l1 + uv) + (kh + kw + rank + 2) * uv + (ntaps + 2) * l1
+            bound = 1.5 * mag * (err + 2 * _U64 * rounding) if is_int else -1.0
+            return "separable", (u, v, bound)
+    if img.dtype == np.uint8 and ntaps:
+        # float32 FMAs: |error| <= (ntaps + 1) * u32 * (1 + ntaps * u32) * |K|_1 * max|x|
+        bound = 1.5 * mag * l1 * ((ntaps + 1) * _U32 * (1 + ntaps * _U32) + (ntaps + 2) * _U64)
+        if bound < _DIRECT32_BOUND:
+            return "direct32", bound
+    return "direct64", None
 
 
 def correlate(img, kernel, anchor, border, value, method, out=None, stream=None):
-    """cv2.filter2D semantics; `method` and `stream` are ignored (one implementation,
-    no GPU); the result is written into `out` when given."""
+    """cv2.filter2D semantics; `method` and `stream` are ignored (no GPU); the result
+    is written into `out` when given. See the module docstring for the paths."""
     h, w, c = img.shape
     kh, kw = kernel.shape
     ay, ax = anchor
-    pad = _pad(img, ay, kh - 1 - ay, ax, kw - 1 - ax, border, value)
     out = np.empty_like(img) if out is None else out
-    lo, hi, is_int = output_limits(img.dtype)
     weights = np.ascontiguousarray(kernel, dtype=np.float32)
-    wide = kh * kw >= direct_area_limit(img.dtype)
-    _correlate_rows(
-        pad.reshape(pad.shape[0], -1), c, weights, out.reshape(h, w * c), lo, hi, is_int, wide
-    )
+    path, params = correlate_plan(img, weights, value)
+    if path == "opencv":
+        import cv2
+
+        src, cvb, crop = _cv_plan(img, kh, kw, anchor, border, value)
+        dst = _cv_dst(out, crop)
+        res = cv2.filter2D(src, -1, weights, dst=dst, anchor=(ax, ay), borderType=cvb)
+        return _cv_finish(res, crop, out, dst)
+    lo, hi, is_int = output_limits(img.dtype)
+    pad = _padded(img, ay, kh - 1 - ay, ax, kw - 1 - ax, border, value, np.float32)
+    rowlen = pad.shape[1]
+    ii, jj = np.nonzero(weights)
+    offs = (ii * rowlen + jj * c).astype(np.int64)
+    ws = weights[ii, jj].copy()
+    flat = pad.reshape(-1)
+    out2 = out.reshape(h, w * c)
+    if path == "separable":
+        u, v, bound = params
+        _separable_rows(pad, c, u, v, out2, lo, hi, is_int, bound, flat, offs, ws)
+    elif path == "direct32":
+        _direct_rows(flat, rowlen, offs, ws, out2, lo, hi, is_int, False, params)
+    else:
+        _direct_rows(flat, rowlen, offs, ws, out2, lo, hi, is_int, True, -1.0)
     return out
 
 
@@ -206,78 +482,87 @@ def _box_value(s, mode, delta, mul, scale32, scale64, lo, hi):
 
 
 @njit(parallel=True, cache=True)
-def _box_rows(pad, nch, kh, kw, out, nchunks, mode, delta, mul, scale32, scale64, lo, hi):
-    """Box sums of pad (Hp, Wp*C) into out (H, W*C), scaled as `mode` says.
+def _box_scale(sums, out, mode, delta, mul, scale32, scale64, lo, hi):
+    """out = OpenCV's scaling (`box_scaling`) of exact box sums (int32 or float64)."""
+    for y in prange(out.shape[0]):
+        s = sums[y]
+        o = out[y]
+        for x in range(o.shape[0]):
+            o[x] = _box_value(s[x], mode, delta, mul, scale32, scale64, lo, hi)
 
-    Row chunks run in parallel. Integer images: running sums down the chunk and along
-    each row (exact in float64). float32 images: direct sums, in float64.
+
+@njit(parallel=True, cache=True)
+def _box_float_rows(pad, nch, kh, kw, out, scale):
+    """float32 boxes: out[y] = float32(scale * direct float64 sums), no running sums.
+
+    Per output row: the kh padded rows summed in order into column sums, then kw
+    shifted column sums in order, both over the whole row (vectorized), so a huge,
+    inf or NaN value reaches only the outputs whose box holds it.
     """
     height, wc = out.shape
-    width = wc // nch
-    running = mode != _BOX_FLOAT
-    for chunk in prange(nchunks):
-        y0 = chunk * height // nchunks
-        y1 = (chunk + 1) * height // nchunks
-        colsum = np.zeros(pad.shape[1], np.float64)
-        for y in range(y0, y1):
-            if running and y > y0:
-                enter = pad[y + kh - 1]
-                leave = pad[y - 1]
-                for x in range(colsum.shape[0]):
-                    colsum[x] += np.float64(enter[x]) - np.float64(leave[x])
-            else:
-                colsum[:] = 0.0
-                for i in range(kh):
-                    src = pad[y + i]
-                    for x in range(colsum.shape[0]):
-                        colsum[x] += src[x]
-            for c in range(nch):
-                s = 0.0
-                for j in range(kw):
-                    s += colsum[j * nch + c]
-                for x in range(width):
-                    if x > 0:
-                        if running:
-                            s += colsum[(x + kw - 1) * nch + c] - colsum[(x - 1) * nch + c]
-                        else:
-                            s = 0.0
-                            for j in range(kw):
-                                s += colsum[(x + j) * nch + c]
-                    if mode == _BOX_FLOAT:
-                        out[y, x * nch + c] = s * scale64
-                    else:
-                        out[y, x * nch + c] = _box_value(
-                            s, mode, delta, mul, scale32, scale64, lo, hi
-                        )
+    wpc = pad.shape[1]
+    for y in prange(height):
+        col = np.zeros(wpc, np.float64)
+        i = 0
+        while i + 4 <= kh:
+            r0, r1, r2, r3 = pad[y + i], pad[y + i + 1], pad[y + i + 2], pad[y + i + 3]
+            for x in range(wpc):
+                col[x] = (((col[x] + r0[x]) + r1[x]) + r2[x]) + r3[x]
+            i += 4
+        while i < kh:
+            r0 = pad[y + i]
+            for x in range(wpc):
+                col[x] += r0[x]
+            i += 1
+        acc = np.zeros(wc, np.float64)
+        j = 0
+        while j + 4 <= kw:
+            c0 = col[j * nch : j * nch + wc]
+            c1 = col[(j + 1) * nch : (j + 1) * nch + wc]
+            c2 = col[(j + 2) * nch : (j + 2) * nch + wc]
+            c3 = col[(j + 3) * nch : (j + 3) * nch + wc]
+            for x in range(wc):
+                acc[x] = (((acc[x] + c0[x]) + c1[x]) + c2[x]) + c3[x]
+            j += 4
+        while j < kw:
+            c0 = col[j * nch : j * nch + wc]
+            for x in range(wc):
+                acc[x] += c0[x]
+            j += 1
+        o = out[y]
+        for x in range(wc):
+            o[x] = acc[x] * scale
 
 
 def box(img, ksize, anchor, border, value, method, out=None, stream=None):
     """cv2.blur semantics (exact sums, OpenCV's scaling); `method` and `stream` are
-    ignored; the result is written into `out` when given."""
+    ignored; the result is written into `out` when given. See the module docstring."""
     h, w, c = img.shape
     kh, kw = ksize
     ay, ax = anchor
-    pad = _pad(img, ay, kh - 1 - ay, ax, kw - 1 - ax, border, value)
     out = np.empty_like(img) if out is None else out
-    lo, hi, _ = output_limits(img.dtype)
+    lo, hi, is_int = output_limits(img.dtype)
     area = kh * kw
     mode, delta, mul = box_scaling(img.dtype, area)
-    nchunks = min(h, 4 * numba.get_num_threads())
-    _box_rows(
-        pad.reshape(pad.shape[0], -1),
-        c,
-        kh,
-        kw,
-        out.reshape(h, w * c),
-        nchunks,
-        mode,
-        delta,
-        mul,
-        np.float32(1.0 / area),
-        1.0 / area,
-        lo,
-        hi,
-    )
+    if is_int:
+        import cv2
+
+        src, cvb, crop = _cv_plan(img, kh, kw, anchor, border, value)
+        if not (mode == _BOX_FIXED and area == 2):
+            dst = _cv_dst(out, crop)
+            res = cv2.blur(src, (kw, kh), dst=dst, anchor=(ax, ay), borderType=cvb)
+            return _cv_finish(res, crop, out, dst)
+        depth = cv2.CV_64F if mode == _BOX_F64 else cv2.CV_32S
+        sums = cv2.boxFilter(src, depth, (kw, kh), anchor=(ax, ay), normalize=False,
+                             borderType=cvb)  # fmt: skip
+        if crop is not None:
+            sums = sums[crop[0] : crop[0] + h, crop[1] : crop[1] + w]
+        sums = sums.reshape(h, w * c)
+        scale32, scale64 = np.float32(1.0 / area), 1.0 / area
+        _box_scale(sums, out.reshape(h, w * c), mode, delta, mul, scale32, scale64, lo, hi)
+        return out
+    pad = _padded(img, ay, kh - 1 - ay, ax, kw - 1 - ax, border, value, img.dtype)
+    _box_float_rows(pad, c, kh, kw, out.reshape(h, w * c), 1.0 / area)
     return out
 
 
