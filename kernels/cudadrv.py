@@ -41,6 +41,10 @@ class GpuOutOfMemory(CudaError, MemoryError):
     """The GPU could not give the memory a call needs."""
 
 
+class NoMemoryForContext(GpuOutOfMemory):
+    """The GPU had not even the memory to open a CUDA context."""
+
+
 _c = ctypes
 _u64, _uint, _vp, _sz = _c.c_uint64, _c.c_uint, _c.c_void_p, _c.c_size_t
 
@@ -93,7 +97,10 @@ class Driver:
         self.call("cuDeviceGetAttribute", _c.byref(minor), _ATTR_CC_MINOR, dev)
         self.cc = (major.value, minor.value)
         self.context = _vp()
-        self.call("cuDevicePrimaryCtxRetain", _c.byref(self.context), dev)
+        status = lib.cuDevicePrimaryCtxRetain(_c.byref(self.context), dev)
+        if status == _OOM:
+            raise NoMemoryForContext(context_memory_message(lib, dev), status)
+        self.check(status, "cuDevicePrimaryCtxRetain")
         self._tls = threading.local()
         self._smem_opted: set = set()
         self.current()
@@ -233,6 +240,35 @@ class Driver:
             self.check(status, "cuLaunchKernelEx")
 
 
+class _NvmlMemory(_c.Structure):
+    _fields_ = [("total", _c.c_ulonglong), ("free", _c.c_ulonglong), ("used", _c.c_ulonglong)]
+
+
+def context_memory_message(lib, dev) -> str:
+    """What to tell a user whose GPU had no memory left to open a CUDA context: the
+    free and total memory as NVML reports them (a context is needed to ask CUDA),
+    when NVML answers."""
+    text = "the GPU has too little free memory to open a CUDA context (a few hundred MiB)"
+    try:
+        bus = _c.create_string_buffer(32)
+        if lib.cuDeviceGetPCIBusId(bus, 32, dev) != 0:
+            return text
+        nvml = _c.CDLL("libnvidia-ml.so.1")
+        if nvml.nvmlInit_v2() != 0:
+            return text
+        try:
+            handle, mem = _vp(), _NvmlMemory()
+            if nvml.nvmlDeviceGetHandleByPciBusId_v2(bus, _c.byref(handle)) != 0:
+                return text
+            if nvml.nvmlDeviceGetMemoryInfo(handle, _c.byref(mem)) != 0:
+                return text
+        finally:
+            nvml.nvmlShutdown()
+    except (OSError, AttributeError):  # no NVML library, or an old one
+        return text
+    return f"{text}: {mem.free / 2**20:.0f} MiB free of {mem.total / 2**20:.0f} MiB"
+
+
 _driver: Driver | None = None
 _driver_lock = threading.Lock()
 
@@ -245,3 +281,4 @@ def driver() -> Driver:
             if _driver is None:
                 _driver = Driver()
     return _driver
+

@@ -132,3 +132,21 @@ def test_bands_give_up_when_a_band_would_be_no_smaller(monkeypatch):
     monkeypatch.setattr(backend, "_queue", no_gpu)
     with pytest.raises(GpuMemoryError):
         imgfilter.blur(np.ones((40, 8), np.uint8), 3, backend="cuda")
+
+
+def test_no_bands_without_the_memory_for_a_context(monkeypatch):
+    """A GPU too full to open a CUDA context: one GpuMemoryError that says so, no
+    band attempts (each would fail the same way)."""
+    from imgfilter.backends import cuda as backend
+    from kernels.cudadrv import NoMemoryForContext
+
+    attempts = []
+
+    def no_context(key, call, out_shape, run):
+        attempts.append(call)
+        raise NoMemoryForContext("the GPU has too little free memory to open a CUDA context", 2)
+
+    monkeypatch.setattr(backend, "_queue", no_context)
+    with pytest.raises(imgfilter.GpuMemoryError, match="open a CUDA context"):
+        imgfilter.blur(np.ones((40, 8), np.uint8), 3, backend="cuda")
+    assert len(attempts) == 1

@@ -27,7 +27,7 @@ from kernels import conv_plan as _conv_plan
 from kernels.arrays import empty, empty_like, resolve_stream, to_device, to_host
 from kernels.border_index import border_index as _border_index
 from kernels.conv_plan import low_rank_factors
-from kernels.cudadrv import CudaError, GpuOutOfMemory, driver
+from kernels.cudadrv import CudaError, GpuOutOfMemory, NoMemoryForContext, driver
 from kernels.launch import Batching, Recording, compile_lock
 
 from ..errors import DeviceError, GpuMemoryError, UsageError
@@ -257,10 +257,11 @@ def _run_or_bands(go, img, out, rows: tuple, border: int, value, again):
     each split again as needed."""
     try:
         return _run(go)
-    except GpuMemoryError:
+    except GpuMemoryError as exc:
         height = img.shape[0]
         band = (height - sum(rows)) // 2
-        if not isinstance(img, np.ndarray) or band < 1:
+        no_context = isinstance(exc.__cause__, NoMemoryForContext)  # no band could run
+        if not isinstance(img, np.ndarray) or band < 1 or no_context:
             raise  # device images stay whole; a band with its halo would be no smaller
     return _in_bands(img, out, band, rows, border, value, again)
 
