@@ -47,14 +47,15 @@ def _c_contiguous(shape: tuple, strides: tuple, itemsize: int) -> bool:
 
 def _as_image(img: Any) -> tuple[Any, bool]:
     """Return (array, is_device) after checking dtype, rank and channel count."""
-    if type(img) is DeviceArray and img.is_c_contiguous and _plain_image(img.shape, img.dtype):
-        return img, True  # what a pipeline passes call after call: checked at once
-    device = not isinstance(img, np.ndarray) and is_device_array(img)
+    kind = type(img)
+    device = kind is DeviceArray or (kind is not np.ndarray and is_device_array(img))
     if device:
         try:
-            arr = as_device_array(img)
+            arr = img if kind is DeviceArray else as_device_array(img)
         except (ValueError, TypeError) as exc:
             raise UsageError(f"unusable device array: {exc}") from None
+        if type(arr) is DeviceArray and arr.is_c_contiguous and _plain_image(arr.shape, arr.dtype):
+            return arr, True  # what a pipeline passes call after call: checked at once
         if not _c_contiguous(arr.shape, arr.strides, arr.dtype.itemsize):
             raise UsageError("device images must be C-contiguous")
     else:
@@ -185,12 +186,13 @@ def _kernel_memo(kernel: Any) -> np.ndarray:
 
 
 def _check_stream(stream: Any) -> Any:
-    if stream is not None:
-        try:
-            stream_handle(stream)
-        except (TypeError, ValueError) as exc:
-            raise UsageError(str(exc)) from None
-    return stream
+    """The stream as its CUstream handle (None stays None: the input's stream)."""
+    if stream is None or type(stream) is int:
+        return stream
+    try:
+        return stream_handle(stream)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _shaped(result: Any, shape: tuple) -> Any:

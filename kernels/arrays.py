@@ -27,11 +27,15 @@ def is_numba_device_array(obj: Any) -> bool:
 def is_device_array(obj: Any) -> bool:
     """True for GPU arrays: ours, Numba's, or anything with `__cuda_array_interface__`
     (CuPy, torch CUDA tensors)."""
-    return (
-        type(obj) is DeviceArray
-        or is_numba_device_array(obj)
-        or hasattr(obj, "__cuda_array_interface__")
-    )
+    kind = type(obj)
+    if kind is DeviceArray:
+        return True
+    module = kind.__module__
+    if module == "cupy" or module.startswith("cupy._core"):
+        return True  # without building its interface dict (hasattr would)
+    if module == "torch":
+        return bool(getattr(obj, "is_cuda", False))
+    return is_numba_device_array(obj) or hasattr(obj, "__cuda_array_interface__")
 
 
 def as_device_array(obj: Any):

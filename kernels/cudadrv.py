@@ -281,4 +281,3 @@ def driver() -> Driver:
             if _driver is None:
                 _driver = Driver()
     return _driver
-

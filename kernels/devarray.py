@@ -342,17 +342,24 @@ def _torch_view(t) -> DeviceArray:
     return DeviceArray(t.data_ptr(), tuple(t.shape), dtype, strides, stream, t)
 
 
+_CUPY: list = []  # cupy.cuda.get_current_stream, once imported
+
+
 def _cupy_view(a) -> DeviceArray:
     """A CuPy array, read from its attributes (its interface dict costs more); its
     stream is CuPy's current stream, as the interface would say."""
-    from cupy.cuda import get_current_stream
+    if not _CUPY:
+        from cupy.cuda import get_current_stream
 
-    stream = get_current_stream().ptr
+        _CUPY.append(get_current_stream)
+    stream = _CUPY[0]().ptr
     stream = LEGACY if stream in (0, 1) else stream
-    dtype = a.dtype
-    if a.flags.c_contiguous:
-        return c_array(a.data.ptr, a.shape, dtype, stream, a)
-    return DeviceArray(a.data.ptr, a.shape, dtype, a.strides, stream, a)
+    contiguous = getattr(a, "_c_contiguous", None)
+    if contiguous is None:
+        contiguous = a.flags.c_contiguous
+    if contiguous:
+        return c_array(a.data.ptr, a.shape, a.dtype, stream, a)
+    return DeviceArray(a.data.ptr, a.shape, a.dtype, a.strides, stream, a)
 
 
 def as_device_array(obj: Any) -> DeviceArray:
@@ -376,27 +383,46 @@ def as_device_array(obj: Any) -> DeviceArray:
     return DeviceArray(ptr, cai["shape"], dtype, cai.get("strides"), stream, obj)
 
 
+def _stream_getter(stream: Any):
+    """How to read the CUstream handle of stream objects of `stream`'s type (None: it
+    is not a stream)."""
+    if isinstance(stream, int | np.integer):
+        return int
+    if hasattr(stream, "__cuda_stream__"):
+        return lambda s: int(s.__cuda_stream__()[1])
+    if hasattr(stream, "cuda_stream"):  # torch
+        return lambda s: int(s.cuda_stream)
+    if hasattr(stream, "ptr"):  # CuPy
+        return lambda s: int(s.ptr)
+    if hasattr(stream, "handle"):  # Numba, cuda.core
+
+        def read(s) -> int:
+            handle = s.handle
+            value = getattr(handle, "value", None)
+            return int(handle) if value is None else int(value)
+
+        return read
+    return None
+
+
+_STREAM_GETTERS: dict = {}  # stream type -> its _stream_getter
+
+
 def stream_handle(stream: Any) -> int:
     """The CUstream handle of a stream object or int (see the module docstring)."""
     if stream is None:
         return LEGACY
-    if isinstance(stream, int | np.integer):
-        value = int(stream)
-    elif hasattr(stream, "__cuda_stream__"):
-        value = int(stream.__cuda_stream__()[1])
-    elif hasattr(stream, "cuda_stream"):  # torch
-        value = int(stream.cuda_stream)
-    elif hasattr(stream, "ptr"):  # CuPy
-        value = int(stream.ptr)
-    elif hasattr(stream, "handle"):  # Numba, cuda.core
-        handle = stream.handle
-        value = getattr(handle, "value", None)
-        value = int(handle) if value is None else int(value)
-    else:
-        raise TypeError(
-            f"stream must be a CuPy, PyTorch, Numba or cuda.core stream or a CUstream "
-            f"handle, got {type(stream).__name__}"
-        )
+    kind = type(stream)
+    getter = _STREAM_GETTERS.get(kind)
+    if getter is None:
+        getter = _stream_getter(stream)
+        if getter is None:
+            raise TypeError(
+                f"stream must be a CuPy, PyTorch, Numba or cuda.core stream or a CUstream "
+                f"handle, got {kind.__name__}"
+            )
+        _STREAM_GETTERS[kind] = getter
+    value = getter(stream)
     return LEGACY if value == 1 else value
 
 

@@ -64,7 +64,7 @@ from .arrays import (
 )
 from .cache import cache_dir
 from .devarray import DeviceArray
-from .launch import cdiv, launch
+from .launch import cdiv, launch, launch_or_replay
 from .packs import load_pack1, load_pack2
 from .reduce import WARP, group_mask, warp_allreduce_sum
 
@@ -404,6 +404,7 @@ def _check(arr, name: str, ndim: int, what: str) -> None:
 # written under it.
 _PLANS: dict[tuple, tuple] = {}
 _PLANS_KEEP = 256
+_RECIPES: dict = {}  # the plan key, x's and y's strides, y's dtype -> recorded launch
 
 
 def _plan_for(key: tuple, n: int, k: int, dtype, method: str, config, addresses: tuple,
@@ -501,7 +502,9 @@ def gemv(A, x, *, method: str = "auto", config=None, out=None, stream=None):
     else:
         dy = empty((n,), dtype if out is None else out.dtype, s)
     if n:
-        launch(hit[1], hit[2], hit[3], (dA, dx, dy), s)
+        replay_key = (key, sA[1], sx[0], dy.strides[0], dy.dtype.char)
+        launch_or_replay(_RECIPES, replay_key, (dA, dx, dy), hit[1], hit[2], hit[3],
+                         (dA, dx, dy), s)  # fmt: skip
     if out is None:
         return dy if on_device else to_host(dy, s)
     if dout is None:

@@ -375,6 +375,30 @@ class Recipe:
             launch_one(handle, grid, block, smem, stream, packer, values)
 
 
+def launch_or_replay(recipes: dict, key, slots: tuple, kernel, grid, block, args: tuple,
+                     stream: int, smem: int = 0, keep: int = 256) -> None:  # fmt: skip
+    """`launch`, recorded on a first call under `key` in `recipes` (`Recording` of the
+    arrays `slots`), replayed on later calls with the same key on the slots' new
+    pointers (a template copy and a driver call). `key` must hold everything but
+    the slots' data pointers that shapes the launch's parameters (shapes, strides,
+    dtypes, scalars). At most `keep` recipes are kept."""
+    recipe = recipes.get(key)
+    if recipe is not None:
+        recipe.replay([a.ptr for a in slots], stream)
+        return
+    if SIMULATOR or getattr(_recorder, "active", None) is not None:
+        launch(kernel, grid, block, args, stream, smem)  # nothing to record / recorded outside
+        return
+    with Recording(slots) as recording:
+        launch(kernel, grid, block, args, stream, smem)
+    recipe = recording.recipe()
+    if recipe is not None:
+        with compile_lock:
+            while len(recipes) >= keep:
+                recipes.pop(next(iter(recipes)))
+            recipes[key] = recipe
+
+
 # ------------------------------------------------------------ batches in one launch
 
 _batching = threading.local()
