@@ -5,8 +5,10 @@ that records its launches), prints the host microseconds per call, then a cProfi
 the same loop by own time. The pipeline view with the peers is
 `imgfilter bench --pipeline`.
 
-    python benchmarks/percall_probe.py [--op blur|filter2d|gaussian|contour]
+    python benchmarks/percall_probe.py [--op blur|filter2d|gaussian|contour|softmax|gemv]
                                        [--shape 64x64x3] [--k 3] [--calls 2000]
+
+softmax takes --shape ROWSxCOLS (float32); gemv --shape NxK (float16, x of K).
 """
 
 from __future__ import annotations
@@ -18,9 +20,20 @@ import time
 
 import numpy as np
 
+OPS = ("blur", "filter2d", "gaussian", "contour", "softmax", "gemv")
+
 
 def _operation(name: str, k: int):
     import imgfilter
+
+    if name == "softmax":
+        from kernels.softmax import softmax
+
+        return softmax
+    if name == "gemv":
+        from kernels.gemv import gemv
+
+        return lambda ax: gemv(*ax)
 
     if name == "blur":
         return lambda d: imgfilter.blur(d, k)
@@ -36,7 +49,7 @@ def _operation(name: str, k: int):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--op", default="blur", choices=("blur", "filter2d", "gaussian", "contour"))
+    ap.add_argument("--op", default="blur", choices=OPS)
     ap.add_argument("--shape", default="64x64x3")
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--calls", type=int, default=2000)
@@ -50,7 +63,14 @@ def main() -> None:
         raise SystemExit(f"percall_probe needs CuPy and an NVIDIA GPU: {exc}") from None
 
     shape = tuple(int(n) for n in args.shape.split("x"))
-    d = cp.asarray(np.random.default_rng(1).integers(1, 256, shape, dtype=np.uint8))
+    rng = np.random.default_rng(1)
+    if args.op == "softmax":
+        d = cp.asarray(rng.standard_normal(shape, dtype=np.float32))
+    elif args.op == "gemv":
+        d = (cp.asarray(rng.standard_normal(shape).astype(np.float16)),
+             cp.asarray(rng.standard_normal(shape[1]).astype(np.float16)))  # fmt: skip
+    else:
+        d = cp.asarray(rng.integers(1, 256, shape, dtype=np.uint8))
     op = _operation(args.op, args.k)
     op(d)
     cp.cuda.Device().synchronize()
