@@ -134,6 +134,17 @@ def _extent(arr: Any) -> tuple[int, int]:
     return lo, hi + itemsize
 
 
+def copy_rows(dst: Any, src: Any, stream: int = LEGACY) -> None:
+    """Copy the C-contiguous device array `src` into `dst` (same shape and dtype),
+    queued on `stream`."""
+    if SIMULATOR:
+        dst.copy_to_device(src)
+        return
+    if dst.shape != src.shape or dst.dtype != src.dtype:
+        raise ValueError(f"cannot copy {src.shape} {src.dtype} into {dst.shape} {dst.dtype}")
+    devarray.driver().copy(dst.ptr, src.ptr, src.nbytes, stream)
+
+
 def batched_view(arr: Any, n: int, step: int):
     """`arr` (a view into the first image of a batch) as n arrays `step` bytes apart:
     shape (n, *arr.shape), a view of the same memory (no copy, no bounds check: the

@@ -108,11 +108,11 @@ def test_a_host_image_the_gpu_cannot_hold_is_filtered_in_bands(monkeypatch, bord
     whole = {name: op(img) for name, op in _ops(border).items()}
     real_queue, calls = backend._queue, []
 
-    def small_gpu(key, call, out_shape, run):
+    def small_gpu(key, call, out_shape, run, *rest):
         calls.append(call.img.shape[0])
         if call.img.shape[0] > 6:
             raise GpuMemoryError("the GPU is out of memory (test)")
-        return real_queue(key, call, out_shape, run)
+        return real_queue(key, call, out_shape, run, *rest)
 
     monkeypatch.setattr(backend, "_queue", small_gpu)
     for name, op in _ops(border).items():
@@ -126,7 +126,7 @@ def test_bands_give_up_when_a_band_would_be_no_smaller(monkeypatch):
     from imgfilter.backends import cuda as backend
     from imgfilter.errors import GpuMemoryError
 
-    def no_gpu(key, call, out_shape, run):
+    def no_gpu(key, call, out_shape, run, *rest):
         raise GpuMemoryError("the GPU is out of memory (test)")
 
     monkeypatch.setattr(backend, "_queue", no_gpu)
@@ -142,7 +142,7 @@ def test_no_bands_without_the_memory_for_a_context(monkeypatch):
 
     attempts = []
 
-    def no_context(key, call, out_shape, run):
+    def no_context(key, call, out_shape, run, *rest):
         attempts.append(call)
         raise NoMemoryForContext("the GPU has too little free memory to open a CUDA context", 2)
 

@@ -24,7 +24,8 @@ from kernels import contour as _contour
 from kernels import conv as _conv
 from kernels import conv_blocked as _blocked
 from kernels import conv_plan as _conv_plan
-from kernels.arrays import empty, empty_like, resolve_stream, to_device, to_host
+from kernels.arrays import copy_rows, empty, empty_like, resolve_stream, to_device, to_host
+from kernels.border_index import WRAP
 from kernels.border_index import border_index as _border_index
 from kernels.conv_plan import low_rank_factors
 from kernels.cudadrv import CudaError, GpuOutOfMemory, NoMemoryForContext, driver
@@ -103,15 +104,19 @@ _RECIPES: dict = {}
 _RECIPES_KEEP = 256
 
 
-def _queue(key: tuple, call: _Call, out_shape: tuple, run):
+def _queue(key: tuple, call: _Call, out_shape: tuple, run, rows: tuple = (0, 0), border: int = 0):
     """Queue `run(img, out)` for the call and return out (allocated on the call's
     stream unless the caller gave one). The launches of a first call are recorded
     (`kernels.launch.Recording`); later calls with the same key, shapes and
     alignments replay them without running the launch functions again: a few
     microseconds of Python. `key` must hold every argument that shapes the launches
-    besides the arrays (kernel size, anchor, border, value, method...)."""
+    besides the arrays (kernel size, anchor, border, value, method...). `rows` and
+    `border` as `_on_device` takes them, for images too tall for one grid."""
     img, stream = call.img, call.stream
     out = call.out if call.out is not None else empty(out_shape, img.dtype, stream)
+    if img.shape[0] > MAX_GRID_ROWS:
+        _in_row_bands(key, img, out, stream, lambda s, d, h: run(s, d), rows, border)
+        return out
     if config.ENABLE_CUDASIM:
         with compile_lock:  # the simulator swaps the kernel modules' globals meanwhile
             run(img, out)
@@ -165,16 +170,24 @@ def _replay_or_record(key: tuple, img, out, stream: int, run, batching=None):
     return recipe
 
 
-def _on_device(key: tuple, img, out, stream, out_shape: tuple, record):
+def _on_device(key: tuple, img, out, stream, out_shape: tuple, record, rows: tuple,
+               border: int):  # fmt: skip
     """A device image's call: queued on its stream (`kernels.arrays.resolve_stream`)
     into `out` (allocated there when None), which is returned at once. `record(src,
     dst, handle)` makes the launches; it runs on a first call only (`_queue`), later
-    calls replay them. CUDA failures as `_run` says."""
+    calls replay them. `rows` = (above, below): the rows of neighbours an output row
+    reads, and `border` the vertical border rule, for images too tall for one grid
+    (`_in_row_bands`). CUDA failures as `_run` says."""
     handle = resolve_stream(stream, img)
     try:
         if out is None:
             same = out_shape is img.shape  # C-contiguous, as the API checked
             out = empty_like(img, handle) if same else empty(out_shape, img.dtype, handle)
+        if img.shape[img.ndim - 3] > MAX_GRID_ROWS:
+            images = [(img, out)] if img.ndim == 3 else [(img[i], out[i]) for i in range(len(img))]
+            for one, dst in images:
+                _in_row_bands(key, one, dst, handle, record, rows, border)
+            return out
         if img.ndim == 4:
             return _queue_batch(key, img, out, handle, lambda s, d: record(s, d, handle))
         if config.ENABLE_CUDASIM:
@@ -191,6 +204,50 @@ def _on_device(key: tuple, img, out, stream, out_shape: tuple, record):
         raise GpuMemoryError(f"{exc}; try --backend cpu") from exc
     except CudaError as exc:  # pragma: no cover - real GPU only
         raise DeviceError(f"CUDA error: {exc}") from exc
+
+
+# Rows of an image that one launch covers: every kernel's grid then stays within
+# CUDA's 65535 blocks along y (the kernels give each block at least one row).
+MAX_GRID_ROWS = 32768
+
+
+def _in_row_bands(key: tuple, img, out, handle: int, record, rows: tuple, border: int) -> None:
+    """Filter a device image taller than MAX_GRID_ROWS in bands of that many rows.
+    Each band is the image's rows with `rows` = (above, below) more on each side (a
+    view; for the wrap rule the first and last bands gather the rows from the far
+    end), filtered into a scratch band whose middle rows, which read only real
+    neighbours, are copied into `out`: the result equals the whole image's."""
+    height = img.shape[0]
+    above, below = rows
+    wrap = border == WRAP
+
+    def run(src, dst) -> None:
+        if config.ENABLE_CUDASIM:
+            with compile_lock:
+                record(src, dst, handle)
+        else:
+            _replay_or_record(key, src, dst, handle, lambda s, d: record(s, d, handle))
+
+    for y0 in range(0, height, MAX_GRID_ROWS):
+        y1 = min(height, y0 + MAX_GRID_ROWS)
+        lo, hi = y0 - above, y1 + below
+        if wrap and (lo < 0 or hi > height):
+            parts = [(lo % height, height)] if lo < 0 else []
+            parts.append((max(lo, 0), min(hi, height)))
+            if hi > height:
+                parts.append((0, hi - height))
+            src = empty((hi - lo, *img.shape[1:]), img.dtype, handle)
+            at = 0
+            for a, b in parts:
+                copy_rows(src[at : at + b - a], img[a:b], handle)
+                at += b - a
+            skip = above
+        else:
+            src = img[max(lo, 0) : min(hi, height)]
+            skip = y0 - max(lo, 0)
+        band = empty((src.shape[0], *out.shape[1:]), out.dtype, handle)
+        run(src, band)
+        copy_rows(out[y0:y1], band[skip : skip + y1 - y0], handle)
 
 
 @functools.lru_cache(maxsize=64)
@@ -315,7 +372,8 @@ def correlate(img, kernel, anchor, border, value, method, out=None, stream=None)
         def record(src, dst, handle):
             _correlate_launches(src, dst, handle, kernel, terms, anchor, border, value, method)
 
-        return _on_device(key, img, out, stream, img.shape, record)
+        rows = (anchor[0], kernel.shape[0] - 1 - anchor[0])
+        return _on_device(key, img, out, stream, img.shape, record, rows, border)
 
     def go():
         call = begin(img, out, stream)
@@ -325,7 +383,8 @@ def correlate(img, kernel, anchor, border, value, method, out=None, stream=None)
         def run(src, dst):
             _correlate_launches(src, dst, handle, kernel, terms, anchor, border, value, method)
 
-        dout = _queue(key, call, dimg.shape, run)
+        rows = (anchor[0], kernel.shape[0] - 1 - anchor[0])
+        dout = _queue(key, call, dimg.shape, run, rows, border)
         if method == "blocked" and call.from_host:
             kh, kw = kernel.shape
             name = cubins.blocked_name(kh, kw, dimg.dtype)
@@ -357,7 +416,8 @@ def box(img, ksize, anchor, border, value, method, out=None, stream=None):
                 run(src, ksize, anchor, border, value, dst, handle)
 
             key = ("box", method, ksize, anchor, border, value)
-            return _on_device(key, img, out, stream, img.shape, record)
+            rows = (anchor[0], kh - 1 - anchor[0])
+            return _on_device(key, img, out, stream, img.shape, record, rows, border)
 
         def go():
             call = begin(img, out, stream)
@@ -367,6 +427,8 @@ def box(img, ksize, anchor, border, value, method, out=None, stream=None):
                 call,
                 call.img.shape,
                 lambda src, dst: run(src, ksize, anchor, border, value, dst, call.stream),
+                (anchor[0], kh - 1 - anchor[0]),
+                border,
             )
             if method == "auto" and call.from_host:
                 _export_box(call.img, ksize)
@@ -412,7 +474,8 @@ def contour(img, border, value, method, out=None, stream=None):
         def record(src, dst, handle):
             _contour.contour(src, border, int(value), dst, handle)
 
-        return _on_device(("contour", border, value), img, out, stream, img.shape[:-1], record)
+        key = ("contour", border, value)
+        return _on_device(key, img, out, stream, img.shape[:-1], record, (1, 1), border)
 
     def go():
         call = begin(img, out, stream)
@@ -422,6 +485,8 @@ def contour(img, border, value, method, out=None, stream=None):
             call,
             dimg.shape[:-1],
             lambda src, dst: _contour.contour(src, border, int(value), dst, call.stream),
+            (1, 1),
+            border,
         )
         if call.from_host:
             name = cubins.contour_name(dimg.shape[2], dimg.dtype)
