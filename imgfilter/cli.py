@@ -1,32 +1,40 @@
 """The `imgfilter` command: parse options, call the array API, report. Thin.
 
-    imgfilter blur IN --k K [-o OUT]
-    imgfilter filter IN --kernel SPEC [--normalize] [-o OUT]
-    imgfilter contour IN [-o OUT]
-    imgfilter compare IN (--k K | --kernel SPEC [--normalize] | --contour) [--json]
+    imgfilter blur INPUT --k K [-o OUT]
+    imgfilter filter INPUT --kernel SPEC [--normalize] [-o OUT]
+    imgfilter contour INPUT [-o OUT]
+    imgfilter compare INPUT (--k K | --kernel SPEC [--normalize] | --contour) [--json]
 
 Every error is one line on stderr, `imgfilter: error: <message>`, with the exit code of
 its class (imgfilter.errors: 2 usage, 3 input, 4 output, 5 device; 1 anything else);
 `--debug` adds the traceback. Click's own usage errors are reported the same way.
+Ctrl-C ends a command within a fraction of a second: one line `imgfilter: interrupted`,
+exit 130, no output or temporary file left (see `_in_worker`).
+Informational lines (what was written, notes) go to stderr too; `--quiet` drops them.
 Heavy modules (numba, cv2, imgfilter.io, the backends) are imported inside the
 commands, so `imgfilter --help` stays quick.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io as _text_io
 import json
 import math
+import os
 import sys
+import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 try:  # recent Typer vendors Click as typer._click; older Typer depends on Click.
     from typer._click import exceptions as click_exc
@@ -74,22 +82,74 @@ class _OneLineErrors(TyperGroup):
                 message = f"{message} (see '{ctx.command_path} --help')"
             _fail(message)
             rv = e.exit_code
-        except typer.Abort:
-            print(f"{PROG}: aborted", file=sys.stderr)
-            rv = 1
+        except typer.Abort as e:
+            if isinstance(e.__cause__, KeyboardInterrupt):  # Click < 8.2-style Ctrl-C
+                _interrupted_line()
+                rv = INTERRUPTED
+            else:
+                print(f"{PROG}: aborted", file=sys.stderr)
+                rv = 1
         if not standalone_mode:
             return rv
         sys.exit(rv if isinstance(rv, int) else 0)
 
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _clean_help_params(super().get_params(ctx))
+
+    def invoke(self, ctx: Any) -> Any:
+        # Ctrl-C while a command runs in this thread (a command run outside the main
+        # thread, or a KeyboardInterrupt raised by the command itself): one line, 130.
+        # Typer and Click would turn it into a silent exit 130 or "Aborted!".
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            _interrupted_line()
+            raise typer.Exit(INTERRUPTED) from None
+
+
+def _clean_help_params(params: list[Any]) -> list[Any]:
+    """Help without Typer's value placeholders where there is no value to give: no
+    `<bool>` after flags (-h/--help, --install-completion), no `{INPUT}` or `<path>`
+    around an argument's metavar. (Our own flags set metavar="" for the same reason.)"""
+    for param in params:
+        kind = getattr(param, "param_type_name", "")
+        if kind == "option" and getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+        elif kind == "argument" and param.metavar:
+            param.display_type_rich = _no_type
+    return params
+
+
+class _CleanHelp(TyperCommand):
+    """A command whose help shows `INPUT`, not `{INPUT}` and `<path>`, and flags such as
+    `-h, --help` without `<bool>` (`_clean_help_params`)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _clean_help_params(super().get_params(ctx))
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = super().collect_usage_pieces(ctx)
+        return [p[1:-1] if p[:1] == "{" and p[-1:] == "}" else p for p in pieces]
+
+
+def _no_type(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+INTERRUPTED = 130  # 128 + SIGINT, what shells report for a command stopped by Ctrl-C
 
 app = typer.Typer(
     name=PROG,
     cls=_OneLineErrors,
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _app_command(name: str | None = None) -> Callable[..., Any]:
+    return app.command(name, cls=_CleanHelp)
 
 
 def _version(value: bool) -> None:
@@ -114,7 +174,7 @@ def _main(
     """GPU image filtering that matches OpenCV: box blur, filter2D, contour.
 
     Each command reads an image (PNG, JPEG, TIFF, ...), filters it on the GPU
-    (CUDA) or the CPU, and writes IN_STEM.OP.EXT beside the input unless -o says
+    (CUDA) or the CPU, and writes INPUT_STEM.OP.EXT beside the input unless -o says
     otherwise. `compare` checks a result against OpenCV and times both.
 
     Examples:
@@ -132,14 +192,186 @@ def _main(
     """
 
 
-def _command(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Run a command, turning ImgFilterError into one stderr line and its exit code."""
+# ------------------------------------------------------------------ running a command
+
+
+class _Run:
+    """The command being run: --quiet, and what it is doing (for the spinner)."""
+
+    quiet = False
+    stage = ""
+    lock = threading.Lock()
+    spinner: _Spinner | None = None
+
+
+def _info(line: str) -> None:
+    """An informational line on stderr (not an error): dropped with --quiet."""
+    if _Run.quiet:
+        return
+    with _Run.lock:
+        if _Run.spinner is not None:
+            _Run.spinner.stop()  # the line goes above; the spinner comes back next tick
+        print(line, file=sys.stderr)
+
+
+def _note(message: str) -> None:
+    _info(f"{PROG}: {_one_line(message)}")
+
+
+def _stage(text: str) -> None:
+    _Run.stage = text
+
+
+def _interrupted_line() -> None:
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """imgfilter's notes (io.MultiFrameWarning) as one line; other warnings as Python
+    shows them."""
+    if getattr(category, "cli_note", False):
+        _note(str(message))
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)
+
+
+_python_showwarning = warnings.showwarning
+
+
+class _Spinner:
+    """A rich spinner on stderr (a terminal) with what the command is doing, shown once
+    it has run for `DELAY` seconds, erased when it ends.
+
+    It writes to a duplicate of file descriptor 2 taken before the command starts:
+    while an image is decoded or encoded, imgfilter.io points descriptor 2 at a
+    temporary file to catch the codecs' chatter, and the spinner must neither vanish
+    into it nor become part of an error message read from it.
+    """
+
+    DELAY = 1.0
+
+    def __init__(self) -> None:
+        self._file = os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1)
+        self._progress: Any = None
+        self._task: Any = None
+
+    def tick(self, elapsed: float) -> None:
+        if elapsed < self.DELAY:
+            return
+        with _Run.lock:
+            if self._progress is None:
+                from rich.console import Console
+                from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+                self._progress = Progress(
+                    SpinnerColumn(),
+                    TextColumn("{task.description}"),
+                    TimeElapsedColumn(),
+                    console=Console(file=self._file),
+                    transient=True,
+                    redirect_stdout=False,
+                    redirect_stderr=False,
+                )
+                self._task = self._progress.add_task(_Run.stage or "working", total=None)
+                self._progress.start()
+            self._progress.update(self._task, description=_Run.stage or "working")
+
+    def stop(self) -> None:
+        """Erase the spinner (it starts again at the next tick while the work goes on)."""
+        if self._progress is not None:
+            with contextlib.suppress(Exception):
+                self._progress.stop()
+            self._progress = None
+
+    def close(self) -> None:
+        self.stop()
+        with contextlib.suppress(OSError):
+            self._file.close()
+
+
+def _in_worker(fn: Callable[..., Any], args: Any, kwargs: Any, *, spinner: bool) -> Any:
+    """Run fn(*args, **kwargs) in a worker thread; the main thread waits for it.
+
+    Why: Python runs a signal handler only in the main thread, between bytecodes. A
+    command that filtered in the main thread would sit in OpenCV or a Numba parallel
+    loop (native code) for the whole of a long filter, and Ctrl-C would wait for it
+    (19 s for an 8000x8000 31x31 filter on 2 cores). Those native calls release the
+    GIL, so the main thread, waiting here with a timeout, gets KeyboardInterrupt at
+    once. It cannot stop the worker (no thread can be cancelled inside native code),
+    so it removes what an unfinished write left (io.abandon_io: the temporary file;
+    outputs are renamed into place only when complete, so no partial output exists),
+    prints one line and ends the process with os._exit(130): a normal exit would wait
+    for the worker, or tear down Numba's and OpenCV's thread pools under it.
+    The same loop drives the spinner.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return fn(*args, **kwargs)  # not where signals arrive: nothing to gain
+    outcome: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            with warnings.catch_warnings():
+                warnings.showwarning = _show_warning
+                outcome["value"] = fn(*args, **kwargs)
+        except BaseException as e:
+            outcome["error"] = e
+
+    worker = threading.Thread(target=work, name=f"{PROG}-command", daemon=True)
+    show = _Spinner() if spinner and _is_terminal(sys.stderr) else None
+    _Run.spinner = show
+    start = time.monotonic()
+    try:
+        worker.start()
+        while worker.is_alive():
+            worker.join(0.05)
+            if show is not None and worker.is_alive():
+                show.tick(time.monotonic() - start)
+    except KeyboardInterrupt:
+        _abandon(show)
+    finally:
+        _Run.spinner = None
+        if show is not None:
+            show.close()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
+def _abandon(show: _Spinner | None) -> None:
+    """Ctrl-C while the worker runs: clean up, say so, exit 130 now (see _in_worker)."""
+    if show is not None:
+        show.stop()
+    io = sys.modules.get(f"{__package__}.io")
+    if io is not None:
+        io.abandon_io()  # temp files gone, descriptor 2 back on the terminal
+    _interrupted_line()
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    os._exit(INTERRUPTED)
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty()) and os.environ.get("TERM") != "dumb"
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def _command(fn: Callable[..., Any] | None = None, *, spinner: bool = False) -> Any:
+    """Run a command in a worker thread (Ctrl-C, the spinner: `_in_worker`), turning
+    ImgFilterError into one stderr line and its exit code."""
+    if fn is None:
+        return functools.partial(_command, spinner=spinner)
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         debug = bool(kwargs.get("debug"))
+        _Run.quiet = bool(kwargs.get("quiet"))
+        _Run.stage = ""
         try:
-            return fn(*args, **kwargs)
+            return _in_worker(fn, args, kwargs, spinner=spinner and not _Run.quiet)
         except (click_exc.ClickException, typer.Exit, typer.Abort):
             raise
         except ImgFilterError as e:
@@ -171,7 +403,7 @@ def _gpu_failure(e: Exception) -> bool:
 
 # Options shared by the filtering commands.
 InPath = Annotated[
-    Path, typer.Argument(metavar="IN", help="Input image (PNG, JPEG, TIFF, BMP, ...).")
+    Path, typer.Argument(metavar="INPUT", help="Input image (PNG, JPEG, TIFF, BMP, ...).")
 ]
 OutPath = Annotated[
     Path | None,
@@ -179,7 +411,8 @@ OutPath = Annotated[
         "--output",
         "-o",
         metavar="OUT",
-        help="Output image; its extension picks the format. Default: IN_STEM.OP.EXT beside IN.",
+        help="Output image; its extension picks the format. "
+        "Default: INPUT_STEM.OP.EXT beside INPUT.",
     ),
 ]
 BorderOpt = Annotated[
@@ -222,6 +455,30 @@ ForceOpt = Annotated[
     typer.Option("--force", "-f", metavar="", help="Overwrite an existing output file."),
 ]
 DebugOpt = Annotated[bool, typer.Option("--debug", metavar="", help="Show tracebacks for errors.")]
+QuietOpt = Annotated[
+    bool,
+    typer.Option("--quiet", "-q", metavar="", help="Only errors on stderr: no notes, no progress."),
+]
+QualityOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--quality",
+        min=0,
+        max=100,
+        metavar="Q",
+        help="JPEG quality 0-100 (default 95), or lossy WebP at quality Q (default: "
+        "lossless WebP). Only for .jpg/.jpeg/.webp outputs.",
+    ),
+]
+KeepMetadataOpt = Annotated[
+    bool,
+    typer.Option(
+        "--keep-metadata",
+        metavar="",
+        help="Copy the input's EXIF and ICC colour profile into a JPEG, PNG or WebP "
+        "output (orientation set to 1: the pixels are already upright).",
+    ),
+]
 BoxSideOpt = Annotated[
     int,
     typer.Option(
@@ -269,6 +526,9 @@ def _resolve_backend(backend: Backend) -> str:
     """
     from .backends import get_backend
 
+    if _Run.quiet:  # the fallback note is informational
+        with contextlib.redirect_stderr(_text_io.StringIO()):
+            return get_backend(backend.value).NAME
     return get_backend(backend.value).NAME
 
 
@@ -281,10 +541,9 @@ def _describe(img: Any) -> str:
 def _note_unused_method(backend_name: str, method: Method) -> None:
     """--method picks among CUDA kernels; say so when the CPU backend runs instead."""
     if backend_name == "cpu" and method.value != "auto":
-        print(
-            f"{PROG}: --method {method.value} applies to the CUDA backend; "
-            "the CPU backend has one implementation",
-            file=sys.stderr,
+        _note(
+            f"--method {method.value} applies to the CUDA backend; "
+            "the CPU backend has one implementation"
         )
 
 
@@ -308,12 +567,15 @@ def _filter_file(
     backend: Backend,
     method: Method,
     apply: Callable[[Any, str], Any],
+    quality: int | None = None,
+    keep_metadata: bool = False,
 ) -> None:
-    """Read IN, validate OUT for the result's dtype/channels, filter, write, report."""
+    """Read INPUT, validate OUT for the result's dtype/channels, filter, write, report."""
     if backend is Backend.cuda:
         _resolve_backend(backend)  # no usable GPU for --backend cuda: exit 5 before any I/O
     from . import io
 
+    _stage(f"reading {_shown(image)}")
     img = io.read_image(image)
     channels = 1 if img.ndim == 2 else int(img.shape[2])
     if op == "contour":
@@ -322,28 +584,53 @@ def _filter_file(
         channels = 1
     target = output if output is not None else io.default_output(image, op)
     target = io.check_output(
-        target, input_path=image, overwrite=force, dtype=img.dtype, channels=channels
+        target,
+        input_path=image,
+        overwrite=force,
+        dtype=img.dtype,
+        channels=channels,
+        quality=quality,
     )
+    metadata = _metadata(image, target) if keep_metadata else None
     # Resolved only now, so that the "using the CPU backend" note of --backend auto
     # never comes before a one-line input or output error.
     backend_name = _resolve_backend(backend)
     _note_unused_method(backend_name, method)
+    _stage(f"{op} on {backend_name}")
     start = time.perf_counter()
     out = apply(img, backend_name)
     ms = (time.perf_counter() - start) * 1e3
-    written = io.write_image(target, out, overwrite=force)
+    _stage(f"writing {_shown(target)}")
+    written = io.write_image(target, out, overwrite=force, quality=quality, metadata=metadata)
     # The first call in this process: the time includes loading (or compiling) the
     # kernels, not Python's or Numba's imports (`imgfilter compare` times a warm call).
     engine = _engine(backend_name, method)
-    print(
+    _info(
         f"wrote {_shown(written)} ({_describe(out)}, {engine}, "
-        f"filtered in {ms:.1f} ms incl. kernel loading)",
-        file=sys.stderr,
+        f"filtered in {ms:.1f} ms incl. kernel loading)"
     )
 
 
-@app.command()
-@_command
+def _metadata(image: Path, target: Path) -> Any:
+    """--keep-metadata: the input's EXIF and ICC profile, and a note where the output
+    cannot hold them or the input has none."""
+    from . import io
+
+    meta = io.read_metadata(image)
+    kind = io._format_for(target).name
+    if kind not in io.METADATA_FORMATS:
+        _note(
+            f"--keep-metadata: {kind} outputs are written without EXIF or ICC profile "
+            f"(kept for {', '.join(io.METADATA_FORMATS)})"
+        )
+        return None
+    if not meta:
+        _note(f"--keep-metadata: {_shown(image)} has no EXIF or ICC profile to keep")
+    return meta
+
+
+@_app_command()
+@_command(spinner=True)
 def blur(
     image: InPath,
     k: BoxSideOpt,
@@ -352,7 +639,10 @@ def blur(
     border_value: BorderValueOpt = None,
     backend: BackendOpt = Backend.auto,
     method: MethodOpt = Method.auto,
+    quality: QualityOpt = None,
+    keep_metadata: KeepMetadataOpt = False,
     force: ForceOpt = False,
+    quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Box blur over K x K pixels: cv2.blur(img, (K, K)).
@@ -371,11 +661,14 @@ def blur(
             method=method.value,
         )  # fmt: skip
 
-    _filter_file("blur", image, output, force=force, backend=backend, method=method, apply=apply)
+    _filter_file(
+        "blur", image, output, force=force, backend=backend, method=method, apply=apply,
+        quality=quality, keep_metadata=keep_metadata,
+    )  # fmt: skip
 
 
-@app.command("filter")
-@_command
+@_app_command("filter")
+@_command(spinner=True)
 def filter_(
     image: InPath,
     kernel: KernelOpt,
@@ -385,7 +678,10 @@ def filter_(
     border_value: BorderValueOpt = None,
     backend: BackendOpt = Backend.auto,
     method: MethodOpt = Method.auto,
+    quality: QualityOpt = None,
+    keep_metadata: KeepMetadataOpt = False,
     force: ForceOpt = False,
+    quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Correlate with a kernel: cv2.filter2D(img, -1, kernel).
@@ -411,11 +707,14 @@ def filter_(
             method=method.value,
         )  # fmt: skip
 
-    _filter_file("filter", image, output, force=force, backend=backend, method=method, apply=apply)
+    _filter_file(
+        "filter", image, output, force=force, backend=backend, method=method, apply=apply,
+        quality=quality, keep_metadata=keep_metadata,
+    )  # fmt: skip
 
 
-@app.command()
-@_command
+@_app_command()
+@_command(spinner=True)
 def contour(
     image: InPath,
     output: OutPath = None,
@@ -423,7 +722,10 @@ def contour(
     border_value: BorderValueOpt = None,
     backend: BackendOpt = Backend.auto,
     method: MethodOpt = Method.auto,
+    quality: QualityOpt = None,
+    keep_metadata: KeepMetadataOpt = False,
     force: ForceOpt = False,
+    quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Edge map: four 3x3 edge kernels, OR-merged (one channel out).
@@ -444,7 +746,10 @@ def contour(
             method=method.value,
         )  # fmt: skip
 
-    _filter_file("contour", image, output, force=force, backend=backend, method=method, apply=apply)
+    _filter_file(
+        "contour", image, output, force=force, backend=backend, method=method, apply=apply,
+        quality=quality, keep_metadata=keep_metadata,
+    )  # fmt: skip
 
 
 def _kernel(spec: str, normalize: bool) -> Any:
@@ -455,7 +760,7 @@ def _kernel(spec: str, normalize: bool) -> Any:
 
 
 def _tolerance(img: Any, kernel: Any) -> tuple[float, str]:
-    """How far imgfilter may stray from OpenCV (DESIGN.md, "Agreement")."""
+    """How far imgfilter may stray from OpenCV (docs/design.md, "Agreement with OpenCV")."""
     import numpy as np
 
     k = np.asarray(kernel, dtype=np.float64)
@@ -473,7 +778,7 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     return out, (time.perf_counter() - start) * 1e3
 
 
-@app.command()
+@_app_command()
 @_command
 def compare(
     image: InPath,
@@ -508,6 +813,7 @@ def compare(
     as_json: Annotated[
         bool, typer.Option("--json", metavar="", help="Print one JSON object instead of the table.")
     ] = False,
+    quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Check imgfilter against OpenCV: differences, timings, verdict.
@@ -628,7 +934,7 @@ def compare(
         raise typer.Exit(1)
 
 
-@app.command()
+@_app_command()
 @_command
 def bench(
     sizes: Annotated[
@@ -700,13 +1006,8 @@ def bench(
     result = _bench.run(chosen, quick=quick)
     print(_bench.print_table(result))
     if json_path is not None:
-        tmp = json_path.with_name(f".{json_path.name}.tmp")
-        try:
-            tmp.write_text(json.dumps(result, indent=1))
-            tmp.replace(json_path)
-        except OSError as e:
-            tmp.unlink(missing_ok=True)
-            raise OutputError(f"cannot write {_shown(json_path)}: {e.strerror}") from None
+        # Atomic, and a temporary file that Ctrl-C removes (io.abandon_io).
+        _write_bytes(json_path, json.dumps(result, indent=1).encode(), force=force)
         print(f"wrote {_shown(json_path)}")
 
 
@@ -756,7 +1057,7 @@ class _Progress:
             print(file=sys.stderr)
 
 
-@app.command()
+@_app_command()
 @_command
 def train(
     image: InPath,
@@ -773,7 +1074,7 @@ def train(
             "--output",
             "-o",
             metavar="MODEL.npz",
-            help="Model file to write. Default: IN_STEM.model.npz beside IN.",
+            help="Model file to write. Default: INPUT_STEM.model.npz beside INPUT.",
         ),
     ] = None,
     features: Annotated[
@@ -816,9 +1117,7 @@ def train(
         ),
     ] = None,
     backend: BackendOpt = Backend.auto,
-    quiet: Annotated[
-        bool, typer.Option("--quiet", "-q", metavar="", help="No progress output.")
-    ] = False,
+    quiet: QuietOpt = False,
     force: ForceOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -857,17 +1156,16 @@ def train(
     seconds = time.perf_counter() - start
     _write_bytes(target, model.to_bytes(), force=force)
     counts = ", ".join(f"class {c}: {n}" for c, n in info.counts.items())
-    print(
+    _info(
         f"wrote {_shown(target)} ({model.n_classes} classes, {model.n_features} features, "
         f"{backend_name}): loss {info.loss:.5f}, training accuracy {100 * info.accuracy:.2f}% "
         f"on {info.samples} pixels ({counts}); {info.iterations} iterations "
-        f"({info.stop_reason}), {seconds:.2f} s",
-        file=sys.stderr,
+        f"({info.stop_reason}), {seconds:.2f} s"
     )
 
 
-@app.command()
-@_command
+@_app_command()
+@_command(spinner=True)
 def classify(
     image: InPath,
     model: Annotated[
@@ -879,7 +1177,7 @@ def classify(
             "--output",
             "-o",
             metavar="LABELS",
-            help="Label map (single channel, class numbers). Default: IN_STEM.labels.png.",
+            help="Label map (single channel, class numbers). Default: INPUT_STEM.labels.png.",
         ),
     ] = None,
     proba: Annotated[
@@ -914,6 +1212,7 @@ def classify(
         ),
     ] = MethodClassify.auto,
     force: ForceOpt = False,
+    quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Label every pixel of an image with a model from `imgfilter train`.
@@ -944,14 +1243,17 @@ def classify(
     outs = [p.resolve() for p in (target, proba, overlay) if p is not None]
     if len(set(outs)) != len(outs):
         raise UsageError("the label map, --proba and --overlay must be different files")
+    _stage(f"reading {_shown(image)}")
     img = io.read_image(image)
     backend_name = _resolve_backend(backend)
+    _stage(f"classifying on {backend_name}")
     start = time.perf_counter()
     pred = _classify.predict(
         img, mdl, temperature=temperature, proba=proba is not None, backend=backend_name,
         method=method.value,
     )  # fmt: skip
     ms = (time.perf_counter() - start) * 1e3
+    _stage(f"writing {_shown(target)}")
     io.write_image(target, pred.labels, overwrite=force)
     written = [_shown(target)]
     if proba is not None:
@@ -967,16 +1269,19 @@ def classify(
     counts = np.bincount(pred.labels.ravel(), minlength=256)
     share = ", ".join(f"class {c}: {100 * counts[c] / pred.labels.size:.1f}%" for c in mdl.classes)
     engine = f"{backend_name}/{method.value}" if backend_name == "cuda" else backend_name
-    print(
+    _info(
         f"wrote {', '.join(written)} ({_describe(img)}, {engine}, {share}; "
-        f"classified in {ms:.1f} ms incl. kernel loading)",
-        file=sys.stderr,
+        f"classified in {ms:.1f} ms incl. kernel loading)"
     )
 
 
 def main() -> None:
     """Entry point for `python -m imgfilter`."""
-    app(prog_name=PROG)
+    try:
+        app(prog_name=PROG)
+    except KeyboardInterrupt:  # before or after a command (parsing, exiting)
+        _interrupted_line()
+        sys.exit(INTERRUPTED)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """One exception family for imgfilter; the CLI maps each class to an exit code.
 
-Exit codes (DESIGN.md): 0 ok, 2 usage, 3 input problem, 4 output problem, 5 device problem.
+Exit codes (docs/design.md): 0 ok, 2 usage, 3 input problem, 4 output problem, 5 device
+problem, 130 interrupted.
 Every message is one line that names the problem; no traceback is shown unless `--debug`.
 """
 

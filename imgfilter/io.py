@@ -25,11 +25,11 @@ can hold the image. What each format holds, each combination verified to round-t
 exactly (JPEG: within its lossy coding) on OpenCV 4.8 and 5.0:
 
     extension        dtypes                    channels
-    .jpg .jpeg       uint8                     1, 3        (lossy, quality 95)
+    .jpg .jpeg       uint8                     1, 3        (lossy, quality 95 or `quality`)
     .png             uint8, uint16             1, 3, 4
     .tif .tiff       uint8, uint16, float32    1, 3, 4     (LZW)
     .bmp             uint8                     1, 3, 4     (4: see below)
-    .webp            uint8                     1, 3, 4     (lossless; 1 channel reads
+    .webp            uint8                     1, 3, 4     (lossless unless `quality`; 1 ch. reads
                                                             back as 3 equal channels)
 
 Two rows depend on the OpenCV version. BMP with alpha needs IMWRITE_BMP_COMPRESSION
@@ -38,9 +38,20 @@ channels are refused without it. Lossless WebP drops the colour under fully tran
 pixels unless IMWRITE_WEBP_LOSSLESS_PRESERVE_COLOR is set (5.0); without that constant
 4-channel WebP is encoded by Pillow with exact=True.
 
+`quality` (0-100) makes JPEG use that quality instead of 95 and WebP lossy at that
+quality instead of lossless; other formats refuse it. `metadata` (from `read_metadata`)
+puts an EXIF block and an ICC profile into JPEG, PNG and WebP outputs (TIFF and BMP
+outputs get neither); the EXIF orientation is set to 1, since `read_image` has already
+turned the pixels upright.
+
+Reading a file with several frames (an animated GIF, PNG or WebP, a multi-page TIFF)
+gives its first frame and a `MultiFrameWarning` that says how many there are.
+
 Writes are atomic: the encoded bytes go to a temporary file in the target's directory,
 are fsync'ed, and are then renamed onto the target, so a failure leaves an existing file
-untouched and no partial file behind.
+untouched and no partial file behind. A process that must stop at once (the CLI on
+Ctrl-C) calls `abandon_io()` first: it removes the temporary files of writes still in
+progress and gives file descriptor 2 back to stderr if a decoder had borrowed it.
 
 This module imports cv2 and PIL only inside functions (and never numba), so importing it
 is cheap.
@@ -49,6 +60,7 @@ is cheap.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import secrets
@@ -56,6 +68,8 @@ import stat
 import struct
 import sys
 import tempfile
+import threading
+import warnings
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -64,17 +78,50 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InputError, OutputError
+from .errors import InputError, OutputError, UsageError
 
 __all__ = [
     "SUPPORTED_WRITE_EXTENSIONS",
+    "ImageMetadata",
+    "MultiFrameWarning",
+    "abandon_io",
     "check_output",
     "default_output",
     "read_image",
+    "read_metadata",
     "write_image",
 ]
 
 _DTYPES = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.float32))
+
+
+# ---------------------------------------------------------------------------------------
+# Leaving at once (Ctrl-C)
+
+# What an unfinished read or write holds: temporary files not yet renamed onto their
+# target, and the duplicates of file descriptor 2 saved while a decoder's chatter is
+# captured. `abandon_io` (another thread, the process about to os._exit) undoes both.
+_held_lock = threading.Lock()
+_temp_files: set[Path] = set()
+_saved_stderr_fds: list[int] = []
+_abandoned = False
+
+
+def abandon_io() -> None:
+    """Remove the temporary files of unfinished writes and point file descriptor 2 back
+    at the real stderr; writes started afterwards fail. For a process that is about to
+    end with os._exit while another thread may still be reading or writing an image.
+    """
+    global _abandoned
+    with _held_lock:
+        _abandoned = True
+        for tmp in list(_temp_files):
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        _temp_files.clear()
+        if _saved_stderr_fds:
+            with contextlib.suppress(OSError):
+                os.dup2(_saved_stderr_fds[0], 2)
 
 
 # ---------------------------------------------------------------------------------------
@@ -129,12 +176,18 @@ def _quiet_native(cv2: Any) -> Iterator[_Captured]:
             yield captured
             return
         with tempfile.TemporaryFile() as sink:
-            os.dup2(sink.fileno(), 2)
+            with _held_lock:
+                _saved_stderr_fds.append(saved_fd)
+                if not _abandoned:
+                    os.dup2(sink.fileno(), 2)
             try:
                 yield captured
             finally:
-                os.dup2(saved_fd, 2)
-                os.close(saved_fd)
+                with _held_lock:
+                    _saved_stderr_fds.remove(saved_fd)
+                    if not _abandoned:
+                        os.dup2(saved_fd, 2)
+                    os.close(saved_fd)
             sink.seek(0)
             captured.text = sink.read().decode("utf-8", "replace")
     finally:
@@ -487,7 +540,51 @@ def read_image(path: str | os.PathLike[str]) -> np.ndarray:
         img = _decode_pillow(data, p, kind, cv_detail or noise.last_line())
     elif kind in _SCANNERS:  # OpenCV's TIFF decoder applies TIFF orientation itself
         img = _apply_orientation(img, _exif_orientation(scan.exif))
-    return np.ascontiguousarray(_normalize(img, p))
+    img = np.ascontiguousarray(_normalize(img, p))
+    frames = _frame_count(data, kind)
+    if frames > 1:
+        what = "pages" if kind == "tiff" else "frames"
+        warnings.warn(
+            f"{p} has {frames} {what}; reading the first", MultiFrameWarning, stacklevel=2
+        )
+    return img
+
+
+class MultiFrameWarning(UserWarning):
+    """`read_image` read the first frame of a file that holds several (an animated GIF,
+    PNG or WebP, a multi-page TIFF). The CLI shows it as one line on stderr."""
+
+    cli_note = True  # imgfilter.cli prints warnings with this attribute as one line
+
+
+def _may_have_frames(data: bytes, kind: str | None) -> bool:
+    """Whether the file can hold more than one frame (cheap checks on the bytes)."""
+    if kind in ("gif", "tiff"):
+        return True
+    if kind == "png":  # APNG: an acTL chunk before the first IDAT
+        idat = data.find(b"IDAT")
+        actl = data.find(b"acTL")
+        return actl >= 0 and (idat < 0 or actl < idat)
+    if kind == "webp":  # animated WebP: VP8X with its animation flag (0x02)
+        return data[12:16] == b"VP8X" and len(data) > 20 and bool(data[20] & 0x02)
+    return False
+
+
+def _frame_count(data: bytes, kind: str | None) -> int:
+    """How many frames (or TIFF pages) Pillow finds in the file; 1 when in doubt."""
+    if not _may_have_frames(data, kind):
+        return 1
+    import io as _stdio
+
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Image.open(_stdio.BytesIO(data)) as im:
+                return int(getattr(im, "n_frames", 1))
+    except Exception:  # a file Pillow cannot parse was read by OpenCV: one frame
+        return 1
 
 
 # ---------------------------------------------------------------------------------------
@@ -649,6 +746,7 @@ def check_output(
     overwrite: bool = False,
     dtype: Any = None,
     channels: int | None = None,
+    quality: int | None = None,
 ) -> Path:
     """Validate an output path before any work is done; return it as a Path.
 
@@ -656,26 +754,210 @@ def check_output(
     hold `dtype` and `channels` losslessly (each checked when given); the target is not
     a directory; its directory exists and is writable; it is not the same file as
     `input_path` (unless `overwrite`); it does not exist yet (unless `overwrite`).
-    Raises OutputError with one line naming the problem and, where one exists, a fix.
+    Raises OutputError with one line naming the problem and, where one exists, a fix,
+    and UsageError for a `quality` that is not 0..100 or given for a format other than
+    JPEG and WebP.
     """
     p = Path(path)
     fmt = _format_for(p)
+    _check_quality(p, fmt, quality)
     _check_holds(p, fmt, dtype, channels)
     _check_path(p, input_path=input_path, overwrite=overwrite)
     return p
 
 
 # ---------------------------------------------------------------------------------------
+# Metadata: EXIF and ICC profiles carried from an input to an output
+
+
+@dataclass(frozen=True)
+class ImageMetadata:
+    """What `read_metadata` found: the EXIF block (TIFF-structured, without the
+    "Exif\\0\\0" prefix) and the ICC profile, each None when absent."""
+
+    exif: bytes | None = None
+    icc: bytes | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.exif or self.icc)
+
+
+def read_metadata(path: str | os.PathLike[str]) -> ImageMetadata:
+    """The EXIF block of a JPEG, PNG or WebP file and the ICC profile of any file Pillow
+    opens (JPEG, PNG, WebP, TIFF), for `write_image(..., metadata=)`.
+
+    Raises InputError as `read_image` does for a file that cannot be read; a file whose
+    metadata cannot be parsed gives an empty ImageMetadata.
+    """
+    p = Path(path)
+    data = _read_bytes(p)
+    kind = _sniff(data)
+    exif = None
+    if kind in _SCANNERS:
+        exif = _SCANNERS[kind](data).exif
+        if exif is not None and exif.startswith(b"Exif\x00\x00"):
+            exif = exif[6:]
+        if exif is not None and exif[:2] not in (b"II", b"MM"):
+            exif = None  # not a TIFF structure: nothing a reader could use
+    icc = None
+    import io as _stdio
+
+    from PIL import Image
+
+    with contextlib.suppress(Exception), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Image.open(_stdio.BytesIO(data)) as im:
+            icc = im.info.get("icc_profile") or None
+    return ImageMetadata(exif=exif or None, icc=icc if isinstance(icc, bytes) else None)
+
+
+# Formats `write_image` can put metadata into.
+METADATA_FORMATS = ("JPEG", "PNG", "WebP")
+
+
+def _exif_upright(payload: bytes) -> bytes:
+    """The EXIF block with its Orientation tag (if any) set to 1: `read_image` has
+    applied the orientation to the pixels already."""
+    if len(payload) < 8 or payload[:2] not in (b"II", b"MM"):
+        return payload
+    e = "<" if payload[:2] == b"II" else ">"
+    (ifd,) = struct.unpack_from(e + "I", payload, 4)
+    if ifd + 2 > len(payload):
+        return payload
+    (count,) = struct.unpack_from(e + "H", payload, ifd)
+    out = bytearray(payload)
+    for i in range(count):
+        entry = ifd + 2 + 12 * i
+        if entry + 12 > len(payload):
+            break
+        tag, typ = struct.unpack_from(e + "HH", payload, entry)
+        if tag == 0x0112 and typ in (3, 4):
+            struct.pack_into(e + ("H" if typ == 3 else "I"), out, entry + 8, 1)
+    return bytes(out)
+
+
+def _with_jpeg_metadata(data: bytes, meta: ImageMetadata) -> bytes:
+    """Insert APP1 (Exif) and APP2 (ICC_PROFILE) segments after SOI and a JFIF APP0."""
+    segments = b""
+    if meta.exif and len(meta.exif) <= 65533 - 8:
+        body = b"Exif\x00\x00" + _exif_upright(meta.exif)
+        segments += b"\xff\xe1" + struct.pack(">H", len(body) + 2) + body
+    if meta.icc:
+        size = 65533 - 14
+        chunks = [meta.icc[i : i + size] for i in range(0, len(meta.icc), size)]
+        if len(chunks) <= 255:
+            for n, chunk in enumerate(chunks, 1):
+                body = b"ICC_PROFILE\x00" + bytes((n, len(chunks))) + chunk
+                segments += b"\xff\xe2" + struct.pack(">H", len(body) + 2) + body
+    pos = 2
+    if data[2:4] == b"\xff\xe0":  # JFIF APP0 stays first
+        pos = 4 + struct.unpack_from(">H", data, 4)[0]
+    return data[:pos] + segments + data[pos:]
+
+
+def _png_chunk(ctype: bytes, body: bytes) -> bytes:
+    crc = zlib.crc32(ctype + body)
+    return struct.pack(">I", len(body)) + ctype + body + struct.pack(">I", crc)
+
+
+def _with_png_metadata(data: bytes, meta: ImageMetadata) -> bytes:
+    """Insert iCCP and eXIf chunks right after IHDR (both must precede IDAT)."""
+    chunks = b""
+    if meta.icc:
+        chunks += _png_chunk(b"iCCP", b"ICC profile\x00\x00" + zlib.compress(meta.icc))
+    if meta.exif:
+        chunks += _png_chunk(b"eXIf", _exif_upright(meta.exif))
+    end_of_ihdr = 8 + 12 + struct.unpack_from(">I", data, 8)[0]
+    return data[:end_of_ihdr] + chunks + data[end_of_ihdr:]
+
+
+def _riff_chunk(fourcc: bytes, body: bytes) -> bytes:
+    return fourcc + struct.pack("<I", len(body)) + body + (b"\x00" if len(body) & 1 else b"")
+
+
+def _with_webp_metadata(data: bytes, meta: ImageMetadata) -> bytes:
+    """The extended (VP8X) form with an ICCP chunk first and an EXIF chunk last."""
+    first = data[12:16]
+    body = data[12:]
+    if first == b"VP8X":
+        flags = data[20]
+        header = bytearray(data[12:30])
+        rest = data[30:]
+    else:
+        flags = 0
+        if first == b"VP8L":  # 0x2f, then width-1 (14 bits), height-1, alpha_is_used
+            (bits,) = struct.unpack_from("<I", data, 21)
+            w, h = (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+            flags |= 0x10 if (bits >> 28) & 1 else 0
+        elif first == b"VP8 ":  # frame tag (3), start code (3), width, height (14 bits each)
+            w, h = (v & 0x3FFF for v in struct.unpack_from("<HH", data, 26))
+        else:
+            return data
+        header = bytearray(
+            _riff_chunk(
+                b"VP8X", bytes(4) + (w - 1).to_bytes(3, "little") + (h - 1).to_bytes(3, "little")
+            )
+        )
+        rest = body
+    if meta.icc:
+        flags |= 0x20
+    if meta.exif:
+        flags |= 0x08
+    header[8] = flags
+    out = bytes(header)
+    if meta.icc:
+        out += _riff_chunk(b"ICCP", meta.icc)
+    out += rest
+    if meta.exif:
+        out += _riff_chunk(b"EXIF", _exif_upright(meta.exif))
+    return b"RIFF" + struct.pack("<I", 4 + len(out)) + b"WEBP" + out
+
+
+def _with_metadata(fmt: _Format, data: bytes, meta: ImageMetadata | None) -> bytes:
+    if not meta:
+        return data
+    if fmt is _JPEG:
+        return _with_jpeg_metadata(data, meta)
+    if fmt is _PNG:
+        return _with_png_metadata(data, meta)
+    if fmt is _WEBP:
+        return _with_webp_metadata(data, meta)
+    return data  # TIFF, BMP: not carried
+
+
+# ---------------------------------------------------------------------------------------
 # Writing
 
 
-def _encode(p: Path, fmt: _Format, img: np.ndarray) -> bytes:
-    """The encoded file contents, or OutputError."""
+def _check_quality(p: Path, fmt: _Format, quality: Any) -> int | None:
+    """`quality` as an int 0..100, or UsageError; None stays None (the default)."""
+    if quality is None:
+        return None
+    if isinstance(quality, bool) or not isinstance(quality, (int, np.integer)):
+        raise UsageError(f"quality must be an integer from 0 to 100, got {quality!r}")
+    if not 0 <= int(quality) <= 100:
+        raise UsageError(
+            f"quality must be from 0 to 100, got {quality}",
+            cli_message=f"--quality must be from 0 to 100, got {quality}",
+        )
+    if fmt not in (_JPEG, _WEBP):
+        raise UsageError(
+            f"quality applies to JPEG and WebP outputs, not {fmt.name} ({p})",
+            cli_message=f"--quality applies to JPEG and WebP outputs, not {fmt.name} ({p})",
+        )
+    return int(quality)
+
+
+def _encode(p: Path, fmt: _Format, img: np.ndarray, quality: int | None = None) -> bytes:
+    """The encoded file contents, or OutputError. `quality` (checked): JPEG quality, or
+    lossy WebP at that quality."""
     cv2 = _import_cv2()
     params: list[int] = []
     channels = 1 if img.ndim == 2 else img.shape[2]
     if fmt is _JPEG:
-        params = [cv2.IMWRITE_JPEG_QUALITY, 95]
+        params = [cv2.IMWRITE_JPEG_QUALITY, 95 if quality is None else quality]
+    elif fmt is _WEBP and quality is not None:
+        params = [cv2.IMWRITE_WEBP_QUALITY, max(1, quality)]  # libwebp's lowest is 1
     elif fmt is _TIFF:
         # Explicit, or OpenCV < 5 stores float32 BGR as lossy LogLuv (SGILOG).
         params = [cv2.IMWRITE_TIFF_COMPRESSION, 5]  # LZW
@@ -719,14 +1001,28 @@ def _encode_webp_pillow(p: Path, img: np.ndarray) -> bytes:
 
 
 def _create_temp(directory: Path, name: str) -> tuple[int, Path]:
-    """A new file beside the target; created 0o666 & ~umask like any new file."""
+    """A new file beside the target; created 0o666 & ~umask like any new file.
+
+    It is listed in `_temp_files` (for `abandon_io`) until `_forget_temp`; after
+    `abandon_io` no temporary file is created.
+    """
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
     while True:
         tmp = directory / f".{name}.{secrets.token_hex(4)}.tmp"
-        try:
-            return os.open(tmp, flags, 0o666), tmp
-        except FileExistsError:
-            continue
+        with _held_lock:
+            if _abandoned:
+                raise OSError(errno.ECANCELED, "interrupted")
+            try:
+                fd = os.open(tmp, flags, 0o666)
+            except FileExistsError:
+                continue
+            _temp_files.add(tmp)
+            return fd, tmp
+
+
+def _forget_temp(tmp: Path) -> None:
+    with _held_lock:
+        _temp_files.discard(tmp)
 
 
 def _publish(tmp: Path, target: Path, *, overwrite: bool, shown: Path) -> None:
@@ -780,10 +1076,19 @@ def _atomic_write(p: Path, data: bytes, *, overwrite: bool) -> None:
         if isinstance(e, OSError):
             raise OutputError(f"cannot write {p}: {e.strerror or e}") from e
         raise
+    finally:
+        _forget_temp(tmp)
     _fsync_directory(target.parent)
 
 
-def write_image(path: str | os.PathLike[str], img: np.ndarray, *, overwrite: bool = False) -> Path:
+def write_image(
+    path: str | os.PathLike[str],
+    img: np.ndarray,
+    *,
+    overwrite: bool = False,
+    quality: int | None = None,
+    metadata: ImageMetadata | None = None,
+) -> Path:
     """Write `img` ((H, W) gray or (H, W, 3|4) BGR/BGRA) to `path`; return the Path.
 
     The format follows the extension (SUPPORTED_WRITE_EXTENSIONS, any case). Images the
@@ -792,6 +1097,11 @@ def write_image(path: str | os.PathLike[str], img: np.ndarray, *, overwrite: boo
     or unwritable directory, a directory as target, and an existing file unless
     `overwrite` (the same checks as `check_output`). The write is atomic: on any failure
     an existing file at `path` is left as it was and no temporary file remains.
+
+    `quality` (0-100, JPEG and WebP only, else UsageError): JPEG quality (default 95),
+    or lossy WebP at that quality (default: lossless). `metadata` (`read_metadata`):
+    EXIF and ICC profile put into JPEG, PNG and WebP files (orientation reset to 1);
+    TIFF and BMP files are written without them.
     """
     p = Path(path)
     fmt = _format_for(p)
@@ -804,8 +1114,9 @@ def write_image(path: str | os.PathLike[str], img: np.ndarray, *, overwrite: boo
             f"got shape {arr.shape}"
         )
     channels = 1 if arr.ndim == 2 else int(arr.shape[2])
+    q = _check_quality(p, fmt, quality)
     _check_holds(p, fmt, arr.dtype, channels)
     _check_path(p, input_path=None, overwrite=overwrite)
-    data = _encode(p, fmt, np.ascontiguousarray(arr))
+    data = _with_metadata(fmt, _encode(p, fmt, np.ascontiguousarray(arr), q), metadata)
     _atomic_write(p, data, overwrite=overwrite)
     return p

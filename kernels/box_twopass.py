@@ -83,7 +83,9 @@ def _make_row_sums(channels: int, run: int):
         wa = (g0 + uint64(3)) >> uint64(2)  # the first whole word
         wb = max(g1 >> uint64(2), wa)  # one past the last
         n_w = uint32(wb - wa)
-        pre = uint32((g0 - uint64(head)) & uint64(3))
+        # (g0 - head) mod 4, without the unsigned wrap of g0 - head at the left edge
+        # (g0 < head there), which the simulator's NumPy scalars warn about.
+        pre = uint32((uint32(g0 & uint64(3)) + uint32(4) - (head & uint32(3))) & uint32(3))
         d0 = uint32((pre + head + uint32(uint64(4) * wa - g0)) >> 2)
         j = tid
         while j + uint32(3 * step) < n_w:

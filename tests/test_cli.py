@@ -1,5 +1,5 @@
 """The `imgfilter` command line: results equal OpenCV's, outputs are guarded, and every
-error is one line on stderr with the exit code DESIGN.md gives it (2 usage, 3 input,
+error is one line on stderr with the exit code docs/design.md gives it (2 usage, 3 input,
 4 output, 5 device, 1 anything else).
 
 Runs through Typer's CliRunner (in process, `--backend cpu`) and, for a few cases, as
@@ -678,3 +678,240 @@ def test_a_cuda_method_on_the_cpu_backend_is_said_to_be_unused(tmp_path):
                  "-o", tmp_path / "o.png")  # fmt: skip
     assert result.exit_code == 0
     assert "--method naive applies to the CUDA backend" in result.output
+
+
+# ---------------------------------------------------------------------------------------
+# Issue 25: clean help, --quiet, --quality, --keep-metadata, frames, completion, Ctrl-C
+
+COMMANDS = ("blur", "filter", "contour", "compare", "bench", "train", "classify")
+
+
+@pytest.mark.parametrize("args", [["--help"], *([c, "--help"] for c in COMMANDS)])
+def test_help_shows_no_type_placeholders(args):
+    result = run(*args)
+    assert_ok(result)
+    for placeholder in ("<bool>", "{IN", "<path>"):
+        assert placeholder not in result.output, (placeholder, result.output)
+    usage = next(line for line in result.output.splitlines() if "Usage:" in line)
+    if args[0] in ("blur", "filter", "contour", "compare", "train", "classify"):
+        assert usage.split()[-1 if args[0] != "train" else -2] == "INPUT", usage
+
+
+def test_help_subprocess_is_clean():
+    proc = module("blur", "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "imgfilter blur [OPTIONS] INPUT" in proc.stdout
+    assert "<bool>" not in proc.stdout and "{" not in proc.stdout
+
+
+def test_shell_completion_is_available():
+    result = run("--help")
+    assert "--install-completion" in result.output and "--show-completion" in result.output
+    # Typer detects the shell from the process tree (a test has none to offer); its own
+    # tests name the shell instead, as here.
+    proc = module("--show-completion", "bash", _TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION="1")
+    assert proc.returncode == 0, proc.stderr
+    assert "_IMGFILTER_COMPLETE" in proc.stdout
+    proc = module(_IMGFILTER_COMPLETE="complete_bash", COMP_WORDS="imgfilter bl", COMP_CWORD="1")
+    assert proc.returncode == 0 and proc.stdout.split() == ["blur"], (proc.stdout, proc.stderr)
+
+
+def _frames(path: Path, n: int, fmt: str | None = None) -> Path:
+    from PIL import Image
+
+    ims = [Image.fromarray(np.full((9, 11, 3), 40 * i, np.uint8)) for i in range(n)]
+    ims[0].save(path, format=fmt, save_all=True, append_images=ims[1:])
+    return path
+
+
+@pytest.mark.parametrize(("name", "word"), [("anim.gif", "frames"), ("pages.tif", "pages")])
+def test_several_frames_are_noted_in_one_line(tmp_path, name, word):
+    src = _frames(tmp_path / name, 3)
+    out = tmp_path / "out.png"
+    result = run("blur", src, "--k", "3", "--backend", "cpu", "-o", out)
+    assert_ok(result)
+    lines = result.stderr.splitlines()
+    assert lines[0] == f"imgfilter: {src} has 3 {word}; reading the first", lines
+    assert lines[-1].startswith("wrote ") and len(lines) == 2, lines
+    result = run("blur", src, "--k", "3", "--backend", "cpu", "-o", out, "-f", "-q")
+    assert_ok(result)
+    assert result.stderr == ""
+
+
+def test_one_frame_gif_gets_no_note(tmp_path):
+    src = _frames(tmp_path / "one.gif", 1)
+    result = run("blur", src, "--k", "3", "--backend", "cpu", "-o", tmp_path / "o.png")
+    assert_ok(result)
+    assert "frames" not in result.stderr
+
+
+def test_quiet_leaves_only_errors(color_png, tmp_path):
+    result = run("blur", color_png, "--k", "3", "--backend", "cpu", "--method", "naive", "-q")
+    assert_ok(result)
+    assert result.stderr == "" and color_png.with_name("photo.blur.png").exists()
+    result = run("blur", color_png, "--k", "3", "--backend", "cpu", "-q")  # exists now
+    assert_one_line_error(result, 4, "exists")
+    result = run("compare", color_png, "--k", "3", "--backend", "cpu", "-q", "--json")
+    assert_ok(result)
+    assert result.stderr == "" and json.loads(result.stdout)["agree"] is True
+
+
+def test_quiet_subprocess_auto_backend_note_dropped(gray_png):
+    proc = module("contour", gray_png, "-q", NUMBA_ENABLE_CUDASIM=None)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+
+
+def test_quality_sets_jpeg_quality(tmp_path):
+    src = imwrite(tmp_path / "in.png", random_image((64, 64, 3)))
+    sizes = {}
+    for q in (10, 95):
+        out = tmp_path / f"q{q}.jpg"
+        assert_ok(run("blur", src, "--k", "1", "--backend", "cpu", "--quality", q, "-o", out))
+        sizes[q] = out.stat().st_size
+    default = tmp_path / "default.jpg"
+    assert_ok(run("blur", src, "--k", "1", "--backend", "cpu", "-o", default))
+    assert sizes[10] < sizes[95] and default.read_bytes() == (tmp_path / "q95.jpg").read_bytes()
+
+
+def test_quality_makes_webp_lossy(tmp_path):
+    src = imwrite(tmp_path / "in.png", random_image((64, 64, 3)))
+    lossless, lossy = tmp_path / "ll.webp", tmp_path / "q50.webp"
+    assert_ok(run("blur", src, "--k", "1", "--backend", "cpu", "-o", lossless))
+    assert_ok(run("blur", src, "--k", "1", "--backend", "cpu", "--quality", "50", "-o", lossy))
+    assert np.array_equal(imread(lossless), imread(src))
+    assert lossy.read_bytes()[12:16] == b"VP8 " and not np.array_equal(imread(lossy), imread(src))
+
+
+@pytest.mark.parametrize(
+    ("value", "out", "word"),
+    [("101", "o.jpg", "--quality"), ("-1", "o.jpg", "--quality"), ("x", "o.jpg", "--quality"),
+     ("80", "o.png", "JPEG and WebP"), ("80", "o.tif", "JPEG and WebP")],
+)  # fmt: skip
+def test_bad_quality_is_a_usage_error(color_png, tmp_path, value, out, word):
+    result = run("blur", color_png, "--k", "3", "--backend", "cpu", "--quality", value,
+                 "-o", tmp_path / out)  # fmt: skip
+    assert_one_line_error(result, 2, word)
+    assert not (tmp_path / out).exists()
+
+
+def _photo_with_metadata(path: Path, orientation: int = 6) -> tuple[Path, bytes]:
+    from PIL import Image
+
+    icc = b"fake ICC profile " * 100
+    exif = Image.Exif()
+    exif[0x010F] = "imgfilter test camera"
+    exif[0x0112] = orientation
+    im = Image.fromarray(random_image((24, 32, 3), seed=3))
+    im.save(path, exif=exif.tobytes(), icc_profile=icc, quality=95)
+    return path, icc
+
+
+@pytest.mark.parametrize("ext", [".jpg", ".png", ".webp"])
+def test_keep_metadata_copies_exif_and_icc(tmp_path, ext):
+    from PIL import Image
+
+    src, icc = _photo_with_metadata(tmp_path / "photo.jpg")
+    out = tmp_path / f"out{ext}"
+    result = run("blur", src, "--k", "3", "--backend", "cpu", "--keep-metadata", "-o", out)
+    assert_ok(result)
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    with Image.open(out) as im:
+        im.load()
+        assert im.info.get("icc_profile") == icc
+        exif = im.getexif()
+        assert exif.get(0x010F) == "imgfilter test camera"
+        assert exif.get(0x0112) == 1  # the pixels are upright already
+        assert im.size == (24, 32)  # EXIF orientation 6 applied to the pixels
+    # Without the flag: neither.
+    plain = tmp_path / f"plain{ext}"
+    assert_ok(run("blur", src, "--k", "3", "--backend", "cpu", "-o", plain))
+    with Image.open(plain) as im:
+        assert not im.info.get("icc_profile") and 0x010F not in im.getexif()
+
+
+def test_keep_metadata_notes_what_it_cannot_keep(tmp_path, color_png):
+    src, _ = _photo_with_metadata(tmp_path / "photo.jpg")
+    result = run("blur", src, "--k", "3", "--backend", "cpu", "--keep-metadata",
+                 "-o", tmp_path / "o.tif")  # fmt: skip
+    assert_ok(result)
+    assert "TIFF outputs are written without EXIF or ICC" in result.stderr.splitlines()[0]
+    result = run("blur", color_png, "--k", "3", "--backend", "cpu", "--keep-metadata")
+    assert_ok(result)
+    assert "has no EXIF or ICC profile to keep" in result.stderr.splitlines()[0]
+
+
+def test_keyboard_interrupt_in_a_command_is_one_line_and_130(color_png, monkeypatch):
+    from imgfilter import api
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(api, "blur", interrupted)
+    result = run("blur", color_png, "--k", "3", "--backend", "cpu")
+    assert result.exit_code == 130, (result.exit_code, result.output)
+    assert result.stderr == "imgfilter: interrupted\n"
+    assert not color_png.with_name("photo.blur.png").exists()
+
+
+def test_commands_run_in_a_worker_thread_and_errors_come_back(color_png, monkeypatch):
+    """The command body runs outside the main thread (so Ctrl-C reaches the main
+    thread at once); its errors and exit codes come back unchanged."""
+    import threading
+
+    from imgfilter import api
+
+    seen = []
+
+    def blur(*args, **kwargs):
+        seen.append(threading.current_thread() is threading.main_thread())
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(api, "blur", blur)
+    result = run("blur", color_png, "--k", "3", "--backend", "cpu")
+    assert_one_line_error(result, 1, "unexpected RuntimeError: boom")
+    assert seen == [False]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal")
+def test_spinner_on_a_terminal_only_for_long_work_and_not_with_quiet(tmp_path):
+    """stderr a terminal, work over a second: a rich spinner naming the stage, erased
+    at the end; --quiet: nothing at all."""
+    import pty
+    import select
+
+    src = imwrite(tmp_path / "in.png", random_image((2000, 2000, 3)))  # ~2 s on one core
+    kern = np.random.default_rng(0).random((51, 51)).astype(np.float32)
+    np.save(tmp_path / "k.npy", kern / kern.sum())
+
+    def run_on_pty(*extra: str) -> tuple[int, str]:
+        master, slave = pty.openpty()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "imgfilter", "filter", str(src), "--kernel",
+             str(tmp_path / "k.npy"), "--backend", "cpu", "-f", "-o", str(tmp_path / "o.png"),
+             *extra],
+            stderr=slave, stdout=subprocess.DEVNULL,
+            env=_env(NUMBA_NUM_THREADS="1", TERM="xterm", COLUMNS="100"),
+        )  # fmt: skip
+        os.close(slave)
+        chunks = []
+        while True:
+            ready, _, _ = select.select([master], [], [], 60)
+            if not ready:
+                break
+            try:
+                data = os.read(master, 4096)
+            except OSError:  # the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        os.close(master)
+        return proc.wait(timeout=60), b"".join(chunks).decode("utf-8", "replace")
+
+    rc, text = run_on_pty()
+    assert rc == 0, text
+    assert "filter on cpu" in text, text  # the stage, shown while filtering
+    assert "wrote " in text
+    rc, text = run_on_pty("-q")
+    assert rc == 0 and text == "", text

@@ -16,7 +16,7 @@ kernel shape class and method; `sim_shape` says how big a case may be. The tests
 marked `gpu` repeat the CUDA checks at full size (2167x2495x3, 517x1031) and run only
 on a real GPU.
 
-Agreement bars (DESIGN.md): integer kernels on integer images bit-exact; float
+Agreement bars (docs/design.md): integer kernels on integer images bit-exact; float
 kernels within 1 LSB for integer images; float32 images within `float_tolerance`.
 """
 

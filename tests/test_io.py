@@ -832,3 +832,132 @@ def test_importing_io_loads_no_heavy_modules():
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+# ---------------------------------------------------------------------------------------
+# Issue 25: frames, quality, metadata, leaving at once
+
+
+def _save_frames(path: Path, n: int, **kw) -> Path:
+    ims = [Image.fromarray(np.full((8, 10, 3), 50 * i, np.uint8)) for i in range(n)]
+    ims[0].save(path, save_all=True, append_images=ims[1:], **kw)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("name", "kw", "what"),
+    [("a.gif", {}, "frames"), ("a.tif", {}, "pages"), ("a.png", {}, "frames"),
+     ("a.webp", {"lossless": True}, "frames")],
+)  # fmt: skip
+def test_several_frames_warn_and_read_the_first(tmp_path, name, kw, what):
+    path = _save_frames(tmp_path / name, 3, **kw)
+    with pytest.warns(iio.MultiFrameWarning, match=f"has 3 {what}; reading the first"):
+        img = iio.read_image(path)
+    assert img.shape[:2] == (8, 10) and int(img[..., :3].max()) == 0  # the first frame
+
+
+@pytest.mark.parametrize("name", ["one.gif", "one.tif", "one.png", "one.webp"])
+def test_one_frame_does_not_warn(tmp_path, name, recwarn):
+    Image.fromarray(np.zeros((8, 10, 3), np.uint8)).save(tmp_path / name)
+    iio.read_image(tmp_path / name)
+    assert not [w for w in recwarn if issubclass(w.category, iio.MultiFrameWarning)]
+
+
+def test_quality_jpeg_and_lossy_webp(tmp_path):
+    img = sample_image("uint8", 3, 64, 64)
+    small = iio.write_image(tmp_path / "q5.jpg", img, quality=5)
+    big = iio.write_image(tmp_path / "q100.jpg", img, quality=100)
+    assert small.stat().st_size < big.stat().st_size
+    lossy = iio.write_image(tmp_path / "q60.webp", img, quality=60)
+    assert lossy.read_bytes()[12:16] == b"VP8 "
+    assert iio.write_image(tmp_path / "q0.webp", img, quality=0).read_bytes()[12:16] == b"VP8 "
+
+
+@pytest.mark.parametrize(
+    ("name", "quality", "words"),
+    [("o.jpg", 101, "0 to 100"), ("o.jpg", -1, "0 to 100"), ("o.jpg", 9.5, "integer"),
+     ("o.jpg", True, "integer"), ("o.png", 90, "JPEG and WebP"), ("o.tif", 90, "not TIFF")],
+)  # fmt: skip
+def test_bad_quality_is_a_usage_error(tmp_path, name, quality, words):
+    from imgfilter.errors import UsageError
+
+    with pytest.raises(UsageError, match=words) as info:
+        iio.write_image(tmp_path / name, sample_image("uint8", 3), quality=quality)
+    assert "--quality" not in str(info.value)  # API words; the CLI's are in cli_message
+    with pytest.raises(UsageError):
+        iio.check_output(tmp_path / name, quality=quality)
+    assert not (tmp_path / name).exists()
+
+
+def _exif(orientation: int) -> bytes:
+    exif = Image.Exif()
+    exif[0x010F] = "maker"
+    exif[0x0112] = orientation
+    return exif.tobytes()
+
+
+@pytest.mark.parametrize("src_ext", [".jpg", ".png", ".webp"])
+@pytest.mark.parametrize(("out_ext", "channels"), [(".jpg", 3), (".png", 4), (".webp", 3),
+                                                   (".webp", 4), (".jpg", 1)])  # fmt: skip
+def test_metadata_round_trip(tmp_path, src_ext, out_ext, channels):
+    icc = bytes(range(256)) * 300  # > 64 KiB: several JPEG APP2 segments
+    src = tmp_path / f"in{src_ext}"
+    Image.fromarray(sample_image("uint8", 3)[..., ::-1]).save(src, exif=_exif(8), icc_profile=icc)
+    meta = iio.read_metadata(src)
+    assert meta.icc == icc and meta.exif and iio._exif_orientation(meta.exif) == 8
+    out = iio.write_image(tmp_path / f"out{out_ext}", sample_image("uint8", channels),
+                          metadata=meta)  # fmt: skip
+    with Image.open(out) as im:
+        im.load()
+        assert im.info.get("icc_profile") == icc
+        assert im.getexif().get(0x010F) == "maker" and im.getexif().get(0x0112) == 1
+    if out_ext != ".jpg":  # lossless: the pixels are the same with and without metadata
+        plain = iio.write_image(tmp_path / f"plain{out_ext}", sample_image("uint8", channels))
+        np.testing.assert_array_equal(iio.read_image(out), iio.read_image(plain))
+
+
+def test_metadata_of_a_plain_file_is_empty_and_changes_nothing(tmp_path):
+    src = tmp_path / "in.png"
+    cv2.imwrite(str(src), sample_image("uint8", 3))
+    meta = iio.read_metadata(src)
+    assert not meta and meta.exif is None and meta.icc is None
+    a = iio.write_image(tmp_path / "a.png", sample_image("uint8", 3), metadata=meta)
+    b = iio.write_image(tmp_path / "b.png", sample_image("uint8", 3))
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_abandon_io_removes_temp_files_and_refuses_new_writes(tmp_path, monkeypatch):
+    """What the CLI does on Ctrl-C while another thread writes: the temporary file goes,
+    descriptor 2 is the real stderr again, and no write starts afterwards."""
+    monkeypatch.setattr(iio, "_abandoned", False)
+    monkeypatch.setattr(iio, "_temp_files", set())
+    seen = []
+    real_fsync = os.fsync
+
+    def abandon_during_write(fd):
+        seen.extend(p for p in tmp_path.iterdir() if p.name.endswith(".tmp"))
+        real_fsync(fd)
+        iio.abandon_io()
+
+    monkeypatch.setattr(os, "fsync", abandon_during_write)
+    target = tmp_path / "out.png"
+    with pytest.raises(OutputError):
+        iio.write_image(target, sample_image("uint8", 3))
+    assert seen and not any(p.exists() for p in seen)
+    assert not target.exists() and not list(tmp_path.iterdir())
+    with pytest.raises(OutputError, match="interrupted"):
+        iio.write_image(tmp_path / "later.png", sample_image("uint8", 3))
+    assert not list(tmp_path.iterdir())
+
+
+def test_abandon_io_gives_back_stderr_while_a_decoder_holds_it(monkeypatch, capfd):
+    monkeypatch.setattr(iio, "_abandoned", False)
+    monkeypatch.setattr(iio, "_saved_stderr_fds", [])
+    before = os.fstat(2)
+    with iio._quiet_native(cv2):
+        assert os.fstat(2).st_ino != before.st_ino  # captured
+        iio.abandon_io()
+        assert (os.fstat(2).st_dev, os.fstat(2).st_ino) == (before.st_dev, before.st_ino)
+        os.write(2, b"seen by the user\n")
+    assert "seen by the user" in capfd.readouterr().err
+    assert (os.fstat(2).st_dev, os.fstat(2).st_ino) == (before.st_dev, before.st_ino)

@@ -1,0 +1,117 @@
+"""Ctrl-C (SIGINT) stops a running `imgfilter` command at once (issue 25, item 3).
+
+The command runs in a worker thread while the main thread waits, so Python's SIGINT
+handler runs even while the filter sits in OpenCV or a Numba parallel loop; the process
+then removes any temporary output file, prints `imgfilter: interrupted` and exits 130.
+
+Each test starts `python -m imgfilter` on a large image and sends SIGINT once the
+command has started for certain: the input is a named pipe, which the command opens
+only once its arguments are parsed and its modules imported, and whose bytes (a PNG)
+the test writes itself. The filter then takes several seconds even on a fast machine
+(a 61x61 kernel over 3000x3000x3 pixels, on two Numba threads), so the signal lands
+while it runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.skipif(
+    sys.platform == "win32" or not hasattr(os, "mkfifo"), reason="POSIX signals and pipes"
+)
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["NUMBA_NUM_THREADS"] = "2"  # the filter's length does not depend on the machine much
+    return env
+
+
+@pytest.fixture(scope="module")
+def big_png(tmp_path_factory) -> bytes:
+    rng = np.random.default_rng(0)
+    ok, buf = cv2.imencode(".png", rng.integers(0, 256, (3000, 3000, 3), dtype=np.uint8))
+    assert ok
+    return buf.tobytes()
+
+
+def _start(tmp_path: Path, png: bytes) -> tuple[subprocess.Popen, Path]:
+    """Start `imgfilter filter` on a pipe; return once the command has opened it and
+    all its bytes are written (the command is then decoding or filtering)."""
+    src = tmp_path / "big.png"
+    os.mkfifo(src)
+    kernel = np.random.default_rng(1).random((61, 61)).astype(np.float32)
+    np.save(tmp_path / "k.npy", kernel / kernel.sum())
+    out = tmp_path / "out.png"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "imgfilter", "filter", str(src), "--kernel",
+         str(tmp_path / "k.npy"), "--backend", "cpu", "-o", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
+    )  # fmt: skip
+    opened = threading.Event()
+
+    def feed() -> None:
+        with open(src, "wb") as f:  # blocks until the command opens the pipe
+            opened.set()
+            f.write(png)
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    if not opened.wait(120):
+        proc.kill()
+        raise AssertionError(f"the command never opened its input: {proc.communicate()}")
+    writer.join(120)
+    return proc, out
+
+
+def test_sigint_during_a_long_filter_stops_within_a_second(tmp_path, big_png):
+    proc, out = _start(tmp_path, big_png)
+    time.sleep(1.0)  # decoding the PNG, then filtering (several seconds)
+    assert proc.poll() is None, "the filter ended before the signal: make it longer"
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=30)
+    latency = time.monotonic() - sent
+    assert proc.returncode == 130, (proc.returncode, stderr)
+    assert stderr.decode() == "imgfilter: interrupted\n"
+    assert stdout == b""
+    assert latency < 1.0, latency
+    assert not out.exists()
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_sigint_while_the_output_is_written_leaves_no_file(tmp_path, big_png):
+    """A signal once the temporary output file exists: it is removed, and the target is
+    either absent or complete (the rename came first)."""
+    proc, out = _start(tmp_path, big_png)
+    deadline = time.monotonic() + 300
+    temp = []
+    while not temp and proc.poll() is None and time.monotonic() < deadline:
+        temp = [p for p in tmp_path.iterdir() if p.name.startswith(".out.png.")]
+        time.sleep(0.001)
+    if not temp:
+        proc.kill()
+        pytest.skip("the write was too quick to catch")
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=30)
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert not leftovers, leftovers
+    if proc.returncode == 130:
+        assert stderr.decode() == "imgfilter: interrupted\n"
+        assert not out.exists()
+    else:  # the rename won the race: a whole image
+        assert proc.returncode == 0, stderr
+        assert cv2.imread(str(out)).shape == (3000, 3000, 3)
