@@ -164,6 +164,11 @@ def install() -> None:
         # own globals; device functions of other modules see the simulator's `cuda`.
         if not hasattr(simulator_cuda, fn.__name__):
             setattr(simulator_cuda, fn.__name__, functools.partial(fn, None))
+    # Old simulators: a kernel's body compiled as a device function (a batch in one
+    # launch, kernels.launch.batched_kernel) sees the simulator's `cuda`, which lacks
+    # the fake module's fma.
+    if not hasattr(simulator_cuda, "fma"):
+        simulator_cuda.fma = functools.partial(fake.fma, None)
     for name, value in FAKE_DEVICE_ATTRIBUTES.items():
         if not hasattr(devices.FakeCUDADevice, name):
             setattr(devices.FakeCUDADevice, name, value)

@@ -28,11 +28,34 @@ BORDERS = {
 }
 
 
-def np_pad(img, top, bottom, left, right, border, value):
-    widths = ((top, bottom), (left, right), (0, 0))
+def _source(p, n, border):
+    """The row (column) that position p of an axis of n reads: OpenCV's
+    borderInterpolate, written out here (np.pad's reflection of pads wider than the
+    axis changed between NumPy versions); -1 for the constant border."""
+    if 0 <= p < n:
+        return p
     if border == bi.CONSTANT:
-        return np.pad(img, widths, mode="constant", constant_values=value)
-    return np.pad(img, widths, mode=BORDERS[border])
+        return -1
+    if border == bi.REPLICATE:
+        return 0 if p < 0 else n - 1
+    if border == bi.WRAP:
+        return p % n
+    if n == 1:
+        return 0
+    delta = 1 if border == bi.REFLECT101 else 0
+    while p < 0 or p >= n:
+        p = -p - 1 + delta if p < 0 else 2 * n - 1 - p - delta
+    return p
+
+
+def np_pad(img, top, bottom, left, right, border, value):
+    h, w = img.shape[:2]
+    rows = np.array([_source(p, h, border) for p in range(-top, h + bottom)])
+    cols = np.array([_source(p, w, border) for p in range(-left, w + right)])
+    out = img[np.clip(rows, 0, None)][:, np.clip(cols, 0, None)]
+    out[rows < 0] = value
+    out[:, cols < 0] = value
+    return out
 
 
 def reference(img, kernel, anchor, border, value):
