@@ -45,6 +45,7 @@ from kernels.arrays import (
     to_device,
     to_host,
 )
+from kernels.conv import tiled_fits
 from kernels.devarray import DeviceArray
 from kernels.gemv import gemv
 from kernels.launch import launch
@@ -112,7 +113,12 @@ class FeatureEngine:
         return planes, gray
 
     def filter2d(self, a, kernel: np.ndarray):
-        return api.filter2d(a, kernel, backend="cuda", stream=self.stream)
+        # The feature kernels are 1-D Gaussians and 3x3 Sobels on float32 planes: the
+        # shared-memory kernel takes any size as an argument (one compile for all),
+        # where `auto`'s register-blocked kernel is generated and compiled per size
+        # (~8 s each, most of a first `train`), for no gain at these sizes.
+        method = "tiled" if tiled_fits(*kernel.shape) else "auto"
+        return api.filter2d(a, kernel, backend="cuda", method=method, stream=self.stream)
 
     def blur(self, a, k: int):
         return api.blur(a, k, backend="cuda", stream=self.stream)
