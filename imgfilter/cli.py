@@ -116,7 +116,9 @@ def _clean_help_params(params: list[Any]) -> list[Any]:
         if kind == "option" and getattr(param, "is_flag", False) and param.metavar is None:
             param.metavar = ""
         elif kind == "argument" and param.metavar:
-            param.display_type_rich = _no_type
+            param.display_type_rich = _no_type  # Typer >= 0.28
+            if hasattr(param, "type"):  # Typer < 0.28 prints <type> unless it is ""
+                param.type.get_metavar = _no_metavar
     return params
 
 
@@ -134,6 +136,10 @@ class _CleanHelp(TyperCommand):
 
 def _no_type(*args: Any, **kwargs: Any) -> None:
     return None
+
+
+def _no_metavar(*args: Any, **kwargs: Any) -> str:
+    return ""
 
 
 INTERRUPTED = 130  # 128 + SIGINT, what shells report for a command stopped by Ctrl-C

@@ -10,6 +10,9 @@ shared contract.
 from __future__ import annotations
 
 import functools
+import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -35,6 +38,7 @@ from ..errors import DeviceError, GpuMemoryError, UsageError
 from . import cubins
 
 NAME = "cuda"
+PER_THREAD_STREAM = 2  # CU_STREAM_PER_THREAD: the calling thread's own default stream
 
 # Small images launch small grids; that is expected, not worth a warning to users.
 config.CUDA_LOW_OCCUPANCY_WARNINGS = False
@@ -361,11 +365,81 @@ def _correlate_launches(src, dst, handle: int, kernel, terms, anchor, border, va
         _conv.correlate(src, weights, anchor, border, cval, method, dst, handle)
 
 
+# ------------------------------------------------------- first use of a kernel size
+#
+# Method auto's register-blocked kernel is generated and compiled for each kernel
+# size (NVVM: ~10 s at 21x21). Until that compile is on disk (the cubin exported by
+# an earlier run, or this process's compile), auto runs the shared-memory tiled
+# kernel, which takes any size as an argument (compiled once), and compiles the
+# blocked one in the background for the calls after: in a thread ("thread", the
+# API) or a detached process that exports its cubin for the next run ("process",
+# the command line). "off": compile at once (IMGFILTER_BACKGROUND_COMPILE=0).
+BACKGROUND = {"0": "off", "process": "process"}.get(
+    os.environ.get("IMGFILTER_BACKGROUND_COMPILE", ""), "thread"
+)
+_BLOCKED_READY: set = set()  # (kh, kw, dtype name) whose blocked kernel can run now
+_BLOCKED_PENDING: set = set()
+
+
+def _blocked_or_tiled(kh: int, kw: int, dtype) -> str:
+    """ "blocked" when its kernel for this size and dtype is compiled (in this process
+    or cached on disk), else "tiled", starting the blocked kernel's compile."""
+    key = (kh, kw, np.dtype(dtype).name)
+    if key in _BLOCKED_READY:
+        return "blocked"
+    if cubins.load(cubins.blocked_name(kh, kw, dtype), driver().cc) is not None:
+        _BLOCKED_READY.add(key)
+        return "blocked"
+    if not _conv.tiled_fits(kh, kw):
+        return "blocked"
+    with _lock:
+        start = key not in _BLOCKED_PENDING
+        _BLOCKED_PENDING.add(key)
+    if start:
+        _compile_in_background(*key)
+    return "tiled"
+
+
+def _compile_in_background(kh: int, kw: int, dtype: str) -> None:
+    if BACKGROUND == "process":
+        code = f"import imgfilter.backends.cuda as c; c.compile_blocked({kh}, {kw}, {dtype!r})"
+        subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)  # fmt: skip
+    else:
+        threading.Thread(target=compile_blocked, args=(kh, kw, dtype), daemon=True).start()
+
+
+def compile_blocked(kh: int, kw: int, dtype: str) -> None:
+    """Compile (or load) the register-blocked kernel for a kh x kw kernel on `dtype`
+    images by running it once on a small image, and export its cubin for later
+    processes; then method auto uses it. Never raises (a failure leaves auto on the
+    tiled kernel)."""
+    try:
+        stream = PER_THREAD_STREAM
+        img = to_device(np.ones((8, 8, 1), dtype), stream)
+        weights = _device_weights(np.ones((kh, kw), np.float32), stream)
+        out = empty(img.shape, img.dtype, stream)
+        cval = np.dtype(dtype).type(0)
+        _conv.correlate(img, weights, (0, 0), 0, cval, "blocked", out, stream)
+        driver().synchronize(stream)
+        name = cubins.blocked_name(kh, kw, dtype)
+        _export(_blocked.kernel_for(kh, kw), name, (np.dtype(dtype), np.float32, np.dtype(dtype)))
+        _BLOCKED_READY.add((kh, kw, np.dtype(dtype).name))
+    except Exception as exc:  # noqa: BLE001 - an optimisation: the tiled kernel still runs
+        if os.environ.get("IMGFILTER_DEBUG_CUBINS") == "1":
+            print(f"imgfilter: background compile of {kh}x{kw} failed: {exc!r}", file=sys.stderr)
+
+
 def correlate(img, kernel, anchor, border, value, method, out=None, stream=None):
     """cv2.filter2D semantics on the GPU; see imgfilter.backends."""
     kernel = np.ascontiguousarray(kernel, dtype=np.float32)
     data = kernel.tobytes()
+    requested = method
     method, terms = _prepared(kernel.shape, data, method)
+    if requested == "auto" and method == "blocked" and BACKGROUND != "off":
+        if not config.ENABLE_CUDASIM:  # the simulator compiles nothing
+            method = _blocked_or_tiled(*kernel.shape, img.dtype)
     if not isinstance(img, np.ndarray):
         key = ("correlate", method, kernel.shape, data, anchor, border, value)
 

@@ -1,0 +1,64 @@
+"""First use of a kernel size (issue 24): method auto runs the size-generic tiled
+kernel while the register-blocked kernel for that size compiles in the background,
+then switches to it; the results are the same (both are cv2.filter2D's)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import imgfilter
+from imgfilter.backends import cuda as backend
+from imgfilter.backends import opencv as ref
+
+
+def test_tiled_until_the_blocked_kernel_is_compiled(monkeypatch):
+    started = []
+    monkeypatch.setattr(backend, "_BLOCKED_READY", set())
+    monkeypatch.setattr(backend, "_BLOCKED_PENDING", set())
+    monkeypatch.setattr(backend, "_compile_in_background", lambda *key: started.append(key))
+    monkeypatch.setattr(backend.cubins, "load", lambda name, cc: None)
+    monkeypatch.setattr(backend, "driver", lambda: type("D", (), {"cc": (9, 0)})())
+    assert backend._blocked_or_tiled(7, 7, np.uint8) == "tiled"
+    assert backend._blocked_or_tiled(7, 7, np.uint8) == "tiled"
+    assert started == [(7, 7, "uint8")]  # one compile however many calls wait for it
+    backend._BLOCKED_READY.add((7, 7, "uint8"))
+    assert backend._blocked_or_tiled(7, 7, np.uint8) == "blocked"
+    assert backend._blocked_or_tiled(7, 7, np.float32) == "tiled"  # another dtype
+    assert started[-1] == (7, 7, "float32")
+
+
+def test_a_cached_cubin_means_blocked_at_once(monkeypatch):
+    monkeypatch.setattr(backend, "_BLOCKED_READY", set())
+    monkeypatch.setattr(backend, "_compile_in_background", lambda *key: pytest.fail("compiled"))
+    monkeypatch.setattr(backend.cubins, "load", lambda name, cc: (b"cubin", "entry"))
+    monkeypatch.setattr(backend, "driver", lambda: type("D", (), {"cc": (9, 0)})())
+    assert backend._blocked_or_tiled(21, 21, np.uint16) == "blocked"
+
+
+def test_kernels_too_big_for_the_tiled_tile_wait_for_blocked(monkeypatch):
+    monkeypatch.setattr(backend, "_BLOCKED_READY", set())
+    monkeypatch.setattr(backend.cubins, "load", lambda name, cc: None)
+    monkeypatch.setattr(backend, "driver", lambda: type("D", (), {"cc": (9, 0)})())
+    monkeypatch.setattr(backend._conv, "tiled_fits", lambda kh, kw: False)
+    assert backend._blocked_or_tiled(31, 31, np.uint8) == "blocked"
+
+
+@pytest.mark.gpu
+def test_first_use_on_the_gpu_then_blocked(monkeypatch, tmp_path):
+    """A fresh kernel size: the first call runs tiled, a background thread compiles the
+    blocked kernel; the calls after it run blocked; every result equals OpenCV's."""
+    cp = pytest.importorskip("cupy")
+    monkeypatch.setattr(backend, "BACKGROUND", "thread")
+    monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path))
+    kernel = np.random.default_rng(3).random((11, 13)).astype(np.float32)
+    img = np.random.default_rng(4).integers(0, 255, (300, 400, 3), dtype=np.uint8)
+    want = ref.filter2d(img, kernel)
+    got = imgfilter.filter2d(cp.asarray(img), kernel).copy_to_host()
+    assert np.abs(got.astype(int) - want).max() <= 1
+    threads = [t for t in __import__("threading").enumerate() if t.name != "MainThread"]
+    for t in threads:
+        t.join(timeout=120)
+    assert (11, 13, "uint8") in backend._BLOCKED_READY
+    got = imgfilter.filter2d(cp.asarray(img), kernel).copy_to_host()
+    assert np.abs(got.astype(int) - want).max() <= 1
