@@ -13,10 +13,10 @@ import numpy as np
 from .launch import SMEM_LIMIT, cdiv
 
 LANES = 4  # vertical-sum lanes per thread (v0..v3 below)
-# Defaults from the H100 sweeps (benchmarks/results/2026-11-23-h100-sweep-box*.txt),
-# 2167x2495x3 uint8: k=3 54 us, k=21 69 us (16-row strips), k=101 136 us (64-row
-# strips; box_running takes 236 us). A run of 30 outputs spans an odd number of
-# 32-bit words for 3 channels, which spreads a warp's reads over more banks than 32.
+# Defaults from the H100 sweeps (`benchmarks/sweep_box.py`), 2167x2495x3 uint8: k=3 54 us,
+# k=21 69 us (16-row strips), k=101 136 us (64-row strips; box_running takes 236 us). A
+# run of 30 outputs spans an odd number of 32-bit words for 3 channels, which spreads a
+# warp's reads over more banks than 32.
 RUN = 30  # outputs per horizontal slide
 STRIP = 16  # rows per block, boxes up to 32 rows
 STRIP_TALL = 64  # rows per block for taller boxes
@@ -207,11 +207,10 @@ def choose(shape: tuple, dtype, ksize: tuple) -> tuple[str, dict | None]:
     where `packed_plan` does, else ("running", None).
 
     box_tiled comes first for uint8 boxes up to TILED_MAX_BOX (faster on the H100, see
-    there); box_twopass takes larger uint8 boxes (H100 2026-11-25 12:45 UTC, seed size,
-    k=41/61/101: 57.5/60.1/64.7 us against box_fused's 94.3/110.9/135.4), box_fused
-    uint16 images. box_fused comes before
-    box_packed: on the H100 box_packed is slower so far (2167x2495x3, k=21: 80 us at
-    best vs 69 us; benchmarks/results/2026-11-23-h100-sweep-packed-32bit.txt).
+    there); box_twopass takes larger uint8 boxes (H100, seed size, k=41/61/101:
+    57.5/60.1/64.7 us against box_fused's 94.3/110.9/135.4), box_fused uint16 images.
+    box_fused comes before box_packed: on the H100 box_packed is slower (2167x2495x3,
+    k=21: 80 us at best vs 69 us). Both measured by `benchmarks/sweep_uint8_box.py`.
     The quick start (`imgfilter.backends.cached`) asks here too, so it looks for the
     cubin of the kernel the Numba path ran and exported.
     """
@@ -231,10 +230,9 @@ def choose(shape: tuple, dtype, ksize: tuple) -> tuple[str, dict | None]:
 
 # ------------------------------------------------------------------ kernels.box_tiled
 
-# Default geometry: H100 2026-11-24 15:4x-15:5x UTC sweeps (benchmarks/results/
-# 2026-11-24-h100-sweep-tiled*.txt), 2167x2495x3, k=3/21/31: 512 threads on 64x64
-# tiles, 4 row groups, launch bounds for 4 blocks per SM: 32.1/42.8/53.3 us; 256 threads
-# on 64x32 tiles, 2 groups (the 2026-11-23 default): 32.1/45.7/65.2 us.
+# Default geometry: H100 sweeps (`benchmarks/sweep_uint8_box.py`), 2167x2495x3,
+# k=3/21/31: 512 threads on 64x64 tiles, 4 row groups, launch bounds for 4 blocks per
+# SM: 32.1/42.8/53.3 us; 256 threads on 64x32 tiles, 2 groups: 32.1/45.7/65.2 us.
 TILED_THREADS = 512
 TILED_RUN = 16  # outputs per horizontal slide
 TILED_W = 64  # output pixels per tile
@@ -244,11 +242,10 @@ TILED_MIN_H = 8  # the shortest tile the default geometry shrinks to
 TILED_MIN_BLOCKS = 4  # launch bounds: resident blocks per SM the registers must allow
 # Columns first (`kernels.box_tiled_vh`) or rows first (`kernels.box_tiled`'s own
 # kernel): None picks by the box's height (columns first up to VH_MAX_BOX rows),
-# True or False forces one. H100 2026-11-25 ~06:00 UTC sweep
-# (benchmarks/results/2026-11-25e-h100-sweep-vh.*), seed size, rows first at its
-# default against columns first at the best of its geometries: k=3 32.0 / 30.9 us,
-# k=21 42.8 / 39.2, k=31 54.2 / 48.8, k=41 66.9 / 67.9 (rows first with 56-row tiles
-# 59.8); 8K k=21 196.2 / 163.0, k=31 251.8 / 187.6.
+# True or False forces one. H100 sweep (`benchmarks/sweep_uint8_box.py`), seed size,
+# rows first at its default against columns first at the best of its geometries: k=3
+# 32.0 / 30.9 us, k=21 42.8 / 39.2, k=31 54.2 / 48.8, k=41 66.9 / 67.9 (rows first with
+# 56-row tiles 59.8); 8K k=21 196.2 / 163.0, k=31 251.8 / 187.6.
 TILED_VERTICAL_FIRST = None
 VH_MAX_BOX = 31
 # The columns-first kernel's default geometries (threads, run, tile_w, tile_h, groups,
@@ -270,13 +267,12 @@ def tiled_vertical_first(ksize: tuple) -> bool:
 # Shared memory the default geometry may use (k=41 on 64x64 tiles: 73216 bytes); above
 # 48 KiB the launch opts in (an H100 gives up to 227 KiB per block).
 TILED_SMEM_LIMIT = 96 * 1024
-# The largest box side `choose` gives box_tiled: H100 2026-11-24 ~15:58 UTC
-# (benchmarks/results/2026-11-24b-h100-sweep-tiled.txt), box_tiled vs box_fused in one
-# run at k=31/41: 2167x2495x3 53.3/67.2 vs 82.6/94.2 us, 4K 74.9/95.0 vs 121.3/141.2,
-# 8K 251.9/326.1 vs 393.6/394.5. Since 2026-11-25 ~12:50 UTC box_twopass (column
-# tiles) takes boxes above 31: seed size k=31/35/41 box_tiled 48.8/57.5/67.1 us at
-# best against box_twopass 56.6/56.9/57.4; 4K 60.6/76.4/95.0 against 76.3/76.5/76.8
-# (benchmarks/results/2026-11-25h-h100-sweep-{tiled,twopass}-mid.txt).
+# The largest box side `choose` gives box_tiled; box_twopass (column tiles) takes larger
+# boxes. H100 (`benchmarks/sweep_uint8_box.py`, each at its best geometry), k=31/35/41:
+# seed size box_tiled 48.8/57.5/67.1 us against box_twopass 56.6/56.9/57.4; 4K
+# 60.6/76.4/95.0 against 76.3/76.5/76.8. box_tiled against box_fused in one run, k=31/41:
+# 2167x2495x3 53.3/67.2 vs 82.6/94.2 us, 4K 74.9/95.0 vs 121.3/141.2, 8K 251.9/326.1 vs
+# 393.6/394.5.
 TILED_MAX_BOX = 31
 
 
@@ -387,22 +383,19 @@ def tiled_args(shape: tuple, ksize: tuple, anchor: tuple, mode: int, cval, geo: 
 # channels, in the input bytes and in the staged 16-bit sums alike.
 TWOPASS_RUN = 36
 TWOPASS_ROW_THREADS = 256  # at most, per block of the row pass
-# Column pass: H100 2026-11-25 ~09:40 UTC sweep (benchmarks/results/
-# 2026-11-25f-h100-sweep-twopass*), 2167x2495x3, k=41/101/151, strips of 16/32/64/128
-# rows: 80.0/112.7/140.6, 80.2/108.0/132.2, 96.2/115.7/147.5, 129.1/146.1/159.7 us
-# (128 threads); 256 threads on 32-row strips 79.4/107.0/129.8.
+# Column pass: H100 sweep (`benchmarks/sweep_uint8_box.py --kernel twopass`),
+# 2167x2495x3, k=41/101/151, strips of 16/32/64/128 rows: 80.0/112.7/140.6,
+# 80.2/108.0/132.2, 96.2/115.7/147.5, 129.1/146.1/159.7 us (128 threads); 256 threads on
+# 32-row strips 79.4/107.0/129.8.
 TWOPASS_COL_THREADS = 256  # per block of the column pass without groups
 TWOPASS_STRIP = 32  # output rows a thread of the column pass walks without groups
 # With groups (box_column_tiles): blocks of TWOPASS_WX words x col_groups threads, each
-# of those threads walking TWOPASS_GROUP_ROWS rows of a tile in shared memory. H100
-# 2026-11-25 ~11:45 UTC (benchmarks/results/2026-11-25g-h100-sweep-twopass-tiles*), seed
-# size, k=101/61, whole box_twopass: strips of 256 rows in 8 groups of 32 words 73.8 /
-# 67.3 us, against 108.0 / 90.8 for the serial pass; strips of 64/128/384/512/640 rows,
-# 4/12/16 groups and 16/64 words were all slower at k=101 (79.6-95.9 us). The
-# window-sharing column pass tried before it took 168-219 us at k=101. With the later
-# kernel changes (12:45 UTC, 2026-11-25h-h100-sweep-twopass-sizes): 64.7 / 60.1 us;
-# with aligned row loads and 64-bit tile loads (14:12 UTC,
-# 2026-11-25i-h100-sweep-twopass-sizes.json): 56.8 / 52.7 us (not re-swept since).
+# of those threads walking TWOPASS_GROUP_ROWS rows of a tile in shared memory. H100,
+# seed size, k=101/61, whole box_twopass: 56.8 / 52.7 us. The geometry was swept on an
+# earlier version of the kernel (`benchmarks/sweep_uint8_box.py --kernel twopass`):
+# strips of 256 rows in 8 groups of 32 words 73.8 / 67.3 us, against 108.0 / 90.8 for
+# the serial pass; strips of 64/128/384/512/640 rows, 4/12/16 groups and 16/64 words were
+# all slower at k=101 (79.6-95.9 us); a window-sharing column pass took 168-219 us.
 TWOPASS_COL_GROUPS = 8
 TWOPASS_WX = 32
 TWOPASS_GROUP_ROWS = 32

@@ -16,8 +16,8 @@ MAX_SIDE = 31  # larger kernels would spill registers: use the other variants
 def rows_per_thread(kh: int) -> int:
     """Outputs per thread: more reuse per read, bounded by registers.
 
-    Measured on the H100 (benchmarks/results/2026-11-23-h100-sweep-blocked.txt): 32 is
-    best up to 21 rows, 24 beyond (31x31: 757 us vs 805 us with 16)."""
+    Measured on the H100 (`benchmarks/sweep_blocked.py`): 32 is best up to 21 rows, 24
+    beyond (31x31: 757 us vs 805 us with 16)."""
     return 32 if kh <= 21 else 24
 
 
@@ -113,11 +113,11 @@ def max_separable_rank(kh: int, kw: int) -> int:
     return max(1, (kh * kw - 1) // (kh + kw))
 
 
-# Where auto takes a kernel of rank r apart, from the H100 sweep of 2026-11-25 (seed-size
-# uint8, benchmarks/sweep_low_rank.py, `benchmarks/results/2026-11-25j-h100-low-rank.txt`):
-# one 2-D pass (blocked) costs 0.62-0.75 us per tap there (15x15 169 us, 21x21 293 us),
-# the first pair of 1-D passes about 165 us whatever k (5x5 to 21x21), each further term
-# about 283 us (its float32 running sum is read and written once more). In taps:
+# Where auto takes a kernel of rank r apart, from the H100 sweep of seed-size uint8 images
+# (`benchmarks/sweep_low_rank.py`): one 2-D pass (blocked) costs 0.62-0.75 us per tap
+# there (15x15 169 us, 21x21 293 us), the first pair of 1-D passes about 165 us whatever
+# k (5x5 to 21x21), each further term about 283 us (its float32 running sum is read and
+# written once more). In taps:
 SEPARABLE_FIRST_TAPS = 250  # a 2-D pass of more taps than this is slower than one pair
 SEPARABLE_TERM_TAPS = 430  # ... and each further term costs this many taps more
 

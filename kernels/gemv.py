@@ -150,7 +150,7 @@ def default_config(n: int, k: int, dtype) -> tuple[str, Config]:
     the power of two at or below it (no idle lane; some lanes take two packs) and
     rows fill 128 threads: for the classifier's (8.3 M x 20) float32 feature matrix
     that is autotune's winner on the H100 (4 lanes, 32 rows: 683.6 us for two GEMVs
-    against 1003.9 us with 8 lanes and 32 rows; benchmarks/results/2026-11-23d-h100-classify.txt).
+    against 1003.9 us with 8 lanes and 32 rows; `benchmarks/classify_bench.py`).
     """
     pack = 16 // np.dtype(dtype).itemsize
     packs = max(1, cdiv(k, pack))

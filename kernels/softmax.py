@@ -464,9 +464,9 @@ def _pack_size(cols: int, dtypes, addresses=(), max_bytes: int = 16) -> int:
 
 def warp_pack_bytes(cols: int, in_dtype) -> int:
     """The warp path's widest load: WARP_PACK_BYTES, but 8 bytes for 2-byte inputs
-    wider than 512 columns. H100 2026-11-24 (benchmarks/results/2026-11-24-h100-
-    softmax.txt), float16: 1000 columns 94.6% of copy with 8-byte packs, 88.2% with
-    16 (1024 columns 96.2% both; 32 and 128 columns faster with 16)."""
+    wider than 512 columns. H100 (`benchmarks/softmax_bench.py`), float16: 1000
+    columns 94.6% of copy with 8-byte packs, 88.2% with 16 (1024 columns 96.2% both;
+    32 and 128 columns faster with 16)."""
     if np.dtype(in_dtype).itemsize == 2 and cols > 512:
         return 8
     return WARP_PACK_BYTES
@@ -499,12 +499,12 @@ def _check_block_size(block_size: int) -> None:
 
 def smem_defaults(cols: int, in_dtype) -> tuple[int, bool]:
     """(unroll, online) of block_smem under `auto`, from the H100 sweeps
-    (benchmarks/results/2026-11-23-h100-softmax{,-variants}.txt): packs in flight 4
-    for float32, 2 for float16; from 16384 columns on the online variant (one pass
-    over shared memory fewer, and a float16 cache half the size, so twice the
-    blocks stay resident): at 32768 columns 2885 vs 2814 GB/s float32, 2713 vs 2100
-    float16. Below that the two are within 1% for float32 and online is slower for
-    float16 (2048 columns: 2623 vs 2803)."""
+    (`benchmarks/softmax_bench.py`): packs in flight 4 for float32, 2 for float16;
+    from 16384 columns on the online variant (one pass over shared memory fewer, and
+    a float16 cache half the size, so twice the blocks stay resident): at 32768
+    columns 2885 vs 2814 GB/s float32, 2713 vs 2100 float16. Below that the two are
+    within 1% for float32 and online is slower for float16 (2048 columns: 2623 vs
+    2803)."""
     online = cols >= 16384
     if np.dtype(in_dtype).itemsize == 4:
         return 4, online

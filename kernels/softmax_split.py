@@ -26,13 +26,13 @@ partial results through global memory:
 With two stages (auto's), a block has two buffers and does step 4 for the item it
 loaded the round before: take a ticket, load and publish item t into one buffer,
 then wait for the row of the previous item and write it from the other. The wait
-for a row's slowest chunk, 4.5 us of a 16 us item with one buffer (float16 131072,
-benchmarks/results/2026-11-25i-h100-softmax-split-trace.txt), is spent loading.
+for a row's slowest chunk, 4.5 us of a 16 us item with one buffer (float16 131072
+columns, traced by `benchmarks/trace_split.py`), is spent loading.
 
-Step 3 once stored the pair as two float32, fenced, added 1 to an arrival counter
-and spun on it: about four L2 round trips between a row's last load and its
-writes, against one now. H100, float16 131072 columns: 85.0% -> 88.4% of copy at 8
-chunks of 32 KiB (2026-11-25k, BENCHMARKS.md).
+A pair that is its own arrival flag (step 3) puts one L2 round trip between a row's
+last load and its writes, against about four for two float32 stores, a fence and an
+arrival counter to spin on. H100, float16 131072 columns: 88.4% of copy against
+85.0% at 8 chunks of 32 KiB (BENCHMARKS.md, Softmax).
 
 Forward progress: a block only waits for blocks of its own row, after publishing
 every item it holds. Tickets are taken in order, so only the row holding the
@@ -79,13 +79,13 @@ NEG_INF = float32(-math.inf)
 FULL_MASK = 0xFFFFFFFF
 # auto's geometry, both dtypes: pieces of at most SPLIT_CHUNK_BYTES, two buffers a
 # block, SPLIT_BLOCK threads, SPLIT_UNROLL packs in flight, launch bounds for
-# SPLIT_BLOCKS_PER_SM blocks per SM (40 registers). H100 2026-11-26 (benchmarks/results/
-# 2026-11-26[e-g]-h100-softmax-split-words.txt), 2^26 elements of 131072 columns:
-# float16 16 chunks 91.7-92.4% of copy, float32 32 chunks 95.8-96.5%; one buffer a block
-# (8 chunks of 32 KiB float16 at 256 threads, 8 of 64 KiB float32 at 512) 90.5-90.7%
-# and 95.1-95.2%; two buffers with 128 or 192 threads a block, 1 or 4 packs in flight,
-# 12, 20, 24 or 32 chunks: 84.0-90.9%. With the pair published by an atomic add
-# instead of an exchange (2026-11-26i): float16 93.8-94.0%, float32 97.5-97.6%.
+# SPLIT_BLOCKS_PER_SM blocks per SM (40 registers). H100, 2^26 elements of 131072
+# columns (`benchmarks/sweep_softmax_split.py`): float16 16 chunks 93.8-94.0% of copy,
+# float32 32 chunks 97.5-97.6%. Against the alternatives, measured with the pair
+# published by an exchange (this geometry then 91.7-92.4% and 95.8-96.5%): one buffer a
+# block (8 chunks of 32 KiB float16 at 256 threads, 8 of 64 KiB float32 at 512)
+# 90.5-90.7% and 95.1-95.2%; two buffers with 128 or 192 threads a block, 1 or 4 packs
+# in flight, 12, 20, 24 or 32 chunks: 84.0-90.9%.
 SPLIT_CHUNK_BYTES = 16 * 1024
 SPLIT_BLOCK, SPLIT_UNROLL, SPLIT_BLOCKS_PER_SM, SPLIT_STAGES = 256, 2, 6, 2
 BLOCK_SIZES = (128, 256, 512, 1024)
@@ -273,7 +273,7 @@ def split_kernel(
             # A ticket is taken when the block is ready to load: the chunks of a row go
             # to the next blocks to be free, so they arrive close together. (Taking it
             # before the previous item's pass 2 was measured 15% slower, and 9% slower
-            # again with the int64 exchange: 2026-11-25k.)
+            # again with the int64 exchange.)
             if tid == 0:
                 t = cuda.atomic.add(counters, 0, 1)
                 if t == last_ticket:
@@ -484,12 +484,12 @@ def plan_split(
     else the block size by OneFlow's occupancy rule (the largest of 128..1024 keeping
     the most blocks resident) and `unroll` from split_unroll. `stages`: buffers a
     block (split_kernel); by default SPLIT_STAGES where the device holds a row's
-    blocks with that many buffers each, else 1. `packed` for 2-byte inputs only (H100
-    2026-11-26g, benchmarks/results/2026-11-26g-h100-softmax-split-words.txt, 131072
-    columns at auto's geometry: float16 91.7-92.0% of copy packed, 81.7% not; float32
-    96.9% packed, 95.8-96.5% not). Raises ValueError when chunks is not in 1..cols // pack, or when
-    the device cannot hold a row's `chunks` blocks at once (the kernel could
-    deadlock), or cannot launch it at all.
+    blocks with that many buffers each, else 1. `packed` for 2-byte inputs only (H100,
+    131072 columns at auto's geometry, `benchmarks/sweep_softmax_split.py`: float16
+    91.7-92.0% of copy packed, 81.7% not; float32 96.9% packed, 95.8-96.5% not). Raises
+    ValueError when chunks is not in 1..cols // pack, or when the device cannot hold a
+    row's `chunks` blocks at once (the kernel could deadlock), or cannot launch it at
+    all.
     """
     from .softmax import Plan  # kernels.softmax imports this module inside plan()
 
