@@ -14,10 +14,20 @@ MAX_SIDE = 31  # larger kernels would spill registers: use the other variants
 
 
 def rows_per_thread(kh: int) -> int:
-    """Outputs per thread: more reuse per read, bounded by registers.
+    """Outputs per thread: more reuse per read, bounded by registers; fewer give more
+    blocks, which small images need to fill the GPU, and less unrolled code (a
+    faster first compile).
 
-    Measured on the H100 (`benchmarks/sweep_blocked.py`): 32 is best up to 21 rows, 24
+    Measured on the H100 (`benchmarks/sweep_blocked.py --ry 8,12,16,24,32`, 720p,
+    2167x2495 and 4K, uint8 RGB): 12 is the best or within 1% of it up to 11 rows
+    (7x7: 18.3 / 64.2 us against 25.5 / 67.5 with 32; compiles in 3 s, not 7), 16
+    up to 15 (15x15: 40.6 / 166.3 / 248.8 us against 45.6 / 168.0 / 250.1), 32 up
+    to 21 (21x21 at the larger sizes: 292.6 / 438.9 us; 16 gives 294.8 / 444.6), 24
     beyond (31x31: 757 us vs 805 us with 16)."""
+    if kh <= 11:
+        return 12
+    if kh <= 15:
+        return 16
     return 32 if kh <= 21 else 24
 
 
