@@ -1,8 +1,8 @@
 """The `imgfilter` command: parse options, call the array API, report. Thin.
 
-    imgfilter blur INPUT --k K [-o OUT]
-    imgfilter filter INPUT --kernel SPEC [--normalize] [-o OUT]
-    imgfilter contour INPUT [-o OUT]
+    imgfilter blur INPUT... --k K [-o OUT | --out-dir DIR --name TEMPLATE]
+    imgfilter filter INPUT... --kernel SPEC [--normalize] [-o OUT | --out-dir DIR ...]
+    imgfilter contour INPUT... [-o OUT | --out-dir DIR ...]
     imgfilter compare INPUT (--k K | --kernel SPEC [--normalize] | --contour) [--json]
 
 Every error is one line on stderr, `imgfilter: error: <message>`, with the exit code of
@@ -131,6 +131,8 @@ class _CleanHelp(TyperCommand):
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         pieces = super().collect_usage_pieces(ctx)
+        # `{INPUT}...` (several inputs) shows as INPUT too; the argument's help says more.
+        pieces = [p[:-3] if p[:1] == "{" and p.endswith("}...") else p for p in pieces]
         return [p[1:-1] if p[:1] == "{" and p[-1:] == "}" else p for p in pieces]
 
 
@@ -206,18 +208,30 @@ class _Run:
 
     quiet = False
     stage = ""
-    lock = threading.Lock()
+    lock = threading.RLock()
     spinner: _Spinner | None = None
+    bar: _Bar | None = None  # many files: the progress bar (no spinner then)
+    many = False  # many files are being filtered: the spinner stays off
+    err: Any = None  # where lines go instead of sys.stderr (many files: see _many_files)
 
 
 def _info(line: str) -> None:
     """An informational line on stderr (not an error): dropped with --quiet."""
     if _Run.quiet:
         return
+    _emit(line)
+
+
+def _emit(line: str) -> None:
+    """A line on stderr, above the spinner or the progress bar."""
     with _Run.lock:
+        if _Run.bar is not None:
+            _Run.bar.print(line)
+            return
         if _Run.spinner is not None:
             _Run.spinner.stop()  # the line goes above; the spinner comes back next tick
-        print(line, file=sys.stderr)
+        stream = _Run.err if _Run.err is not None else sys.stderr
+        print(line, file=stream, flush=True)
 
 
 def _note(message: str) -> None:
@@ -264,7 +278,7 @@ class _Spinner:
         self._task: Any = None
 
     def tick(self, elapsed: float) -> None:
-        if elapsed < self.DELAY:
+        if elapsed < self.DELAY or _Run.many:
             return
         with _Run.lock:
             if self._progress is None:
@@ -349,6 +363,9 @@ def _abandon(show: _Spinner | None) -> None:
     """Ctrl-C while the worker runs: clean up, say so, exit 130 now (see _in_worker)."""
     if show is not None:
         show.stop()
+    if _Run.bar is not None:
+        with contextlib.suppress(Exception):
+            _Run.bar.stop()
     io = sys.modules.get(f"{__package__}.io")
     if io is not None:
         io.abandon_io()  # temp files gone, descriptor 2 back on the terminal
@@ -411,6 +428,16 @@ def _gpu_failure(e: Exception) -> bool:
 InPath = Annotated[
     Path, typer.Argument(metavar="INPUT", help="Input image (PNG, JPEG, TIFF, BMP, ...).")
 ]
+InPaths = Annotated[
+    list[Path],
+    typer.Argument(
+        metavar="INPUT",
+        show_default=False,
+        help="Input images (PNG, JPEG, TIFF, BMP, ...): one or more files, directories "
+        "(the images inside; --recursive for subdirectories) or patterns such as "
+        "'photos/*.jpg' ('**' for any depth).",
+    ),
+]
 OutPath = Annotated[
     Path | None,
     typer.Option(
@@ -418,7 +445,52 @@ OutPath = Annotated[
         "-o",
         metavar="OUT",
         help="Output image; its extension picks the format. "
-        "Default: INPUT_STEM.OP.EXT beside INPUT.",
+        "Default: INPUT_STEM.OP.EXT beside INPUT. One input only.",
+    ),
+]
+OutDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--out-dir",
+        metavar="DIR",
+        help="Write the outputs here (created if missing), under the same subdirectories "
+        "as below each input directory. Default: beside each input.",
+    ),
+]
+NameOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--name",
+        metavar="TEMPLATE",
+        help="Output file names, a template of the fields stem, ext (the input's "
+        "extension, or .png where it cannot be written), name and op, each in braces "
+        "as in Python's str.format (docs/many-files.md). Default: INPUT_STEM.OP.EXT.",
+    ),
+]
+RecursiveOpt = Annotated[
+    bool,
+    typer.Option(
+        "--recursive", "-r", metavar="", help="Take images from subdirectories of directories too."
+    ),
+]
+JobsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--jobs",
+        "-j",
+        min=1,
+        max=256,
+        metavar="N",
+        help="Threads that decode and encode images (several inputs). "
+        "Default: the CPU count, at most 8.",
+    ),
+]
+SkipExistingOpt = Annotated[
+    bool,
+    typer.Option(
+        "--skip-existing",
+        metavar="",
+        help="Leave outputs that exist as they are and skip their inputs (resume).",
     ),
 ]
 BorderOpt = Annotated[
@@ -635,19 +707,350 @@ def _metadata(image: Path, target: Path) -> Any:
     return meta
 
 
+# ------------------------------------------------------------------------ many files
+
+
+class _Many:
+    """What the filtering commands take besides their filter: inputs and outputs."""
+
+    def __init__(
+        self,
+        images: list[Path],
+        output: Path | None,
+        *,
+        out_dir: Path | None = None,
+        name: str | None = None,
+        recursive: bool = False,
+        jobs: int | None = None,
+        skip_existing: bool = False,
+        force: bool = False,
+        quality: int | None = None,
+        keep_metadata: bool = False,
+    ) -> None:
+        self.images = images
+        self.output = output
+        self.out_dir = out_dir
+        self.name = name
+        self.recursive = recursive
+        self.jobs = jobs
+        self.skip_existing = skip_existing
+        self.force = force
+        self.quality = quality
+        self.keep_metadata = keep_metadata
+
+
+def _single(images: list[Path]) -> bool:
+    """One input that is a file (or names none): today's one-file command."""
+    if len(images) != 1:
+        return False
+    from .files import has_magic
+
+    p = images[0]
+    return not p.is_dir() and not (has_magic(str(p)) and not os.path.lexists(p))
+
+
+def _filter_files(
+    op: str,
+    many: _Many,
+    *,
+    backend: Backend,
+    method: Method,
+    apply: Callable[[Any, str], Any],
+) -> None:
+    """One input: `_filter_file` (with --out-dir/--name naming its output); several, a
+    directory or a pattern: `_many_files`."""
+    from . import files
+
+    if many.force and many.skip_existing:
+        raise UsageError("--force and --skip-existing exclude each other")
+    template = many.name if many.name is not None else files.default_template(op)
+    if many.name is not None:
+        files.check_template(template, op)
+    if many.output is not None and (many.out_dir is not None or many.name is not None):
+        raise UsageError("-o names the output itself: give either -o or --out-dir/--name")
+    if many.output is not None and not _single(many.images):
+        raise UsageError(
+            "-o names one output file; for several inputs give --out-dir and/or --name"
+        )
+    if many.out_dir is not None:
+        _make_out_dir(many.out_dir)
+    if not _single(many.images):
+        _many_files(op, many, template, backend=backend, method=method, apply=apply)
+        return
+    image = many.images[0]
+    output = many.output
+    if many.out_dir is not None or many.name is not None:
+        entry = files.Entry(image)
+        output = files.target_for(entry, op=op, out_dir=many.out_dir, template=template)
+    if many.skip_existing:
+        target = output if output is not None else _default_output(image, op)
+        if os.path.lexists(target):
+            _info(f"{PROG}: {_shown(target)} exists; skipped (--skip-existing)")
+            return
+    _filter_file(
+        op, image, output, force=many.force, backend=backend, method=method, apply=apply,
+        quality=many.quality, keep_metadata=many.keep_metadata,
+    )  # fmt: skip
+
+
+def _default_output(image: Path, op: str) -> Path:
+    from . import io
+
+    return io.default_output(image, op)
+
+
+def _make_out_dir(out_dir: Path) -> None:
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise OutputError(f"--out-dir {out_dir}: it is a file, not a directory") from None
+    except OSError as e:
+        raise OutputError(f"--out-dir {out_dir}: cannot create it: {e.strerror or e}") from None
+
+
+class _Bar:
+    """The many-files progress bar on stderr (a terminal): files done/total, images/s,
+    MB/s of input, ETA. Lines printed meanwhile go above it; erased at the end."""
+
+    def __init__(self, op: str, total: int, stream: Any) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=Console(file=stream),
+            transient=True,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
+        self._task = self._progress.add_task(op, total=total, rate="")
+        self._progress.start()
+
+    def update(self, done: int, rate: str) -> None:
+        self._progress.update(self._task, completed=done, rate=rate)
+
+    def print(self, line: str) -> None:
+        self._progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    def stop(self) -> None:
+        self._progress.stop()
+
+
+def _error_stream() -> tuple[Any, bool]:
+    """Where many-files lines go: a duplicate of descriptor 2 taken now (the decoders
+    point descriptor 2 at a temporary file while they run, from several threads), or
+    sys.stderr itself when it is not descriptor 2 (a test's capture)."""
+    try:
+        real = sys.stderr.fileno() == 2
+    except (AttributeError, ValueError, OSError, _text_io.UnsupportedOperation):
+        real = False
+    if not real:
+        return sys.stderr, False
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    return os.fdopen(os.dup(2), "w", buffering=1), True
+
+
+def _rate(done: int, nbytes: int, seconds: float) -> str:
+    if seconds <= 0 or done == 0:
+        return ""
+    return f"{done / seconds:.1f} img/s, {nbytes / seconds / 1e6:.1f} MB/s"
+
+
+def _many_files(
+    op: str,
+    many: _Many,
+    template: str,
+    *,
+    backend: Backend,
+    method: Method,
+    apply: Callable[[Any, str], Any],
+) -> None:
+    """Filter many files through files.run_pipeline: a line per failed file, a summary,
+    exit 3 if an input failed, else 4 if an output failed, else 5 (GPU), else 1."""
+    import numpy as np
+
+    from . import files, io
+    from .errors import GpuMemoryError, InputError
+
+    if backend is Backend.cuda:
+        _resolve_backend(backend)  # no usable GPU: exit 5 before any I/O
+    entries, problems = files.expand([str(p) for p in many.images], recursive=many.recursive)
+    plan = files.make_plan(entries, op=op, out_dir=many.out_dir, template=template)
+    for problem in problems:
+        _fail(problem)
+    if not plan.jobs and not plan.left_out:  # nothing to do: the lines above say why
+        raise typer.Exit(3 if problems else 0)
+    if plan.left_out:
+        example, source = plan.left_out[0]
+        _note(
+            f"left out {len(plan.left_out)} file(s) found that other inputs' outputs "
+            f"would replace (earlier results), e.g. {_shown(example)} of {_shown(source)}"
+        )
+    backend_name = _resolve_backend(backend) if plan.jobs else backend.value
+    if plan.jobs:
+        _note_unused_method(backend_name, method)
+    workers = many.jobs or files.default_workers()
+    kinds = {"input": 0, "output": 0, "device": 0, "other": 0}
+    no_metadata: set[str] = set()
+
+    def load(job: files.Job) -> Any:
+        if os.path.lexists(job.target):
+            if many.skip_existing:
+                raise files.Skip()
+            if not many.force:
+                raise OutputError(
+                    f"{job.target} exists",
+                    cli_message=f"{_shown(job.target)} exists; pass --force to overwrite it "
+                    "or --skip-existing to keep it",
+                )
+        img = io.read_image(job.source)
+        channels = 1 if img.ndim == 2 else int(img.shape[2])
+        if op == "contour":
+            if img.dtype.kind == "f":
+                raise InputError(
+                    f"contour needs an integer image (uint8 or uint16); {job.source} is float"
+                )
+            channels = 1
+        io.check_format(job.target, dtype=img.dtype, channels=channels, quality=many.quality)
+        meta = None
+        if many.keep_metadata:
+            kind = io._format_for(job.target).name
+            if kind in io.METADATA_FORMATS:
+                meta = io.read_metadata(job.source)
+            elif kind not in no_metadata:
+                no_metadata.add(kind)
+                _note(
+                    f"--keep-metadata: {kind} outputs are written without EXIF or ICC "
+                    f"profile (kept for {', '.join(io.METADATA_FORMATS)})"
+                )
+        return img, meta
+
+    def compute(job: files.Job, loaded: Any) -> Any:
+        try:
+            return apply(loaded[0], backend_name)
+        except GpuMemoryError:
+            raise  # this image is too large for the GPU; the next one may fit
+        except DeviceError as e:
+            raise files.Fatal(e) from e
+        except Exception as e:
+            if _gpu_failure(e):
+                raise files.Fatal(e) from e
+            raise
+
+    def save(job: files.Job, loaded: Any, result: Any) -> None:
+        try:
+            job.target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise OutputError(f"cannot write {job.target}: {e.strerror or e}") from e
+        img = np.asarray(result)
+        io.write_image(
+            job.target, img, overwrite=many.force, quality=many.quality, metadata=loaded[1]
+        )
+
+    start = time.monotonic()
+
+    def on_event(kind: str, job: files.Job, error: BaseException | None, stats: Any) -> None:
+        if error is not None:
+            if isinstance(error, (InputError, UsageError)):
+                kinds["input"] += 1
+            elif isinstance(error, OutputError):
+                kinds["output"] += 1
+            elif isinstance(error, DeviceError) or (
+                isinstance(error, Exception) and _gpu_failure(error)
+            ):
+                kinds["device"] += 1
+            else:
+                kinds["other"] += 1
+            if isinstance(error, ImgFilterError):
+                message = error.cli_message or str(error)
+                if isinstance(error, DeviceError) and _shown(job.source) not in message:
+                    message = f"{_shown(job.source)}: {message}"
+            else:
+                message = f"{_shown(job.source)}: unexpected {type(error).__name__}: {error}"
+            _emit(f"{PROG}: error: {_one_line(message)}")
+        if _Run.bar is not None:
+            elapsed = time.monotonic() - start
+            _Run.bar.update(stats.done, _rate(stats.done, stats.bytes_in, elapsed))
+
+    stream, owned = _error_stream()
+    _Run.many = True
+    _Run.err = stream
+    try:
+        if plan.jobs and not _Run.quiet and _is_terminal(sys.stderr):
+            with _Run.lock:
+                _Run.bar = _Bar(op, len(plan.jobs), stream)
+        stats = files.run_pipeline(
+            plan.jobs, load=load, compute=compute, save=save, workers=workers,
+            on_event=on_event,
+        )  # fmt: skip
+    finally:
+        with _Run.lock:
+            if _Run.bar is not None:
+                with contextlib.suppress(Exception):
+                    _Run.bar.stop()
+                _Run.bar = None
+        _Run.err = None
+        _Run.many = False
+        if owned:
+            with contextlib.suppress(OSError):
+                stream.close()
+    seconds = time.monotonic() - start
+    failed = stats.failed + len(problems)
+    kinds["input"] += len(problems)
+    rate = _rate(stats.written, stats.bytes_in, seconds) if stats.written else ""
+    not_started = stats.total - stats.done
+    summary = (
+        f"{PROG}: {stats.written} written, {stats.skipped} skipped, {failed} failed"
+        + (f", {not_started} not started" if not_started else "")
+        + f" ({_engine(backend_name, method)}, {seconds:.2f} s"
+        + (f", {rate})" if rate else ")")
+    )
+    _info(summary)
+    if stats.fatal is not None:
+        _fail(f"the GPU failed: {stats.fatal}; stopped (try --backend cpu)")
+        raise typer.Exit(DeviceError.exit_code)
+    if kinds["input"]:
+        raise typer.Exit(3)
+    if kinds["output"]:
+        raise typer.Exit(OutputError.exit_code)
+    if kinds["device"]:
+        raise typer.Exit(DeviceError.exit_code)
+    if kinds["other"]:
+        raise typer.Exit(1)
+
+
 @_app_command()
 @_command(spinner=True)
 def blur(
-    image: InPath,
+    images: InPaths,
     k: BoxSideOpt,
     output: OutPath = None,
     border: BorderOpt = Border.reflect101,
     border_value: BorderValueOpt = None,
     backend: BackendOpt = Backend.auto,
     method: MethodOpt = Method.auto,
+    out_dir: OutDirOpt = None,
+    name: NameOpt = None,
+    recursive: RecursiveOpt = False,
+    jobs: JobsOpt = None,
     quality: QualityOpt = None,
     keep_metadata: KeepMetadataOpt = False,
     force: ForceOpt = False,
+    skip_existing: SkipExistingOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -655,7 +1058,11 @@ def blur(
 
     Each output pixel is the mean of the K x K window around it.
 
-    Example: imgfilter blur photo.jpg --k 21   (writes photo.blur.jpg)
+    Examples:
+
+      imgfilter blur photo.jpg --k 21   (writes photo.blur.jpg)
+
+      imgfilter blur photos/ --recursive --k 5 --out-dir blurred   (many files)
     """
     value = _border_value(border, border_value)
 
@@ -667,16 +1074,17 @@ def blur(
             method=method.value,
         )  # fmt: skip
 
-    _filter_file(
-        "blur", image, output, force=force, backend=backend, method=method, apply=apply,
-        quality=quality, keep_metadata=keep_metadata,
+    many = _Many(
+        images, output, out_dir=out_dir, name=name, recursive=recursive, jobs=jobs,
+        skip_existing=skip_existing, force=force, quality=quality, keep_metadata=keep_metadata,
     )  # fmt: skip
+    _filter_files("blur", many, backend=backend, method=method, apply=apply)
 
 
 @_app_command("filter")
 @_command(spinner=True)
 def filter_(
-    image: InPath,
+    images: InPaths,
     kernel: KernelOpt,
     normalize: NormalizeOpt = False,
     output: OutPath = None,
@@ -684,9 +1092,14 @@ def filter_(
     border_value: BorderValueOpt = None,
     backend: BackendOpt = Backend.auto,
     method: MethodOpt = Method.auto,
+    out_dir: OutDirOpt = None,
+    name: NameOpt = None,
+    recursive: RecursiveOpt = False,
+    jobs: JobsOpt = None,
     quality: QualityOpt = None,
     keep_metadata: KeepMetadataOpt = False,
     force: ForceOpt = False,
+    skip_existing: SkipExistingOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -701,6 +1114,8 @@ def filter_(
       imgfilter filter photo.jpg --kernel "1 2 1; 2 4 2; 1 2 1" --normalize
 
       imgfilter filter photo.jpg --kernel sharpen.npy -o sharp.png
+
+      imgfilter filter photos/ --kernel sharpen.npy --out-dir sharp --skip-existing
     """
     value = _border_value(border, border_value)
     k = _kernel(kernel, normalize)
@@ -713,24 +1128,30 @@ def filter_(
             method=method.value,
         )  # fmt: skip
 
-    _filter_file(
-        "filter", image, output, force=force, backend=backend, method=method, apply=apply,
-        quality=quality, keep_metadata=keep_metadata,
+    many = _Many(
+        images, output, out_dir=out_dir, name=name, recursive=recursive, jobs=jobs,
+        skip_existing=skip_existing, force=force, quality=quality, keep_metadata=keep_metadata,
     )  # fmt: skip
+    _filter_files("filter", many, backend=backend, method=method, apply=apply)
 
 
 @_app_command()
 @_command(spinner=True)
 def contour(
-    image: InPath,
+    images: InPaths,
     output: OutPath = None,
     border: BorderOpt = Border.reflect101,
     border_value: BorderValueOpt = None,
     backend: BackendOpt = Backend.auto,
     method: MethodOpt = Method.auto,
+    out_dir: OutDirOpt = None,
+    name: NameOpt = None,
+    recursive: RecursiveOpt = False,
+    jobs: JobsOpt = None,
     quality: QualityOpt = None,
     keep_metadata: KeepMetadataOpt = False,
     force: ForceOpt = False,
+    skip_existing: SkipExistingOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -740,7 +1161,11 @@ def contour(
     the result is bit-exact with four cv2.filter2D calls and cv2.bitwise_or.
     Needs a uint8 or uint16 image.
 
-    Example: imgfilter contour photo.jpg   (writes photo.contour.jpg)
+    Examples:
+
+      imgfilter contour photo.jpg   (writes photo.contour.jpg)
+
+      imgfilter contour 'scans/*.png' --out-dir edges -j 4
     """
     value = _border_value(border, border_value)
 
@@ -752,10 +1177,11 @@ def contour(
             method=method.value,
         )  # fmt: skip
 
-    _filter_file(
-        "contour", image, output, force=force, backend=backend, method=method, apply=apply,
-        quality=quality, keep_metadata=keep_metadata,
+    many = _Many(
+        images, output, out_dir=out_dir, name=name, recursive=recursive, jobs=jobs,
+        skip_existing=skip_existing, force=force, quality=quality, keep_metadata=keep_metadata,
     )  # fmt: skip
+    _filter_files("contour", many, backend=backend, method=method, apply=apply)
 
 
 def _kernel(spec: str, normalize: bool) -> Any:

@@ -85,6 +85,7 @@ __all__ = [
     "ImageMetadata",
     "MultiFrameWarning",
     "abandon_io",
+    "check_format",
     "check_output",
     "default_output",
     "read_image",
@@ -148,6 +149,14 @@ class _Captured:
         return line if len(line) <= 200 else line[:197] + "..."
 
 
+# One capture is shared by the threads that decode or encode at the same time (the
+# many-files pipeline, imgfilter.files): file descriptor 2 and OpenCV's log level are
+# process-wide, so the first thread in redirects them and the last one out restores them.
+_capture_depth = 0
+_capture_sink: Any = None  # the temporary file that descriptor 2 points at meanwhile
+_capture_level: tuple[Any, Any] | None = None  # (OpenCV's logging module, its old level)
+
+
 @contextlib.contextmanager
 def _quiet_native(cv2: Any) -> Iterator[_Captured]:
     """Quiet OpenCV's log and capture what native code prints on file descriptor 2.
@@ -156,43 +165,75 @@ def _quiet_native(cv2: Any) -> Iterator[_Captured]:
     libpng and libjpeg write straight to the C stderr past that log level, so file
     descriptor 2 points at a temporary file for the duration. What landed there is
     available afterwards as `.text` and `.last_line()` (to explain a failed decode).
-    Anything another thread writes to stderr meanwhile is captured too; the CLI reads
-    and writes files from one thread.
+    Anything another thread writes to stderr meanwhile is captured too. Threads inside
+    at the same time share one capture (the first in redirects, the last out
+    restores), so each sees what was written from its start to its end, its
+    neighbours' chatter included.
     """
     captured = _Captured()
-    logging = getattr(getattr(cv2, "utils", None), "logging", None)
-    if logging is None or not hasattr(logging, "setLogLevel"):
-        logging = cv2 if hasattr(cv2, "setLogLevel") else None  # OpenCV 4.8: cv2.setLogLevel
-    old_level = None
-    if logging is not None:
-        old_level = logging.getLogLevel()
-        logging.setLogLevel(min(old_level, 2))  # LOG_LEVEL_ERROR; errors get captured
+    start = _begin_capture(cv2)
+    if start is None:  # no stderr at all: nothing to silence
+        yield captured
+        return
     try:
-        with contextlib.suppress(Exception):
-            sys.stderr.flush()
-        try:
-            saved_fd = os.dup(2)
-        except OSError:  # no stderr at all: nothing to silence
-            yield captured
-            return
-        with tempfile.TemporaryFile() as sink:
-            with _held_lock:
-                _saved_stderr_fds.append(saved_fd)
-                if not _abandoned:
-                    os.dup2(sink.fileno(), 2)
-            try:
-                yield captured
-            finally:
-                with _held_lock:
-                    _saved_stderr_fds.remove(saved_fd)
-                    if not _abandoned:
-                        os.dup2(saved_fd, 2)
-                    os.close(saved_fd)
-            sink.seek(0)
-            captured.text = sink.read().decode("utf-8", "replace")
+        yield captured
     finally:
-        if logging is not None:
-            logging.setLogLevel(old_level)
+        captured.text = _end_capture(start)
+
+
+def _begin_capture(cv2: Any) -> int | None:
+    """Join (or start) the shared capture; the sink's offset where this one starts."""
+    global _capture_depth, _capture_sink, _capture_level
+    with _held_lock:
+        if _capture_depth == 0:
+            with contextlib.suppress(Exception):
+                sys.stderr.flush()
+            try:
+                saved_fd = os.dup(2)
+            except OSError:
+                return None
+            _capture_sink = tempfile.TemporaryFile()
+            _saved_stderr_fds.append(saved_fd)
+            if not _abandoned:
+                os.dup2(_capture_sink.fileno(), 2)
+            logging = getattr(getattr(cv2, "utils", None), "logging", None)
+            if logging is None or not hasattr(logging, "setLogLevel"):
+                logging = cv2 if hasattr(cv2, "setLogLevel") else None  # OpenCV 4.8
+            _capture_level = None
+            if logging is not None:
+                old_level = logging.getLogLevel()
+                logging.setLogLevel(min(old_level, 2))  # LOG_LEVEL_ERROR; errors get captured
+                _capture_level = (logging, old_level)
+        _capture_depth += 1
+        return os.lseek(_capture_sink.fileno(), 0, os.SEEK_END)
+
+
+def _end_capture(start: int) -> str:
+    """Leave the shared capture; what was written to it since `start`."""
+    global _capture_depth, _capture_sink, _capture_level
+    with _held_lock:
+        sink = _capture_sink
+        fd = sink.fileno()
+        end = os.lseek(fd, 0, os.SEEK_END)
+        if hasattr(os, "pread"):
+            data = os.pread(fd, end - start, start) if end > start else b""
+        else:  # pragma: no cover - Windows; nothing else writes while it is captured
+            sink.seek(start)
+            data = sink.read(end - start)
+            sink.seek(0, os.SEEK_END)
+        _capture_depth -= 1
+        if _capture_depth == 0:
+            saved_fd = _saved_stderr_fds.pop()
+            if not _abandoned:
+                os.dup2(saved_fd, 2)
+            os.close(saved_fd)
+            sink.close()
+            _capture_sink = None
+            if _capture_level is not None:
+                logging, old_level = _capture_level
+                logging.setLogLevel(old_level)
+                _capture_level = None
+    return data.decode("utf-8", "replace")
 
 
 def _import_cv2() -> Any:
@@ -758,11 +799,25 @@ def check_output(
     and UsageError for a `quality` that is not 0..100 or given for a format other than
     JPEG and WebP.
     """
+    p = check_format(path, dtype=dtype, channels=channels, quality=quality)
+    _check_path(p, input_path=input_path, overwrite=overwrite)
+    return p
+
+
+def check_format(
+    path: str | os.PathLike[str],
+    *,
+    dtype: Any = None,
+    channels: int | None = None,
+    quality: int | None = None,
+) -> Path:
+    """The first checks of `check_output` only: the extension is a format that can hold
+    `dtype` and `channels` (each checked when given) and takes `quality`. Nothing about
+    the file system (its directory may not exist yet)."""
     p = Path(path)
     fmt = _format_for(p)
     _check_quality(p, fmt, quality)
     _check_holds(p, fmt, dtype, channels)
-    _check_path(p, input_path=input_path, overwrite=overwrite)
     return p
 
 

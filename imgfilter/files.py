@@ -1,0 +1,376 @@
+"""Many files in one command: inputs expanded, outputs planned, a bounded pipeline.
+
+    entries, problems = expand(["photos/", "*.png", "one.jpg"], recursive=True)
+    plan = make_plan(entries, op="blur", out_dir=Path("out"), template="{stem}.blur{ext}")
+    stats = run_pipeline(plan.jobs, load=..., compute=..., save=..., workers=8)
+
+`expand` turns command-line arguments into files: a directory gives the images inside
+it (its subdirectories too with `recursive`), a pattern that names no file is expanded
+here (for shells that do not expand globs), anything else is taken as a file name.
+`make_plan` gives each file its output path and finds, before any work starts, two
+inputs that would write the same output and an output that would replace an input.
+
+`run_pipeline` runs `load` (read and decode) and `save` (encode and write) on a pool of
+`workers` threads and `compute` (the filter) in the calling thread, one image at a
+time: GPU work stays in one thread. A semaphore of `depth` slots bounds the images in
+memory: a slot is taken before an image is read and given back once its result is
+written (or it failed), so memory stays flat however many files there are. A file that
+fails is reported through `on_event` and the others go on; an exception that `compute`
+marks as fatal (`Fatal`) stops the run after the writes under way.
+
+The CLI (imgfilter.cli) draws the progress bar, prints the lines and picks the exit code.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import UsageError
+
+# Extensions picked up inside directories (files named one by one are read whatever
+# their extension: the reader goes by content).
+IMAGE_EXTENSIONS = frozenset(
+    (".png", ".jpg", ".jpeg", ".jpe", ".tif", ".tiff", ".bmp", ".dib", ".webp", ".gif")
+    + (".pbm", ".pgm", ".ppm", ".pnm")
+)
+
+TEMPLATE_FIELDS = ("stem", "ext", "name", "op")
+
+
+def default_workers() -> int:
+    """`--jobs` by default: the CPU count, at most 8."""
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def default_depth(workers: int) -> int:
+    """Images in memory at once: enough to keep `workers` codec threads and the filter
+    busy (some being decoded, one filtered, some being encoded)."""
+    return 2 * workers + 1
+
+
+# ------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One input file. `base`: the directory argument it was found in (its output
+    mirrors the path below it), else None. `found`: it came from a directory or a
+    pattern, not named on the command line."""
+
+    path: Path
+    base: Path | None = None
+    found: bool = False
+
+
+def has_magic(arg: str) -> bool:
+    return any(c in arg for c in "*?[")
+
+
+def _walk(top: Path, recursive: bool) -> Iterable[Path]:
+    """Image files in `top` (sorted; hidden files and directories left out)."""
+    for root, dirs, files in os.walk(top):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".")) if recursive else []
+        for name in sorted(files):
+            if not name.startswith(".") and Path(name).suffix.lower() in IMAGE_EXTENSIONS:
+                yield Path(root) / name
+
+
+def expand(
+    args: Sequence[str | os.PathLike[str]], *, recursive: bool
+) -> tuple[list[Entry], list[str]]:
+    """The files the arguments name, each once (first mention wins), and a message
+    for each argument that gives none (a directory without images, a pattern that
+    matches nothing). A name that does not exist is kept: reading it reports it."""
+    entries: list[Entry] = []
+    problems: list[str] = []
+    seen: set[str] = set()
+
+    def add(entry: Entry) -> None:
+        key = os.path.normcase(os.path.realpath(entry.path))
+        if key not in seen:
+            seen.add(key)
+            entries.append(entry)
+
+    for arg in args:
+        text = os.fspath(arg)
+        p = Path(text)
+        if p.is_dir():
+            found = [Entry(f, p, True) for f in _walk(p, recursive)]
+            if not found:
+                hint = "" if recursive else " (--recursive looks in its subdirectories)"
+                problems.append(f"no images in directory {text}{hint}")
+            for entry in found:
+                add(entry)
+        elif not os.path.lexists(p) and has_magic(text):
+            matches = sorted(glob.glob(text, recursive=True))
+            files = [Path(m) for m in matches if not Path(m).is_dir()]
+            if not files:
+                problems.append(f"no files match {text}")
+            for f in files:
+                add(Entry(f, None, True))
+        else:
+            add(Entry(p))
+    return entries, problems
+
+
+# ------------------------------------------------------------------------ outputs
+
+
+def _default_ext(path: Path) -> str:
+    from .io import SUPPORTED_WRITE_EXTENSIONS
+
+    return path.suffix if path.suffix.lower() in SUPPORTED_WRITE_EXTENSIONS else ".png"
+
+
+def default_template(op: str) -> str:
+    """Today's rule, INPUT_STEM.OP.EXT (io.default_output), as a template."""
+    return "{stem}." + op + "{ext}"
+
+
+def render(template: str, path: Path, op: str) -> str:
+    return template.format_map(
+        {"stem": path.stem, "ext": _default_ext(path), "name": path.name, "op": op}
+    )
+
+
+def check_template(template: str, op: str) -> None:
+    """UsageError (one line) unless `template` makes a file name with an image extension."""
+    from .io import SUPPORTED_WRITE_EXTENSIONS
+
+    fields = ", ".join("{" + f + "}" for f in TEMPLATE_FIELDS)
+    if (
+        not template
+        or "/" in template
+        or (os.altsep and os.altsep in template)
+        or (os.sep in template)
+    ):
+        raise UsageError(
+            f"--name {template!r}: give a file name template without '/', "
+            f"e.g. '{{stem}}.{op}{{ext}}' (fields {fields})"
+        )
+    try:
+        name = render(template, Path("photo.png"), op)
+    except KeyError as e:
+        unknown = "{" + str(e.args[0]) + "}"
+        raise UsageError(f"--name {template!r}: unknown field {unknown}; use {fields}") from None
+    except (ValueError, IndexError, AttributeError) as e:
+        raise UsageError(
+            f"--name {template!r}: {e}; use fields {fields} (write {{{{ or }}}} for a brace)"
+        ) from None
+    if name in ("", ".", "..") or Path(name).suffix.lower() not in SUPPORTED_WRITE_EXTENSIONS:
+        raise UsageError(
+            f"--name {template!r} names photo.png's output {name!r}, without an image "
+            f"extension: end it with {{ext}} or one of {', '.join(SUPPORTED_WRITE_EXTENSIONS)}"
+        )
+
+
+@dataclass(frozen=True)
+class Job:
+    source: Path
+    target: Path
+
+
+@dataclass
+class Plan:
+    jobs: list[Job]
+    # Files found in a directory or by a pattern that are another input's output (an
+    # earlier run's result): left out, with the input they come from.
+    left_out: list[tuple[Path, Path]] = field(default_factory=list)
+
+
+def _key(p: Path) -> str:
+    return os.path.normcase(os.path.realpath(p))
+
+
+def target_for(entry: Entry, *, op: str, out_dir: Path | None, template: str) -> Path:
+    name = render(template, entry.path, op)
+    if out_dir is None:
+        return entry.path.parent / name
+    if entry.base is not None:
+        rel = os.path.relpath(entry.path.parent, entry.base)
+        return (out_dir / rel / name) if rel != os.curdir else out_dir / name
+    return out_dir / name
+
+
+def make_plan(entries: Sequence[Entry], *, op: str, out_dir: Path | None, template: str) -> Plan:
+    """Each input's output; UsageError when two inputs would write one output or an
+    output would replace an input (both found before any work starts)."""
+    targets = [target_for(e, op=op, out_dir=out_dir, template=template) for e in entries]
+    made_by: dict[str, int] = {}
+    for i, t in enumerate(targets):
+        made_by.setdefault(_key(t), i)
+    keep: list[int] = []
+    left_out: list[tuple[Path, Path]] = []
+    for i, e in enumerate(entries):
+        maker = made_by.get(_key(e.path))
+        if e.found and maker is not None and maker != i:
+            left_out.append((e.path, entries[maker].path))
+        else:
+            keep.append(i)
+    by_target: dict[str, int] = {}
+    clashes: list[str] = []
+    for i in keep:
+        first = by_target.setdefault(_key(targets[i]), i)
+        if first != i:
+            clashes.append(
+                f"{entries[first].path} and {entries[i].path} would both be written to {targets[i]}"
+            )
+    if clashes:
+        more = f" (and {len(clashes) - 1} more)" if len(clashes) > 1 else ""
+        raise UsageError(
+            f"{clashes[0]}{more}: give their directory instead of the files, or a --name "
+            "that tells them apart"
+        )
+    sources = {_key(entries[i].path): i for i in keep}
+    for i in keep:
+        j = sources.get(_key(targets[i]))
+        if j is not None:
+            whose = "itself" if j == i else f"the input {entries[j].path}"
+            raise UsageError(
+                f"the output of {entries[i].path} would overwrite {whose}: choose "
+                "another --out-dir or --name"
+            )
+    return Plan([Job(entries[i].path, targets[i]) for i in keep], left_out)
+
+
+# ----------------------------------------------------------------------- pipeline
+
+
+class Skip(Exception):
+    """Raised by `load`: the file is skipped (its output exists, --skip-existing)."""
+
+
+class Fatal(Exception):
+    """Raised by `compute` around an error that ends the run (the GPU failed): the
+    writes under way finish, no new file is started."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@dataclass
+class Stats:
+    total: int = 0
+    written: int = 0
+    skipped: int = 0
+    failed: int = 0
+    bytes_in: int = 0  # sizes of the input files done (written, skipped or failed)
+    in_memory: int = 0  # images read and not yet written or dropped
+    peak_in_memory: int = 0
+    fatal: BaseException | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def done(self) -> int:
+        return self.written + self.skipped + self.failed
+
+
+# The last run's statistics (tests read the peak number of images in memory).
+last_stats: Stats | None = None
+
+
+def _size(path: Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def run_pipeline(
+    jobs: Sequence[Job],
+    *,
+    load: Callable[[Job], Any],
+    compute: Callable[[Job, Any], Any],
+    save: Callable[[Job, Any, Any], Any],
+    workers: int,
+    depth: int | None = None,
+    on_event: Callable[[str, Job, BaseException | None, Stats], None] | None = None,
+) -> Stats:
+    """Load, compute and save each job; return the counts.
+
+    `load(job)` and `save(job, loaded, result)` run on `workers` threads, `compute(job,
+    loaded)` in the calling thread. `on_event(kind, job, error, stats)` is called once
+    per job ("written", "skipped" or "failed"), from any thread, with the counts already
+    updated (and under their lock, so calls never overlap).
+    """
+    global last_stats
+    depth = depth or default_depth(workers)
+    stats = Stats(total=len(jobs))
+    last_stats = stats
+    slots = threading.Semaphore(depth)
+    ready: queue.SimpleQueue[tuple[Job, Any, BaseException | None, bool]] = queue.SimpleQueue()
+    stop = threading.Event()
+
+    def finish(kind: str, job: Job, error: BaseException | None) -> None:
+        with stats.lock:
+            setattr(stats, kind, getattr(stats, kind) + 1)
+            stats.bytes_in += _size(job.source)
+            stats.in_memory -= 1
+            if on_event is not None:
+                on_event(kind, job, error, stats)
+        slots.release()
+
+    def decode(job: Job) -> None:
+        try:
+            loaded = load(job)
+        except Skip:
+            ready.put((job, None, None, True))
+        except BaseException as e:  # noqa: BLE001 - reported, the others go on
+            ready.put((job, None, e, False))
+        else:
+            ready.put((job, loaded, None, False))
+
+    def encode(job: Job, loaded: Any, result: Any) -> None:
+        try:
+            save(job, loaded, result)
+        except BaseException as e:  # noqa: BLE001
+            finish("failed", job, e)
+        else:
+            finish("written", job, None)
+
+    def feed(pool: ThreadPoolExecutor) -> None:
+        for job in jobs:
+            while not slots.acquire(timeout=0.1):
+                if stop.is_set():
+                    return
+            if stop.is_set():
+                slots.release()
+                return
+            with stats.lock:
+                stats.in_memory += 1
+                stats.peak_in_memory = max(stats.peak_in_memory, stats.in_memory)
+            pool.submit(decode, job)
+
+    with ThreadPoolExecutor(max(1, workers), thread_name_prefix="imgfilter-io") as pool:
+        feeder = threading.Thread(target=feed, args=(pool,), name="imgfilter-feed", daemon=True)
+        feeder.start()
+        for _ in range(len(jobs)):
+            job, loaded, error, skipped = ready.get()
+            if skipped:
+                finish("skipped", job, None)
+                continue
+            if error is not None:
+                finish("failed", job, error)
+                continue
+            try:
+                result = compute(job, loaded)
+            except Fatal as e:
+                stats.fatal = e.error
+                stop.set()
+                finish("failed", job, e.error)
+                break
+            except BaseException as e:  # noqa: BLE001
+                finish("failed", job, e)
+                continue
+            pool.submit(encode, job, loaded, result)
+        feeder.join()
+    return stats
