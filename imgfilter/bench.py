@@ -488,6 +488,10 @@ def run(
     """Measure every case; returns a dict ready for JSON (see `print_table`)."""
     from numba import cuda
 
+    from .backends import cuda as cuda_backend
+
+    cuda_backend.BACKGROUND = "off"  # steady state: each kernel compiled before it is timed
+
     ctx = _Context(quick)
     rng = np.random.default_rng(2026)
     if "seed" in sizes:

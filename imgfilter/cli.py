@@ -870,26 +870,23 @@ def _rate(done: int, nbytes: int, seconds: float) -> str:
     return f"{done / seconds:.1f} img/s, {nbytes / seconds / 1e6:.1f} MB/s"
 
 
-def _many_files(
+def _plan_many(
     op: str,
     many: _Many,
     template: str,
     *,
-    backend: Backend,
-    method: Method,
-    apply: Callable[[Any, str], Any],
-) -> None:
-    """Filter many files through files.run_pipeline: a line per failed file, a summary,
-    exit 3 if an input failed, else 4 if an output failed, else 5 (GPU), else 1."""
-    import numpy as np
+    extras: tuple[Any, ...] = (),
+    what: str = "output",
+) -> tuple[Any, list[str]]:
+    """Expand the inputs and plan the outputs (files.expand, files.make_plan): a usage
+    error for colliding outputs, a line per argument that names nothing, a note for
+    earlier results left out; exit now when there is nothing to do."""
+    from . import files
 
-    from . import files, io
-    from .errors import GpuMemoryError, InputError
-
-    if backend is Backend.cuda:
-        _resolve_backend(backend)  # no usable GPU: exit 5 before any I/O
     entries, problems = files.expand([str(p) for p in many.images], recursive=many.recursive)
-    plan = files.make_plan(entries, op=op, out_dir=many.out_dir, template=template)
+    plan = files.make_plan(
+        entries, op=op, out_dir=many.out_dir, template=template, extras=extras, what=what
+    )
     for problem in problems:
         _fail(problem)
     if not plan.jobs and not plan.left_out:  # nothing to do: the lines above say why
@@ -900,67 +897,67 @@ def _many_files(
             f"left out {len(plan.left_out)} file(s) found that other inputs' outputs "
             f"would replace (earlier results), e.g. {_shown(example)} of {_shown(source)}"
         )
-    backend_name = _resolve_backend(backend) if plan.jobs else backend.value
-    if plan.jobs:
-        _note_unused_method(backend_name, method)
-    workers = many.jobs or files.default_workers()
-    kinds = {"input": 0, "output": 0, "device": 0, "other": 0}
-    no_metadata: set[str] = set()
+    return plan, problems
 
-    def load(job: files.Job) -> Any:
-        if os.path.lexists(job.target):
-            if many.skip_existing:
-                raise files.Skip()
-            if not many.force:
-                raise OutputError(
-                    f"{job.target} exists",
-                    cli_message=f"{_shown(job.target)} exists; pass --force to overwrite it "
-                    "or --skip-existing to keep it",
-                )
-        img = io.read_image(job.source)
-        channels = 1 if img.ndim == 2 else int(img.shape[2])
-        if op == "contour":
-            if img.dtype.kind == "f":
-                raise InputError(
-                    f"contour needs an integer image (uint8 or uint16); {job.source} is float"
-                )
-            channels = 1
-        io.check_format(job.target, dtype=img.dtype, channels=channels, quality=many.quality)
-        meta = None
-        if many.keep_metadata:
-            kind = io._format_for(job.target).name
-            if kind in io.METADATA_FORMATS:
-                meta = io.read_metadata(job.source)
-            elif kind not in no_metadata:
-                no_metadata.add(kind)
-                _note(
-                    f"--keep-metadata: {kind} outputs are written without EXIF or ICC "
-                    f"profile (kept for {', '.join(io.METADATA_FORMATS)})"
-                )
-        return img, meta
 
-    def compute(job: files.Job, loaded: Any) -> Any:
-        try:
-            return apply(loaded[0], backend_name)
-        except GpuMemoryError:
-            raise  # this image is too large for the GPU; the next one may fit
-        except DeviceError as e:
+def _on_device(fn: Callable[[Any], Any]) -> Any:
+    """fn(image) in the filter thread, a GPU failure made files.Fatal (the run stops);
+    a GPU allocation that failed fails this image only (the next one may fit)."""
+    from . import files
+    from .errors import GpuMemoryError
+
+    try:
+        return fn()
+    except GpuMemoryError:
+        raise
+    except DeviceError as e:
+        raise files.Fatal(e) from e
+    except Exception as e:
+        if _gpu_failure(e):
             raise files.Fatal(e) from e
-        except Exception as e:
-            if _gpu_failure(e):
-                raise files.Fatal(e) from e
-            raise
+        raise
 
-    def save(job: files.Job, loaded: Any, result: Any) -> None:
-        try:
-            job.target.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise OutputError(f"cannot write {job.target}: {e.strerror or e}") from e
-        img = np.asarray(result)
-        io.write_image(
-            job.target, img, overwrite=many.force, quality=many.quality, metadata=loaded[1]
+
+def _refuse_existing(targets: tuple[Path, ...], *, force: bool, skip_existing: bool) -> set[Path]:
+    """The outputs of one input that exist: files.Skip when all do and --skip-existing
+    (the others are then written, these kept), OutputError without --force."""
+    from . import files
+
+    if force:
+        return set()
+    existing = {t for t in targets if os.path.lexists(t)}
+    if existing and skip_existing:
+        if len(existing) == len(targets):
+            raise files.Skip()
+        return existing
+    if existing:
+        first = next(t for t in targets if t in existing)
+        raise OutputError(
+            f"{first} exists",
+            cli_message=f"{_shown(first)} exists; pass --force to overwrite it "
+            "or --skip-existing to keep it",
         )
+    return set()
 
+
+def _run_many(
+    op: str,
+    plan: Any,
+    problems: list[str],
+    *,
+    jobs: int | None,
+    engine: str,
+    load: Callable[[Any], Any],
+    compute: Callable[[Any, Any], Any],
+    save: Callable[[Any, Any, Any], None],
+) -> None:
+    """Run the plan through files.run_pipeline: a line per failed file, a summary,
+    exit 3 if an input failed, else 4 if an output failed, else 5 (GPU), else 1."""
+    from . import files
+    from .errors import InputError
+
+    workers = jobs or files.default_workers()
+    kinds = {"input": 0, "output": 0, "device": 0, "other": 0}
     start = time.monotonic()
 
     def on_event(kind: str, job: files.Job, error: BaseException | None, stats: Any) -> None:
@@ -1016,7 +1013,7 @@ def _many_files(
     summary = (
         f"{PROG}: {stats.written} written, {stats.skipped} skipped, {failed} failed"
         + (f", {not_started} not started" if not_started else "")
-        + f" ({_engine(backend_name, method)}, {seconds:.2f} s"
+        + f" ({engine}, {seconds:.2f} s"
         + (f", {rate})" if rate else ")")
     )
     _info(summary)
@@ -1031,6 +1028,76 @@ def _many_files(
         raise typer.Exit(DeviceError.exit_code)
     if kinds["other"]:
         raise typer.Exit(1)
+
+
+def _many_files(
+    op: str,
+    many: _Many,
+    template: str,
+    *,
+    backend: Backend,
+    method: Method,
+    apply: Callable[[Any, str], Any],
+) -> None:
+    """Filter many files: `_plan_many`, then `_run_many` with the filter."""
+    import numpy as np
+
+    from . import files, io
+    from .errors import InputError
+
+    if backend is Backend.cuda:
+        _resolve_backend(backend)  # no usable GPU: exit 5 before any I/O
+    plan, problems = _plan_many(op, many, template)
+    backend_name = _resolve_backend(backend) if plan.jobs else backend.value
+    if plan.jobs:
+        _note_unused_method(backend_name, method)
+    no_metadata: set[str] = set()
+
+    def load(job: files.Job) -> Any:
+        _refuse_existing(job.targets, force=many.force, skip_existing=many.skip_existing)
+        img = io.read_image(job.source)
+        channels = 1 if img.ndim == 2 else int(img.shape[2])
+        if op == "contour":
+            if img.dtype.kind == "f":
+                raise InputError(
+                    f"contour needs an integer image (uint8 or uint16); {job.source} is float"
+                )
+            channels = 1
+        io.check_format(job.target, dtype=img.dtype, channels=channels, quality=many.quality)
+        meta = None
+        if many.keep_metadata:
+            kind = io._format_for(job.target).name
+            if kind in io.METADATA_FORMATS:
+                meta = io.read_metadata(job.source)
+            elif kind not in no_metadata:
+                no_metadata.add(kind)
+                _note(
+                    f"--keep-metadata: {kind} outputs are written without EXIF or ICC "
+                    f"profile (kept for {', '.join(io.METADATA_FORMATS)})"
+                )
+        return img, meta
+
+    def compute(job: files.Job, loaded: Any) -> Any:
+        return _on_device(lambda: apply(loaded[0], backend_name))
+
+    def save(job: files.Job, loaded: Any, result: Any) -> None:
+        _make_parent(job.target)
+        img = np.asarray(result)
+        io.write_image(
+            job.target, img, overwrite=many.force, quality=many.quality, metadata=loaded[1]
+        )
+
+    _run_many(
+        op, plan, problems, jobs=many.jobs, engine=_engine(backend_name, method), load=load,
+        compute=compute, save=save,
+    )  # fmt: skip
+
+
+def _make_parent(target: Path) -> None:
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"cannot write {target}: {e.strerror or e}") from e
 
 
 @_app_command()
@@ -1596,10 +1663,33 @@ def train(
     )
 
 
+LABELS_TEMPLATE = "{stem}.labels.png"  # each label map's default name
+
+
+def _labels_beside(image: Path) -> Path:
+    """A label map's default output: INPUT_STEM.labels.png beside the input (a lossless
+    format whatever the input's: a JPEG would change the labels)."""
+    from . import files
+
+    return image.with_name(files.render(LABELS_TEMPLATE, image, "labels"))
+
+
+LOSSY = (".jpg", ".jpeg")
+
+
+def _is_template(value: Path | None) -> bool:
+    return value is not None and "{" in str(value)
+
+
+def _lossless_label_map(target: Path) -> None:
+    if target.suffix.lower() in LOSSY:
+        raise OutputError(f"{target}: a label map needs a lossless format (.png, .tif)")
+
+
 @_app_command()
 @_command(spinner=True)
 def classify(
-    image: InPath,
+    images: InPaths,
     model: Annotated[
         Path, typer.Option("--model", "-m", metavar="MODEL.npz", help="Model from `train`.")
     ],
@@ -1609,19 +1699,26 @@ def classify(
             "--output",
             "-o",
             metavar="LABELS",
-            help="Label map (single channel, class numbers). Default: INPUT_STEM.labels.png.",
+            help="Label map (single channel, class numbers). Default: INPUT_STEM.labels.png. "
+            "One input only.",
         ),
     ] = None,
     proba: Annotated[
         Path | None,
         typer.Option(
-            "--proba", metavar="FILE.npy", help="Also write the probabilities, float32 (H, W, C)."
+            "--proba",
+            metavar="FILE.npy",
+            help="Also write the probabilities, float32 (H, W, C). With several inputs, a "
+            "name template such as '{stem}.proba.npy', written beside each label map.",
         ),
     ] = None,
     overlay: Annotated[
         Path | None,
         typer.Option(
-            "--overlay", metavar="FILE", help="Also write the image blended with class colours."
+            "--overlay",
+            metavar="FILE",
+            help="Also write the image blended with class colours. With several inputs, a "
+            "name template such as '{stem}.overlay.png', written beside each label map.",
         ),
     ] = None,
     temperature: Annotated[
@@ -1643,7 +1740,21 @@ def classify(
             help="CUDA: gemv (a GEMV per class + softmax kernel; auto) or fused.",
         ),
     ] = MethodClassify.auto,
+    out_dir: OutDirOpt = None,
+    name: Annotated[
+        str | None,
+        typer.Option(
+            "--name",
+            metavar="TEMPLATE",
+            help="Label map file names, a template of the fields stem, ext, name and op "
+            "(labels), each in braces as in Python's str.format (docs/many-files.md). "
+            "Default: INPUT_STEM.labels.png.",
+        ),
+    ] = None,
+    recursive: RecursiveOpt = False,
+    jobs: JobsOpt = None,
     force: ForceOpt = False,
+    skip_existing: SkipExistingOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -1652,21 +1763,101 @@ def classify(
     Writes the label map (each pixel the class number of the training mask), and
     optionally the per-class probabilities (.npy) and a colour overlay.
 
-    Example: imgfilter classify photo.jpg --model model.npz -o labels.png --overlay over.png
-    """
-    import numpy as np
+    Examples:
 
+      imgfilter classify photo.jpg --model model.npz -o labels.png --overlay over.png
+
+      imgfilter classify photos/ -r -m model.npz --out-dir labels --overlay '{stem}.overlay.png'
+    """
     from . import classify as _classify
-    from . import io
+    from . import files
 
     if backend is Backend.cuda:
         _resolve_backend(backend)
     if not (math.isfinite(temperature) and temperature > 0):
         raise UsageError(f"--temperature must be a positive number, got {temperature}")
+    if force and skip_existing:
+        raise UsageError("--force and --skip-existing exclude each other")
+    template = name if name is not None else LABELS_TEMPLATE
+    if name is not None:
+        files.check_template(template, "labels", example=LABELS_TEMPLATE)
+        if Path(files.render(template, Path("photo.png"), "labels")).suffix.lower() in LOSSY:
+            raise UsageError(
+                f"--name {template!r}: a label map needs a lossless format (.png, .tif)"
+            )
+    if output is not None and (out_dir is not None or name is not None):
+        raise UsageError("-o names the output itself: give either -o or --out-dir/--name")
+    single = _single(images)
+    if output is not None and not single:
+        raise UsageError(
+            "-o names one output file; for several inputs give --out-dir and/or --name"
+        )
+    extras = []
+    for option, value, op in (("--proba", proba, "proba"), ("--overlay", overlay, "overlay")):
+        if value is None:
+            continue
+        example = "{stem}." + op + (".npy" if op == "proba" else ".png")
+        if _is_template(value):
+            exts = (".npy",) if op == "proba" else None
+            files.check_template(str(value), op, option=option, extensions=exts, example=example)
+            extras.append(files.Extra(option, str(value), op))
+        elif not single:
+            raise UsageError(
+                f"{option} {value} names one file for several inputs: give a name template "
+                f"such as '{example}' (written beside each label map)"
+            )
+    if out_dir is not None:
+        _make_out_dir(out_dir)
+    if not single:
+        mdl = _classify.load(model)
+        _classify_many(
+            images, mdl, template, tuple(extras), out_dir=out_dir, recursive=recursive,
+            jobs=jobs, force=force, skip_existing=skip_existing, temperature=temperature,
+            backend=backend, method=method, proba=proba is not None,
+        )  # fmt: skip
+        return
+    image = images[0]
+    if out_dir is not None or name is not None:
+        output = files.target_for(
+            files.Entry(image), op="labels", out_dir=out_dir, template=template
+        )
+    label_map = output if output is not None else _labels_beside(image)
+    if _is_template(proba):
+        proba = files.extra_for(files.Entry(image), label_map, extras[0])
+    if _is_template(overlay):
+        overlay = files.extra_for(files.Entry(image), label_map, extras[-1])
+    if skip_existing:
+        outs = [p for p in (label_map, proba, overlay) if p is not None]
+        if all(os.path.lexists(p) for p in outs):
+            _info(f"{PROG}: {', '.join(map(_shown, outs))} exist(s); skipped (--skip-existing)")
+            return
+    _classify_file(
+        image, model, output, proba=proba, overlay=overlay, temperature=temperature,
+        backend=backend, method=method, force=force,
+    )  # fmt: skip
+
+
+def _classify_file(
+    image: Path,
+    model: Path,
+    output: Path | None,
+    *,
+    proba: Path | None,
+    overlay: Path | None,
+    temperature: float,
+    backend: Backend,
+    method: MethodClassify,
+    force: bool,
+) -> None:
+    """One input: check the outputs, read, classify, write, one `wrote` line."""
+    import numpy as np
+
+    from . import classify as _classify
+    from . import io
+
     mdl = _classify.load(model)
-    target = output if output is not None else io.default_output(image, "labels")
-    if target.suffix.lower() in (".jpg", ".jpeg"):
-        raise OutputError(f"{target}: a label map needs a lossless format (.png, .tif)")
+    target = output if output is not None else _labels_beside(image)
+    _lossless_label_map(target)
     target = io.check_output(target, input_path=image, overwrite=force, dtype=np.uint8, channels=1)
     if proba is not None:
         _check_npy_output(proba, ".npy", "--proba", inputs=(image,), force=force)
@@ -1689,11 +1880,7 @@ def classify(
     io.write_image(target, pred.labels, overwrite=force)
     written = [_shown(target)]
     if proba is not None:
-        import io as _bytes_io
-
-        buf = _bytes_io.BytesIO()
-        np.save(buf, np.ascontiguousarray(pred.proba, dtype=np.float32))
-        _write_bytes(proba, buf.getvalue(), force=force)
+        _write_bytes(proba, _npy_bytes(pred.proba), force=force)
         written.append(_shown(proba))
     if overlay is not None:
         io.write_image(overlay, _classify.overlay(img, pred.labels), overwrite=force)
@@ -1705,6 +1892,90 @@ def classify(
         f"wrote {', '.join(written)} ({_describe(img)}, {engine}, {share}; "
         f"classified in {ms:.1f} ms incl. kernel loading)"
     )
+
+
+def _npy_bytes(proba: Any) -> bytes:
+    import io as _bytes_io
+
+    import numpy as np
+
+    buf = _bytes_io.BytesIO()
+    np.save(buf, np.ascontiguousarray(proba, dtype=np.float32))
+    return buf.getvalue()
+
+
+def _classify_many(
+    images: list[Path],
+    mdl: Any,
+    template: str,
+    extras: tuple[Any, ...],
+    *,
+    out_dir: Path | None,
+    recursive: bool,
+    jobs: int | None,
+    force: bool,
+    skip_existing: bool,
+    temperature: float,
+    backend: Backend,
+    method: MethodClassify,
+    proba: bool,
+) -> None:
+    """Several inputs: files.run_pipeline with the model loaded once; the label map and
+    the --proba/--overlay outputs of each input (extras, in that order)."""
+    import numpy as np
+
+    from . import classify as _classify
+    from . import files, io
+    from .errors import InputError
+
+    many = _Many(images, None, out_dir=out_dir, recursive=recursive, jobs=jobs,
+                 skip_existing=skip_existing, force=force)  # fmt: skip
+    plan, problems = _plan_many("labels", many, template, extras=extras, what="label map")
+    backend_name = _resolve_backend(backend) if plan.jobs else backend.value
+    kinds = [x.op for x in extras]
+
+    def load(job: files.Job) -> Any:
+        keep = _refuse_existing(job.targets, force=force, skip_existing=skip_existing)
+        _lossless_label_map(job.target)
+        io.check_format(job.target, dtype=np.uint8, channels=1)
+        for kind, path in zip(kinds, job.extras, strict=True):
+            if kind == "overlay":
+                io.check_format(path, dtype=np.uint8, channels=3)
+        return io.read_image(job.source), keep
+
+    def compute(job: files.Job, loaded: Any) -> Any:
+        try:
+            return _on_device(
+                lambda: _classify.predict(
+                    loaded[0],
+                    mdl,
+                    temperature=temperature,
+                    proba=proba,
+                    backend=backend_name,
+                    method=method.value,
+                )  # fmt: skip
+            )
+        except InputError as e:  # e.g. a gray image for a colour model: say which
+            raise InputError(f"{_shown(job.source)}: {e.cli_message or e}") from e
+
+    def save(job: files.Job, loaded: Any, pred: Any) -> None:
+        img, keep = loaded
+        _make_parent(job.target)
+        if job.target not in keep:
+            io.write_image(job.target, np.asarray(pred.labels), overwrite=force)
+        for kind, path in zip(kinds, job.extras, strict=True):
+            if path in keep:
+                continue
+            if kind == "proba":
+                _write_bytes(path, _npy_bytes(pred.proba), force=force)
+            else:
+                labels = np.asarray(pred.labels)
+                io.write_image(path, _classify.overlay(img, labels), overwrite=force)
+
+    _run_many(
+        "classify", plan, problems, jobs=jobs, engine=_engine(backend_name, method), load=load,
+        compute=compute, save=save,
+    )  # fmt: skip
 
 
 def main() -> None:

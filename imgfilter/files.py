@@ -141,10 +141,21 @@ def render(template: str, path: Path, op: str) -> str:
     )
 
 
-def check_template(template: str, op: str) -> None:
-    """UsageError (one line) unless `template` makes a file name with an image extension."""
+def check_template(
+    template: str,
+    op: str,
+    *,
+    option: str = "--name",
+    extensions: Sequence[str] | None = None,
+    example: str | None = None,
+) -> None:
+    """UsageError (one line) unless `template` makes a file name ending in one of
+    `extensions` (default: the image extensions imgfilter writes). `option` and
+    `example` go into the message."""
     from .io import SUPPORTED_WRITE_EXTENSIONS
 
+    allowed = tuple(extensions) if extensions is not None else SUPPORTED_WRITE_EXTENSIONS
+    example = example or "{stem}." + op + "{ext}"
     fields = ", ".join("{" + f + "}" for f in TEMPLATE_FIELDS)
     if (
         not template
@@ -153,22 +164,24 @@ def check_template(template: str, op: str) -> None:
         or (os.sep in template)
     ):
         raise UsageError(
-            f"--name {template!r}: give a file name template without '/', "
-            f"e.g. '{{stem}}.{op}{{ext}}' (fields {fields})"
+            f"{option} {template!r}: give a file name template without '/', "
+            f"e.g. '{example}' (fields {fields})"
         )
     try:
         name = render(template, Path("photo.png"), op)
     except KeyError as e:
         unknown = "{" + str(e.args[0]) + "}"
-        raise UsageError(f"--name {template!r}: unknown field {unknown}; use {fields}") from None
+        raise UsageError(f"{option} {template!r}: unknown field {unknown}; use {fields}") from None
     except (ValueError, IndexError, AttributeError) as e:
         raise UsageError(
-            f"--name {template!r}: {e}; use fields {fields} (write {{{{ or }}}} for a brace)"
+            f"{option} {template!r}: {e}; use fields {fields} (write {{{{ or }}}} for a brace)"
         ) from None
-    if name in ("", ".", "..") or Path(name).suffix.lower() not in SUPPORTED_WRITE_EXTENSIONS:
+    if name in ("", ".", "..") or Path(name).suffix.lower() not in allowed:
+        ends = "{ext} or one of " if extensions is None else ""
         raise UsageError(
-            f"--name {template!r} names photo.png's output {name!r}, without an image "
-            f"extension: end it with {{ext}} or one of {', '.join(SUPPORTED_WRITE_EXTENSIONS)}"
+            f"{option} {template!r} names photo.png's output {name!r}, without "
+            f"{'an image extension' if extensions is None else 'the extension ' + allowed[0]}"
+            f": end it with {ends}{', '.join(allowed)}"
         )
 
 
@@ -176,6 +189,23 @@ def check_template(template: str, op: str) -> None:
 class Job:
     source: Path
     target: Path
+    # More outputs of the same input (classify's --proba and --overlay), in the order
+    # of make_plan's `extras`.
+    extras: tuple[Path, ...] = ()
+
+    @property
+    def targets(self) -> tuple[Path, ...]:
+        return (self.target, *self.extras)
+
+
+@dataclass(frozen=True)
+class Extra:
+    """A further output per input: named by `template` (`{op}` is `op`), written in the
+    directory of the input's main output; `what` names it in messages."""
+
+    what: str
+    template: str
+    op: str
 
 
 @dataclass
@@ -200,13 +230,32 @@ def target_for(entry: Entry, *, op: str, out_dir: Path | None, template: str) ->
     return out_dir / name
 
 
-def make_plan(entries: Sequence[Entry], *, op: str, out_dir: Path | None, template: str) -> Plan:
-    """Each input's output; UsageError when two inputs would write one output or an
-    output would replace an input (both found before any work starts)."""
+def extra_for(entry: Entry, target: Path, extra: Extra) -> Path:
+    """Where `extra` of the input `entry` goes: beside its main output `target`."""
+    return target.parent / render(extra.template, entry.path, extra.op)
+
+
+def make_plan(
+    entries: Sequence[Entry],
+    *,
+    op: str,
+    out_dir: Path | None,
+    template: str,
+    extras: Sequence[Extra] = (),
+    what: str = "output",
+) -> Plan:
+    """Each input's output (and its `extras`); UsageError when two outputs would be one
+    file (of two inputs, or two outputs of one input) or an output would replace an
+    input (all found before any work starts). `what` names the main output."""
     targets = [target_for(e, op=op, out_dir=out_dir, template=template) for e in entries]
+    outputs = [
+        (t, *(extra_for(e, t, x) for x in extras)) for e, t in zip(entries, targets, strict=True)
+    ]
+    kinds = (what, *(x.what for x in extras))
     made_by: dict[str, int] = {}
-    for i, t in enumerate(targets):
-        made_by.setdefault(_key(t), i)
+    for i, outs in enumerate(outputs):
+        for t in outs:
+            made_by.setdefault(_key(t), i)
     keep: list[int] = []
     left_out: list[tuple[Path, Path]] = []
     for i, e in enumerate(entries):
@@ -215,30 +264,50 @@ def make_plan(entries: Sequence[Entry], *, op: str, out_dir: Path | None, templa
             left_out.append((e.path, entries[maker].path))
         else:
             keep.append(i)
-    by_target: dict[str, int] = {}
+    by_target: dict[str, tuple[int, int]] = {}
     clashes: list[str] = []
+    own = False  # the first clash is between two outputs of one input
     for i in keep:
-        first = by_target.setdefault(_key(targets[i]), i)
-        if first != i:
-            clashes.append(
-                f"{entries[first].path} and {entries[i].path} would both be written to {targets[i]}"
-            )
+        for k, t in enumerate(outputs[i]):
+            first = by_target.setdefault(_key(t), (i, k))
+            if first == (i, k):
+                continue
+            j, kj = first
+            if j == i:
+                own = own or not clashes
+                clashes.append(
+                    f"the {kinds[kj]} and the {kinds[k]} of {entries[i].path} would both be "
+                    f"written to {t}"
+                )
+            else:
+                clashes.append(
+                    f"{entries[j].path} and {entries[i].path} would both be written to {t}"
+                )
     if clashes:
         more = f" (and {len(clashes) - 1} more)" if len(clashes) > 1 else ""
-        raise UsageError(
-            f"{clashes[0]}{more}: give their directory instead of the files, or a --name "
-            "that tells them apart"
-        )
+        if not extras:
+            fix = "give their directory instead of the files, or a --name that tells them apart"
+        else:
+            names = ", ".join(["--name", *(x.what for x in extras)])
+            fix = (
+                f"give them different names ({names})"
+                if own
+                else f"give their directory instead of the files, or names ({names}) that "
+                "tell them apart"
+            )
+        raise UsageError(f"{clashes[0]}{more}: {fix}")
     sources = {_key(entries[i].path): i for i in keep}
     for i in keep:
-        j = sources.get(_key(targets[i]))
-        if j is not None:
-            whose = "itself" if j == i else f"the input {entries[j].path}"
-            raise UsageError(
-                f"the output of {entries[i].path} would overwrite {whose}: choose "
-                "another --out-dir or --name"
-            )
-    return Plan([Job(entries[i].path, targets[i]) for i in keep], left_out)
+        for k, t in enumerate(outputs[i]):
+            j = sources.get(_key(t))
+            if j is not None:
+                whose = "itself" if j == i else f"the input {entries[j].path}"
+                output = "output" if not extras else kinds[k]
+                raise UsageError(
+                    f"the {output} of {entries[i].path} would overwrite {whose}: choose "
+                    "another --out-dir or --name"
+                )
+    return Plan([Job(entries[i].path, outputs[i][0], outputs[i][1:]) for i in keep], left_out)
 
 
 # ----------------------------------------------------------------------- pipeline

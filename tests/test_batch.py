@@ -72,11 +72,15 @@ ONE_LAUNCH_OPS = {
                             lambda i, **o: imgfilter.blur(i, (5, 3), **o)),
     "box (float32: running sums)": (np.float32, lambda b, **o: imgfilter.blur_batch(b, 4, **o),
                                     lambda i, **o: imgfilter.blur(i, 4, **o)),
-    "filter2d (blocked)": (np.uint8, lambda b, **o: imgfilter.filter2d_batch(b, KERNEL, **o),
-                           lambda i, **o: imgfilter.filter2d(i, KERNEL, **o)),
+    "filter2d (blocked)": (np.uint8,
+                           lambda b, **o: imgfilter.filter2d_batch(b, KERNEL, method="blocked",
+                                                                   **o),
+                           lambda i, **o: imgfilter.filter2d(i, KERNEL, method="blocked", **o)),
     "filter2d (separable)": (np.uint16,
-                             lambda b, **o: imgfilter.filter2d_batch(b, OUTER, **o),
-                             lambda i, **o: imgfilter.filter2d(i, OUTER, **o)),
+                             lambda b, **o: imgfilter.filter2d_batch(b, OUTER, method="separable",
+                                                                     **o),
+                             lambda i, **o: imgfilter.filter2d(i, OUTER, method="separable",
+                                                               **o)),
     "contour": (np.uint8, lambda b, **o: imgfilter.contour_batch(b, **o),
                 lambda i, **o: imgfilter.contour(i, **o)),
 }  # fmt: skip
@@ -108,7 +112,10 @@ def test_a_device_batch_is_one_launch_per_kernel(monkeypatch, index, name):
         counted.clear()
         got = many(_device(batch), border=border, border_value=7).copy_to_host()
         launches.append(len(counted))
-        expected = np.stack([one(batch[i], border=border, border_value=7) for i in range(n)])
+        expected = np.stack([
+            one(_device(batch[i]), border=border, border_value=7).copy_to_host()
+            for i in range(n)
+        ])  # fmt: skip
         np.testing.assert_array_equal(got, expected, err_msg=f"{name}, {border}, n={n}")
     assert launches[0] == launches[1], f"{name}: launches for 2 and 3 images: {launches}"
 

@@ -480,3 +480,234 @@ def test_sigint_stops_many_files_leaving_whole_files_only(tmp_path):
                    "--out-dir", out, "--skip-existing")  # fmt: skip
     assert proc2.returncode == 0, proc2.stderr
     assert f"{40 - len(done)} written, {len(done)} skipped, 0 failed" in proc2.stderr
+
+
+# ----------------------------------------------------------------------- classify
+
+
+def classes_image(h: int, w: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A BGR image of three noisy colour regions and its classes (1, 2, 3)."""
+    rng = np.random.default_rng(seed)
+    truth = np.ones((h, w), np.uint8)
+    truth[:, w // 2 :] = 2
+    truth[(2 * h) // 3 :, : w // 3] = 3
+    colours = np.array([[0, 0, 0], [40, 60, 200], [60, 190, 70], [200, 120, 40]], np.float32)
+    img = colours[truth] + rng.normal(0, 12, (h, w, 3))
+    return np.clip(np.rint(img), 0, 255).astype(np.uint8), truth
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory) -> Path:
+    from imgfilter import classify
+
+    img, truth = classes_image(30, 40, 0)
+    spec = {"raw": True, "gauss": [1.0], "box": [3], "edges": [1.0], "contour": True}
+    model, _ = classify.train(img, truth, spec=spec, l2=1e-2, backend="cpu")
+    return classify.save(model, tmp_path_factory.mktemp("model") / "model.npz")
+
+
+def classify_tree(root: Path) -> list[Path]:
+    paths = [imwrite(root / f"c{i}.png", classes_image(30 + i, 40, i + 1)[0]) for i in range(3)]
+    paths.append(imwrite(root / "sub" / "s.jpg", classes_image(24, 36, 9)[0]))
+    return paths
+
+
+def test_classify_many_equals_single_input_classify(tmp_path, model_file):
+    src = tmp_path / "in"
+    inputs = classify_tree(src)
+    out = tmp_path / "out"
+    result = run("classify", src, "-r", "-m", model_file, "--backend", "cpu", "--out-dir",
+                 out, "--proba", "{stem}.proba.npy", "--overlay", "{stem}.{op}{ext}",
+                 "-j", "2")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert lines(result.stderr)[-1].startswith(
+        f"imgfilter: {len(inputs)} written, 0 skipped, 0 failed (cpu, "
+    )
+    written = sorted(str(p.relative_to(out)) for p in out.rglob("*.*"))
+    assert written == sorted(
+        [f"c{i}.{kind}" for i in range(3) for kind in ("labels.png", "proba.npy", "overlay.png")]
+        + ["sub/s.labels.png", "sub/s.proba.npy", "sub/s.overlay.jpg"]
+    )
+    for p in inputs:
+        rel = p.relative_to(src).parent
+        ref = tmp_path / "ref" / rel
+        ref.mkdir(parents=True, exist_ok=True)
+        one = run("classify", p, "-m", model_file, "--backend", "cpu", "-o",
+                  ref / f"{p.stem}.labels.png", "--proba", ref / f"{p.stem}.proba.npy",
+                  "--overlay", ref / f"{p.stem}.overlay{p.suffix}")  # fmt: skip
+        assert one.exit_code == 0, one.output
+        for name in (f"{p.stem}.labels.png", f"{p.stem}.overlay{p.suffix}"):
+            np.testing.assert_array_equal(imread(out / rel / name), imread(ref / name))
+        np.testing.assert_array_equal(
+            np.load(out / rel / f"{p.stem}.proba.npy"), np.load(ref / f"{p.stem}.proba.npy")
+        )
+    assert no_temp_files(tmp_path)
+
+
+def test_classify_many_loads_the_model_once_and_classifies_in_one_thread(
+    tmp_path, model_file, monkeypatch
+):
+    from imgfilter import classify
+
+    loads, threads = [], set()
+    real_load, real_predict = classify.load, classify.predict
+
+    def load(path):
+        loads.append(path)
+        return real_load(path)
+
+    def predict(*args, **kwargs):
+        threads.add(threading.current_thread().name)
+        return real_predict(*args, **kwargs)
+
+    monkeypatch.setattr(classify, "load", load)
+    monkeypatch.setattr(classify, "predict", predict)
+    classify_tree(tmp_path / "in")
+    result = run("classify", tmp_path / "in", "-r", "-m", model_file, "--backend", "cpu",
+                 "-j", "3")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert len(loads) == 1
+    assert len(threads) == 1 and not threads.pop().startswith("imgfilter-io")
+
+
+def test_classify_many_default_names_beside_inputs_and_rerun(tmp_path, model_file):
+    src = tmp_path / "in"
+    inputs = classify_tree(src)
+    args = ["classify", src, "-r", "-m", model_file, "--backend", "cpu",
+            "--overlay", "{stem}.overlay.png"]  # fmt: skip
+    first = run(*args)
+    assert first.exit_code == 0, first.output
+    for p in inputs:
+        assert p.with_name(f"{p.stem}.labels.png").exists()  # .png for a .jpg input too
+        assert p.with_name(f"{p.stem}.overlay.png").exists()
+    again = run(*args, "--skip-existing")
+    assert again.exit_code == 0, again.output
+    assert f"left out {2 * len(inputs)} file(s)" in again.stderr  # no a.labels.labels.png
+    assert f"0 written, {len(inputs)} skipped, 0 failed" in again.stderr
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--proba", "p.npy"], "--proba p.npy names one file for several inputs"),
+        (["--overlay", "over.png"], "--overlay over.png names one file"),
+        (["--proba", "{stem}.png"], "without the extension .npy"),
+        (["--overlay", "{stem}.txt"], "without an image extension"),
+        (["--name", "{stem}.jpg"], "lossless"),
+        (["--name", "{stem}.png", "--overlay", "{stem}.png"], "the label map and the --overlay"),
+        (["--proba", "{stem}.npy", "--overlay", "{stem}.{op}.png", "--name", "{name}"], "itself"),
+        (["-o", "x.png"], "-o names one output file"),
+        (["--force", "--skip-existing"], "exclude each other"),
+    ],
+)
+def test_classify_many_refuses_ambiguous_outputs(tmp_path, model_file, extra, words):
+    """One usage line (exit 2) before anything is read or written."""
+    classify_tree(tmp_path / "in")
+    before = sorted(tmp_path.rglob("*"))
+    result = run("classify", tmp_path / "in", "-r", "-m", model_file, "--backend", "cpu", *extra)
+    assert result.exit_code == 2, result.output
+    (line,) = lines(result.stderr)
+    assert line.startswith("imgfilter: error: ") and words in line, line
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_classify_many_two_inputs_one_output_refused_before_any_work(tmp_path, model_file):
+    a = imwrite(tmp_path / "x" / "p.png", classes_image(20, 20, 1)[0])
+    b = imwrite(tmp_path / "y" / "p.png", classes_image(20, 20, 2)[0])
+    c = imwrite(tmp_path / "z.png", classes_image(20, 20, 3)[0])
+    result = run("classify", c, a, b, "-m", model_file, "--backend", "cpu",
+                 "--out-dir", tmp_path / "o", "--proba", "{stem}.npy")  # fmt: skip
+    assert result.exit_code == 2, result.output
+    (line,) = lines(result.stderr)
+    assert "would both be written to" in line and "p.labels.png" in line
+    assert not list((tmp_path / "o").iterdir())
+
+
+def test_classify_many_bad_files_reported_and_skipped(tmp_path, model_file):
+    src = tmp_path / "in"
+    good = classify_tree(src)
+    (src / "junk.png").write_bytes(b"this is no image")
+    imwrite(src / "gray.png", classes_image(20, 20, 4)[0][:, :, 0])  # the model wants colour
+    result = run("classify", src, "-r", "-m", model_file, "--backend", "cpu",
+                 "--out-dir", tmp_path / "o", "--proba", "{stem}.npy")  # fmt: skip
+    assert result.exit_code == 3, result.output
+    errors = [line for line in lines(result.stderr) if line.startswith("imgfilter: error: ")]
+    assert len(errors) == 2, result.stderr
+    assert any("junk.png" in e and "cannot read" in e for e in errors), errors
+    assert any("gray.png" in e and "trained on colour" in e for e in errors), errors
+    assert lines(result.stderr)[-1].startswith(
+        f"imgfilter: {len(good)} written, 0 skipped, 2 failed"
+    )
+    assert len(list((tmp_path / "o").rglob("*.labels.png"))) == len(good)
+    assert len(list((tmp_path / "o").rglob("*.npy"))) == len(good)
+    assert "Traceback" not in result.output and no_temp_files(tmp_path)
+
+
+def test_classify_many_existing_outputs_force_and_resume(tmp_path, model_file):
+    src = tmp_path / "in"
+    inputs = classify_tree(src)
+    out = tmp_path / "o"
+    args = ["classify", src, "-r", "-m", model_file, "--backend", "cpu", "--out-dir", out,
+            "--overlay", "{stem}.overlay.png"]  # fmt: skip
+    assert run(*args).exit_code == 0
+    reference = imread(out / "c1.overlay.png")
+    (out / "c1.overlay.png").unlink()  # as if stopped between c1's two writes
+    (out / "c1.labels.png").write_bytes(b"sentinel")
+
+    refused = run(*args)
+    assert refused.exit_code == 4, refused.output
+    assert sum("exists; pass --force" in line for line in lines(refused.stderr)) == len(inputs)
+    assert not (out / "c1.overlay.png").exists()
+
+    resumed = run(*args, "--skip-existing")
+    assert resumed.exit_code == 0, resumed.output
+    assert f"1 written, {len(inputs) - 1} skipped, 0 failed" in resumed.stderr
+    assert (out / "c1.labels.png").read_bytes() == b"sentinel"  # kept as it was
+    np.testing.assert_array_equal(imread(out / "c1.overlay.png"), reference)
+
+    forced = run(*args, "--force")
+    assert forced.exit_code == 0, forced.output
+    assert imread(out / "c1.labels.png").shape == (31, 40)
+
+
+def test_classify_single_input_with_out_dir_and_templates(tmp_path, model_file):
+    src = classify_tree(tmp_path / "in")[0]
+    result = run("classify", src, "-m", model_file, "--backend", "cpu", "--out-dir",
+                 tmp_path / "o", "--proba", "{stem}.p.npy", "--overlay",
+                 "{stem}.o.png")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (line,) = lines(result.stderr)
+    assert line.startswith("wrote ") and "c0.labels.png" in line  # the one-file line
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [
+        "c0.labels.png", "c0.o.png", "c0.p.npy",
+    ]  # fmt: skip
+    again = run("classify", src, "-m", model_file, "--backend", "cpu", "--out-dir",
+                tmp_path / "o", "--proba", "{stem}.p.npy", "--skip-existing")  # fmt: skip
+    assert again.exit_code == 0 and "skipped (--skip-existing)" in again.stderr
+
+
+def test_classify_many_subprocess_exit_code(tmp_path, model_file):
+    src = tmp_path / "in"
+    good = classify_tree(src)
+    (src / "bad.jpg").write_bytes(b"\xff\xd8\xff\xe0broken")
+    proc = module("classify", str(src / "*.png"), src / "sub", src / "bad.jpg", "-m", model_file,
+                  "--backend", "cpu", "--out-dir", tmp_path / "o", "-q")  # fmt: skip
+    assert proc.returncode == 3, proc.stderr
+    (line,) = lines(proc.stderr)
+    assert line.startswith("imgfilter: error: cannot read") and "bad.jpg" in line
+    assert len(list((tmp_path / "o").glob("*.labels.png"))) == len(good)
+
+
+def test_one_classify_without_output_writes_a_png_label_map(tmp_path):
+    """The default label map is INPUT_STEM.labels.png (lossless) beside a JPEG input,
+    as --help says, not a .jpg (which would be refused as lossy)."""
+    import shutil
+
+    samples = Path(__file__).resolve().parent.parent / "samples"
+    photo = tmp_path / "photo.jpg"
+    shutil.copy(samples / "astronaut.jpg", photo)
+    model = samples / "classify" / "astronaut.model.npz"
+    result = run("classify", str(photo), "--model", str(model))
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "photo.labels.png").exists()
+    assert not (tmp_path / "photo.labels.jpg").exists()

@@ -15,7 +15,7 @@ from imgfilter.backends import opencv as ref
 def test_tiled_until_the_blocked_kernel_is_compiled(monkeypatch):
     started = []
     monkeypatch.setattr(backend, "_BLOCKED_READY", set())
-    monkeypatch.setattr(backend, "_BLOCKED_PENDING", set())
+    monkeypatch.setattr(backend, "_BLOCKED_PENDING", {})
     monkeypatch.setattr(backend, "_compile_in_background", lambda *key: started.append(key))
     monkeypatch.setattr(backend.cubins, "load", lambda name, cc: None)
     monkeypatch.setattr(backend, "driver", lambda: type("D", (), {"cc": (9, 0)})())
@@ -46,19 +46,30 @@ def test_kernels_too_big_for_the_tiled_tile_wait_for_blocked(monkeypatch):
 
 @pytest.mark.gpu
 def test_first_use_on_the_gpu_then_blocked(monkeypatch, tmp_path):
-    """A fresh kernel size: the first call runs tiled, a background thread compiles the
-    blocked kernel; the calls after it run blocked; every result equals OpenCV's."""
+    """A fresh kernel size on a fresh cache: the first call runs tiled while a detached
+    process compiles the blocked kernel and exports its cubin; the calls after that
+    run blocked; every result equals OpenCV's."""
+    import time
+
     cp = pytest.importorskip("cupy")
-    monkeypatch.setattr(backend, "BACKGROUND", "thread")
-    monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(backend, "BACKGROUND", "process")
+    monkeypatch.setattr(backend, "_BLOCKED_READY", set())
+    monkeypatch.setattr(backend, "_BLOCKED_PENDING", {})
+    monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path))  # the child inherits it
     kernel = np.random.default_rng(3).random((11, 13)).astype(np.float32)
     img = np.random.default_rng(4).integers(0, 255, (300, 400, 3), dtype=np.uint8)
     want = ref.filter2d(img, kernel)
+    methods = []
+    real = backend._conv.correlate
+    monkeypatch.setattr(backend._conv, "correlate",
+                        lambda *a: methods.append(a[5]) or real(*a))  # fmt: skip
     got = imgfilter.filter2d(cp.asarray(img), kernel).copy_to_host()
     assert np.abs(got.astype(int) - want).max() <= 1
-    threads = [t for t in __import__("threading").enumerate() if t.name != "MainThread"]
-    for t in threads:
-        t.join(timeout=120)
-    assert (11, 13, "uint8") in backend._BLOCKED_READY
+    assert methods == ["tiled"]
+    deadline = time.monotonic() + 180
+    while backend._blocked_or_tiled(11, 13, np.uint8) != "blocked":
+        assert time.monotonic() < deadline, "the background compile never exported its cubin"
+        time.sleep(0.5)
     got = imgfilter.filter2d(cp.asarray(img), kernel).copy_to_host()
     assert np.abs(got.astype(int) - want).max() <= 1
+    assert methods[-1] == "blocked"

@@ -97,6 +97,11 @@ def _path(name: str, cc: tuple[int, int]) -> Path:
     return _directory() / f"{name}-{_digest()}-sm{cc[0]}{cc[1]}.cubin"
 
 
+def pending_marker(name: str) -> Path:
+    """The file that says a process is compiling kernel `name` for the cache."""
+    return _directory() / f"{name}-{_digest()}.pending"
+
+
 def any_for(cc: tuple[int, int]) -> bool:
     """Whether any cubin for this compute capability and these kernel sources exists."""
     try:

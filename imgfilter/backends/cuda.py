@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 from numba import config
@@ -368,53 +369,64 @@ def _correlate_launches(src, dst, handle: int, kernel, terms, anchor, border, va
 # ------------------------------------------------------- first use of a kernel size
 #
 # Method auto's register-blocked kernel is generated and compiled for each kernel
-# size (NVVM: ~10 s at 21x21). Until that compile is on disk (the cubin exported by
-# an earlier run, or this process's compile), auto runs the shared-memory tiled
-# kernel, which takes any size as an argument (compiled once), and compiles the
-# blocked one in the background for the calls after: in a thread ("thread", the
-# API) or a detached process that exports its cubin for the next run ("process",
-# the command line). "off": compile at once (IMGFILTER_BACKGROUND_COMPILE=0).
-BACKGROUND = {"0": "off", "process": "process"}.get(
-    os.environ.get("IMGFILTER_BACKGROUND_COMPILE", ""), "thread"
-)
+# size (NVVM: 3-10 s). Until that compile is on disk (its cubin, exported by the
+# compile), auto runs the shared-memory tiled kernel, which takes any size as an
+# argument (compiled once per dtype; the same results), and a detached process
+# compiles the blocked kernel into the caches: not a thread, whose Numba compile would
+# hold the GIL and slow the caller's every call meanwhile. The calls after it load the
+# blocked kernel from the cache. IMGFILTER_BACKGROUND_COMPILE=0: compile at once.
+BACKGROUND = "off" if os.environ.get("IMGFILTER_BACKGROUND_COMPILE") == "0" else "process"
 _BLOCKED_READY: set = set()  # (kh, kw, dtype name) whose blocked kernel can run now
-_BLOCKED_PENDING: set = set()
+_BLOCKED_PENDING: dict = {}  # (kh, kw, dtype name) -> when its cubin was last looked for
+_LOOK_EVERY_S = 0.5
+_PENDING_STALE_S = 300.0  # a marker older than this is a compile that died
 
 
 def _blocked_or_tiled(kh: int, kw: int, dtype) -> str:
-    """ "blocked" when its kernel for this size and dtype is compiled (in this process
-    or cached on disk), else "tiled", starting the blocked kernel's compile."""
+    """ "blocked" when its kernel for this size and dtype is compiled (its cubin on
+    disk), else "tiled", starting the blocked kernel's compile (once)."""
     key = (kh, kw, np.dtype(dtype).name)
     if key in _BLOCKED_READY:
         return "blocked"
-    if cubins.load(cubins.blocked_name(kh, kw, dtype), driver().cc) is not None:
-        _BLOCKED_READY.add(key)
-        return "blocked"
-    if not _conv.tiled_fits(kh, kw):
-        return "blocked"
-    with _lock:
-        start = key not in _BLOCKED_PENDING
-        _BLOCKED_PENDING.add(key)
-    if start:
-        _compile_in_background(*key)
+    now = time.monotonic()
+    last = _BLOCKED_PENDING.get(key)
+    if last is None or now - last >= _LOOK_EVERY_S:
+        if cubins.load(cubins.blocked_name(kh, kw, dtype), driver().cc) is not None:
+            _BLOCKED_READY.add(key)
+            return "blocked"
+        if not _conv.tiled_fits(kh, kw):
+            return "blocked"
+        with _lock:
+            start = key not in _BLOCKED_PENDING
+            _BLOCKED_PENDING[key] = now
+        if start:
+            _compile_in_background(*key)
     return "tiled"
 
 
 def _compile_in_background(kh: int, kw: int, dtype: str) -> None:
-    if BACKGROUND == "process":
-        code = f"import imgfilter.backends.cuda as c; c.compile_blocked({kh}, {kw}, {dtype!r})"
-        subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True)  # fmt: skip
-    else:
-        threading.Thread(target=compile_blocked, args=(kh, kw, dtype), daemon=True).start()
+    """Start a detached process that runs `compile_blocked`, unless a live one is at
+    it already (its marker file, next to the cubin it will write)."""
+    marker = cubins.pending_marker(cubins.blocked_name(kh, kw, dtype))
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        if marker.exists() and time.time() - marker.stat().st_mtime < _PENDING_STALE_S:
+            return
+        marker.write_text(str(os.getpid()))
+    except OSError:
+        return  # no cache directory to write: auto stays on the tiled kernel
+    code = f"import imgfilter.backends.cuda as c; c.compile_blocked({kh}, {kw}, {dtype!r})"
+    subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)  # fmt: skip
 
 
 def compile_blocked(kh: int, kw: int, dtype: str) -> None:
     """Compile (or load) the register-blocked kernel for a kh x kw kernel on `dtype`
-    images by running it once on a small image, and export its cubin for later
-    processes; then method auto uses it. Never raises (a failure leaves auto on the
-    tiled kernel)."""
+    images by running it once on a small image, and export its cubin (the sign for
+    method auto, in this and other processes, that it is ready). Never raises: a
+    failure leaves auto on the tiled kernel."""
+    name = cubins.blocked_name(kh, kw, dtype)
     try:
         stream = PER_THREAD_STREAM
         img = to_device(np.ones((8, 8, 1), dtype), stream)
@@ -423,12 +435,16 @@ def compile_blocked(kh: int, kw: int, dtype: str) -> None:
         cval = np.dtype(dtype).type(0)
         _conv.correlate(img, weights, (0, 0), 0, cval, "blocked", out, stream)
         driver().synchronize(stream)
-        name = cubins.blocked_name(kh, kw, dtype)
         _export(_blocked.kernel_for(kh, kw), name, (np.dtype(dtype), np.float32, np.dtype(dtype)))
         _BLOCKED_READY.add((kh, kw, np.dtype(dtype).name))
     except Exception as exc:  # noqa: BLE001 - an optimisation: the tiled kernel still runs
         if os.environ.get("IMGFILTER_DEBUG_CUBINS") == "1":
             print(f"imgfilter: background compile of {kh}x{kw} failed: {exc!r}", file=sys.stderr)
+    finally:
+        try:
+            cubins.pending_marker(name).unlink()
+        except OSError:
+            pass
 
 
 def correlate(img, kernel, anchor, border, value, method, out=None, stream=None):
