@@ -166,10 +166,6 @@ def _options(anchor, kshape: tuple, border, border_value, method, dtype) -> tupl
     return _remember(("options", anchor, kshape, border, border_value, method, dtype), make)
 
 
-def _box_memo(k) -> tuple[int, int]:
-    return _remember(("box", k), lambda: box_size(k))
-
-
 def _kernel_memo(kernel: Any) -> np.ndarray:
     """as_kernel(kernel), kept by the kernel's bytes (a read-only float32 array)."""
     if isinstance(kernel, np.ndarray) and kernel.size <= MAX_KERNEL_SIDE**2:
@@ -309,14 +305,24 @@ def blur(
     `filter2d` (out and stream too); method "auto" uses separable running sums on the GPU.
     """
     arr, device = _as_image(img)
-    kh, kw = _box_memo(k)
-    anchor_yx, code, method, value = _options(anchor, (kh, kw), border, border_value, method,
-                                              arr.dtype)  # fmt: skip
+    ksize, anchor_yx, code, method, value = _box_options(k, anchor, border, border_value,
+                                                         method, arr.dtype)  # fmt: skip
     dout = _check_out(out, arr, device, arr.shape)
     be = get_backend(backend, device_input=device)
     stream = _check_stream(stream)
-    result = be.box(_as_3d(arr), (kh, kw), anchor_yx, code, value, method, _out_3d(dout), stream)
+    result = be.box(_as_3d(arr), ksize, anchor_yx, code, value, method, _out_3d(dout), stream)
     return out if out is not None else _shaped(result, arr.shape)
+
+
+def _box_options(k, anchor, border, border_value, method, dtype) -> tuple:
+    """(ksize (kh, kw), anchor (ay, ax), border code, method, border value), checked,
+    kept by the raw options (one lookup per call)."""
+
+    def make():
+        ksize = box_size(k)
+        return (ksize, *_options(anchor, ksize, border, border_value, method, dtype))
+
+    return _remember(("blur", k, anchor, border, border_value, method, dtype), make)
 
 
 def contour(
@@ -341,11 +347,12 @@ def contour(
     arr, device = _as_image(img)
     if np.dtype(arr.dtype) == np.float32:
         raise UsageError("contour needs an integer image (uint8 or uint16), got float32")
-    code = border_code(border)
-    method = _check_method(method)
+    code, method, value = _remember(
+        ("contour", border, method, border_value, arr.dtype),
+        lambda: (border_code(border), _check_method(method), _cast_value(border_value, arr.dtype)),
+    )
     dout = _check_out(out, arr, device, arr.shape[:2])
     be = get_backend(backend, device_input=device)
-    value = _cast_value(border_value, arr.dtype)
     stream = _check_stream(stream)
     result = be.contour(_as_3d(arr), code, value, method, dout, stream)
     return out if out is not None else result

@@ -188,12 +188,13 @@ def _on_device(key: tuple, img, out, stream, out_shape: tuple, record, rows: tup
         if out is None:
             same = out_shape is img.shape  # C-contiguous, as the API checked
             out = empty_like(img, handle) if same else empty(out_shape, img.dtype, handle)
-        if img.shape[img.ndim - 3] > MAX_GRID_ROWS:
-            images = [(img, out)] if img.ndim == 3 else [(img[i], out[i]) for i in range(len(img))]
+        ndim = len(img.shape)
+        if img.shape[ndim - 3] > MAX_GRID_ROWS:
+            images = [(img, out)] if ndim == 3 else [(img[i], out[i]) for i in range(len(img))]
             for one, dst in images:
                 _in_row_bands(key, one, dst, handle, record, rows, border)
             return out
-        if img.ndim == 4:
+        if ndim == 4:
             return _queue_batch(key, img, out, handle, lambda s, d: record(s, d, handle))
         if config.ENABLE_CUDASIM:
             with compile_lock:  # the simulator swaps the kernel modules' globals meanwhile
