@@ -1463,6 +1463,7 @@ def bench(
         ),
     ] = False,
     force: ForceOpt = False,
+    quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Time imgfilter's CUDA kernels against OpenCV, CuPy and PyTorch (needs a GPU).
@@ -1507,7 +1508,8 @@ def bench(
     if json_path is not None:
         # Atomic, and a temporary file that Ctrl-C removes (io.abandon_io).
         _write_bytes(json_path, json.dumps(result, indent=1).encode(), force=force)
-        print(f"wrote {_shown(json_path)}")
+        if not quiet:
+            print(f"wrote {_shown(json_path)}")
 
 
 # ------------------------------------------------------------------------ train / classify

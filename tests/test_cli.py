@@ -915,3 +915,10 @@ def test_spinner_on_a_terminal_only_for_long_work_and_not_with_quiet(tmp_path):
     assert "wrote " in text
     rc, text = run_on_pty("-q")
     assert rc == 0 and text == "", text
+
+
+def test_bench_takes_quiet():
+    """Every command takes --quiet (bench: no "wrote" line and no notes)."""
+    result = run("bench", "--help")
+    assert_ok(result)
+    assert "--quiet" in result.output
