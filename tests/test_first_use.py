@@ -16,7 +16,8 @@ def test_tiled_until_the_blocked_kernel_is_compiled(monkeypatch):
     started = []
     monkeypatch.setattr(backend, "_BLOCKED_READY", set())
     monkeypatch.setattr(backend, "_BLOCKED_PENDING", {})
-    monkeypatch.setattr(backend, "_compile_in_background", lambda *key: started.append(key))
+    monkeypatch.setattr(backend, "_compile_in_background",
+                        lambda *key: started.append(key) or True)  # fmt: skip
     monkeypatch.setattr(backend.cubins, "load", lambda name, cc: None)
     monkeypatch.setattr(backend, "driver", lambda: type("D", (), {"cc": (9, 0)})())
     assert backend._blocked_or_tiled(7, 7, np.uint8) == "tiled"
@@ -34,6 +35,15 @@ def test_a_cached_cubin_means_blocked_at_once(monkeypatch):
     monkeypatch.setattr(backend.cubins, "load", lambda name, cc: (b"cubin", "entry"))
     monkeypatch.setattr(backend, "driver", lambda: type("D", (), {"cc": (9, 0)})())
     assert backend._blocked_or_tiled(21, 21, np.uint16) == "blocked"
+
+
+def test_without_a_cache_to_compile_into_blocked_compiles_at_once(monkeypatch):
+    monkeypatch.setattr(backend, "_BLOCKED_READY", set())
+    monkeypatch.setattr(backend, "_BLOCKED_PENDING", {})
+    monkeypatch.setattr(backend.cubins, "load", lambda name, cc: None)
+    monkeypatch.setattr(backend, "driver", lambda: type("D", (), {"cc": (9, 0)})())
+    monkeypatch.setenv("IMGFILTER_CACHE_DIR", "/proc/imgfilter-no-such-cache")  # unwritable
+    assert backend._blocked_or_tiled(5, 5, np.uint8) == "blocked"
 
 
 def test_kernels_too_big_for_the_tiled_tile_wait_for_blocked(monkeypatch):

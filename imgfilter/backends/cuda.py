@@ -400,26 +400,31 @@ def _blocked_or_tiled(kh: int, kw: int, dtype) -> str:
         with _lock:
             start = key not in _BLOCKED_PENDING
             _BLOCKED_PENDING[key] = now
-        if start:
-            _compile_in_background(*key)
+        if start and not _compile_in_background(*key):
+            return "blocked"  # no cache to compile into: compile here, at once
     return "tiled"
 
 
-def _compile_in_background(kh: int, kw: int, dtype: str) -> None:
+def _compile_in_background(kh: int, kw: int, dtype: str) -> bool:
     """Start a detached process that runs `compile_blocked`, unless a live one is at
-    it already (its marker file, next to the cubin it will write)."""
+    it already (its marker file, next to the cubin it will write). False when there
+    is no cache directory to write (nothing a background compile could leave)."""
     marker = cubins.pending_marker(cubins.blocked_name(kh, kw, dtype))
     try:
         marker.parent.mkdir(parents=True, exist_ok=True)
         if marker.exists() and time.time() - marker.stat().st_mtime < _PENDING_STALE_S:
-            return
+            return True
         marker.write_text(str(os.getpid()))
     except OSError:
-        return  # no cache directory to write: auto stays on the tiled kernel
+        return False
     code = f"import imgfilter.backends.cuda as c; c.compile_blocked({kh}, {kw}, {dtype!r})"
-    subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     start_new_session=True)  # fmt: skip
+    try:
+        subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)  # fmt: skip
+    except OSError:
+        return False
+    return True
 
 
 def compile_blocked(kh: int, kw: int, dtype: str) -> None:
