@@ -695,7 +695,7 @@ def _metadata(image: Path, target: Path) -> Any:
     from . import io
 
     meta = io.read_metadata(image)
-    kind = io._format_for(target).name
+    kind = io.format_for(target).name
     if kind not in io.METADATA_FORMATS:
         _note(
             f"--keep-metadata: {kind} outputs are written without EXIF or ICC profile "
@@ -1066,7 +1066,7 @@ def _many_files(
         io.check_format(job.target, dtype=img.dtype, channels=channels, quality=many.quality)
         meta = None
         if many.keep_metadata:
-            kind = io._format_for(job.target).name
+            kind = io.format_for(job.target).name
             if kind in io.METADATA_FORMATS:
                 meta = io.read_metadata(job.source)
             elif kind not in no_metadata:
@@ -1523,15 +1523,15 @@ def _check_npy_output(path: Path, suffix: str, what: str, *, inputs: tuple, forc
     if path.suffix.lower() != suffix:
         raise OutputError(f"cannot write {path}: {what} must end in {suffix}")
     for inp in inputs:
-        io._check_path(path, input_path=inp, overwrite=force)
+        io.check_path(path, input_path=inp, overwrite=force)
     if not inputs:
-        io._check_path(path, input_path=None, overwrite=force)
+        io.check_path(path, input_path=None, overwrite=force)
 
 
 def _write_bytes(path: Path, data: bytes, *, force: bool) -> None:
     from . import io
 
-    io._atomic_write(path, data, overwrite=force)
+    io.atomic_write(path, data, overwrite=force)
 
 
 class _Progress:

@@ -737,7 +737,7 @@ def _real_target(p: Path) -> Path:
     return Path(os.path.realpath(p)) if p.is_symlink() else p
 
 
-def _check_path(p: Path, *, input_path: Any, overwrite: bool) -> None:
+def check_path(p: Path, *, input_path: Any, overwrite: bool) -> None:
     """OutputError unless `p` can be created or (with overwrite) replaced."""
     target = _real_target(p)
     if target.is_dir():
@@ -765,7 +765,9 @@ def _exists(p) -> OutputError:
     )
 
 
-def _format_for(p: Path) -> _Format:
+def format_for(p: Path) -> _Format:
+    """The output format `p`'s extension selects (its `.name`: png, jpeg, tiff...);
+    OutputError for "-", a directory or an extension imgfilter cannot write."""
     if str(p) == "-":
         raise OutputError("cannot write to standard output (-): give an output file name")
     if p.is_dir():
@@ -800,7 +802,7 @@ def check_output(
     JPEG and WebP.
     """
     p = check_format(path, dtype=dtype, channels=channels, quality=quality)
-    _check_path(p, input_path=input_path, overwrite=overwrite)
+    check_path(p, input_path=input_path, overwrite=overwrite)
     return p
 
 
@@ -815,7 +817,7 @@ def check_format(
     `dtype` and `channels` (each checked when given) and takes `quality`. Nothing about
     the file system (its directory may not exist yet)."""
     p = Path(path)
-    fmt = _format_for(p)
+    fmt = format_for(p)
     _check_quality(p, fmt, quality)
     _check_holds(p, fmt, dtype, channels)
     return p
@@ -1107,7 +1109,7 @@ def _fsync_directory(directory: Path) -> None:
             os.close(fd)
 
 
-def _atomic_write(p: Path, data: bytes, *, overwrite: bool) -> None:
+def atomic_write(p: Path, data: bytes, *, overwrite: bool) -> None:
     """Write `data` to `p` through a temp file in the same directory and a rename."""
     target = _real_target(p)
     mode = None
@@ -1159,7 +1161,7 @@ def write_image(
     TIFF and BMP files are written without them.
     """
     p = Path(path)
-    fmt = _format_for(p)
+    fmt = format_for(p)
     arr = np.asarray(img)
     if arr.ndim == 3 and arr.shape[2] == 1:
         arr = arr[:, :, 0]
@@ -1171,7 +1173,7 @@ def write_image(
     channels = 1 if arr.ndim == 2 else int(arr.shape[2])
     q = _check_quality(p, fmt, quality)
     _check_holds(p, fmt, arr.dtype, channels)
-    _check_path(p, input_path=None, overwrite=overwrite)
+    check_path(p, input_path=None, overwrite=overwrite)
     data = _with_metadata(fmt, _encode(p, fmt, np.ascontiguousarray(arr), q), metadata)
-    _atomic_write(p, data, overwrite=overwrite)
+    atomic_write(p, data, overwrite=overwrite)
     return p

@@ -84,8 +84,8 @@ def save(model: Model, path: str | Path, *, overwrite: bool = False) -> Path:
     p = Path(path)
     if p.suffix.lower() != ".npz":
         raise OutputError(f"cannot write {p}: a model file must end in .npz")
-    io._check_path(p, input_path=None, overwrite=overwrite)
-    io._atomic_write(p, model.to_bytes(), overwrite=overwrite)
+    io.check_path(p, input_path=None, overwrite=overwrite)
+    io.atomic_write(p, model.to_bytes(), overwrite=overwrite)
     return p
 
 
