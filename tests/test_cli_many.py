@@ -19,24 +19,16 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from test_cli import REPO, SOBEL, imread, run
 
-from imgfilter import cli, files
+from imgfilter import files
 from imgfilter import io as iio
-
-REPO = Path(__file__).resolve().parents[1]
-SOBEL = "-1,0,1;-2,0,2;-1,0,1"
-runner = CliRunner()
 
 OPS = {
     "blur": ["--k", "5"],
     "filter": ["--kernel", SOBEL],
     "contour": [],
 }
-
-
-def run(*args: str | Path):
-    return runner.invoke(cli.app, [str(a) for a in args])
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -58,12 +50,6 @@ def imwrite(path: Path, img: np.ndarray) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     assert cv2.imwrite(str(path), img), path
     return path
-
-
-def imread(path: Path) -> np.ndarray:
-    img = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
-    assert img is not None, path
-    return img
 
 
 def random_image(shape, seed: int) -> np.ndarray:

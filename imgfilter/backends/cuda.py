@@ -110,24 +110,11 @@ _RECIPES_KEEP = 256
 
 
 def _queue(key: tuple, call: _Call, out_shape: tuple, run, rows: tuple = (0, 0), border: int = 0):
-    """Queue `run(img, out)` for the call and return out (allocated on the call's
-    stream unless the caller gave one). The launches of a first call are recorded
-    (`kernels.launch.Recording`); later calls with the same key, shapes and
-    alignments replay them without running the launch functions again: a few
-    microseconds of Python. `key` must hold every argument that shapes the launches
-    besides the arrays (kernel size, anchor, border, value, method...). `rows` and
-    `border` as `_on_device` takes them, for images too tall for one grid."""
-    img, stream = call.img, call.stream
-    out = call.out if call.out is not None else empty(out_shape, img.dtype, stream)
-    if img.shape[0] > MAX_GRID_ROWS:
-        _in_row_bands(key, img, out, stream, lambda s, d, h: run(s, d), rows, border)
-        return out
-    if config.ENABLE_CUDASIM:
-        with compile_lock:  # the simulator swaps the kernel modules' globals meanwhile
-            run(img, out)
-        return out
-    _replay_or_record(key, img, out, stream, run)
-    return out
+    """`_on_device` for a call's device image (a host image once uploaded, or one of
+    a batch's): `run(img, out)` queued on the call's stream into the call's out, or a
+    new array of `out_shape`, which is returned."""
+    return _on_device(key, call.img, call.out, call.stream, out_shape,
+                      lambda src, dst, handle: run(src, dst), rows, border)  # fmt: skip
 
 
 def _queue_batch(key: tuple, batch, out, stream: int, run):
@@ -179,10 +166,13 @@ def _on_device(key: tuple, img, out, stream, out_shape: tuple, record, rows: tup
                border: int):  # fmt: skip
     """A device image's call: queued on its stream (`kernels.arrays.resolve_stream`)
     into `out` (allocated there when None), which is returned at once. `record(src,
-    dst, handle)` makes the launches; it runs on a first call only (`_queue`), later
-    calls replay them. `rows` = (above, below): the rows of neighbours an output row
-    reads, and `border` the vertical border rule, for images too tall for one grid
-    (`_in_row_bands`). CUDA failures as `_run` says."""
+    dst, handle)` makes the launches: on a first call of its key, shapes, alignments
+    and stream, recorded (`kernels.launch.Recording`); later calls replay them, a few
+    microseconds of Python. `key` holds every option that shapes the launches
+    besides the arrays (kernel size, anchor, border, value, method...). `rows` =
+    (above, below): the rows of neighbours an output row reads, and `border` the
+    vertical border rule, for images too tall for one grid (`_in_row_bands`). CUDA
+    failures as `_run` says."""
     handle = resolve_stream(stream, img)
     try:
         if out is None:
