@@ -1,23 +1,308 @@
-"""Turn a benchmark JSON (from `python -m imgfilter.bench --json`) into a plot and a
-Markdown table for BENCHMARKS.md.
+"""BENCHMARKS.md from the committed results, and a plot + table of one bench run.
 
-    python benchmarks/report.py benchmarks/results/<run>.json
+    python benchmarks/report.py RUN.json                # one `imgfilter bench --json` run:
+                                                        # writes RUN.png (needs matplotlib),
+                                                        # prints its Markdown table
+    python benchmarks/report.py --write BENCHMARKS.md   # regenerate the results page
+    python benchmarks/report.py --check BENCHMARKS.md   # exit 1 if the page is stale
 
-Writes <run>.png (time vs kernel size, imgfilter and its peers, log scale) and prints
-the Markdown table. Needs matplotlib (a development tool, not a dependency).
+The page holds current results only: for each area, the newest committed run. Nothing
+on it is typed by hand except HEADER and the short section intros below; every figure
+is read from a file in benchmarks/results, named next to it. How each kernel got
+there is in docs/history/.
+
+How a new run gets on the page: commit it to benchmarks/results under the usual name,
+DATE[letters]-DEVICE-WHAT.EXT (e.g. 2026-11-26r-h100-pipeline-quick.json), then run
+`--write`. Names sort in time order (2026-11-26 < 2026-11-26a < ... < 2026-11-26r), so
+each area simply takes the newest file by name among those matching its patterns
+(AREAS below):
+
+- image kernels: `imgfilter bench --json` output (`*-bench*.json`, `*-seed.json`,
+  `*-4k.json`, `*-8k.json`); each image size (seed, 4k, 8k) comes from the newest
+  file holding rows of that size, and its plot from the .png of the same name;
+- large boxes at 4K/8K: `benchmarks/sweep_uint8_box.py` sizes sweeps
+  (`*-sweep-twopass-sizes.json`);
+- softmax: `benchmarks/softmax_bench.py --json` (`*-softmax.json`);
+- GEMV: `benchmarks/gemv_bench.py --json` (`*-gemv.json`);
+- in a pipeline: `imgfilter bench --pipeline --json` (`*-pipeline*.json`); where the
+  newest run lacks CV-CUDA, its figures come from the newest run that has it, with
+  ours from that same run beside them;
+- batches: `benchmarks/sweep_batch.py --json` (`*-batch-sweep.json`);
+- first use and many files: `*-first-use*.json` (rows of {section, case, wall_s});
+  each case from the newest file that measured it (the two 2026-11-26 runs exist only
+  as text and were transcribed once into the .json beside each .txt);
+- cold start: `bash benchmarks/cold_start.sh` output, parsed from the text
+  (`*-cold-start.txt`: lines `LABEL  SECONDS s`);
+- CPU backend: `benchmarks/cpu_bench.py --json` (`*-cpu-bench*.json`).
+
+tests/test_report.py regenerates the page and compares it with the committed file.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 import sys
 from collections import defaultdict
 from pathlib import Path
 
-from imgfilter.bench import best_ours
-
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
 SHAPES = {"seed": "2167x2495x3", "4k": "3840x2160x3", "8k": "7680x4320x3"}
+
+AREAS = {
+    "bench": ["*-bench*.json", "*-seed.json", "*-4k.json", "*-8k.json"],
+    "box_sizes": ["*-sweep-twopass-sizes.json"],
+    "softmax": ["*-softmax.json"],
+    "gemv": ["*-gemv.json"],
+    "pipeline": ["*-pipeline*.json"],
+    "batch": ["*-batch-sweep.json"],
+    "first_use": ["*-first-use*.json"],
+    "cold_start": ["*-cold-start.txt"],
+    "cpu": ["*-cpu-bench*.json"],
+}
+
+HEADER = """\
+# Benchmarks
+
+Current results, one section per area: the newest committed run of each, with its peers
+from the same run. This page is generated: `python benchmarks/report.py --write
+BENCHMARKS.md` rebuilds it from `benchmarks/results/` (the script's docstring says how a
+new run is picked up; `tests/test_report.py` fails if page and data disagree). How each
+kernel got here, and the runs along the way: [docs/history/](docs/history/README.md).
+
+How it measures (`imgfilter/bench.py`): **kernel us** is GPU time per launch, the
+launches queued behind a spin kernel so that Python's launch cost is not counted
+(CuPy and torch timed the same way); **per call** is the wall time of the public call
+from Python; **x floor** is kernel time over the larger of the bytes floor (input and
+output once at the copy bandwidth of the same run) and the FMA floor; a peer's
+**N.Nx** is its time over ours. OpenCV runs on the host CPU (wall time). Images are
+random uint8: seed 2167x2495x3, 4K 3840x2160x3, 8K 7680x4320x3; filter kernels
+random full-rank float32.
+
+```sh
+imgfilter bench --sizes seed,4k,8k --json results.json   # on a GPU machine
+python benchmarks/report.py results.json                  # plot + table of that run
+```
+"""
+
+
+# -- finding the runs ---------------------------------------------------------------------
+
+
+def _files(area: str, results: Path) -> list[Path]:
+    """Files of an area, oldest first (names sort in time order)."""
+    names = sorted(p.name for p in results.iterdir() if p.is_file())
+    return [results / n for n in names if any(fnmatch.fnmatch(n, pat) for pat in AREAS[area])]
+
+
+def _load(path: Path):
+    return json.loads(path.read_text())
+
+
+def _run_date(path: Path) -> str:
+    """The run's tag: the file name up to the device (2026-11-26q)."""
+    m = re.match(r"\d{4}-\d\d-\d\d[a-z]*", path.name)
+    return m.group(0) if m else path.stem
+
+
+def _link(path: Path) -> str:
+    rel = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+    return f"[`{path.name}`]({rel.as_posix()})"
+
+
+def _short(path: Path) -> str:
+    return f"[{_run_date(path)}]({path.relative_to(REPO).as_posix()})"
+
+
+def _image(png: Path, alt: str) -> list[str]:
+    return [f"![{alt}]({png.relative_to(REPO).as_posix()})", ""] if png.exists() else []
+
+
+def _us(t: float | None) -> str:
+    if t is None:
+        return ""
+    return f"{t / 1000:.1f} ms" if t >= 10000 else f"{t:.1f} us"
+
+
+def _x(ratio: float) -> str:
+    return f"{ratio:.0f}x" if ratio >= 100 else f"{ratio:.1f}x"
+
+
+def _table(head: list[str], align: str, rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+# -- image kernels (imgfilter bench --json) -------------------------------------------------
+
+
+def _peer_kind(impl: str) -> str | None:
+    for name in ("cupy", "torch", "opencv"):
+        if impl.startswith(name):
+            return name
+    return None
+
+
+def _bench_for_sizes(results: Path) -> dict[str, Path]:
+    """size -> newest bench file with rows of that size."""
+    newest: dict[str, Path] = {}
+    for path in _files("bench", results):
+        data = _load(path)
+        if not isinstance(data, dict) or not data.get("rows") or "op" not in data["rows"][0]:
+            continue
+        for size in {r["size"] for r in data["rows"]}:
+            if size in SHAPES:
+                newest[size] = path
+    return newest
+
+
+def _run_line(path: Path, data: dict) -> str:
+    v = data.get("versions", {})
+    libs = ", ".join(f"{k} {v[k]}" for k in ("numba_cuda", "cv2", "cupy", "torch") if k in v)
+    when = data["date"][:16].replace("T", " ")
+    return f"Run {_link(path)}: {data['device']}, {when} UTC; {libs}."
+
+
+def _kernel_rows(data: dict, size: str) -> list[list[str]]:
+    """One line per case: our fastest implementation and each peer from the same run."""
+    cases: dict[str, list[dict]] = defaultdict(list)
+    for r in data["rows"]:
+        if r["size"] == size and "rank" not in r["op"] and not r["op"].startswith("seed "):
+            cases[r["op"]].append(r)
+    out = []
+    for op, rows in cases.items():
+        ours = [r for r in rows if r["impl"].startswith("imgfilter") and r["kernel_us"]]
+        if not ours:
+            continue
+        best = min(ours, key=lambda r: r["kernel_us"])
+        t = best["kernel_us"]
+        impl = best["impl"].removeprefix("imgfilter cuda").strip(" ()") or "cuda"
+        peers = {}
+        for r in rows:
+            kind, pt = _peer_kind(r["impl"]), r["kernel_us"] or r["call_us"]
+            if kind and pt:
+                peers[kind] = f"{_us(pt)} ({_x(pt / t)})"
+        xf = best["extra"].get("x_floor")
+        out.append(
+            [op, impl, f"**{t:.1f}**", _us(best["call_us"]).removesuffix(" us"),
+             f"{xf:.1f}" if xf else "", peers.get("cupy", ""), peers.get("torch", ""),
+             peers.get("opencv", "")]
+        )  # fmt: skip
+    return out
+
+
+KERNEL_HEAD = ["case", "imgfilter", "kernel us", "per call us", "x floor", "CuPy", "torch",
+               "OpenCV (CPU)"]  # fmt: skip
+KERNEL_ALIGN = ["---", "---", "---:", "---:", "---:", "---:", "---:", "---:"]
+
+
+def section_kernels(results: Path) -> list[str]:
+    by_size = _bench_for_sizes(results)
+    out = ["## Image kernels: box blur, filter2d, contour", ""]
+    for size, title in (("seed", "Seed size"), ("4k", "4K"), ("8k", "8K")):
+        path = by_size.get(size)
+        if not path:
+            continue
+        data = _load(path)
+        out += [f"### {title} ({SHAPES[size]})", "", _run_line(path, data), ""]
+        out += _table(KERNEL_HEAD, KERNEL_ALIGN, _kernel_rows(data, size)) + [""]
+        if size == "seed":
+            out += _image(path.with_suffix(".png"), f"time vs kernel size, {path.stem}")
+    out += section_box_sizes(results)
+    out += section_low_rank(results, by_size.get("seed"))
+    out += section_seed_article(results, by_size.get("seed"))
+    return out
+
+
+def section_box_sizes(results: Path) -> list[str]:
+    files = _files("box_sizes", results)
+    if not files:
+        return []
+    path = files[-1]
+    data = _load(path)
+    best: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
+    for r in data["rows"]:
+        if r.get("kernel_us"):
+            cell = best[(r["size"], r["k"])]
+            cell[r["impl"]] = min(r["kernel_us"], cell.get(r["impl"], r["kernel_us"]))
+    rows = []
+    for (size, k), cell in best.items():
+        if size == "seed" or "box_twopass" not in cell:
+            continue
+        t = cell["box_twopass"]
+        rows.append(
+            [f"{size.upper()} k={k}", f"**{t:.1f}**",
+             f"{cell['box_fused']:.1f}" if "box_fused" in cell else "",
+             f"{_us(cell['cupy'])} ({_x(cell['cupy'] / t)})" if "cupy" in cell else ""]
+        )  # fmt: skip
+    return [
+        "### Large boxes at 4K and 8K (box_twopass)",
+        "",
+        f"Sweep {_link(path)} (`benchmarks/sweep_uint8_box.py`, kernel us, the best "
+        f"geometry of box_twopass, run {_run_date(path)}); it is newer than the 4K/8K bench "
+        "runs above where those name another kernel for k=101.",
+        "",
+        *_table(["case", "box_twopass us", "box_fused us", "CuPy"],
+                ["---", "---:", "---:", "---:"], rows),
+        "",
+    ]  # fmt: skip
+
+
+def section_low_rank(results: Path, path: Path | None) -> list[str]:
+    if not path:
+        return []
+    data = _load(path)
+    cases: dict[str, dict[str, float]] = defaultdict(dict)
+    for r in data["rows"]:
+        if "rank" in r["op"] and r["kernel_us"]:
+            cases[r["op"]][r["impl"].split()[-1]] = r["kernel_us"]
+    rows = []
+    for op, c in cases.items():
+        if {"blocked", "separable"} <= c.keys():
+            faster = "separable" if c["separable"] < c["blocked"] else "blocked"
+            rows.append([op.removeprefix("filter2d "), f"{c['blocked']:.1f}",
+                         f"{c['separable']:.1f}", faster])  # fmt: skip
+    if not rows:
+        return []
+    return [
+        "### Low-rank kernels (seed size)",
+        "",
+        "One 2-D pass (`blocked`) against r pairs of 1-D passes (`separable`), kernel us, "
+        f"from {_link(path)}; `auto` chooses by `kernels.conv_plan.separable_pays`.",
+        "",
+        *_table(["kernel", "blocked", "separable", "faster"], ["---", "---:", "---:", "---"], rows),
+        "",
+    ]  # fmt: skip
+
+
+def section_seed_article(results: Path, path: Path | None) -> list[str]:
+    if not path:
+        return []
+    rows = [r for r in _load(path)["rows"] if r["op"].startswith("seed ")]
+    if not rows:
+        return []
+    fast = min(r["kernel_us"] or r["call_us"] for r in rows if r["size"] == "seed")
+    body = []
+    for r in rows:
+        t = r["kernel_us"] or r["call_us"]
+        kind = "kernel" if r["kernel_us"] else "per call"
+        ratio = _x(t / fast) if r["size"] == "seed" else ""
+        body.append([r["impl"], r["size"], f"{_us(t)} ({kind})", ratio])
+    return [
+        "### The seed article's comparison (one 5x5 kernel)",
+        "",
+        f"From {_link(path)}; pure Python runs on a crop.",
+        "",
+        *_table(["implementation", "image", "time", "x fastest"],
+                ["---", "---", "---:", "---:"], body),
+        "",
+    ]  # fmt: skip
+
+
+# -- bench of one run: the plot and the full table --------------------------------------------
 
 
 def _size_of(op: str) -> int | None:
@@ -66,6 +351,8 @@ def plot(result: dict, path: Path) -> None:
 
 
 def table(result: dict) -> str:
+    from imgfilter.bench import best_ours
+
     lines = [
         "| operation | size | implementation | kernel us | per-call us | GB/s | x floor | x ours |",
         "|---|---|---|---:|---:|---:|---:|---:|",
@@ -86,18 +373,369 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    if len(sys.argv) != 2:
-        print("usage: python benchmarks/report.py RESULTS.json  (from imgfilter bench --json)",
-              file=sys.stderr)  # fmt: skip
+# -- softmax, GEMV ------------------------------------------------------------------------
+
+
+def section_softmax(results: Path) -> list[str]:
+    files = _files("softmax", results)
+    if not files:
+        return []
+    path = files[-1]
+    data = _load(path)
+    auto: dict[tuple[str, int], dict] = {}
+    torch: dict[tuple[str, int], dict] = {}
+    for r in data["rows"]:
+        key = (r["dtype"], r["cols"])
+        if r.get("auto") and "gbs" in r:
+            auto.setdefault(key, r)
+        elif r["impl"].startswith("torch") and "gbs" in r:
+            torch[key] = r
+    rows = []
+    for cols in sorted({c for _, c in auto}):
+        cells = [str(cols), auto.get(("float32", cols), auto.get(("float16", cols)))["method"]]
+        for dtype in ("float32", "float16"):
+            a, t = auto.get((dtype, cols)), torch.get((dtype, cols))
+            cells += [f"{a['gbs']:.0f} ({a['pct_copy']:.1f}%)" if a else "",
+                      f"{t['gbs']:.0f}" if t else ""]  # fmt: skip
+        rows.append(cells)
+    png = path.with_suffix(".png")
+    return [
+        "## Softmax (issue 4)",
+        "",
+        f"Run {_link(path)} (`benchmarks/softmax_bench.py`): {data['device']}, "
+        f"{data['when'][:16].replace('T', ' ')} UTC, {data['elements']} elements per width, "
+        f"copy bandwidth {data['copy_gbs']:.0f} GB/s in the same run. Effective GB/s (bytes "
+        "read + written once / kernel time) of the path `auto` takes, and torch.softmax. "
+        "Details: [docs/softmax.md](docs/softmax.md).",
+        "",
+        *_table(["cols", "auto's path", "float32 ours GB/s (% of copy)", "float32 torch",
+                 "float16 ours GB/s (% of copy)", "float16 torch"],
+                ["---:", "---", "---:", "---:", "---:", "---:"], rows),
+        "",
+        *_image(png, f"softmax, {path.stem}"),
+    ]  # fmt: skip
+
+
+def section_gemv(results: Path) -> list[str]:
+    files = _files("gemv", results)
+    if not files:
+        return []
+    path = files[-1]
+    data = _load(path)
+    auto, torch = {}, {}
+    for r in data["rows"]:
+        key = (r["dtype"], r["n"], r["k"])
+        if r["impl"] == "auto":
+            auto[key] = r
+        elif r["impl"].startswith("torch"):
+            torch[key] = r
+    rows = []
+    for key in sorted(auto, key=lambda k: (k[0] != "float32", k[1] * k[2])):
+        a, t = auto[key], torch.get(key)
+        rows.append(
+            [key[0], f"{key[1]} x {key[2]}", f"**{a['kernel_us']:.2f}**", f"{a['gbs']:.0f}",
+             f"{a['pct_copy']:.0f}", f"{t['kernel_us']:.2f}" if t else "",
+             _x(t["kernel_us"] / a["kernel_us"]) if t else ""]
+        )  # fmt: skip
+    png = path.with_suffix(".png")
+    return [
+        "## GEMV (issue 5) and matmul",
+        "",
+        f"Run {_link(path)} (`benchmarks/gemv_bench.py`): {data['device']}, "
+        f"{data['when'][:16].replace('T', ' ')} UTC, copy bandwidth {data['copy_gbs']:.0f} GB/s "
+        "(read + write) in the same run. Kernel time of the autotuned kernel and of "
+        "torch.mv (cuBLAS); GB/s = bytes of A / kernel time (A of 32 MiB or less stays in "
+        "the 50 MB L2 between launches). Per-call times: the pipeline section below. "
+        "Details: [docs/gemv.md](docs/gemv.md). matmul has GPU tests but no committed "
+        "benchmark run.",
+        "",
+        *_table(["dtype", "N x K", "ours us", "GB/s", "% of copy", "torch.mv us", "torch / ours"],
+                ["---", "---", "---:", "---:", "---:", "---:", "---:"], rows),
+        "",
+        *_image(png, f"gemv, {path.stem}"),
+    ]  # fmt: skip
+
+
+# -- pipeline, batches ----------------------------------------------------------------------
+
+
+def _pipeline_cases(data: dict) -> dict[str, list[dict]]:
+    cases: dict[str, list[dict]] = defaultdict(list)
+    for r in data["rows"]:
+        cases[r["case"]].append(r)
+    return cases
+
+
+def _has_cvcuda(data: dict) -> bool:
+    rows = data["rows"]
+    return any(
+        (r.get("peer") or "").startswith("cvcuda") and r.get("peer_per_call_us") for r in rows
+    )
+
+
+def _peer_name(peer: str) -> str:
+    return {"cupy": "CuPy", "torch": "torch", "torch.mv": "torch.mv"}.get(
+        peer.split()[0], peer.split()[0]
+    )
+
+
+def section_pipeline(results: Path) -> list[str]:
+    files = _files("pipeline", results)
+    if not files:
+        return []
+    path = files[-1]
+    data = _load(path)
+    cv = None
+    if not _has_cvcuda(data):
+        cv = next((p for p in reversed(files) if _has_cvcuda(_load(p))), None)
+    cv_cases = _pipeline_cases(_load(cv)) if cv else {}
+    rows = []
+    for case, rs in _pipeline_cases(data).items():
+        ours = rs[0]
+        if not ours.get("ours_per_call_us"):
+            continue
+        peers, cvcuda = [], ""
+        for r in rs:
+            t = r.get("peer_per_call_us")
+            if not t:
+                continue
+            if r["peer"].startswith("cvcuda"):
+                cvcuda = f"{t:.1f}"
+            else:
+                peers.append(f"{_peer_name(r['peer'])} {t:.1f}")
+        row = [case, f"**{ours['ours_per_call_us']:.1f}**", f"{ours['ours_kernel_us']:.1f}",
+               "; ".join(peers)]  # fmt: skip
+        if cv:
+            old = cv_cases.get(case, [])
+            c = next((r for r in old if (r.get("peer") or "").startswith("cvcuda")), None)
+            ok = c and c.get("peer_per_call_us")
+            row += [f"{c['peer_per_call_us']:.1f}" if ok else "",
+                    f"{old[0]['ours_per_call_us']:.1f}" if ok else ""]  # fmt: skip
+        else:
+            row.append(cvcuda)
+        rows.append(row)
+    h = data["header"]
+    head = ["case", "ours per call us", "ours kernel us", "torch / CuPy per call us"]
+    align = ["---", "---:", "---:", "---"]
+    if cv:
+        tag = _run_date(cv)
+        head += [f"CV-CUDA per call us ({tag})", f"ours per call us ({tag})"]
+        align += ["---:", "---:"]
+        cv_h = _load(cv)["header"]
+        cv_line = (
+            f" That run had no CV-CUDA; the last two columns are the newest run with it, "
+            f"{_link(cv)} ({cv_h['date_utc']}, CV-CUDA {cv_h['versions'].get('cvcuda')}, "
+            f"commit {cv_h.get('git_commit')}), with ours from that run."
+        )
+    else:
+        head.append("CV-CUDA per call us")
+        align.append("---:")
+        cv_line = ""
+    return [
+        "## In a pipeline: per-call time of queued calls (issue 23)",
+        "",
+        "`imgfilter bench --pipeline` (`imgfilter/pipeline_bench.py`): uint8 RGB CuPy device "
+        "images, every call on one non-blocking stream, calls queued back to back. **per "
+        "call** = wall time of the calls and one final synchronisation / number of calls; "
+        "**kernel** = GPU time per call, queued behind a spin kernel. "
+        f"Run {_link(path)}: {h['device']}, {h['date_utc']}, commit {h.get('git_commit')}"
+        f"{' (dirty tree)' if h.get('git_dirty') else ''}"
+        f"{', --quick' if h.get('quick') else ''}.{cv_line}",
+        "",
+        *_table(head, align, rows),
+        "",
+    ]
+
+
+def section_batch(results: Path) -> list[str]:
+    files = _files("batch", results)
+    out = [
+        "## Batches",
+        "",
+        "`blur_batch` / `filter2d_batch` / `contour_batch` of a device (N, H, W, C) array run "
+        "each kernel once for the whole batch (the pipeline table's `batch` row).",
+    ]
+    if files:
+        path = files[-1]
+        d = _load(path)
+        default = next(r for r in d["results"] if r["geo"] == "default")
+        times = [r["batch_us"] for r in d["results"]]
+        out[-1] += (
+            f" Geometry sweep {_link(path)} (`benchmarks/sweep_batch.py`, run {_run_date(path)}): "
+            f"{d['n']} 720p frames, box {d['k']}: the default geometry "
+            f"{default['batch_us']:.1f} us "
+            f"({default['per_image_us']:.2f} us an image), {len(times) - 1} geometries "
+            f"{min(times):.1f}-{max(times):.1f} us; one image alone {d['single_us']:.1f} us, the "
+            f"batched kernel at N=1 {d['batched_n1_us']:.1f} us."
+        )
+    return out + [""]
+
+
+# -- first use, cold start, CPU --------------------------------------------------------------
+
+
+def _first_use_rows(results: Path, section: str) -> list[tuple[dict, Path]]:
+    """Each case from the newest file that measured it, in first-seen order."""
+    found: dict[str, tuple[dict, Path]] = {}
+    for path in _files("first_use", results):
+        for r in _load(path)["rows"]:
+            if r["section"] == section:
+                found[r["case"]] = (r, path)
+    return list(found.values())
+
+
+def section_first_use(results: Path) -> list[str]:
+    rows = _first_use_rows(results, "first-use")
+    if not rows:
+        return []
+    body = []
+    for r, path in rows:
+        comp = f"{r['compile_s']:.2f} s ({r['compiles']} kernels)" if "compile_s" in r else ""
+        body.append([r["case"], f"{r['wall_s']:g} s", comp, _short(path)])
+    srcs = sorted({p for _, p in rows})
+    setups = "; ".join(f"{_link(p)} ({_load(p)['device']}, {_load(p)['date']}, tree "
+                       f"{_load(p)['tree']})" for p in srcs)  # fmt: skip
+    return [
+        "## First use (issue 24)",
+        "",
+        "Wall time of whole commands on fresh kernel caches (a 2167x2495 JPEG; the setup of "
+        "each run is in its file), each case from the newest run that measured it: "
+        + setups + ". These runs exist as text; the .json beside each .txt was transcribed "
+        "from it once.",
+        "",
+        *_table(["command", "wall", "compiling", "run"], ["---", "---:", "---:", "---"], body),
+        "",
+    ]  # fmt: skip
+
+
+_COLD = re.compile(r"^(\S.*?)\s{2,}(\d+\.\d+) s$")
+
+
+def section_cold_start(results: Path) -> list[str]:
+    files = _files("cold_start", results)
+    if not files:
+        return []
+    path = files[-1]
+    lines = path.read_text().splitlines()
+    runs: dict[str, list[str]] = defaultdict(list)
+    for line in lines:
+        m = _COLD.match(line)
+        if m:
+            label = re.sub(r" \(run \d+\)$", "", m.group(1))
+            runs[label].append(m.group(2))
+    body = [[f"`{label}`" if label.startswith("imgfilter") else label, ", ".join(ts)]
+            for label, ts in runs.items()]  # fmt: skip
+    return [
+        "## Cold start: the whole command",
+        "",
+        f"`bash benchmarks/cold_start.sh` on the GPU host, {lines[0].strip()}: "
+        f"{_link(path)} (parsed from its text). A 2167x2495 JPEG and a fresh kernel cache: "
+        "run 1 compiles, runs 2 and 3 are the quick start (cached cubins through the CUDA "
+        "driver, Numba not imported). Seconds, in run order:",
+        "",
+        *_table(["command", "wall s"], ["---", "---"], body),
+        "",
+    ]  # fmt: skip
+
+
+def section_cpu(results: Path) -> list[str]:
+    files = _files("cpu", results)
+    if not files:
+        return []
+    path = files[-1]
+    d = _load(path)
+    part = d.get("after", d)
+    body = [[r["case"], f"{r['imgfilter_ms']:.1f}", f"{r['cv2_ms']:.1f}", f"{r['ratio']:.2f}",
+             f"{r['max_abs_diff']:g}"] for r in part["results"]]  # fmt: skip
+    return [
+        "## CPU backend vs OpenCV (issue 25)",
+        "",
+        f"`benchmarks/cpu_bench.py --json`: {_link(path)}, {part['header']}. imgfilter's CPU "
+        "backend and the cv2 call in one process with equal thread counts, median of warm "
+        "runs; ratio = imgfilter / cv2 (below 1: imgfilter faster).",
+        "",
+        *_table(["case", "imgfilter ms", "cv2 ms", "ratio", "max abs diff"],
+                ["---", "---:", "---:", "---:", "---:"], body),
+        "",
+    ]  # fmt: skip
+
+
+def section_many_files(results: Path) -> list[str]:
+    rows = _first_use_rows(results, "many-files")
+    body = [[r["case"], f"{r['wall_s']:g} s", _short(p)] for r, p in rows]
+    out = [
+        "## Many files",
+        "",
+        "Throughput of folders on the CPU backend against a cv2 thread pool: "
+        "[docs/many-files.md](docs/many-files.md#measured-cpu-machine-2-cores-no-gpu) "
+        "(no results file committed). On the GPU host:",
+        "",
+    ]
+    if body:
+        out += _table(["command", "wall", "run"], ["---", "---:", "---"], body) + [""]
+    return out
+
+
+# -- the page -----------------------------------------------------------------------------
+
+
+def render(results: Path = RESULTS) -> str:
+    parts = [HEADER]
+    for section in (
+        section_kernels,
+        section_softmax,
+        section_gemv,
+        section_pipeline,
+        section_batch,
+        section_first_use,
+        section_cold_start,
+        section_cpu,
+        section_many_files,
+    ):
+        lines = section(results)
+        if lines:
+            parts.append("\n".join(lines).rstrip("\n") + "\n")
+    return "\n".join(parts)
+
+
+USAGE = (
+    "usage: python benchmarks/report.py RUN.json | --write BENCHMARKS.md | --check BENCHMARKS.md"
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) == 2 and args[0] in ("--write", "--check"):
+        page, target = render(), Path(args[1])
+        if args[0] == "--write":
+            target.write_text(page)
+            return 0
+        try:
+            same = target.read_text() == page
+        except OSError as exc:
+            print(f"report: cannot read {target}: {exc.strerror or exc}", file=sys.stderr)
+            return 3
+        if not same:
+            print(f"report: {target} is stale; run report.py --write {target}", file=sys.stderr)
+        return 0 if same else 1
+    if len(args) != 1 or args[0].startswith("-"):
+        print(USAGE, file=sys.stderr)
         return 2
-    path = Path(sys.argv[1])
+    path = Path(args[0])
     try:
         result = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        print(f"report: cannot read {path}: {exc}", file=sys.stderr)
+        rows = result["rows"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        print(f"report: cannot read {path}: {why}", file=sys.stderr)
         return 3
-    plot(result, path.with_suffix(".png"))
+    if not rows or "op" not in rows[0]:
+        print(f"report: {path} is not `imgfilter bench --json` output", file=sys.stderr)
+        return 3
+    try:
+        plot(result, path.with_suffix(".png"))
+    except ImportError:
+        print("report: matplotlib not installed, no plot written", file=sys.stderr)
     print(table(result))
     return 0
 
