@@ -44,6 +44,7 @@ import fnmatch
 import json
 import re
 import sys
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 
@@ -694,8 +695,19 @@ def render(results: Path = RESULTS) -> str:
     ):
         lines = section(results)
         if lines:
-            parts.append("\n".join(lines).rstrip("\n") + "\n")
+            parts.append("\n".join(_wrap(lines)).rstrip("\n") + "\n")
     return "\n".join(parts)
+
+
+def _wrap(lines: list[str]) -> list[str]:
+    """Prose at 88 columns; tables, headings and images as they are."""
+    out = []
+    for line in lines:
+        if len(line) <= 88 or line.startswith(("|", "#", "!")):
+            out.append(line)
+        else:
+            out += textwrap.wrap(line, 88, break_long_words=False, break_on_hyphens=False)
+    return out
 
 
 USAGE = (
