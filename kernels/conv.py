@@ -21,8 +21,9 @@ import numpy as np
 from numba import cuda, float32
 
 from .arrays import empty
+from .conv_plan import tiled_fits, tiled_smem_bytes  # noqa: F401 - part of this module's API
 from .device import border_index, saturate_int
-from .launch import BLOCK_X, BLOCK_Y, SMEM_LIMIT, image_grid, launch, scratch
+from .launch import SMEM_LIMIT, image_grid, launch, scratch
 from .saturate import output_limits
 
 
@@ -134,16 +135,6 @@ def correlate_tiled(img, weights, ay, ax, mode, cval, lo, hi, is_int, out):
 
 
 # ---------------------------------------------------------------- launch functions
-
-
-def tiled_smem_bytes(kh: int, kw: int) -> int:
-    """Dynamic shared memory the tiled kernel needs for a kh x kw kernel."""
-    return 4 * ((BLOCK_Y + kh - 1) * (BLOCK_X + kw - 1) + kh * kw)
-
-
-def tiled_fits(kh: int, kw: int) -> bool:
-    """Whether the tiled kernel can launch for this kernel size."""
-    return tiled_smem_bytes(kh, kw) <= SMEM_LIMIT
 
 
 def correlate(img, weights, anchor, mode, cval, method, out=None, stream: int = 0):

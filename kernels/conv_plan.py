@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .launch import SMEM_LIMIT, cdiv
+from .launch import BLOCK_X, BLOCK_Y, SMEM_LIMIT, cdiv
 
 TX = 32  # threads along a row: one warp reads 32 consecutive tile columns
 TY = 4  # threads down the tile
@@ -151,3 +151,13 @@ def auto_method(kernel: np.ndarray) -> str | None:
     if kh * kw > SEPARABLE_FIRST_TAPS and separable_pays(kh, kw, kernel_rank(kernel)):
         return "separable"
     return "blocked" if fits(kh, kw) else None
+
+
+def tiled_smem_bytes(kh: int, kw: int) -> int:
+    """Dynamic shared memory `kernels.conv.correlate_tiled` needs for a kh x kw kernel."""
+    return 4 * ((BLOCK_Y + kh - 1) * (BLOCK_X + kw - 1) + kh * kw)
+
+
+def tiled_fits(kh: int, kw: int) -> bool:
+    """Whether the tiled kernel can launch for this kernel size."""
+    return tiled_smem_bytes(kh, kw) <= SMEM_LIMIT

@@ -62,7 +62,8 @@ def test_command_line_starts_before_numpy_and_only_for_gpu_commands(tmp_path, mo
     monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
     monkeypatch.delenv("IMGFILTER_NO_QUICK_START", raising=False)
-    assert not warmup.wanted(["blur", "in.jpg", "--k", "21"])  # no cubins cached yet
+    monkeypatch.setattr(warmup, "PREBUILT_MANIFEST", tmp_path / "none.json")
+    assert not warmup.wanted(["blur", "in.jpg", "--k", "21"])  # no cubins cached or shipped
     (tmp_path / "cubins").mkdir()
     (tmp_path / "cubins" / "box_packed-c3-r30-t64-e0-abc-sm90.cubin").write_bytes(b"x")
     assert warmup.wanted(["blur", "in.jpg", "--k", "21"])
@@ -89,6 +90,7 @@ def test_quick_box_looks_for_the_cubin_of_the_kernel_box_auto_runs(monkeypatch):
     }
     asked, methods = [], []
     monkeypatch.setattr(cached, "_run", lambda name, *args, **kw: asked.append(name))
+    monkeypatch.setattr(cached.background, "compile_box", lambda *args: False)
     cases = [(np.uint8, (21, 21)), (np.uint16, (5, 5)), (np.uint8, (200, 3)), (np.uint8, (3, 45))]
     for dtype, ksize in cases:
         img = np.zeros((40, 50, 3), dtype)
@@ -148,8 +150,12 @@ def test_scalar_params_are_typed_as_numba_types_them():
     assert isinstance(scalar_param(np.int64(-3)), ctypes.c_int64)
     assert isinstance(scalar_param(np.float32(0.5)), ctypes.c_float)
     assert isinstance(scalar_param(0.5), ctypes.c_double)
-    with pytest.raises(TypeError, match="boolean"):
-        scalar_param(True)
+    assert isinstance(scalar_param(True), ctypes.c_bool)
+    assert isinstance(scalar_param(np.uint8(200)), ctypes.c_uint8)
+    assert scalar_param(np.uint8(200)).value == 200
+    assert isinstance(scalar_param(np.uint16(65535)), ctypes.c_uint16)
+    with pytest.raises(TypeError, match="unsupported"):
+        scalar_param("3")
 
 
 class _ArrayType:
@@ -201,6 +207,7 @@ def test_store_name_carries_the_specialisation():
 @pytest.mark.gpu
 def test_second_process_filters_without_numba_and_matches(tmp_path):
     env = {"IMGFILTER_CACHE_DIR": str(tmp_path), "NUMBA_ENABLE_CUDASIM": "0"}
+    env |= {"IMGFILTER_NO_PREBUILT": "1", "IMGFILTER_BACKGROUND_COMPILE": "0"}
     env["IMGFILTER_DEBUG_CUBINS"] = "1"
     code = """
         import sys
@@ -240,6 +247,7 @@ def test_command_line_quick_start_gives_the_numba_result(tmp_path):
     import cv2
 
     env = {"IMGFILTER_CACHE_DIR": str(tmp_path / "cache"), "NUMBA_ENABLE_CUDASIM": "0"}
+    env |= {"IMGFILTER_NO_PREBUILT": "1", "IMGFILTER_BACKGROUND_COMPILE": "0"}
     img = np.random.default_rng(1).integers(0, 256, (401, 603, 3), dtype=np.uint8)
     cv2.imwrite(str(tmp_path / "in.png"), img)
     outs = []

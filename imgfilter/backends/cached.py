@@ -10,6 +10,13 @@ would launch, so results are identical. Anything else (other kernels,
 other methods, device arrays, a missing cubin, a driver error) is passed to
 `imgfilter.backends.cuda`, which imports Numba then. Same contract as every backend.
 Set IMGFILTER_NO_QUICK_START=1 to always use the Numba path.
+
+First use: the package ships size-generic kernels (`cubins.PREBUILT`). Where the kernel
+method auto picks is specialised for a size and not compiled yet (a box of a new size,
+a filter of a new kernel size), this module runs the shipped generic kernel, which gives
+the same results, and starts that compile in a detached process
+(`imgfilter.backends.background`); later calls find its cubin. With background compiles
+off, such a call goes to the Numba path, which compiles at once.
 """
 
 from __future__ import annotations
@@ -21,8 +28,10 @@ import threading
 import numpy as np
 
 from kernels import box_plan, contour_plan, conv_plan
+from kernels.launch import image_grid
+from kernels.saturate import output_limits
 
-from . import cubins, warmup
+from . import background, cubins, warmup
 from .driver import Driver, DriverError, array_params, scalar_param
 
 NAME = "cuda"
@@ -106,15 +115,42 @@ def _run(name: str, img: np.ndarray, out_shape: tuple, launch, extra=None,
 
 def _box_quick(img, ksize, anchor, border, value) -> np.ndarray | None:
     method, geo = box_plan.choose(img.shape, img.dtype, ksize)  # as box_auto chooses
+    result = _box_method(method, geo, img, ksize, anchor, border, value)
+    if result is None and method in ("tiled", "packed"):
+        result = _box_first_use(method, geo, img, ksize, anchor, border, value)
+    return result
+
+
+def _box_method(method, geo, img, ksize, anchor, border, value) -> np.ndarray | None:
+    """Run box kernel `method` with geometry `geo` from its cubin; None if it has none."""
     if method == "tiled":
         return _tiled_quick(img, ksize, anchor, border, value, geo)
     if method == "packed":
         return _packed_quick(img, ksize, anchor, border, value, geo)
     if method == "twopass":
         return _twopass_quick(img, ksize, anchor, border, value, geo)
-    if method != "fused":
+    if method == "fused":
+        return _fused_quick(img, ksize, anchor, border, value, geo)
+    return None
+
+
+def _box_first_use(method, geo, img, ksize, anchor, border, value) -> np.ndarray | None:
+    """The box through box_twopass, which takes any box size, while a detached process
+    compiles the kernel specialised for this size; None when that cannot be."""
+    twopass = box_plan.twopass_plan(img.shape, img.dtype, ksize)
+    if twopass is None:
         return None
-    height, width, channels = img.shape
+    if method == "tiled":
+        name = cubins.tiled_name(geo, img.shape[2], ksize)
+    else:
+        name = cubins.packed_name(geo, img.shape[2])
+    if not background.compile_box(name, img.shape, img.dtype.name, ksize):
+        return None
+    return _twopass_quick(img, ksize, anchor, border, value, twopass)
+
+
+def _fused_quick(img, ksize, anchor, border, value, geo) -> np.ndarray | None:
+    channels = img.shape[2]
     flat = (img.size,)
     args = box_plan.scalar_args(img.shape, ksize, anchor, border, value, geo)
 
@@ -211,6 +247,39 @@ def _blocked_quick(img, kernel, anchor, border, value) -> np.ndarray | None:
     return _run(name, img, img.shape, launch, extra=weights)
 
 
+def _conv_tiled_quick(img, kernel, anchor, border, value) -> np.ndarray | None:
+    """`kernels.conv.correlate_tiled`, which takes any kernel size that fits its tile."""
+    kh, kw = kernel.shape
+    smem = conv_plan.tiled_smem_bytes(kh, kw)
+    if smem > conv_plan.SMEM_LIMIT:
+        return None
+    weights = np.ascontiguousarray(kernel, dtype=np.float32)
+    lo, hi, is_int = output_limits(img.dtype)
+    cval = np.dtype(img.dtype).type(value)
+    args = (anchor[0], anchor[1], border, cval, lo, hi, is_int)
+    grid, block = image_grid(*img.shape)
+
+    def launch(drv, fn, d_img, d_out, d_weights):
+        params = array_params(d_img, img.shape, img.dtype)
+        params += array_params(d_weights, weights.shape, np.float32)
+        params += [scalar_param(a) for a in args]
+        params += array_params(d_out, img.shape, img.dtype)
+        drv.launch(fn, grid, block, smem, params)
+
+    return _run(cubins.conv_tiled_name(img.dtype), img, img.shape, launch, extra=weights)
+
+
+def _correlate_first_use(img, kernel, anchor, border, value) -> np.ndarray | None:
+    """The filter through the tiled kernel while a detached process compiles the
+    register-blocked kernel for this size; None when that cannot be."""
+    kh, kw = kernel.shape
+    if not conv_plan.tiled_fits(kh, kw):
+        return None
+    if not background.compile_blocked(kh, kw, img.dtype.name):
+        return None
+    return _conv_tiled_quick(img, kernel, anchor, border, value)
+
+
 def _into(result: np.ndarray, out):
     if out is None:
         return result
@@ -244,7 +313,10 @@ def correlate(img, kernel, anchor, border, value, method, out=None, stream=None)
     # The exported cubin is the 32-bit-offset variant: larger images go through Numba.
     fits = conv_plan.fits(*kernel.shape) and conv_plan.offsets_fit(img.shape)
     if quick and fits and isinstance(img, np.ndarray) and stream is None:
-        result = _blocked_quick(np.ascontiguousarray(img), kernel, anchor, border, value)
+        img = np.ascontiguousarray(img)
+        result = _blocked_quick(img, kernel, anchor, border, value)
+        if result is None and method == "auto":
+            result = _correlate_first_use(img, kernel, anchor, border, value)
         if result is not None:
             return _into(result, out)
     return _numba_backend().correlate(img, kernel, anchor, border, value, method, out, stream)

@@ -2,16 +2,25 @@
 importing Numba (`imgfilter.backends.cached`). IMGFILTER_DEBUG_CUBINS=1 reports failed
 exports on stderr.
 
-The CUDA backend exports a kernel after Numba has compiled and run it (`remember`);
-`load` returns it to any process on a GPU of the same compute capability. A file's
-name carries the kernel's specialisation, a digest of the `kernels` package sources
-and of the numba-cuda version, and the compute capability, so an upgrade or an edit
-of a kernel never picks up a stale binary. Writes are atomic; unreadable or foreign
-files are ignored. Nothing here imports Numba.
+Two places hold them:
+- the user's kernel cache: the CUDA backend exports a kernel after Numba has compiled
+  and run it (`remember`). A file's name carries the kernel's specialisation, a digest
+  of the kernel's sources (its module and the `kernels` modules it imports, host-only
+  modules aside) with the numba-cuda version, and the compute capability, so an
+  upgrade or an edit of a kernel never picks up a stale binary. Writes are atomic;
+  unreadable or foreign files are ignored.
+- the kernels shipped in the package (`prebuilt/`, built by
+  `python -m imgfilter.backends.prebuilt`): size-generic kernels for the GPU
+  generations in its manifest, each valid while its sources' digest is the one the
+  manifest records (the numba-cuda version does not matter: the launcher packs the
+  arguments itself). IMGFILTER_NO_PREBUILT=1 ignores them.
+`load` returns a kernel from either to any process on a GPU of that compute capability.
+Nothing here imports Numba.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import importlib.util
@@ -68,6 +77,11 @@ def blocked_name(kh: int, kw: int, dtype) -> str:
     return f"blocked-{np.dtype(dtype).name}-{kh}x{kw}"
 
 
+def conv_tiled_name(dtype) -> str:
+    """Name of `kernels.conv.correlate_tiled` on `dtype` images (any kernel size)."""
+    return f"conv_tiled-{np.dtype(dtype).name}"
+
+
 def _numba_cuda_version() -> str:
     """numba-cuda's version from its VERSION file (importlib.metadata costs ~80 ms)."""
     spec = importlib.util.find_spec("numba_cuda")
@@ -78,13 +92,84 @@ def _numba_cuda_version() -> str:
         return "unknown"
 
 
+# Modules of `kernels` that hold no code a cubin is compiled from (launching, memory,
+# caches, timing): editing them keeps the cubins valid.
+_HOST_MODULES = frozenset({"launch", "arrays", "devarray", "cudadrv", "cache", "timing"})
+# The first word of a cubin's name -> the modules its kernel is defined in.
+_FAMILY_MODULES = {
+    "box_fused": ("box_fused",),
+    "box_packed": ("box_packed",),
+    "box_tiled": ("box_tiled", "box_tiled_vh"),
+    "box_twopass": ("box_twopass",),
+    "contour": ("contour",),
+    "blocked": ("conv_blocked",),
+    "conv_tiled": ("conv",),
+}
+PREBUILT = Path(__file__).parent / "prebuilt"
+
+
+def _kernels_dir() -> Path:
+    return Path(kernels.__file__).parent
+
+
+def _imports(module: str) -> set[str]:
+    """The `kernels` modules that kernels/<module>.py imports (absolute or relative)."""
+    try:
+        tree = ast.parse((_kernels_dir() / f"{module}.py").read_text())
+    except (OSError, SyntaxError):
+        return set()
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level == 1 or base == "kernels":
+                parts = [base] if base and base != "kernels" else [a.name for a in node.names]
+            elif base.startswith("kernels."):
+                parts = [base.split(".")[1]]
+            else:
+                continue
+            found.update(p.split(".")[0] for p in parts)
+        elif isinstance(node, ast.Import):
+            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("kernels."))
+    return {m for m in found if (_kernels_dir() / f"{m}.py").exists()}
+
+
+def _closure(modules: tuple[str, ...]) -> list[str]:
+    """`modules` and every `kernels` module they import, transitively, host-only aside."""
+    seen: set[str] = set()
+    todo = list(modules)
+    while todo:
+        module = todo.pop()
+        if module in seen or module in _HOST_MODULES:
+            continue
+        seen.add(module)
+        todo.extend(_imports(module))
+    return sorted(seen)
+
+
+def family(name: str) -> str:
+    """The kernel family of a cubin name: its first word."""
+    return name.split("-", 1)[0]
+
+
 @functools.cache
-def _digest() -> str:
-    """Hash of the kernels package's sources and the numba-cuda version."""
+def sources_digest(family_name: str) -> str:
+    """Hash of the sources a family's kernels are compiled from (every module of
+    `kernels` for a family not in the table)."""
+    modules = _FAMILY_MODULES.get(family_name)
+    if modules is None:
+        modules = tuple(p.stem for p in _kernels_dir().glob("*.py"))
     h = hashlib.sha256()
-    for path in sorted(Path(kernels.__file__).parent.glob("*.py")):
-        h.update(path.name.encode())
-        h.update(path.read_bytes())
+    for module in _closure(modules):
+        h.update(module.encode())
+        h.update((_kernels_dir() / f"{module}.py").read_bytes())
+    return h.hexdigest()[:16]
+
+
+@functools.cache
+def _digest(family_name: str) -> str:
+    """Digest of a family's sources and of the numba-cuda version that compiles them."""
+    h = hashlib.sha256(sources_digest(family_name).encode())
     h.update(_numba_cuda_version().encode())
     return h.hexdigest()[:16]
 
@@ -94,37 +179,100 @@ def _directory() -> Path:
 
 
 def _path(name: str, cc: tuple[int, int]) -> Path:
-    return _directory() / f"{name}-{_digest()}-sm{cc[0]}{cc[1]}.cubin"
+    return _directory() / f"{name}-{_digest(family(name))}-sm{cc[0]}{cc[1]}.cubin"
+
+
+@functools.cache
+def _manifest() -> dict:
+    """The shipped kernels' manifest ({} when none ships, it is unreadable, or
+    IMGFILTER_NO_PREBUILT=1 turns the shipped kernels off)."""
+    if os.environ.get("IMGFILTER_NO_PREBUILT") == "1":
+        return {}
+    try:
+        manifest = json.loads((PREBUILT / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def _shipped(name: str, cc: tuple[int, int]) -> tuple[Path, str] | None:
+    """(cubin path, entry point) of a shipped kernel valid for these sources, or None."""
+    manifest = _manifest()
+    entry = manifest.get("entries", {}).get(name)
+    digest = manifest.get("sources", {}).get(family(name))
+    if not isinstance(entry, str) or digest != sources_digest(family(name)):
+        return None
+    if f"sm{cc[0]}{cc[1]}" not in manifest.get("archs", []):
+        return None
+    return PREBUILT / f"{name}-sm{cc[0]}{cc[1]}.cubin", entry
+
+
+def shipped_for(cc: tuple[int, int]) -> bool:
+    """Whether the package ships kernels for this compute capability."""
+    return f"sm{cc[0]}{cc[1]}" in _manifest().get("archs", [])
 
 
 def pending_marker(name: str) -> Path:
     """The file that says a process is compiling kernel `name` for the cache."""
-    return _directory() / f"{name}-{_digest()}.pending"
+    return _directory() / f"{name}-{_digest(family(name))}.pending"
 
 
 def any_for(cc: tuple[int, int]) -> bool:
-    """Whether any cubin for this compute capability and these kernel sources exists."""
+    """Whether any cubin for this compute capability exists, cached or shipped."""
+    if shipped_for(cc):
+        return True
     try:
-        return any(_directory().glob(f"*-{_digest()}-sm{cc[0]}{cc[1]}.cubin"))
+        return any(_directory().glob(f"*-sm{cc[0]}{cc[1]}.cubin"))
     except OSError:
         return False
 
 
-def load(name: str, cc: tuple[int, int]) -> tuple[bytes, str] | None:
-    """(cubin image, entry point name) for a kernel, or None when none is usable."""
-    path = _path(name, cc)
+def _read(path: Path, entry: str | None) -> tuple[bytes, str] | None:
+    """(image, entry) from a cubin file, the entry from its .json sidecar unless given."""
     try:
-        meta = json.loads(path.with_suffix(".json").read_text())
+        if entry is None:
+            meta = json.loads(path.with_suffix(".json").read_text())
+            entry = meta.get("entry") if isinstance(meta, dict) else None
         image = path.read_bytes()
     except (OSError, ValueError):
         return None
-    entry = meta.get("entry") if isinstance(meta, dict) else None
     if not isinstance(entry, str) or not image:
         return None
     return image, entry
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
+def load(name: str, cc: tuple[int, int]) -> tuple[bytes, str] | None:
+    """(cubin image, entry point name) for a kernel, or None when none is usable: the
+    user's cache first, then the kernels shipped in the package."""
+    found = _read(_path(name, cc), None)
+    if found is None and (shipped := _shipped(name, cc)) is not None:
+        found = _read(*shipped)
+    return found
+
+
+def compiled_cubin(dispatcher, array_dtypes: tuple, cc: tuple[int, int]) -> tuple[bytes, str]:
+    """(cubin image, entry point) of `dispatcher`'s one compiled specialisation whose
+    array arguments have these dtypes, in order, built for compute capability `cc`
+    (any generation NVVM targets, not only this GPU's). Reads private Numba attributes:
+    raises whatever they raise."""
+    wanted = [np.dtype(dt).name for dt in array_dtypes]
+    matches = [
+        kernel
+        for signature, kernel in dispatcher.overloads.items()
+        if [str(t.dtype) for t in signature if hasattr(t, "dtype")] == wanted
+    ]
+    if len(matches) != 1:
+        raise LookupError(f"{len(matches)} compiled specialisations take arrays {wanted}")
+    library = matches[0]._codelibrary
+    image = library.get_cubin(cc=tuple(cc))
+    image = getattr(image, "code", image)  # numba-cuda >= 0.2x: a cuda.core ObjectCode
+    if isinstance(image, str):  # an ObjectCode may hold a file path instead
+        image = Path(image).read_bytes()
+    return bytes(image), library._entry_name
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file and a rename."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
@@ -142,23 +290,10 @@ def remember(dispatcher, name: str, array_dtypes: tuple, cc: tuple[int, int]) ->
         path = _path(name, cc)
         if path.exists() and path.with_suffix(".json").exists():
             return
-        wanted = [np.dtype(dt).name for dt in array_dtypes]
-        matches = [
-            kernel
-            for signature, kernel in dispatcher.overloads.items()
-            if [str(t.dtype) for t in signature if hasattr(t, "dtype")] == wanted
-        ]
-        if len(matches) != 1:
-            raise LookupError(f"{len(matches)} compiled specialisations take arrays {wanted}")
-        library = matches[0]._codelibrary
-        image = library.get_cubin(cc=tuple(cc))
-        image = getattr(image, "code", image)  # numba-cuda >= 0.2x: a cuda.core ObjectCode
-        if isinstance(image, str):  # an ObjectCode may hold a file path instead
-            image = Path(image).read_bytes()
-        entry = library._entry_name
+        image, entry = compiled_cubin(dispatcher, array_dtypes, cc)
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomically(path, bytes(image))
-        _write_atomically(path.with_suffix(".json"), json.dumps({"entry": entry}).encode())
+        write_atomically(path, image)
+        write_atomically(path.with_suffix(".json"), json.dumps({"entry": entry}).encode())
     except Exception as exc:  # noqa: BLE001 - private Numba attributes may change; never fail
         if os.environ.get("IMGFILTER_DEBUG_CUBINS") == "1":
             print(f"imgfilter: cubin export of {name} failed: {exc!r}", file=sys.stderr)

@@ -152,7 +152,8 @@ def array_params(ptr: int, shape: tuple, dtype) -> list:
 
 def scalar_param(value):
     """A scalar kernel parameter typed as Numba types it: Python int and np.int64 as
-    int64, np.float32 as float32, Python float as float64."""
+    int64, other NumPy integers as themselves, np.float32 as float32, Python float as
+    float64, bool as a one-byte boolean."""
     import numpy as np
 
     if isinstance(value, np.float32):
@@ -160,7 +161,9 @@ def scalar_param(value):
     if isinstance(value, float | np.float64):
         return ctypes.c_double(float(value))
     if isinstance(value, bool | np.bool_):
-        raise TypeError("boolean kernel parameters are not supported here; pass an int")
+        return ctypes.c_bool(bool(value))
+    if isinstance(value, np.integer) and value.dtype != np.int64:
+        return getattr(ctypes, f"c_{value.dtype.name}")(int(value))
     if isinstance(value, int | np.integer):
         return ctypes.c_int64(int(value))
     raise TypeError(f"unsupported kernel parameter {value!r}")

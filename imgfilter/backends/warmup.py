@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 GPU_COMMANDS = ("blur", "filter", "contour")
+PREBUILT_MANIFEST = Path(__file__).parent / "prebuilt" / "manifest.json"
 
 _thread: threading.Thread | None = None
 _result: list = []  # [Driver or None], filled by the thread
@@ -36,6 +37,9 @@ def _backend(argv: list[str]) -> str:
 
 
 def _cubins_cached() -> bool:
+    """Whether kernels ship with the package or an earlier run cached some."""
+    if os.environ.get("IMGFILTER_NO_PREBUILT") != "1" and PREBUILT_MANIFEST.exists():
+        return True
     # The folder `imgfilter.backends.cubins` keeps them in; that module imports NumPy.
     from kernels.cache import cache_dir
 

@@ -1,0 +1,84 @@
+"""Compiles in a detached process: a kernel specialised for one size, while the call
+that needs it runs a size-generic kernel (the same results) in the meantime.
+
+A detached process, not a thread: a Numba compile in a thread holds the GIL for
+seconds and slows the caller's every call. The process compiles the kernel by running
+it once through the Numba backend, which exports its cubin into the kernel cache
+(`imgfilter.backends.cubins`): the sign, for this and every later process, that the
+specialised kernel is ready. A marker file next to that cubin says a compile is under
+way, so concurrent commands start one compile, not one each; a marker older than
+STALE_S belongs to a compile that died. IMGFILTER_BACKGROUND_COMPILE=0 turns all this
+off: callers then compile at once. Nothing here imports Numba.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from . import cubins
+
+ENABLED = os.environ.get("IMGFILTER_BACKGROUND_COMPILE") != "0"
+STALE_S = 300.0
+
+
+def start(name: str, code: str) -> bool:
+    """Run the Python source `code` in a detached process that compiles kernel `name`,
+    unless a live one is at it already. False when background compiles are off or
+    there is no cache directory to write into (nothing a compile could leave)."""
+    if not ENABLED:
+        return False
+    marker = cubins.pending_marker(name)
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        if marker.exists() and time.time() - marker.stat().st_mtime < STALE_S:
+            return True
+        marker.write_text(str(os.getpid()))
+    except OSError:
+        return False
+    try:
+        subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)  # fmt: skip
+    except OSError:
+        return False
+    return True
+
+
+def compile_box(name: str, shape: tuple, dtype: str, ksize: tuple) -> bool:
+    """Start compiling the box kernel that method auto picks for (shape, dtype, ksize),
+    cubin `name`, by blurring a zero image of that shape in a detached process."""
+    code = (
+        "from imgfilter.backends import background as b; "
+        f"b.run_box({name!r}, {tuple(shape)!r}, {dtype!r}, {tuple(ksize)!r})"
+    )
+    return start(name, code)
+
+
+def run_box(name: str, shape: tuple, dtype: str, ksize: tuple) -> None:
+    """In the detached process: blur a zero image through the Numba backend (which
+    compiles and exports the kernel), then remove the marker. Never raises."""
+    try:
+        import numpy as np
+
+        from . import cuda
+
+        kh, kw = ksize
+        cuda.box(np.zeros(shape, dtype), ksize, (kh // 2, kw // 2), 0, 0.0, "auto")
+    except Exception as exc:  # noqa: BLE001 - an optimisation: the generic kernel still runs
+        if os.environ.get("IMGFILTER_DEBUG_CUBINS") == "1":
+            print(f"imgfilter: background compile of {name} failed: {exc!r}", file=sys.stderr)
+    finally:
+        try:
+            cubins.pending_marker(name).unlink()
+        except OSError:
+            pass
+
+
+def compile_blocked(kh: int, kw: int, dtype: str) -> bool:
+    """Start compiling the register-blocked kernel for kh x kw kernels on `dtype` images
+    (`imgfilter.backends.cuda.compile_blocked`, which removes the marker)."""
+    code = f"import imgfilter.backends.cuda as c; c.compile_blocked({kh}, {kw}, {dtype!r})"
+    return start(cubins.blocked_name(kh, kw, dtype), code)

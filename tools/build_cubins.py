@@ -1,0 +1,162 @@
+"""Build the kernels shipped in the package: imgfilter/backends/prebuilt/.
+
+The quick start (`imgfilter.backends.cached`) runs them on a first use, with no
+compile: the size-generic kernels that stand in for the size-specialised ones while
+those compile in the background (box_twopass for uint8 boxes, conv's tiled kernel
+for filters), and the kernels that are generic already (box_fused for uint16 boxes,
+contour). Each is compiled by Numba exactly as the CUDA backend compiles it (by
+running it once on a small random image) and then built for every GPU generation in
+ARCHS from the same NVVM IR.
+
+Needs a CUDA GPU (Numba compiles device functions for the GPU it runs on) and the
+CUDA toolchain of the cu13 extra. Run from the repository root:
+
+    python tools/build_cubins.py [--out imgfilter/backends/prebuilt]
+
+It replaces the folder's contents: `<name>-sm<XY>.cubin` files and manifest.json
+(`archs`, `entries`: cubin name -> entry point, `sources`: kernel family -> digest of
+its sources). Rebuild after editing a shipped kernel's sources: the quick start
+ignores a family whose digest no longer matches (and compiles instead), and
+tests/test_prebuilt.py fails until the kernels are rebuilt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+ARCHS = ((7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0))
+CHANNELS = (1, 3, 4)
+
+
+def _random(shape: tuple, dtype, rng) -> np.ndarray:
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        return rng.standard_normal(shape).astype(dt)
+    return rng.integers(0, np.iinfo(dt).max, shape, endpoint=True).astype(dt)
+
+
+def _tall_box(channels: int) -> tuple[int, int]:
+    """A box tall enough that box_twopass's column pass runs without shared tiles."""
+    from kernels import box_plan
+
+    for kh in range(33, 4096, 2):
+        geo = box_plan.twopass_plan((64, 96, channels), np.uint8, (kh, 3))
+        if geo is not None and geo["col_groups"] == 0:
+            return kh, 3
+    raise RuntimeError("no box makes box_twopass's column pass untiled")
+
+
+def _twopass(backend, rng):
+    """(name, dispatcher, array dtypes) of box_twopass's row and column passes."""
+    from imgfilter.backends import cubins
+    from kernels import box_plan, box_twopass
+
+    for channels in CHANNELS:
+        for ksize in ((33, 33), _tall_box(channels)):
+            img = _random((64, 96, channels), np.uint8, rng)
+            method, geo = box_plan.choose(img.shape, img.dtype, ksize)
+            assert method == "twopass", method
+            backend.box(img, ksize, (ksize[0] // 2, ksize[1] // 2), 0, 0.0, "auto")
+            rows, columns = cubins.twopass_names(channels, geo)
+            row_kernel = box_twopass.row_kernel_for(channels, geo["run"])
+            yield rows, row_kernel, (np.uint8, np.uint32, np.uint32)
+            yield columns, box_twopass.column_kernel_for(geo), (np.uint32, np.uint8)
+
+
+def _fused(backend, rng):
+    """box_fused for uint16 images: every (sum type, rounding) the plan can pick."""
+    from imgfilter.backends import cubins
+    from kernels import box_fused, box_plan
+
+    shape = (64, 96)
+    for channels in CHANNELS:
+        seen = set()
+        for kh in range(1, 258):
+            for kw in (1, 3, 31, 257):
+                method, geo = box_plan.choose((*shape, channels), np.uint16, (kh, kw))
+                if method != "fused":
+                    continue
+                name = cubins.box_name(geo, channels, np.uint16)
+                if name in seen:
+                    continue
+                seen.add(name)
+                img = _random((*shape, channels), np.uint16, rng)
+                backend.box(img, (kh, kw), (kh // 2, kw // 2), 0, 0.0, "auto")
+                kernel = box_fused.kernel_for(geo["sum_type"], channels, geo["magic_rounding"])
+                yield name, kernel, (np.uint16, np.uint16)
+
+
+def _contour(backend, rng):
+    from imgfilter.backends import cubins
+    from kernels import contour
+
+    for dtype in (np.uint8, np.uint16, np.float32):
+        for channels in CHANNELS:
+            backend.contour(_random((40, 56, channels), dtype, rng), 0, 0, "auto")
+            yield cubins.contour_name(channels, dtype), contour.kernel_for(channels), (dtype,) * 4
+
+
+def _conv_tiled(backend, rng):
+    from imgfilter.backends import cubins
+    from kernels import conv
+
+    kernel = rng.standard_normal((5, 5)).astype(np.float32)
+    for dtype in (np.uint8, np.uint16, np.float32):
+        backend.correlate(_random((40, 56, 3), dtype, rng), kernel, (2, 2), 0, 0.0, "tiled")
+        yield cubins.conv_tiled_name(dtype), conv.correlate_tiled, (dtype, np.float32, dtype)
+
+
+def build(out: Path) -> dict:
+    """Compile every shipped kernel, write its cubins for ARCHS and the manifest into
+    `out` (emptied first); return the manifest."""
+    os.environ["IMGFILTER_CACHE_DIR"] = tempfile.mkdtemp(prefix="imgfilter-build-")
+    os.environ["IMGFILTER_NO_PREBUILT"] = "1"
+    from imgfilter.backends import cubins
+    from imgfilter.backends import cuda as backend
+
+    rng = np.random.default_rng(0)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    entries: dict[str, str] = {}
+    for specs in (_twopass, _fused, _contour, _conv_tiled):
+        for name, dispatcher, dtypes in specs(backend, rng):
+            if name in entries:
+                continue
+            for cc in ARCHS:
+                image, entry = cubins.compiled_cubin(dispatcher, dtypes, cc)
+                (out / f"{name}-sm{cc[0]}{cc[1]}.cubin").write_bytes(image)
+            entries[name] = entry
+            print(f"  {name}", file=sys.stderr)
+    families = sorted({cubins.family(name) for name in entries})
+    manifest = {
+        "archs": [f"sm{a}{b}" for a, b in ARCHS],
+        "entries": dict(sorted(entries.items())),
+        "sources": {family: cubins.sources_digest(family) for family in families},
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "imgfilter/backends/prebuilt")
+    args = parser.parse_args()
+    manifest = build(args.out)
+    size = sum(p.stat().st_size for p in args.out.iterdir())
+    print(f"{len(manifest['entries'])} kernels x {len(ARCHS)} GPU generations: "
+          f"{size / 2**20:.1f} MiB in {args.out}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    sys.exit(main())
