@@ -1,0 +1,199 @@
+"""imgfilter.dask over 1, 2, 4 GPUs: dask-cuda's LocalCUDACluster, one worker per GPU.
+
+A --size x --size x 3 uint8 image of random CuPy row bands (--rows rows each) is made
+on the workers and persisted there, so each band lives on one GPU; then blur 21 and
+filter2d 21x21 (a random kernel) run as `op(x).persist()` + `wait`, one warm-up
+(kernel compiles on every worker) and the median of --reps. Halo rows of neighbouring
+bands on other GPUs travel over the cluster's protocol (--protocol, tcp by default).
+For reference, the same ops on the whole image on one GPU without Dask (in this
+process, on the first GPU).
+
+The GPUs are those of CUDA_VISIBLE_DEVICES (else all); counts above them are skipped.
+Prints a table (median ms, Mpixel/s, speedup vs 1 GPU) and writes JSON with --json.
+Needs dask-cuda, distributed and CuPy (pip install "imgfilter[dask-cuda]" cupy-cuda12x).
+
+    python benchmarks/dask_scale.py --json out.json [--gpus 1,2,4] [--size 16384]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+OPS = ("blur 21", "filter2d 21x21")
+
+
+def fail(message: str) -> None:
+    """One line on stderr, exit status 2."""
+    print(f"dask_scale: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def requirements():
+    """(cupy, LocalCUDACluster, Client, wait) or a one-line exit."""
+    try:
+        import cupy
+        from dask_cuda import LocalCUDACluster
+        from distributed import Client, wait
+    except ImportError as exc:
+        fail(f"{exc.name or exc} is missing; pip install 'imgfilter[dask-cuda]' cupy-cuda12x")
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # no driver, no device
+        fail(f"no usable CUDA GPU ({type(exc).__name__}: {exc})")
+    if count < 1:
+        fail("no CUDA GPU is visible")
+    return cupy, LocalCUDACluster, Client, wait
+
+
+def visible_gpus(cupy) -> list[str]:
+    """The device ids a LocalCUDACluster may use, in order."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env:
+        return [d.strip() for d in env.split(",") if d.strip()]
+    return [str(i) for i in range(cupy.cuda.runtime.getDeviceCount())]
+
+
+def random_band(seed: int, block_info=None):
+    """One row band of random uint8 pixels, made on the worker's GPU."""
+    import cupy
+
+    info = block_info[None]
+    start = info["array-location"][0][0]
+    rng = cupy.random.RandomState(seed + start)
+    return rng.randint(0, 256, size=info["chunk-shape"], dtype=cupy.uint8)
+
+
+def make_image(cupy, size: int, rows: int):
+    import dask.array as da
+
+    bands = tuple([rows] * (size // rows) + ([size % rows] if size % rows else []))
+    meta = cupy.empty((0, 0, 0), cupy.uint8)
+    return da.map_blocks(random_band, 1, dtype=np.uint8, chunks=(bands, (size,), (3,)),
+                         meta=meta)  # fmt: skip
+
+
+def operations(seed: int = 0) -> dict:
+    """name -> f(array, module) where module is imgfilter or imgfilter.dask."""
+    kernel = np.random.default_rng(seed).standard_normal((21, 21)).astype(np.float32)
+    kernel /= np.abs(kernel).sum()
+    return {
+        "blur 21": lambda x, m: m.blur(x, 21),
+        "filter2d 21x21": lambda x, m: m.filter2d(x, kernel),
+    }
+
+
+def time_dask(op, x, wait, reps: int) -> list[float]:
+    """Seconds of op(x).persist() until every band is done: warm-up, then reps."""
+    import imgfilter.dask as ifd
+
+    times = []
+    for i in range(reps + 1):
+        t0 = time.perf_counter()
+        y = op(x, ifd).persist()
+        wait(y)
+        if i:
+            times.append(time.perf_counter() - t0)
+        del y
+    return times
+
+
+def time_whole(cupy, op, size: int, reps: int) -> list[float]:
+    """Seconds of op on the whole image on this process's GPU, no Dask."""
+    import imgfilter
+
+    img = cupy.random.RandomState(1).randint(0, 256, size=(size, size, 3), dtype=cupy.uint8)
+    times = []
+    for i in range(reps + 1):
+        cupy.cuda.runtime.deviceSynchronize()
+        t0 = time.perf_counter()
+        op(img, imgfilter)
+        cupy.cuda.runtime.deviceSynchronize()
+        if i:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def run_cluster(n: int, gpus: list[str], args, cupy, cluster_cls, client_cls, wait) -> dict:
+    """{op: median seconds} with n workers on the first n GPUs."""
+    medians = {}
+    with cluster_cls(CUDA_VISIBLE_DEVICES=",".join(gpus[:n]), protocol=args.protocol) as cluster:
+        with client_cls(cluster) as client:
+            x = make_image(cupy, args.size, args.rows).persist()
+            wait(x)
+            placed = client.who_has(x)
+            workers = {w for holders in placed.values() for w in holders}
+            for name, op in operations().items():
+                medians[name] = statistics.median(time_dask(op, x, wait, args.reps))
+            medians["workers holding bands"] = len(workers)
+            del x
+    return medians
+
+
+def table(rows: list[dict], size: int) -> str:
+    mpix = size * size / 1e6
+    lines = [f"{'op':<16} {'GPUs':>5} {'median ms':>10} {'Mpix/s':>9} {'speedup':>8}"]
+    for r in rows:
+        speed = f"{r['speedup']:.2f}x" if r.get("speedup") else "-"
+        lines.append(f"{r['op']:<16} {r['gpus']:>5} {r['median_s'] * 1e3:>10.1f} "
+                     f"{mpix / r['median_s']:>9.0f} {speed:>8}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--gpus", default="1,2,4", help="GPU counts to run (comma-separated)")
+    parser.add_argument("--size", type=int, default=16384, help="image side (pixels)")
+    parser.add_argument("--rows", type=int, default=1024, help="rows per band (chunk)")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--protocol", default="tcp", help="tcp, or ucx where installed")
+    args = parser.parse_args()
+    cupy, cluster_cls, client_cls, wait = requirements()
+    os.environ.setdefault("IMGFILTER_BACKGROUND_COMPILE", "0")  # workers compile at once
+    gpus = visible_gpus(cupy)
+    counts = [n for n in (int(c) for c in args.gpus.split(",")) if 1 <= n <= len(gpus)]
+    if not counts:
+        fail(f"none of --gpus {args.gpus} fits the {len(gpus)} visible GPU(s)")
+    rows, base = [], {}
+    for name, op in operations().items():
+        whole = statistics.median(time_whole(cupy, op, args.size, args.reps))
+        rows.append({"op": name, "gpus": "1*", "median_s": whole, "dask": False})
+    for n in counts:
+        medians = run_cluster(n, gpus, args, cupy, cluster_cls, client_cls, wait)
+        for name in OPS:
+            base.setdefault(name, medians[name] if n == 1 else None)
+            speedup = base[name] / medians[name] if base[name] else None
+            rows.append({"op": name, "gpus": n, "median_s": medians[name], "dask": True,
+                         "speedup": speedup,
+                         "workers_holding_bands": medians["workers holding bands"]})  # fmt: skip
+    print(f"{args.size}x{args.size}x3 uint8, bands of {args.rows} rows, {args.protocol}; "
+          f"1* = whole image on one GPU without Dask")  # fmt: skip
+    print(table(rows, args.size))
+    if args.json:
+        props = cupy.cuda.runtime.getDeviceProperties(0)
+        result = {
+            "benchmark": "dask_scale",
+            "gpu": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
+            "gpus_visible": len(gpus),
+            "image": [args.size, args.size, 3],
+            "dtype": "uint8",
+            "rows_per_band": args.rows,
+            "reps": args.reps,
+            "protocol": args.protocol,
+            "python": platform.python_version(),
+            "results": rows,
+        }
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,257 @@
+"""Dask arrays: `blur`, `filter2d` and `contour` over chunked images.
+
+    import dask.array as da
+    import imgfilter.dask as ifd
+    x = da.from_array(img, chunks=(2048, -1, -1))   # (H, W) or (H, W, C)
+    y = ifd.blur(x, 21)                              # a dask array, lazy
+    y.compute()                                      # == imgfilter.blur(img, 21)
+
+Each function takes a dask array whose chunks are NumPy or CuPy arrays and returns
+a dask array of the input's shape, dtype, chunks and chunk type (contour: (H, W)).
+Options are the array API's (anchor, border, border_value, backend, method; see
+`imgfilter.api`), checked when the graph is built: a bad option raises the API's
+`UsageError` at once, not at compute time. `out` and `stream` are not taken: each
+chunk gets its own result, on the stream of its own array.
+
+How: the image is filtered in full-width row bands, each band by one imgfilter call
+on the band plus `depth` rows of its neighbours (`dask.array.map_overlap`,
+boundary "none"), depth = max(rows above, rows below the anchor). Column chunks are
+merged for the filter (the result is split back into the input's chunks): a column's
+arithmetic on the CPU backend depends on the row length (OpenCV's SIMD body rounds
+with fused multiply-adds, its scalar tail without), while a row's does not, so bands
+of whole rows give the whole-image result bit for bit. Row chunks shorter than the
+depth are merged with their neighbours (kernels larger than a chunk).
+
+Borders are the image's, not the chunks': a band's imgfilter call applies the border
+at its top and bottom, which are the image's own edges for the first and last band
+and are trimmed away elsewhere; the whole row is present, so left and right borders
+are exact. `wrap` needs the far side of the image: the rows it reaches are
+concatenated above and below the image first (`_wrap_rows`) and cut off after.
+So every border mode equals the whole-image result of `imgfilter.blur/filter2d/
+contour` with the same options: bit-identical on the CPU backend (the tests check it),
+and on CUDA wherever its kernels compute each pixel the same way at any position
+(integer sums: blur and contour of integer images; see docs/scale.md).
+
+Importing this module needs Dask (`pip install "imgfilter[dask]"`); `import imgfilter`
+never imports it.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+try:
+    import dask.array as da
+except ImportError:
+    raise ImportError('imgfilter.dask needs Dask: pip install "imgfilter[dask]"') from None
+
+from . import api
+from .backends import BACKENDS
+from .border import border_code
+from .errors import UsageError
+
+WRAP = border_code("wrap")
+
+__all__ = ["blur", "filter2d", "contour"]
+
+
+def filter2d(
+    img: da.Array,
+    kernel: Any,
+    *,
+    anchor: tuple[int, int] | None = None,
+    border: str = "reflect101",
+    border_value: float = 0.0,
+    backend: str = "auto",
+    method: str = "auto",
+) -> da.Array:
+    """`imgfilter.filter2d` of a dask array: correlate with `kernel` (up to 255x255).
+
+    img: (H, W) or (H, W, C), C in {1, 3, 4}, uint8/uint16/float32, NumPy or CuPy
+    chunks (any chunking). Returns a dask array of img's shape, dtype and chunks.
+    Options as `imgfilter.filter2d`; the borders are the image's (module docstring).
+    """
+    x = _check_image(img, backend)
+    k = api.as_kernel(kernel)
+    (ay, _), code, _, _ = api._options(anchor, k.shape, border, border_value, method, x.dtype)
+    opts = dict(anchor=anchor, border=border, border_value=border_value, backend=backend,
+                method=method)  # fmt: skip
+    band = functools.partial(_filter_band, _api_filter2d, (k,), opts)
+    return _in_bands(x, band, (ay, k.shape[0] - 1 - ay), code, keep_channels=True)
+
+
+def blur(
+    img: da.Array,
+    k: int | tuple[int, int],
+    *,
+    anchor: tuple[int, int] | None = None,
+    border: str = "reflect101",
+    border_value: float = 0.0,
+    backend: str = "auto",
+    method: str = "auto",
+) -> da.Array:
+    """`imgfilter.blur` of a dask array: the normalized k x k box (or OpenCV's
+    (width, height)). Image and return as `filter2d`; options as `imgfilter.blur`."""
+    x = _check_image(img, backend)
+    (kh, _), (ay, _), code, _, _ = api._box_options(k, anchor, border, border_value, method,
+                                                    x.dtype)  # fmt: skip
+    opts = dict(anchor=anchor, border=border, border_value=border_value, backend=backend,
+                method=method)  # fmt: skip
+    band = functools.partial(_filter_band, _api_blur, (k,), opts)
+    return _in_bands(x, band, (ay, kh - 1 - ay), code, keep_channels=True)
+
+
+def contour(
+    img: da.Array,
+    *,
+    border: str = "reflect101",
+    border_value: float = 0.0,
+    backend: str = "auto",
+    method: str = "auto",
+) -> da.Array:
+    """`imgfilter.contour` of a dask array: the OR-merged four-direction edge map.
+
+    img: (H, W) or (H, W, C) uint8/uint16 (colour becomes gray as cv2.cvtColor).
+    Returns a dask array (H, W) of img's dtype, in img's row and column chunks.
+    """
+    x = _check_image(img, backend)
+    if x.dtype == np.float32:
+        raise UsageError("contour needs an integer image (uint8 or uint16), got float32")
+    code = border_code(border)
+    api._check_method(method)
+    api._cast_value(border_value, x.dtype)
+    opts = dict(border=border, border_value=border_value, backend=backend, method=method)
+    band = functools.partial(_filter_band, _api_contour, (), opts)
+    return _in_bands(x, band, (1, 1), code, keep_channels=False)
+
+
+# ------------------------------------------------------------------ checks
+
+
+def _check_image(img: Any, backend: str) -> da.Array:
+    """img as checked by the array API (rank, channels, size, dtype), from its shape
+    and dtype alone; UsageError otherwise. Also checks the backend's name."""
+    if not isinstance(img, da.Array):
+        raise UsageError(
+            f"imgfilter.dask takes a dask array, got {type(img).__name__}; "
+            "for NumPy or device arrays use imgfilter.blur/filter2d/contour"
+        )
+    if any(np.isnan(n) for n in img.shape):
+        raise UsageError("the dask array's chunk sizes are unknown; call compute_chunk_sizes()")
+    if not api._plain_image(img.shape, np.dtype(img.dtype)):
+        # The API's own checks and messages, on a view of the shape that holds no data.
+        api._as_image(np.broadcast_to(np.zeros((), img.dtype), img.shape))
+    name = str(backend).lower()
+    if name not in BACKENDS:
+        raise UsageError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if name == "cpu" and not isinstance(img._meta, np.ndarray):
+        raise UsageError("device arrays need the cuda backend (or copy them to the host)")
+    return img
+
+
+# ------------------------------------------------------------------ one band
+
+
+def _api_filter2d(band, kernel, **opts):
+    return api.filter2d(band, kernel, **opts)
+
+
+def _api_blur(band, k, **opts):
+    return api.blur(band, k, **opts)
+
+
+def _api_contour(band, **opts):
+    return api.contour(band, **opts)
+
+
+def _filter_band(call, args: tuple, opts: dict, band: Any) -> Any:
+    """call(band, *args, **opts) on one row band (with its neighbours' rows), the
+    result as the band's own array type (a CuPy chunk gets a CuPy result: imgfilter
+    returns its own device array, which CuPy wraps without a copy)."""
+    if isinstance(band, np.ndarray):
+        return call(band, *args, **opts)
+    xp = _namespace(band)
+    return xp.asarray(call(xp.ascontiguousarray(band), *args, **opts))
+
+
+def _namespace(chunk: Any):
+    """The array module of a chunk (cupy for a cupy.ndarray)."""
+    import importlib
+
+    return importlib.import_module(type(chunk).__module__.split(".")[0])
+
+
+# ------------------------------------------------------------------ bands
+
+
+def _in_bands(x: da.Array, band, reach: tuple[int, int], code: int, keep_channels: bool):
+    """band() over full-width row bands of x, each with `depth` rows of its neighbours,
+    depth = max(reach) (rows above, below the anchor); returns the result in x's chunks
+    ((H, W) chunks without the channel axis when not keep_channels).
+
+    For wrap the rows reach wraps to are concatenated first (their band calls still
+    use wrap, which then matters only for the columns) and cut off after."""
+    top, bottom = reach
+    depth = max(top, bottom)
+    chunks = x.chunks if keep_channels else x.chunks[:2]
+    whole = {axis: -1 for axis in range(1, x.ndim)}  # full rows, all channels
+    padded = code == WRAP and depth > 0
+    y = _wrap_rows(x, top, bottom) if padded else x
+    rows = list(x.chunks[0])
+    if padded:
+        rows[0] += top
+        rows[-1] += bottom
+    rows = _at_least(rows, depth)
+    y = y.rechunk({0: rows, **whole})
+    out = _map_bands(y, band, depth if len(rows) > 1 else 0, keep_channels)
+    if padded:
+        out = out[top : top + x.shape[0]]
+    return out.rechunk(chunks)
+
+
+def _map_bands(y: da.Array, band, depth: int, keep_channels: bool) -> da.Array:
+    """map_overlap of band() over the row chunks of y, `depth` rows shared with each
+    neighbour, none added (nor trimmed) at the image's top and bottom."""
+    drop = y.ndim == 3 and not keep_channels
+    meta = y._meta.reshape((0, 0)) if drop else y._meta
+    return da.map_overlap(
+        band,
+        y,
+        depth={axis: (depth if axis == 0 else 0) for axis in range(y.ndim)},
+        boundary="none",
+        dtype=y.dtype,
+        meta=meta,
+        **({"drop_axis": 2} if drop else {}),
+    )
+
+
+def _at_least(chunks, depth: int) -> tuple[int, ...]:
+    """Chunk sizes with the same total, each >= depth and > 0 (neighbours merged),
+    unless the total is smaller: then one chunk."""
+    least = max(depth, 1)
+    out: list[int] = []
+    for n in chunks:
+        if out and out[-1] < least:
+            out[-1] += n
+        else:
+            out.append(n)
+    if len(out) > 1 and out[-1] < least:
+        out[-2] += out.pop()
+    return tuple(out)
+
+
+def _wrap_rows(x: da.Array, top: int, bottom: int) -> da.Array:
+    """x with rows -top .. H + bottom - 1 taken modulo H (np.pad(mode="wrap") on
+    axis 0, for any top and bottom, also larger than H)."""
+    h = x.shape[0]
+    pieces = []
+    p, end = -top, h + bottom
+    while p < end:
+        start = p % h
+        stop = min(h, start + end - p)
+        pieces.append(x[start:stop])
+        p += stop - start
+    return da.concatenate(pieces, axis=0)
