@@ -1,0 +1,237 @@
+"""The kernels shipped in the package (issue 24): the quick start's first use.
+
+Without a GPU: the shipped manifest is current (its digests are the sources'), holds
+every kernel the first-use paths ask for, for every GPU generation it lists; the
+store prefers the user's cache and ignores stale or foreign shipped entries; a first
+use runs the generic kernel and starts one background compile of the specialised one,
+and goes to the Numba path when background compiles are off. On a GPU (`gpu`): a fresh
+process with an empty cache filters from the shipped kernels without importing Numba
+and gets exactly the Numba path's results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from imgfilter.backends import background, cached, cubins
+from kernels import box_plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MANIFEST = json.loads((cubins.PREBUILT / "manifest.json").read_text())
+
+
+def test_shipped_kernels_are_built_from_these_sources():
+    stale = [f for f, d in MANIFEST["sources"].items() if d != cubins.sources_digest(f)]
+    assert not stale, f"rebuild with `python tools/build_cubins.py` on a GPU machine: {stale}"
+
+
+def test_every_shipped_kernel_has_a_cubin_for_every_listed_generation():
+    for name in MANIFEST["entries"]:
+        for arch in MANIFEST["archs"]:
+            path = cubins.PREBUILT / f"{name}-{arch}.cubin"
+            assert path.stat().st_size > 0, path
+
+
+def test_the_first_use_kernels_ship():
+    names = set(MANIFEST["entries"])
+    for channels in (1, 3, 4):
+        for ksize in ((3, 3), (21, 21), (31, 5), (1, 31)):
+            geo = box_plan.twopass_plan((480, 640, channels), np.uint8, ksize)
+            assert set(cubins.twopass_names(channels, geo)) <= names, (channels, ksize)
+        for dtype in (np.uint8, np.uint16):
+            assert cubins.contour_name(channels, dtype) in names
+        for k in (3, 21, 61):
+            method, geo = box_plan.choose((480, 640, channels), np.uint16, (k, k))
+            if method == "fused":  # else box_running, which always runs through Numba
+                assert cubins.box_name(geo, channels, np.uint16) in names
+    for dtype in (np.uint8, np.uint16, np.float32):
+        assert cubins.conv_tiled_name(dtype) in names
+
+
+@pytest.fixture
+def shipped(tmp_path, monkeypatch):
+    """A shipped folder in tmp_path with one contour kernel for sm_90, and an empty cache."""
+    folder = tmp_path / "prebuilt"
+    folder.mkdir()
+    (folder / "contour-uint8-c1-sm90.cubin").write_bytes(b"shipped")
+    manifest = {
+        "archs": ["sm90"],
+        "entries": {"contour-uint8-c1": "_Zcontour"},
+        "sources": {"contour": cubins.sources_digest("contour")},
+    }
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.setattr(cubins, "PREBUILT", folder)
+    monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("IMGFILTER_NO_PREBUILT", raising=False)
+    cubins._manifest.cache_clear()
+    yield folder
+    cubins._manifest.cache_clear()
+
+
+def test_store_finds_shipped_kernels_for_listed_generations_only(shipped):
+    assert cubins.load("contour-uint8-c1", (9, 0)) == (b"shipped", "_Zcontour")
+    assert cubins.load("contour-uint8-c1", (8, 0)) is None
+    assert cubins.load("contour-uint8-c3", (9, 0)) is None
+    assert cubins.any_for((9, 0)) and not cubins.any_for((8, 0))
+
+
+def test_the_users_cache_comes_first(shipped, tmp_path):
+    path = cubins._path("contour-uint8-c1", (9, 0))
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"cached")
+    path.with_suffix(".json").write_text(json.dumps({"entry": "_Zcached"}))
+    assert cubins.load("contour-uint8-c1", (9, 0)) == (b"cached", "_Zcached")
+
+
+def test_stale_or_switched_off_shipped_kernels_are_ignored(shipped, monkeypatch):
+    manifest = json.loads((shipped / "manifest.json").read_text())
+    manifest["sources"]["contour"] = "0" * 16  # built from other sources
+    (shipped / "manifest.json").write_text(json.dumps(manifest))
+    cubins._manifest.cache_clear()
+    assert cubins.load("contour-uint8-c1", (9, 0)) is None
+    (shipped / "manifest.json").write_text("{broken")
+    cubins._manifest.cache_clear()
+    assert cubins.load("contour-uint8-c1", (9, 0)) is None and not cubins.any_for((9, 0))
+    monkeypatch.setenv("IMGFILTER_NO_PREBUILT", "1")
+    cubins._manifest.cache_clear()
+    assert cubins._manifest() == {}
+
+
+def test_host_modules_do_not_change_a_kernels_digest(tmp_path, monkeypatch):
+    import shutil
+
+    import kernels
+
+    copy = tmp_path / "kernels"
+    shutil.copytree(os.path.dirname(kernels.__file__), copy)
+    monkeypatch.setattr(cubins, "_kernels_dir", lambda: copy)
+    cubins.sources_digest.cache_clear()
+    try:
+        before = cubins.sources_digest("contour")
+        (copy / "launch.py").write_text((copy / "launch.py").read_text() + "\n# host\n")
+        cubins.sources_digest.cache_clear()
+        assert cubins.sources_digest("contour") == before
+        (copy / "border_index.py").write_text((copy / "border_index.py").read_text() + "\n#\n")
+        cubins.sources_digest.cache_clear()
+        assert cubins.sources_digest("contour") != before  # contour imports border_index
+    finally:
+        cubins.sources_digest.cache_clear()
+
+
+def _quick_runs(monkeypatch, missing: str):
+    """Record the cubins the quick start asks for; `missing` (a name prefix) has none."""
+    asked = []
+
+    def run(name, img, out_shape, *args, **kwargs):
+        asked.append(name)
+        return None if name.startswith(missing) else np.zeros(out_shape, img.dtype)
+
+    monkeypatch.setattr(cached, "_run", run)
+    return asked
+
+
+def test_first_box_of_a_size_runs_twopass_and_compiles_tiled_once(monkeypatch):
+    asked = _quick_runs(monkeypatch, "box_tiled")
+    started = []
+    monkeypatch.setattr(background, "start", lambda name, code: started.append(name) or True)
+    img = np.zeros((120, 160, 3), np.uint8)
+    assert cached._box_quick(img, (21, 21), (10, 10), 4, 0) is not None
+    method, geo = box_plan.choose(img.shape, img.dtype, (21, 21))
+    tiled = cubins.tiled_name(geo, 3, (21, 21))
+    twopass = box_plan.twopass_plan(img.shape, img.dtype, (21, 21))
+    assert asked == [tiled, cubins.twopass_names(3, twopass)[0]]
+    assert started == [tiled]
+
+
+def test_without_background_compiles_a_first_box_goes_to_numba(monkeypatch):
+    asked = _quick_runs(monkeypatch, "box_tiled")
+    monkeypatch.setattr(background, "ENABLED", False)
+    img = np.zeros((120, 160, 3), np.uint8)
+    assert cached._box_quick(img, (21, 21), (10, 10), 4, 0) is None
+    assert len(asked) == 1
+
+
+def test_first_filter_of_a_size_runs_tiled_and_compiles_blocked(monkeypatch):
+    asked = _quick_runs(monkeypatch, "blocked")
+    started = []
+    monkeypatch.setattr(background, "start", lambda name, code: started.append(code) or True)
+    kernel = np.random.default_rng(0).random((11, 13)).astype(np.float32)
+    img = np.zeros((50, 60, 1), np.uint16)
+    cached._driver.cache_clear()
+    monkeypatch.setattr(cached, "_driver", lambda: None)
+    out = cached.correlate(img, kernel, (5, 6), 4, 0.0, "auto")
+    assert out.shape == img.shape
+    assert asked == ["blocked-uint16-11x13", "conv_tiled-uint16"]
+    assert started == ["import imgfilter.backends.cuda as c; c.compile_blocked(11, 13, 'uint16')"]
+
+
+def test_one_background_compile_per_kernel_until_its_marker_goes_stale(tmp_path, monkeypatch):
+    spawned = []
+    monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(background, "ENABLED", True)
+    monkeypatch.setattr(background.subprocess, "Popen", lambda argv, **kw: spawned.append(argv))
+    assert background.start("box_tiled-x", "pass")
+    assert background.start("box_tiled-x", "pass")  # at it already
+    assert len(spawned) == 1 and spawned[0][1:] == ["-c", "pass"]
+    marker = cubins.pending_marker("box_tiled-x")
+    os.utime(marker, (0, 0))  # a compile that died long ago
+    assert background.start("box_tiled-x", "pass") and len(spawned) == 2
+    monkeypatch.setenv("IMGFILTER_CACHE_DIR", "/proc/imgfilter-no-such-cache")
+    assert not background.start("box_tiled-y", "pass")  # nowhere to leave a cubin
+
+
+@pytest.mark.gpu
+def test_fresh_process_filters_from_shipped_kernels_without_numba(tmp_path):
+    code = """
+        import sys
+        import numpy as np
+        import imgfilter
+        from kernels import box_plan
+        rng = np.random.default_rng(5)
+        outs = {}
+        kern = rng.standard_normal((21, 21)).astype(np.float32) / 21
+        for dtype in (np.uint8, np.uint16, np.float32):
+            for c in (1, 3, 4):
+                shape = (211, 333, c)
+                if dtype == np.float32:
+                    img = rng.standard_normal(shape).astype(dtype)
+                else:
+                    img = rng.integers(0, np.iinfo(dtype).max, shape, endpoint=True).astype(dtype)
+                key = f"{np.dtype(dtype).name}-{c}"
+                if dtype != np.float32:
+                    outs["contour" + key] = imgfilter.contour(img, border="reflect")
+                outs["filter" + key] = imgfilter.filter2d(img, kern, border="constant",
+                                                          border_value=7)
+                for k in ((3, 3), (21, 21), (5, 17)):
+                    # box_running (float32, and uint16 boxes box_fused cannot take)
+                    # is neither shipped nor cached: it always runs through Numba.
+                    if box_plan.choose(shape, dtype, k)[0] != "running":
+                        outs[f"blur{k}{key}"] = imgfilter.blur(img, k, border="wrap")
+        np.savez(sys.argv[1], **outs)
+        print("numba" in sys.modules)
+        """
+    results = {}
+    for run, extra in (
+        ("shipped", {}),
+        ("numba", {"IMGFILTER_NO_PREBUILT": "1", "IMGFILTER_NO_QUICK_START": "1"}),
+    ):
+        env = {**os.environ, "IMGFILTER_CACHE_DIR": str(tmp_path / run), **extra}
+        env["PYTHONPATH"] = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
+        env["NUMBA_ENABLE_CUDASIM"] = "0"
+        out = tmp_path / f"{run}.npz"
+        done = subprocess.run([sys.executable, "-c", textwrap.dedent(code), str(out)],
+                              capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        results[run] = (done.stdout.strip(), np.load(out))
+    assert results["shipped"][0] == "False"  # every call ran from the shipped kernels
+    a, b = results["shipped"][1], results["numba"][1]
+    assert sorted(a.files) == sorted(b.files)
+    for name in a.files:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
