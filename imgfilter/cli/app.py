@@ -1,0 +1,219 @@
+"""The Typer app: one-line errors with their exit codes, clean help, `--version`.
+
+`command` wraps every command: it runs in a worker thread (Ctrl-C, the spinner:
+`worker.in_worker`), and an ImgFilterError becomes one stderr line and its exit code
+(imgfilter.errors: 2 usage, 3 input, 4 output, 5 device; 1 anything else). Click's
+own usage errors are reported the same way (`_OneLineErrors`).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperCommand, TyperGroup
+
+try:  # recent Typer vendors Click as typer._click; older Typer depends on Click.
+    from typer._click import exceptions as click_exc
+except ImportError:  # pragma: no cover - depends on the installed Typer
+    from click import exceptions as click_exc
+
+from .. import __version__
+from ..errors import DeviceError, ImgFilterError
+from .output import INTERRUPTED, PROG, Run, fail, interrupted_line
+from .worker import in_worker
+
+
+class _OneLineErrors(TyperGroup):
+    """Report Click's usage errors (bad option values, unknown options) as one line, exit 2."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:
+            rv = super().main(args, prog_name or PROG, complete_var, standalone_mode=False, **extra)
+        except click_exc.NoArgsIsHelpError as e:
+            # `imgfilter` alone: the help, on stderr, then exit 2 as Click does.
+            e.show()
+            rv = e.exit_code
+        except click_exc.ClickException as e:
+            rv = _click_error(e)
+        except typer.Abort as e:
+            rv = _aborted(e)
+        if not standalone_mode:
+            return rv
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _clean_help_params(super().get_params(ctx))
+
+    def invoke(self, ctx: Any) -> Any:
+        # Ctrl-C while a command runs in this thread (a command run outside the main
+        # thread, or a KeyboardInterrupt raised by the command itself): one line, 130.
+        # Typer and Click would turn it into a silent exit 130 or "Aborted!".
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            interrupted_line()
+            raise typer.Exit(INTERRUPTED) from None
+
+
+def _click_error(e: Any) -> int:
+    """Click's error as one line (with where to look for a usage error); its exit code."""
+    # Typer validates through pydantic, whose messages start "Value error, ".
+    message = e.format_message().replace("Value error, ", "").rstrip(".")
+    ctx = getattr(e, "ctx", None)
+    if isinstance(e, click_exc.UsageError) and ctx is not None:
+        message = f"{message} (see '{ctx.command_path} --help')"
+    fail(message)
+    return e.exit_code
+
+
+def _aborted(e: BaseException) -> int:
+    """typer.Abort: Click < 8.2's Ctrl-C (one line, 130), else `imgfilter: aborted`, 1."""
+    if isinstance(e.__cause__, KeyboardInterrupt):
+        interrupted_line()
+        return INTERRUPTED
+    print(f"{PROG}: aborted", file=sys.stderr)
+    return 1
+
+
+def _clean_help_params(params: list[Any]) -> list[Any]:
+    """Help without Typer's value placeholders where there is no value to give: no
+    `<bool>` after flags (-h/--help, --install-completion), no `{INPUT}` or `<path>`
+    around an argument's metavar. (Our own flags set metavar="" for the same reason.)"""
+    for param in params:
+        kind = getattr(param, "param_type_name", "")
+        if kind == "option" and getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+        elif kind == "argument" and param.metavar:
+            param.display_type_rich = _no_type  # Typer >= 0.28
+            if hasattr(param, "type"):  # Typer < 0.28 prints <type> unless it is ""
+                param.type.get_metavar = _no_metavar
+    return params
+
+
+class _CleanHelp(TyperCommand):
+    """A command whose help shows `INPUT`, not `{INPUT}` and `<path>`, and flags such as
+    `-h, --help` without `<bool>` (`_clean_help_params`)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _clean_help_params(super().get_params(ctx))
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = super().collect_usage_pieces(ctx)
+        # `{INPUT}...` (several inputs) shows as INPUT too; the argument's help says more.
+        pieces = [p[:-3] if p[:1] == "{" and p.endswith("}...") else p for p in pieces]
+        return [p[1:-1] if p[:1] == "{" and p[-1:] == "}" else p for p in pieces]
+
+
+def _no_type(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def _no_metavar(*args: Any, **kwargs: Any) -> str:
+    return ""
+
+
+app = typer.Typer(
+    name=PROG,
+    cls=_OneLineErrors,
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def app_command(name: str | None = None) -> Callable[..., Any]:
+    """`app.command` with the clean help (`_CleanHelp`)."""
+    return app.command(name, cls=_CleanHelp)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"{PROG} {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            metavar="",
+            callback=_version,
+            is_eager=True,
+            help="Print the version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """GPU image filtering that matches OpenCV: box blur, filter2D, contour.
+
+    Each command reads an image (PNG, JPEG, TIFF, ...), filters it on the GPU
+    (CUDA) or the CPU, and writes INPUT_STEM.OP.EXT beside the input unless -o says
+    otherwise. `compare` checks a result against OpenCV and times both.
+
+    Examples:
+
+      imgfilter blur photo.jpg --k 21
+
+      imgfilter filter photo.jpg --kernel "-1,0,1;-2,0,2;-1,0,1" -o edges.png
+
+      imgfilter contour photo.jpg --backend cpu
+
+      imgfilter compare photo.jpg --k 21 --json
+
+    Exit codes: 0 ok, 1 compare disagrees or unexpected error, 2 bad usage,
+    3 input problem, 4 output problem, 5 GPU problem (none usable, out of memory, CUDA failure).
+    """
+
+
+def command(fn: Callable[..., Any] | None = None, *, spinner: bool = False) -> Any:
+    """Decorator: run the command in a worker thread (Ctrl-C, the spinner when
+    `spinner`: `worker.in_worker`), turning ImgFilterError into one stderr line and
+    its exit code, a GPU failure into exit 5, anything else into exit 1. The command's
+    `quiet` and `debug` keyword arguments set --quiet and the tracebacks."""
+    if fn is None:
+        return functools.partial(command, spinner=spinner)
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        debug = bool(kwargs.get("debug"))
+        Run.quiet = bool(kwargs.get("quiet"))
+        Run.stage = ""
+        try:
+            return in_worker(fn, args, kwargs, spinner=spinner and not Run.quiet)
+        except (click_exc.ClickException, typer.Exit, typer.Abort):
+            raise
+        except Exception as e:
+            if debug:
+                traceback.print_exc()
+            raise typer.Exit(_report(e, debug)) from None
+
+    return wrapper
+
+
+def _report(e: Exception, debug: bool) -> int:
+    """The one line for an exception that ended a command; its exit code."""
+    if isinstance(e, ImgFilterError):
+        fail(e.cli_message or str(e))
+        return e.exit_code
+    if gpu_failure(e):
+        fail(f"the GPU failed: {e}; try --backend cpu")
+        return DeviceError.exit_code
+    hint = "" if debug else " (run with --debug for the traceback)"
+    fail(f"unexpected {type(e).__name__}: {e}{hint}")
+    return 1
+
+
+def gpu_failure(e: BaseException) -> bool:
+    """A CUDA error that reached the command (the driver's or Numba's), or a GPU
+    allocation that failed: a device problem (exit 5), not an unexpected one."""
+    from kernels.cudadrv import CudaError
+
+    module = type(e).__module__
+    return isinstance(e, CudaError) or module.startswith(("numba.cuda", "cuda."))

@@ -1,0 +1,366 @@
+"""The filtering commands, `blur`, `filter` and `contour`, made from one table.
+
+Each takes INPUT... and the same output, border, backend and many-files options
+(`_COMMON`); a `Filter` adds its own options and names the imgfilter.api function
+it calls. One input is read, filtered and written here (`filter_file`); several go
+through many.run_many (`_filter_many`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError, UsageError
+from . import many
+from .app import app_command, command
+from .options import (
+    Backend,
+    BackendOpt,
+    Border,
+    BorderOpt,
+    BorderValueOpt,
+    BoxSideOpt,
+    DebugOpt,
+    ForceOpt,
+    InPaths,
+    JobsOpt,
+    KeepMetadataOpt,
+    KernelOpt,
+    Method,
+    MethodOpt,
+    NameOpt,
+    NormalizeOpt,
+    OutDirOpt,
+    OutPath,
+    QualityOpt,
+    QuietOpt,
+    RecursiveOpt,
+    SkipExistingOpt,
+    border_value,
+    check_gpu_first,
+    engine,
+    note_unused_method,
+    parse_kernel,
+    resolve_backend,
+)
+from .output import PROG, describe, info, note, shown, stage
+
+Apply = Callable[[Any, str], Any]  # (image, backend name) -> filtered image
+
+
+@dataclass(frozen=True)
+class Filter:
+    """One filtering command: `op` names the command and its outputs (INPUT_STEM.OP.EXT),
+    `api` the imgfilter.api function it calls, `own` its options after INPUT (name,
+    Annotated alias, default), `args` the function's arguments after the image from
+    the parsed options, `doc` its help."""
+
+    op: str
+    api: str
+    own: tuple[tuple[str, Any, Any], ...]
+    args: Callable[[dict[str, Any]], tuple]
+    doc: str
+
+
+_REQUIRED = inspect.Parameter.empty
+
+FILTERS = (
+    Filter(
+        "blur",
+        "blur",
+        (("k", BoxSideOpt, _REQUIRED),),
+        lambda o: (o["k"],),
+        """Box blur over K x K pixels: cv2.blur(img, (K, K)).
+
+        Each output pixel is the mean of the K x K window around it.
+
+        Examples:
+
+          imgfilter blur photo.jpg --k 21   (writes photo.blur.jpg)
+
+          imgfilter blur photos/ --recursive --k 5 --out-dir blurred   (many files)
+        """,
+    ),
+    Filter(
+        "filter",
+        "filter2d",
+        (("kernel", KernelOpt, _REQUIRED), ("normalize", NormalizeOpt, False)),
+        lambda o: (parse_kernel(o["kernel"], o["normalize"]),),
+        """Correlate with a kernel: cv2.filter2D(img, -1, kernel).
+
+        The kernel is not flipped and its anchor is the centre, as in OpenCV.
+
+        Examples:
+
+          imgfilter filter photo.jpg --kernel "-1,0,1;-2,0,2;-1,0,1"   (Sobel x)
+
+          imgfilter filter photo.jpg --kernel "1 2 1; 2 4 2; 1 2 1" --normalize
+
+          imgfilter filter photo.jpg --kernel sharpen.npy -o sharp.png
+
+          imgfilter filter photos/ --kernel sharpen.npy --out-dir sharp --skip-existing
+        """,
+    ),
+    Filter(
+        "contour",
+        "contour",
+        (),
+        lambda o: (),
+        """Edge map: four 3x3 edge kernels, OR-merged (one channel out).
+
+        The kernels run on the gray image (colour is converted as cv2.cvtColor does);
+        the result is bit-exact with four cv2.filter2D calls and cv2.bitwise_or.
+        Needs a uint8 or uint16 image.
+
+        Examples:
+
+          imgfilter contour photo.jpg   (writes photo.contour.jpg)
+
+          imgfilter contour 'scans/*.png' --out-dir edges -j 4
+        """,
+    ),
+)
+
+# (name, Annotated alias, default) of the options every filtering command takes after
+# its own, in the order --help lists them.
+_COMMON = (
+    ("output", OutPath, None),
+    ("border", BorderOpt, Border.reflect101),
+    ("border_value", BorderValueOpt, None),
+    ("backend", BackendOpt, Backend.auto),
+    ("method", MethodOpt, Method.auto),
+    ("out_dir", OutDirOpt, None),
+    ("name", NameOpt, None),
+    ("recursive", RecursiveOpt, False),
+    ("jobs", JobsOpt, None),
+    ("quality", QualityOpt, None),
+    ("keep_metadata", KeepMetadataOpt, False),
+    ("force", ForceOpt, False),
+    ("skip_existing", SkipExistingOpt, False),
+    ("quiet", QuietOpt, False),
+    ("debug", DebugOpt, False),
+)
+
+
+def _run(spec: Filter, options: dict[str, Any]) -> None:
+    """The body of every filtering command: the filter from the options, then
+    `filter_files`."""
+    border, method = options["border"], options["method"]
+    value = border_value(border, options["border_value"])
+    args = spec.args(options)
+
+    def apply(img: Any, backend_name: str) -> Any:
+        from .. import api
+
+        return getattr(api, spec.api)(
+            img, *args, border=border.value, border_value=value, backend=backend_name,
+            method=method.value,
+        )  # fmt: skip
+
+    outs = many.Outputs(**{f.name: options[f.name] for f in fields(many.Outputs)})
+    filter_files(spec.op, outs, backend=options["backend"], method=method, apply=apply)
+
+
+def _register(spec: Filter) -> Callable[..., Any]:
+    """The Typer command of `spec`: INPUT..., its own options, then `_COMMON`."""
+
+    def run(**options: Any) -> None:
+        _run(spec, options)
+
+    declared = (("images", InPaths, _REQUIRED), *spec.own, *_COMMON)
+    params = [
+        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default,
+                          annotation=alias)
+        for name, alias, default in declared
+    ]  # fmt: skip
+    run.__name__ = run.__qualname__ = spec.op
+    run.__doc__ = spec.doc
+    run.__signature__ = inspect.Signature(params, return_annotation=None)
+    run.__annotations__ = {p.name: p.annotation for p in params}
+    return app_command(spec.op)(command(run, spinner=True))
+
+
+for _spec in FILTERS:
+    _register(_spec)
+
+
+# ------------------------------------------------------------------------ one input
+
+
+def filter_files(
+    op: str, outs: many.Outputs, *, backend: Backend, method: Method, apply: Apply
+) -> None:
+    """One input: `filter_file` (with --out-dir/--name naming its output); several, a
+    directory or a pattern: `_filter_many`. UsageError for options that exclude each
+    other or a bad --name."""
+    from .. import files
+
+    template = outs.name if outs.name is not None else files.default_template(op)
+
+    def check_name() -> None:
+        if outs.name is not None:
+            files.check_template(template, op)
+
+    many.check_outputs(outs, check_name)
+    if outs.out_dir is not None:
+        many.make_out_dir(outs.out_dir)
+    if not many.single(outs.images):
+        _filter_many(op, outs, template, backend=backend, method=method, apply=apply)
+        return
+    image, output = outs.images[0], outs.output
+    if outs.out_dir is not None or outs.name is not None:
+        entry = files.Entry(image)
+        output = files.target_for(entry, op=op, out_dir=outs.out_dir, template=template)
+    if outs.skip_existing:
+        target = output if output is not None else _default_output(image, op)
+        if os.path.lexists(target):
+            info(f"{PROG}: {shown(target)} exists; skipped (--skip-existing)")
+            return
+    filter_file(
+        op, image, output, force=outs.force, backend=backend, method=method, apply=apply,
+        quality=outs.quality, keep_metadata=outs.keep_metadata,
+    )  # fmt: skip
+
+
+def _default_output(image: Path, op: str) -> Path:
+    from .. import io
+
+    return io.default_output(image, op)
+
+
+def _result_channels(op: str, img: Any, source: Path, error: type[Exception]) -> int:
+    """Channels of `op`'s result on `img`; `error` for contour on a float image."""
+    if op != "contour":
+        return 1 if img.ndim == 2 else int(img.shape[2])
+    if img.dtype.kind == "f":
+        raise error(f"contour needs an integer image (uint8 or uint16); {source} is float")
+    return 1
+
+
+def _no_metadata_note(kind: str) -> str:
+    from .. import io
+
+    return (
+        f"--keep-metadata: {kind} outputs are written without EXIF or ICC profile "
+        f"(kept for {', '.join(io.METADATA_FORMATS)})"
+    )
+
+
+def filter_file(
+    op: str,
+    image: Path,
+    output: Path | None,
+    *,
+    force: bool,
+    backend: Backend,
+    method: Method,
+    apply: Apply,
+    quality: int | None = None,
+    keep_metadata: bool = False,
+) -> None:
+    """Read INPUT, validate OUT (default INPUT_STEM.OP.EXT) for the result's dtype and
+    channels, filter, write, one `wrote` line."""
+    check_gpu_first(backend)
+    from .. import io
+
+    stage(f"reading {shown(image)}")
+    img = io.read_image(image)
+    channels = _result_channels(op, img, image, UsageError)
+    target = output if output is not None else io.default_output(image, op)
+    target = io.check_output(
+        target, input_path=image, overwrite=force, dtype=img.dtype, channels=channels,
+        quality=quality,
+    )  # fmt: skip
+    metadata = _metadata(image, target) if keep_metadata else None
+    # Resolved only now, so that the "using the CPU backend" note of --backend auto
+    # never comes before a one-line input or output error.
+    backend_name = resolve_backend(backend)
+    note_unused_method(backend_name, method)
+    stage(f"{op} on {backend_name}")
+    start = time.perf_counter()
+    out = apply(img, backend_name)
+    ms = (time.perf_counter() - start) * 1e3
+    stage(f"writing {shown(target)}")
+    written = io.write_image(target, out, overwrite=force, quality=quality, metadata=metadata)
+    # The first call in this process: the time includes loading (or compiling) the
+    # kernels, not Python's or Numba's imports (`imgfilter compare` times a warm call).
+    info(
+        f"wrote {shown(written)} ({describe(out)}, {engine(backend_name, method)}, "
+        f"filtered in {ms:.1f} ms incl. kernel loading)"
+    )
+
+
+def _metadata(image: Path, target: Path) -> Any:
+    """--keep-metadata: the input's EXIF and ICC profile, and a note where the output
+    cannot hold them or the input has none."""
+    from .. import io
+
+    meta = io.read_metadata(image)
+    kind = io.format_for(target).name
+    if kind not in io.METADATA_FORMATS:
+        note(_no_metadata_note(kind))
+        return None
+    if not meta:
+        note(f"--keep-metadata: {shown(image)} has no EXIF or ICC profile to keep")
+    return meta
+
+
+# ---------------------------------------------------------------------- many inputs
+
+
+def _filter_many(
+    op: str, outs: many.Outputs, template: str, *, backend: Backend, method: Method, apply: Apply
+) -> None:
+    """Filter many files: many.plan_many, then many.run_many with the filter."""
+    import numpy as np
+
+    from .. import files, io
+
+    check_gpu_first(backend)
+    plan, problems = many.plan_many(op, outs, template)
+    backend_name = resolve_backend(backend) if plan.jobs else backend.value
+    if plan.jobs:
+        note_unused_method(backend_name, method)
+    noted: set[str] = set()  # output formats whose loss of metadata was noted
+
+    def load(job: files.Job) -> Any:
+        many.refuse_existing(job.targets, force=outs.force, skip_existing=outs.skip_existing)
+        img = io.read_image(job.source)
+        channels = _result_channels(op, img, job.source, InputError)
+        io.check_format(job.target, dtype=img.dtype, channels=channels, quality=outs.quality)
+        return img, _many_metadata(job, noted) if outs.keep_metadata else None
+
+    def compute(job: files.Job, loaded: Any) -> Any:
+        return many.on_device(lambda: apply(loaded[0], backend_name))
+
+    def save(job: files.Job, loaded: Any, result: Any) -> None:
+        many.make_parent(job.target)
+        io.write_image(
+            job.target, np.asarray(result), overwrite=outs.force, quality=outs.quality,
+            metadata=loaded[1],
+        )  # fmt: skip
+
+    many.run_many(
+        op, plan, problems, jobs=outs.jobs, engine=engine(backend_name, method), load=load,
+        compute=compute, save=save,
+    )  # fmt: skip
+
+
+def _many_metadata(job: Any, noted: set[str]) -> Any:
+    """--keep-metadata for one of many files: its EXIF and ICC profile, or None and a
+    note (once per output format) where the output cannot hold them."""
+    from .. import io
+
+    kind = io.format_for(job.target).name
+    if kind in io.METADATA_FORMATS:
+        return io.read_metadata(job.source)
+    if kind not in noted:
+        noted.add(kind)
+        note(_no_metadata_note(kind))
+    return None

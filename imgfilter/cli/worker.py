@@ -1,0 +1,158 @@
+"""Running a command in a worker thread: Ctrl-C at once, and the spinner.
+
+Python runs a signal handler only in the main thread, between bytecodes. A command
+that filtered in the main thread would sit in OpenCV or a Numba parallel loop (native
+code) for the whole of a long filter, and Ctrl-C would wait for it (19 s for an
+8000x8000 31x31 filter on 2 cores). Those native calls release the GIL, so the main
+thread, waiting for the worker with a timeout, gets KeyboardInterrupt at once
+(`in_worker`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from .output import INTERRUPTED, PROG, Run, interrupted_line, note
+
+_python_showwarning = warnings.showwarning
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """imgfilter's notes (io.MultiFrameWarning) as one line; other warnings as Python
+    shows them."""
+    if getattr(category, "cli_note", False):
+        note(str(message))
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)
+
+
+def is_terminal(stream: Any) -> bool:
+    """Whether `stream` is a terminal that can draw a spinner or a bar."""
+    try:
+        return bool(stream.isatty()) and os.environ.get("TERM") != "dumb"
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+class Spinner:
+    """A rich spinner on stderr (a terminal) with what the command is doing, shown once
+    it has run for `DELAY` seconds, erased when it ends.
+
+    It writes to a duplicate of file descriptor 2 taken before the command starts:
+    while an image is decoded or encoded, imgfilter.io points descriptor 2 at a
+    temporary file to catch the codecs' chatter, and the spinner must neither vanish
+    into it nor become part of an error message read from it.
+    """
+
+    DELAY = 1.0
+
+    def __init__(self) -> None:
+        self._file = os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1)
+        self._progress: Any = None
+        self._task: Any = None
+
+    def tick(self, elapsed: float) -> None:
+        """Draw (or update) the spinner once the command has run for DELAY seconds."""
+        if elapsed < self.DELAY or Run.many:
+            return
+        with Run.lock:
+            if self._progress is None:
+                self._start()
+            self._progress.update(self._task, description=Run.stage or "working")
+
+    def _start(self) -> None:
+        from rich.console import Console
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=Console(file=self._file),
+            transient=True,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
+        self._task = self._progress.add_task(Run.stage or "working", total=None)
+        self._progress.start()
+
+    def stop(self) -> None:
+        """Erase the spinner (it starts again at the next tick while the work goes on)."""
+        if self._progress is not None:
+            with contextlib.suppress(Exception):
+                self._progress.stop()
+            self._progress = None
+
+    def close(self) -> None:
+        """Erase the spinner for good and close its descriptor."""
+        self.stop()
+        with contextlib.suppress(OSError):
+            self._file.close()
+
+
+def in_worker(fn: Callable[..., Any], args: Any, kwargs: Any, *, spinner: bool) -> Any:
+    """fn(*args, **kwargs) run in a worker thread while the main thread waits for it;
+    its value returned or its exception raised here.
+
+    Ctrl-C meanwhile cannot stop the worker (no thread can be cancelled inside native
+    code), so the main thread removes what an unfinished write left (io.abandon_io:
+    the temporary file; outputs are renamed into place only when complete, so no
+    partial output exists), prints one line and ends the process with os._exit(130):
+    a normal exit would wait for the worker, or tear down Numba's and OpenCV's thread
+    pools under it. The same loop drives the spinner (`spinner` and a terminal).
+    Outside the main thread, fn simply runs here (signals do not arrive there).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return fn(*args, **kwargs)
+    outcome: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            with warnings.catch_warnings():
+                warnings.showwarning = _show_warning
+                outcome["value"] = fn(*args, **kwargs)
+        except BaseException as e:
+            outcome["error"] = e
+
+    worker = threading.Thread(target=work, name=f"{PROG}-command", daemon=True)
+    show = Spinner() if spinner and is_terminal(sys.stderr) else None
+    Run.spinner = show
+    start = time.monotonic()
+    try:
+        worker.start()
+        while worker.is_alive():
+            worker.join(0.05)
+            if show is not None and worker.is_alive():
+                show.tick(time.monotonic() - start)
+    except KeyboardInterrupt:
+        _abandon(show)
+    finally:
+        Run.spinner = None
+        if show is not None:
+            show.close()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
+def _abandon(show: Spinner | None) -> None:
+    """Ctrl-C while the worker runs: clean up, say so, exit 130 now (see in_worker)."""
+    if show is not None:
+        show.stop()
+    if Run.bar is not None:
+        with contextlib.suppress(Exception):
+            Run.bar.stop()
+    io = sys.modules.get(__name__.partition(".")[0] + ".io")  # imported if it read or wrote
+    if io is not None:
+        io.abandon_io()  # temp files gone, descriptor 2 back on the terminal
+    interrupted_line()
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    os._exit(INTERRUPTED)
