@@ -2,16 +2,20 @@
 
 Kernel time: a spin kernel keeps the GPU busy while Python queues N launches behind
 a start event, so (end - start) / N is the GPU time per launch, not Numba's ~30 us
-launch cost. Per-call time: wall time of the public API call on a device array,
-synchronised, as a user feels it. Peers: OpenCV on the host CPU (wall time), CuPy's
-cupyx.scipy.ndimage and PyTorch conv2d (CUDA events, same spin method), each skipped
-with a note when not installed. The bytes floor is reading the input and writing the
-output once at the copy bandwidth measured in the same run.
+launch cost (`kernels.timing.kernel_us`); imgfilter's calls are the public API's on
+device arrays, into a pre-allocated `out`. Per-call time: wall time of the public API
+call on a device array (allocating its output), synchronised, as a user feels it.
+Peers: OpenCV on the host CPU (wall time), CuPy's cupyx.scipy.ndimage and PyTorch
+conv2d (CUDA events, same spin method), each skipped with a note when not installed.
+The bytes floor is reading the input and writing the output once at the copy
+bandwidth measured in the same run. The low-rank cases time kernels directly (a
+given number of separable terms), through the same timer.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import platform
 import time
@@ -41,42 +45,20 @@ class Row:
 
 
 class Timer:
-    """GPU and wall timers sharing one spin kernel."""
+    """GPU and wall timers: kernel time through `kernels.timing.kernel_us` (the spin
+    kernel, `repeats` windows), per-call wall time with a synchronisation."""
 
     def __init__(self, repeats: int = 7):
         from numba import cuda
 
-        from kernels.timing import spin_kernel
-
         self.cuda = cuda
         self.repeats = repeats
-        self._spin = spin_kernel
-        self._buf = cuda.device_array(1, dtype=np.float32)
-        self._spin[1, 1](10, self._buf)
-        cuda.synchronize()
 
     def kernel_us(self, fn: Callable[[], object], launches: int = 20) -> float:
         """Median GPU microseconds per call of `fn` (which only enqueues work)."""
-        cuda = self.cuda
-        fn()
-        cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        cuda.synchronize()
-        one = time.perf_counter() - t0
-        # Spin long enough to cover the Python time needed to queue the launches.
-        spin_iters = int(min(2e8, max(2e6, 2e6 * launches * max(one, 1e-4) / 1e-3)))
-        times = []
-        for _ in range(self.repeats):
-            self._spin[1, 1](spin_iters, self._buf)
-            start, end = cuda.event(), cuda.event()
-            start.record()
-            for _ in range(launches):
-                fn()
-            end.record()
-            end.synchronize()
-            times.append(cuda.event_elapsed_time(start, end) * 1e3 / launches)
-        return float(np.median(times))
+        from kernels.timing import kernel_us
+
+        return kernel_us(fn, launches, self.repeats)
 
     def call_us(self, fn: Callable[[], object], calls: int = 20) -> float:
         """Median wall microseconds of fn() followed by a device synchronisation."""
@@ -112,46 +94,15 @@ def copy_bandwidth_gbs(timer: Timer, nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / (us * 1e-6) / 1e9
 
 
-def _fma_kernel():
-    from numba import cuda, float32, uint32
-
-    @cuda.jit
-    def fmas(n, out):
-        # Eight independent chains per thread keep every FMA pipe busy; eight rounds
-        # per trip make the loop's own counter and branch 2% of the instructions
-        # (with one round they were a third, and the probe read 17 TFMA/s on an H100).
-        # float32 throughout: a Python int or float would promote to float64.
-        t = float32(cuda.grid(1)) * float32(1e-9)
-        one = float32(1.0)
-        a0, a1, a2, a3 = t, t + one, t - one, t * one
-        a4, a5, a6, a7 = t + t, t - t, t * t, one - t
-        m = float32(0.999999)
-        i = uint32(0)
-        trips = uint32(n // 8)
-        while i < trips:
-            for _ in range(8):  # a constant trip count: unrolled by LLVM
-                a0 = cuda.fma(a0, m, t)
-                a1 = cuda.fma(a1, m, t)
-                a2 = cuda.fma(a2, m, t)
-                a3 = cuda.fma(a3, m, t)
-                a4 = cuda.fma(a4, m, t)
-                a5 = cuda.fma(a5, m, t)
-                a6 = cuda.fma(a6, m, t)
-                a7 = cuda.fma(a7, m, t)
-            i = uint32(i + 1)
-        out[cuda.grid(1)] = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7
-
-    return fmas
-
-
 def fma_rate_tfmas(timer: Timer) -> float:
     """Measured float32 FMA throughput of the device, in tera-FMAs per second."""
     cuda = timer.cuda
     sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
     threads, blocks, n = 256, sms * 32, 4096
     out = cuda.device_array(threads * blocks, dtype=np.float32)
-    kernel = _fma_kernel()
-    us = timer.kernel_us(lambda: kernel[blocks, threads](n, out), launches=5)
+    from kernels.timing import fma_kernel
+
+    us = timer.kernel_us(lambda: fma_kernel[blocks, threads](n, out), launches=5)
     return threads * blocks * n * 8 / (us * 1e-6) / 1e12
 
 
@@ -248,29 +199,29 @@ class _Context:
         self.rows.append(row)
 
 
+def _ours(
+    t: Timer, call: Callable[..., object], out: object, launches: int = 20, calls: int = 20
+) -> tuple[float, float]:
+    """(kernel us, per-call us) of one imgfilter API call on device arrays: `call(out=out)`
+    queued behind the spin (the kernels alone, into the pre-allocated `out`), and
+    `call()` synchronised (allocating its output, as a user's call does)."""
+    return t.kernel_us(lambda: call(out=out), launches), t.call_us(call, calls)
+
+
 def _bench_blur(ctx: _Context, size: str, img: np.ndarray, k: int) -> None:
     import cv2
     from numba import cuda
 
     import imgfilter
-    from kernels import box as kbox
+    from kernels.box import box_method
 
     d_img = cuda.to_device(img)
     d_out = cuda.device_array_like(d_img)
-    anchor = (k // 2, k // 2)
     op, nbytes, pixels = f"blur k={k}", 2 * img.nbytes, img.shape[0] * img.shape[1]
     t = ctx.timer
-    ctx.add(
-        Row(
-            op,
-            size,
-            f"imgfilter cuda (box_{kbox.box_method(img.shape, img.dtype, (k, k))})",
-            t.kernel_us(lambda: kbox.box_auto(d_img, (k, k), anchor, 0, 0, d_out)),
-            t.call_us(lambda: imgfilter.blur(d_img, k)),
-        ),
-        nbytes,
-        pixels,
-    )
+    impl = f"imgfilter cuda (box_{box_method(img.shape, img.dtype, (k, k))})"
+    kernel_us, call_us = _ours(t, functools.partial(imgfilter.blur, d_img, k), d_out)
+    ctx.add(Row(op, size, impl, kernel_us, call_us), nbytes, pixels)
     ctx.add(Row(op, size, "opencv cpu cv2.blur", call_us=wall_us(lambda: cv2.blur(img, (k, k)))))
     if ctx.ndi is not None:
         c_img = ctx.cupy.asarray(img)
@@ -286,13 +237,10 @@ def _bench_filter(ctx: _Context, size: str, img: np.ndarray, weights: np.ndarray
     from numba import cuda
 
     import imgfilter
-    from kernels import conv as kconv
 
     d_img = cuda.to_device(img)
     d_out = cuda.device_array_like(d_img)
-    d_w = cuda.to_device(weights)
     kh, kw = weights.shape
-    anchor = (kh // 2, kw // 2)
     op, nbytes, pixels = f"filter2d {kh}x{kw}", 2 * img.nbytes, img.shape[0] * img.shape[1]
     fmas = img.size * kh * kw
     t = ctx.timer
@@ -301,25 +249,10 @@ def _bench_filter(ctx: _Context, size: str, img: np.ndarray, weights: np.ndarray
     methods = ("blocked", "tiled", "padded", "naive") if seed_variants else ("blocked",)
     for method in methods:
         slow = method in ("naive", "padded", "tiled")
-
-        def kernel(m=method):
-            return kconv.correlate(d_img, d_w, anchor, 0, 0, m, d_out)
-
-        def call(m=method):
-            return imgfilter.filter2d(d_img, weights, method=m)
-
-        ctx.add(
-            Row(
-                op,
-                size,
-                f"imgfilter cuda {method}",
-                t.kernel_us(kernel, 5 if slow else 20),
-                t.call_us(call, 5),
-            ),
-            nbytes,
-            pixels,
-            fmas,
-        )
+        call = functools.partial(imgfilter.filter2d, d_img, weights, method=method)
+        kernel_us, call_us = _ours(t, call, d_out, 5 if slow else 20, 5)
+        row = Row(op, size, f"imgfilter cuda {method}", kernel_us, call_us)
+        ctx.add(row, nbytes, pixels, fmas)
     calls = 1 if kh * kw >= 130 else 3
     ctx.add(
         Row(
@@ -343,24 +276,14 @@ def _bench_contour(ctx: _Context, size: str, gray: np.ndarray) -> None:
     from numba import cuda
 
     import imgfilter
-    from kernels import contour as kcontour
 
     from .backends.opencv import contour as cv_contour
 
     d_gray = cuda.to_device(gray.reshape(gray.shape[0], gray.shape[1], 1))
     d_edges = cuda.device_array(gray.shape, dtype=gray.dtype)
     op, pixels = "contour (gray)", gray.size
-    ctx.add(
-        Row(
-            op,
-            size,
-            "imgfilter cuda fused",
-            ctx.timer.kernel_us(lambda: kcontour.contour(d_gray, 0, 0, d_edges)),
-            ctx.timer.call_us(lambda: imgfilter.contour(d_gray)),
-        ),
-        2 * gray.nbytes,
-        pixels,
-    )
+    kernel_us, call_us = _ours(ctx.timer, functools.partial(imgfilter.contour, d_gray), d_edges)
+    ctx.add(Row(op, size, "imgfilter cuda fused", kernel_us, call_us), 2 * gray.nbytes, pixels)
     ctx.add(Row(op, size, "opencv cpu 4x filter2D + or", call_us=wall_us(lambda: cv_contour(gray))))
 
 
@@ -374,7 +297,6 @@ def _bench_seed_comparison(ctx: _Context, img: np.ndarray) -> None:
     from numba import cuda
 
     import imgfilter
-    from kernels import conv as kconv
 
     weights = (np.random.default_rng(5).standard_normal((5, 5)) / 5).astype(np.float32)
     op, pixels = "seed 5x5 filter", img.shape[0] * img.shape[1]
@@ -399,16 +321,15 @@ def _bench_seed_comparison(ctx: _Context, img: np.ndarray) -> None:
     )
     d_img = cuda.to_device(img)
     d_out = cuda.device_array_like(d_img)
-    d_w = cuda.to_device(weights)
     for method, label in (
         ("naive", "global memory"),
         ("padded", "padded"),
         ("tiled", "shared memory"),
         ("blocked", "blocked"),
     ):
-        fn = lambda m=method: kconv.correlate(d_img, d_w, (2, 2), 0, 0, m, d_out)  # noqa: E731
+        call = functools.partial(imgfilter.filter2d, d_img, weights, method=method, out=d_out)
         ctx.add(
-            Row(op, "seed", f"imgfilter cuda {label}", ctx.timer.kernel_us(fn, 10)),
+            Row(op, "seed", f"imgfilter cuda {label}", ctx.timer.kernel_us(call, 10)),
             2 * img.nbytes,
             pixels,
             img.size * 25,
@@ -432,11 +353,13 @@ LOW_RANK_CASES = ((15, 1), (17, 1), (21, 1), (21, 2), (25, 2), (27, 2), (31, 2),
 
 def low_rank_launches(img: np.ndarray, k: int, rank: int) -> list[tuple[str, Callable, int]]:
     """[(method, launch, taps)] for a random k x k kernel of this rank on device copies
-    of `img`: method separable (one row pass and one column pass per term) and blocked
-    (one 2-D pass); `taps` counts the multiply-adds per output element."""
+    of `img`: method separable (one row pass and one column pass per term, exactly
+    `rank` terms: the kernel directly, as imgfilter's separable path takes as many terms
+    as the kernel's size allows) and blocked (imgfilter.filter2d, one 2-D pass); `taps`
+    counts the multiply-adds per output element."""
     from numba import cuda
 
-    from kernels import conv as kconv
+    import imgfilter
     from kernels import conv_blocked as kblocked
     from kernels.conv_plan import low_rank_factors
 
@@ -452,11 +375,11 @@ def low_rank_launches(img: np.ndarray, k: int, rank: int) -> list[tuple[str, Cal
         )
         for c, r in low_rank_factors(kernel, rank)
     ]
-    d_img, d_w = cuda.to_device(img), cuda.to_device(kernel)
+    d_img = cuda.to_device(img)
     d_out = cuda.device_array_like(d_img)
     anchor = (k // 2, k // 2)
     return [
-        ("blocked", lambda: kconv.correlate(d_img, d_w, anchor, 0, 0, "blocked", d_out), k * k),
+        ("blocked", lambda: imgfilter.filter2d(d_img, kernel, method="blocked", out=d_out), k * k),
         (
             "separable",
             lambda: kblocked.correlate_low_rank(d_img, terms, anchor, 0, 0, d_out),

@@ -14,8 +14,8 @@ Per case and implementation:
 - per-call us: wall time of `calls` calls queued back to back (after warm-up), up to
   and including one final `s.synchronize()`, divided by `calls`. host us: the same
   loop's wall time before the synchronisation, divided by `calls`.
-- kernel us: a spin kernel keeps s busy (`kernels.timing.busy`, for
-  1.5 * host_us * n / 1e6 + 0.01 s), a CuPy start event is recorded behind it, n calls
+- kernel us: a spin kernel keeps s busy (`kernels.timing.spin_window`, for
+  1.5 * host_us * n / 1e6 + 0.01 s), a start event is recorded behind it, n calls
   are queued, then an end event; (end - start) / n. If the spin was over before the
   last call was queued and the calls ran faster than the host queued them (the GPU
   may have idled), the window is retried with a longer spin and flagged if it never
@@ -168,23 +168,12 @@ def per_call_us(fn: Callable[[], object], stream, calls: int) -> tuple[float, fl
 
 
 def kernel_window(env: Env, fn: Callable[[], object], calls: int, spin_s: float):
-    """One spin-covered window: (kernel us per call, spin still running when the last
-    call was queued, host us per call while queueing)."""
-    from kernels.timing import busy
+    """One spin-covered window on the bench stream (`kernels.timing.spin_window`):
+    (kernel us per call, spin still running when the last call was queued, host us
+    per call while queueing)."""
+    from kernels.timing import spin_window
 
-    cp, s = env.cupy, env.stream
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    token = busy(spin_s, s.ptr)
-    start.record(s)
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host_us = (time.perf_counter() - t0) / calls * 1e6
-    covered = not start.done
-    end.record(s)
-    end.synchronize()
-    del token  # the spin's output buffer lives until the stream is past it
-    return cp.cuda.get_elapsed_time(start, end) * 1e3 / calls, covered, host_us
+    return spin_window(fn, calls, spin_s, env.stream.ptr)
 
 
 def kernel_us(env: Env, fn, calls: int, host_us: float, windows: int) -> tuple:

@@ -643,36 +643,6 @@ def within_tolerance(y: np.ndarray, ref: np.ndarray, scale: np.ndarray, dtype) -
     return bool(np.all(err <= RTOL[np.dtype(dtype)] * scale + tiny))
 
 
-def time_launches(fn, launches: int = 20, repeats: int = 3) -> float:
-    """Median GPU microseconds per launch of fn() (which queues one kernel on the
-    legacy default stream), launches queued behind kernels.timing's spin kernel so
-    the Python launch cost does not leak into the time (CUDA events). Synchronises:
-    for autotune and benchmarks, not a per-call path."""
-    from .timing import spin_kernel
-
-    buf = empty((1,), np.float32)
-    fn()
-    cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    cuda.synchronize()
-    one = time.perf_counter() - t0
-    iters = int(min(1e8, max(1e6, 1e6 * launches * max(one, 1e-4) / 1e-3)))
-    if SIMULATOR:
-        iters = 1  # a Python loop there: timings mean nothing, only the plumbing is tested
-    times = []
-    for _ in range(repeats):
-        launch(spin_kernel, 1, 1, (iters, buf))
-        start, end = cuda.event(), cuda.event()
-        start.record()
-        for _ in range(launches):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / launches)
-    return float(np.median(times))
-
-
 def autotune(
     n: int,
     k: int,
@@ -689,10 +659,12 @@ def autotune(
     Random A and x (uniform in [-1, 1); or `data` = (A, x) host arrays). Each
     candidate of `space` (default `candidates(n, k, dtype)`) runs once and is
     rejected unless within_tolerance of float64 NumPy, then is timed
-    (time_launches). The winner is stored in the cache file (cache_path(), keyed by
+    (kernels.timing.kernel_us). The winner is stored in the cache file (cache_path(), keyed by
     cache_key) unless store=False. Returns a dict: method, config, kernel_us, key,
     and every candidate's result under "tried".
     """
+    from .timing import kernel_us
+
     dtype = np.dtype(dtype)
     if dtype not in DTYPES:
         raise TypeError(f"dtype must be float32 or float16, got {dtype}")
@@ -723,7 +695,7 @@ def autotune(
             def one(kernel=kernel, grid=grid, block=block, dy=dy):
                 launch(kernel, grid, block, (dA, dx, dy))
 
-            us = time_launches(one, launches)
+            us = kernel_us(one, launches)
             row["kernel_us"] = round(us, 3)
             if best is None or us < best["kernel_us"]:
                 best = dict(method=method, config=asdict(cfg), kernel_us=round(us, 3))
