@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Wall time of whole CLI commands on a GPU machine, kernels cached (runs 2 and 3), next
-# to OpenCV one-liners and bare imports. Usage: bash benchmarks/cold_start.sh OUTDIR
-# Runs `python3 -m imgfilter` from the tree; the cache goes to a fresh directory.
+# Wall time of whole CLI commands on a GPU machine: run 1 on an empty kernel cache
+# (the shipped kernels only), runs 2 and 3 after it, next to OpenCV one-liners and bare
+# imports; then the first call of each API function, each in a fresh process with an
+# empty cache (benchmarks/first_call.py). Usage: bash benchmarks/cold_start.sh OUTDIR
+# Runs `python3 -m imgfilter` from the tree; the cache goes to a fresh directory
+# (NUMBA_CACHE_DIR too). IMGFILTER_NO_PREBUILT=1 measures without the shipped kernels.
 set -uo pipefail
 out=${1:?usage: cold_start.sh OUTDIR}
 mkdir -p "$out"
-export IMGFILTER_CACHE_DIR=$(mktemp -d)
+export IMGFILTER_CACHE_DIR=$(mktemp -d) NUMBA_CACHE_DIR=$(mktemp -d)
 img=$out/in.jpg
 python3 -c "import cv2; im = cv2.imread('samples/astronaut.jpg'); cv2.imwrite('$img', cv2.resize(im, (2495, 2167)))"
 python3 -c "import numpy as np; np.save('$out/k21.npy', np.random.default_rng(0).standard_normal((21, 21)).astype('float32') / 21)"
@@ -24,6 +27,12 @@ for run in 1 2 3; do
 done
 for run in 1 2 3; do
     wall "imgfilter filter --kernel k21.npy (run $run)" python3 -m imgfilter filter "$img" --kernel "$out/k21.npy" -o "$out/f.jpg" --force
+done
+for run in 1 2 3; do
+    wall "imgfilter train 512x512 (run $run)" python3 -m imgfilter train samples/astronaut.jpg samples/classify/astronaut.scribbles.png -o "$out/m.npz" --force
+done
+for run in 1 2 3; do
+    wall "imgfilter classify 512x512 (run $run)" python3 -m imgfilter classify samples/astronaut.jpg --model samples/classify/astronaut.model.npz -o "$out/l.png" --force
 done
 for run in 1 2; do
     wall "cv2 one-liner: imread + blur 21 + imwrite" python3 -c "import cv2; cv2.imwrite('$out/cb.jpg', cv2.blur(cv2.imread('$img'), (21, 21)))"
@@ -47,3 +56,6 @@ from imgfilter.backends.driver import Driver
 d = Driver(); t_ctx = time.perf_counter() - t
 print(f"numpy {t_np:.3f} s, cv2 {t_cv:.3f} s, decode {t_read:.3f} s, encode {t_write:.3f} s, driver+context {t_ctx:.3f} s")
 PY
+for op in blur filter2d contour softmax gemv train predict; do
+    IMGFILTER_CACHE_DIR=$(mktemp -d) NUMBA_CACHE_DIR=$(mktemp -d) python3 benchmarks/first_call.py $op
+done

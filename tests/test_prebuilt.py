@@ -21,26 +21,30 @@ import numpy as np
 import pytest
 
 from imgfilter.backends import background, cached, cubins
-from kernels import box_plan
+from kernels import box_plan, shipped
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MANIFEST = json.loads((cubins.PREBUILT / "manifest.json").read_text())
+MANIFEST = json.loads((shipped.DIRECTORY / "manifest.json").read_text())
 
 
 def test_shipped_kernels_are_built_from_these_sources():
-    stale = [f for f, d in MANIFEST["sources"].items() if d != cubins.sources_digest(f)]
+    stale = [
+        name
+        for name, entry in MANIFEST["kernels"].items()
+        if entry["digest"] != shipped.sources_digest(tuple(entry["modules"]))
+    ]
     assert not stale, f"rebuild with `python tools/build_cubins.py` on a GPU machine: {stale}"
 
 
 def test_every_shipped_kernel_has_a_cubin_for_every_listed_generation():
-    for name in MANIFEST["entries"]:
+    for name in MANIFEST["kernels"]:
         for arch in MANIFEST["archs"]:
-            path = cubins.PREBUILT / f"{name}-{arch}.cubin"
+            path = shipped.DIRECTORY / f"{name}-{arch}.cubin"
             assert path.stat().st_size > 0, path
 
 
 def test_the_first_use_kernels_ship():
-    names = set(MANIFEST["entries"])
+    names = set(MANIFEST["kernels"])
     for channels in (1, 3, 4):
         for ksize in ((3, 3), (21, 21), (31, 5), (1, 31)):
             geo = box_plan.twopass_plan((480, 640, channels), np.uint8, ksize)
@@ -55,34 +59,37 @@ def test_the_first_use_kernels_ship():
         assert cubins.conv_tiled_name(dtype) in names
 
 
+def _write_manifest(folder, digest: str, entry="_Zcontour") -> None:
+    manifest = {
+        "archs": ["sm90"],
+        "kernels": {"contour-uint8-c1": {"entry": entry, "modules": ["contour"], "digest": digest}},
+    }
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    shipped.manifest.cache_clear()
+
+
 @pytest.fixture
-def shipped(tmp_path, monkeypatch):
+def folder(tmp_path, monkeypatch):
     """A shipped folder in tmp_path with one contour kernel for sm_90, and an empty cache."""
     folder = tmp_path / "prebuilt"
     folder.mkdir()
     (folder / "contour-uint8-c1-sm90.cubin").write_bytes(b"shipped")
-    manifest = {
-        "archs": ["sm90"],
-        "entries": {"contour-uint8-c1": "_Zcontour"},
-        "sources": {"contour": cubins.sources_digest("contour")},
-    }
-    (folder / "manifest.json").write_text(json.dumps(manifest))
-    monkeypatch.setattr(cubins, "PREBUILT", folder)
+    monkeypatch.setattr(shipped, "DIRECTORY", folder)
     monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("IMGFILTER_NO_PREBUILT", raising=False)
-    cubins._manifest.cache_clear()
+    _write_manifest(folder, shipped.sources_digest(("contour",)))
     yield folder
-    cubins._manifest.cache_clear()
+    shipped.manifest.cache_clear()
 
 
-def test_store_finds_shipped_kernels_for_listed_generations_only(shipped):
+def test_store_finds_shipped_kernels_for_listed_generations_only(folder):
     assert cubins.load("contour-uint8-c1", (9, 0)) == (b"shipped", "_Zcontour")
     assert cubins.load("contour-uint8-c1", (8, 0)) is None
     assert cubins.load("contour-uint8-c3", (9, 0)) is None
     assert cubins.any_for((9, 0)) and not cubins.any_for((8, 0))
 
 
-def test_the_users_cache_comes_first(shipped, tmp_path):
+def test_the_users_cache_comes_first(folder):
     path = cubins._path("contour-uint8-c1", (9, 0))
     path.parent.mkdir(parents=True)
     path.write_bytes(b"cached")
@@ -90,18 +97,18 @@ def test_the_users_cache_comes_first(shipped, tmp_path):
     assert cubins.load("contour-uint8-c1", (9, 0)) == (b"cached", "_Zcached")
 
 
-def test_stale_or_switched_off_shipped_kernels_are_ignored(shipped, monkeypatch):
-    manifest = json.loads((shipped / "manifest.json").read_text())
-    manifest["sources"]["contour"] = "0" * 16  # built from other sources
-    (shipped / "manifest.json").write_text(json.dumps(manifest))
-    cubins._manifest.cache_clear()
+def test_stale_broken_or_switched_off_shipped_kernels_are_ignored(folder, monkeypatch):
+    _write_manifest(folder, "0" * 16)  # built from other sources
     assert cubins.load("contour-uint8-c1", (9, 0)) is None
-    (shipped / "manifest.json").write_text("{broken")
-    cubins._manifest.cache_clear()
+    _write_manifest(folder, shipped.sources_digest(("contour",)), entry=3)
+    assert cubins.load("contour-uint8-c1", (9, 0)) is None
+    (folder / "manifest.json").write_text("{broken")
+    shipped.manifest.cache_clear()
     assert cubins.load("contour-uint8-c1", (9, 0)) is None and not cubins.any_for((9, 0))
+    _write_manifest(folder, shipped.sources_digest(("contour",)))
     monkeypatch.setenv("IMGFILTER_NO_PREBUILT", "1")
-    cubins._manifest.cache_clear()
-    assert cubins._manifest() == {}
+    shipped.manifest.cache_clear()
+    assert shipped.manifest() == {} and cubins.load("contour-uint8-c1", (9, 0)) is None
 
 
 def test_host_modules_do_not_change_a_kernels_digest(tmp_path, monkeypatch):
@@ -111,18 +118,18 @@ def test_host_modules_do_not_change_a_kernels_digest(tmp_path, monkeypatch):
 
     copy = tmp_path / "kernels"
     shutil.copytree(os.path.dirname(kernels.__file__), copy)
-    monkeypatch.setattr(cubins, "_kernels_dir", lambda: copy)
-    cubins.sources_digest.cache_clear()
+    monkeypatch.setattr(shipped, "_kernels_dir", lambda: copy)
+    shipped.sources_digest.cache_clear()
     try:
-        before = cubins.sources_digest("contour")
+        before = shipped.sources_digest(("contour",))
         (copy / "launch.py").write_text((copy / "launch.py").read_text() + "\n# host\n")
-        cubins.sources_digest.cache_clear()
-        assert cubins.sources_digest("contour") == before
+        shipped.sources_digest.cache_clear()
+        assert shipped.sources_digest(("contour",)) == before
         (copy / "border_index.py").write_text((copy / "border_index.py").read_text() + "\n#\n")
-        cubins.sources_digest.cache_clear()
-        assert cubins.sources_digest("contour") != before  # contour imports border_index
+        shipped.sources_digest.cache_clear()
+        assert shipped.sources_digest(("contour",)) != before  # contour imports border_index
     finally:
-        cubins.sources_digest.cache_clear()
+        shipped.sources_digest.cache_clear()
 
 
 def _quick_runs(monkeypatch, missing: str):

@@ -175,7 +175,7 @@ def _fake_dispatcher(dtype: str, image: bytes, entry: str):
 def test_cubin_store_round_trip_and_refusals(tmp_path, monkeypatch):
     monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(cubins, "_saved", set())
-    monkeypatch.setattr(cubins, "_manifest", lambda: {})  # the user's cache alone
+    monkeypatch.setattr(cubins.shipped, "manifest", lambda: {})  # the user's cache alone
     assert cubins.load("contour-uint8-c1", (9, 0)) is None
     assert not cubins.any_for((9, 0))
     fake = _fake_dispatcher("uint8", b"\x7fELF...", "_Z7contour")

@@ -1,4 +1,4 @@
-"""Build the kernels shipped in the package: imgfilter/backends/prebuilt/.
+"""Build the kernels shipped in the package: kernels/prebuilt/ (`kernels.shipped`).
 
 The quick start (`imgfilter.backends.cached`) runs them on a first use, with no
 compile: the size-generic kernels that stand in for the size-specialised ones while
@@ -11,13 +11,12 @@ ARCHS from the same NVVM IR.
 Needs a CUDA GPU (Numba compiles device functions for the GPU it runs on) and the
 CUDA toolchain of the cu13 extra. Run from the repository root:
 
-    python tools/build_cubins.py [--out imgfilter/backends/prebuilt]
+    python tools/build_cubins.py [--out kernels/prebuilt]
 
-It replaces the folder's contents: `<name>-sm<XY>.cubin` files and manifest.json
-(`archs`, `entries`: cubin name -> entry point, `sources`: kernel family -> digest of
-its sources). Rebuild after editing a shipped kernel's sources: the quick start
-ignores a family whose digest no longer matches (and compiles instead), and
-tests/test_prebuilt.py fails until the kernels are rebuilt.
+It replaces the folder's contents: `<name>-sm<XY>.cubin` files and manifest.json (see
+`kernels.shipped`). Rebuild after editing a shipped kernel's sources: a kernel whose
+sources' digest no longer matches is compiled instead, and tests/test_prebuilt.py
+fails until the kernels are rebuilt.
 """
 
 from __future__ import annotations
@@ -122,6 +121,7 @@ def build(out: Path) -> dict:
     os.environ["IMGFILTER_NO_PREBUILT"] = "1"
     from imgfilter.backends import cubins
     from imgfilter.backends import cuda as backend
+    from kernels import shipped
 
     rng = np.random.default_rng(0)
     shutil.rmtree(out, ignore_errors=True)
@@ -136,23 +136,23 @@ def build(out: Path) -> dict:
                 (out / f"{name}-sm{cc[0]}{cc[1]}.cubin").write_bytes(image)
             entries[name] = entry
             print(f"  {name}", file=sys.stderr)
-    families = sorted({cubins.family(name) for name in entries})
-    manifest = {
-        "archs": [f"sm{a}{b}" for a, b in ARCHS],
-        "entries": dict(sorted(entries.items())),
-        "sources": {family: cubins.sources_digest(family) for family in families},
-    }
+    kernels = {}
+    for name in sorted(entries):
+        modules = cubins.family_modules(name)
+        digest = shipped.sources_digest(modules)
+        kernels[name] = {"entry": entries[name], "modules": list(modules), "digest": digest}
+    manifest = {"archs": [f"sm{a}{b}" for a, b in ARCHS], "kernels": kernels}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "imgfilter/backends/prebuilt")
+    parser.add_argument("--out", type=Path, default=ROOT / "kernels/prebuilt")
     args = parser.parse_args()
     manifest = build(args.out)
     size = sum(p.stat().st_size for p in args.out.iterdir())
-    print(f"{len(manifest['entries'])} kernels x {len(ARCHS)} GPU generations: "
+    print(f"{len(manifest['kernels'])} kernels x {len(ARCHS)} GPU generations: "
           f"{size / 2**20:.1f} MiB in {args.out}")  # fmt: skip
     return 0
 

@@ -11,7 +11,7 @@ other methods, device arrays, a missing cubin, a driver error) is passed to
 `imgfilter.backends.cuda`, which imports Numba then. Same contract as every backend.
 Set IMGFILTER_NO_QUICK_START=1 to always use the Numba path.
 
-First use: the package ships size-generic kernels (`cubins.PREBUILT`). Where the kernel
+First use: the package ships size-generic kernels (`kernels.shipped`). Where the kernel
 method auto picks is specialised for a size and not compiled yet (a box of a new size,
 a filter of a new kernel size), this module runs the shipped generic kernel, which gives
 the same results, and starts that compile in a detached process

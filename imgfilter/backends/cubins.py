@@ -9,18 +9,16 @@ Two places hold them:
   modules aside) with the numba-cuda version, and the compute capability, so an
   upgrade or an edit of a kernel never picks up a stale binary. Writes are atomic;
   unreadable or foreign files are ignored.
-- the kernels shipped in the package (`prebuilt/`, built by
-  `python -m imgfilter.backends.prebuilt`): size-generic kernels for the GPU
-  generations in its manifest, each valid while its sources' digest is the one the
-  manifest records (the numba-cuda version does not matter: the launcher packs the
-  arguments itself). IMGFILTER_NO_PREBUILT=1 ignores them.
+- the kernels shipped in the package (`kernels.shipped`, built by
+  tools/build_cubins.py): size-generic kernels for the GPU generations its manifest
+  lists, each valid while its sources are unchanged (the numba-cuda version does not
+  matter: the launcher packs the arguments itself).
 `load` returns a kernel from either to any process on a GPU of that compute capability.
 Nothing here imports Numba.
 """
 
 from __future__ import annotations
 
-import ast
 import functools
 import hashlib
 import importlib.util
@@ -32,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 import kernels
+from kernels import shipped
 from kernels.cache import cache_dir
 
 _saved: set = set()
@@ -92,10 +91,7 @@ def _numba_cuda_version() -> str:
         return "unknown"
 
 
-# Modules of `kernels` that hold no code a cubin is compiled from (launching, memory,
-# caches, timing): editing them keeps the cubins valid.
-_HOST_MODULES = frozenset({"launch", "arrays", "devarray", "cudadrv", "cache", "timing"})
-# The first word of a cubin's name -> the modules its kernel is defined in.
+# The first word of a cubin's name -> the `kernels` modules its kernel is defined in.
 _FAMILY_MODULES = {
     "box_fused": ("box_fused",),
     "box_packed": ("box_packed",),
@@ -105,46 +101,6 @@ _FAMILY_MODULES = {
     "blocked": ("conv_blocked",),
     "conv_tiled": ("conv",),
 }
-PREBUILT = Path(__file__).parent / "prebuilt"
-
-
-def _kernels_dir() -> Path:
-    return Path(kernels.__file__).parent
-
-
-def _imports(module: str) -> set[str]:
-    """The `kernels` modules that kernels/<module>.py imports (absolute or relative)."""
-    try:
-        tree = ast.parse((_kernels_dir() / f"{module}.py").read_text())
-    except (OSError, SyntaxError):
-        return set()
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level == 1 or base == "kernels":
-                parts = [base] if base and base != "kernels" else [a.name for a in node.names]
-            elif base.startswith("kernels."):
-                parts = [base.split(".")[1]]
-            else:
-                continue
-            found.update(p.split(".")[0] for p in parts)
-        elif isinstance(node, ast.Import):
-            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("kernels."))
-    return {m for m in found if (_kernels_dir() / f"{m}.py").exists()}
-
-
-def _closure(modules: tuple[str, ...]) -> list[str]:
-    """`modules` and every `kernels` module they import, transitively, host-only aside."""
-    seen: set[str] = set()
-    todo = list(modules)
-    while todo:
-        module = todo.pop()
-        if module in seen or module in _HOST_MODULES:
-            continue
-        seen.add(module)
-        todo.extend(_imports(module))
-    return sorted(seen)
 
 
 def family(name: str) -> str:
@@ -152,24 +108,20 @@ def family(name: str) -> str:
     return name.split("-", 1)[0]
 
 
-@functools.cache
-def sources_digest(family_name: str) -> str:
-    """Hash of the sources a family's kernels are compiled from (every module of
-    `kernels` for a family not in the table)."""
-    modules = _FAMILY_MODULES.get(family_name)
+def family_modules(name: str) -> tuple[str, ...]:
+    """The `kernels` modules the kernel of a cubin name is compiled from (all of them
+    for a family not in the table)."""
+    modules = _FAMILY_MODULES.get(family(name))
     if modules is None:
-        modules = tuple(p.stem for p in _kernels_dir().glob("*.py"))
-    h = hashlib.sha256()
-    for module in _closure(modules):
-        h.update(module.encode())
-        h.update((_kernels_dir() / f"{module}.py").read_bytes())
-    return h.hexdigest()[:16]
+        modules = tuple(sorted(p.stem for p in Path(kernels.__file__).parent.glob("*.py")))
+    return modules
 
 
 @functools.cache
 def _digest(family_name: str) -> str:
     """Digest of a family's sources and of the numba-cuda version that compiles them."""
-    h = hashlib.sha256(sources_digest(family_name).encode())
+    sources = shipped.sources_digest(family_modules(family_name))
+    h = hashlib.sha256(sources.encode())
     h.update(_numba_cuda_version().encode())
     return h.hexdigest()[:16]
 
@@ -182,36 +134,6 @@ def _path(name: str, cc: tuple[int, int]) -> Path:
     return _directory() / f"{name}-{_digest(family(name))}-sm{cc[0]}{cc[1]}.cubin"
 
 
-@functools.cache
-def _manifest() -> dict:
-    """The shipped kernels' manifest ({} when none ships, it is unreadable, or
-    IMGFILTER_NO_PREBUILT=1 turns the shipped kernels off)."""
-    if os.environ.get("IMGFILTER_NO_PREBUILT") == "1":
-        return {}
-    try:
-        manifest = json.loads((PREBUILT / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return manifest if isinstance(manifest, dict) else {}
-
-
-def _shipped(name: str, cc: tuple[int, int]) -> tuple[Path, str] | None:
-    """(cubin path, entry point) of a shipped kernel valid for these sources, or None."""
-    manifest = _manifest()
-    entry = manifest.get("entries", {}).get(name)
-    digest = manifest.get("sources", {}).get(family(name))
-    if not isinstance(entry, str) or digest != sources_digest(family(name)):
-        return None
-    if f"sm{cc[0]}{cc[1]}" not in manifest.get("archs", []):
-        return None
-    return PREBUILT / f"{name}-sm{cc[0]}{cc[1]}.cubin", entry
-
-
-def shipped_for(cc: tuple[int, int]) -> bool:
-    """Whether the package ships kernels for this compute capability."""
-    return f"sm{cc[0]}{cc[1]}" in _manifest().get("archs", [])
-
-
 def pending_marker(name: str) -> Path:
     """The file that says a process is compiling kernel `name` for the cache."""
     return _directory() / f"{name}-{_digest(family(name))}.pending"
@@ -219,7 +141,7 @@ def pending_marker(name: str) -> Path:
 
 def any_for(cc: tuple[int, int]) -> bool:
     """Whether any cubin for this compute capability exists, cached or shipped."""
-    if shipped_for(cc):
+    if shipped.ships_for(cc):
         return True
     try:
         return any(_directory().glob(f"*-sm{cc[0]}{cc[1]}.cubin"))
@@ -245,9 +167,7 @@ def load(name: str, cc: tuple[int, int]) -> tuple[bytes, str] | None:
     """(cubin image, entry point name) for a kernel, or None when none is usable: the
     user's cache first, then the kernels shipped in the package."""
     found = _read(_path(name, cc), None)
-    if found is None and (shipped := _shipped(name, cc)) is not None:
-        found = _read(*shipped)
-    return found
+    return found if found is not None else shipped.load(name, cc)
 
 
 def compiled_cubin(dispatcher, array_dtypes: tuple, cc: tuple[int, int]) -> tuple[bytes, str]:

@@ -16,7 +16,8 @@ import threading
 from pathlib import Path
 
 GPU_COMMANDS = ("blur", "filter", "contour")
-PREBUILT_MANIFEST = Path(__file__).parent / "prebuilt" / "manifest.json"
+# kernels/prebuilt/manifest.json (`kernels.shipped`), found without importing `kernels`.
+PREBUILT_MANIFEST = Path(__file__).parents[2] / "kernels" / "prebuilt" / "manifest.json"
 
 _thread: threading.Thread | None = None
 _result: list = []  # [Driver or None], filled by the thread

@@ -1,0 +1,172 @@
+"""Kernels shipped in the package, compiled ahead of time: kernels/prebuilt/.
+
+`tools/build_cubins.py` compiles them on a GPU machine for several GPU generations and
+writes, next to the cubins (`<name>-sm<XY>.cubin`), a manifest.json:
+`archs` (the generations) and `kernels`: name -> {"entry": the kernel's symbol,
+"modules": the `kernels` modules its code comes from, "digest": the digest of those
+modules' sources when it was built}. A shipped kernel is used only while that digest
+still matches the sources (`sources_digest`), so an edited kernel is compiled again
+instead of running stale code. Two kinds of names: the quick start's
+(`imgfilter.backends.cubins`, e.g. "contour-uint8-c1") and the launch layer's
+("launch-" + `signature_key`, `kernels.launch`). IMGFILTER_NO_PREBUILT=1 ignores them
+all. Nothing here imports Numba.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import json
+import os
+from pathlib import Path
+
+DIRECTORY = Path(__file__).parent / "prebuilt"
+# Modules that hold no code a kernel is compiled from (launching, memory, caches,
+# timing): editing them keeps the shipped kernels valid.
+HOST_MODULES = frozenset({"launch", "arrays", "devarray", "cudadrv", "cache", "timing", "shipped"})
+
+
+def _kernels_dir() -> Path:
+    return Path(__file__).parent
+
+
+def _imports(module: str) -> set[str]:
+    """The `kernels` modules that kernels/<module>.py imports (absolute or relative)."""
+    try:
+        tree = ast.parse((_kernels_dir() / f"{module}.py").read_text())
+    except (OSError, SyntaxError):
+        return set()
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level == 1 or base == "kernels":
+                parts = [base] if base and base != "kernels" else [a.name for a in node.names]
+            elif base.startswith("kernels."):
+                parts = [base.split(".")[1]]
+            else:
+                continue
+            found.update(p.split(".")[0] for p in parts)
+        elif isinstance(node, ast.Import):
+            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("kernels."))
+    return {m for m in found if (_kernels_dir() / f"{m}.py").exists()}
+
+
+def closure(modules: tuple[str, ...]) -> list[str]:
+    """`modules` and every `kernels` module they import, transitively, HOST_MODULES aside."""
+    seen: set[str] = set()
+    todo = list(modules)
+    while todo:
+        module = todo.pop()
+        if module in seen or module in HOST_MODULES:
+            continue
+        seen.add(module)
+        todo.extend(_imports(module))
+    return sorted(seen)
+
+
+@functools.cache
+def sources_digest(modules: tuple[str, ...]) -> str:
+    """Hash of the sources of `modules` and of what they import (`closure`)."""
+    h = hashlib.sha256()
+    for module in closure(modules):
+        h.update(module.encode())
+        h.update((_kernels_dir() / f"{module}.py").read_bytes())
+    return h.hexdigest()[:16]
+
+
+@functools.cache
+def manifest() -> dict:
+    """The manifest ({} when none ships, it is unreadable, or IMGFILTER_NO_PREBUILT=1)."""
+    if os.environ.get("IMGFILTER_NO_PREBUILT") == "1":
+        return {}
+    try:
+        found = json.loads((DIRECTORY / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def ships_for(cc: tuple[int, int]) -> bool:
+    """Whether kernels ship for GPUs of this compute capability."""
+    return f"sm{cc[0]}{cc[1]}" in manifest().get("archs", [])
+
+
+def find(name: str, cc: tuple[int, int]) -> tuple[Path, str] | None:
+    """(cubin path, entry point) of shipped kernel `name` for this compute capability,
+    or None when none ships or it was built from other sources."""
+    entry = manifest().get("kernels", {}).get(name)
+    if not isinstance(entry, dict) or not ships_for(cc):
+        return None
+    modules = entry.get("modules")
+    if not isinstance(modules, list) or not all(isinstance(m, str) for m in modules):
+        return None
+    if entry.get("digest") != sources_digest(tuple(modules)):
+        return None
+    symbol = entry.get("entry")
+    if not isinstance(symbol, str):
+        return None
+    return DIRECTORY / f"{name}-sm{cc[0]}{cc[1]}.cubin", symbol
+
+
+def load(name: str, cc: tuple[int, int]) -> tuple[bytes, str] | None:
+    """(cubin image, entry point) of shipped kernel `name`, or None (see `find`)."""
+    found = find(name, cc)
+    if found is None:
+        return None
+    try:
+        image = found[0].read_bytes()
+    except OSError:
+        return None
+    return (image, found[1]) if image else None
+
+
+def _stable(value) -> str | None:
+    """A text that names `value` the same in every process, or None when there is none
+    (then the kernel that holds it is not shipped)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return repr(value)
+    if isinstance(value, tuple):
+        parts = [_stable(v) for v in value]
+        return None if None in parts else "(" + ",".join(parts) + ")"
+    name = getattr(value, "__name__", None)
+    module = getattr(value, "__module__", None)
+    if isinstance(value, type) and module is not None and name is not None:
+        return f"{module}.{name}"  # a NumPy scalar type, a class
+    func = getattr(value, "py_func", value)  # a Numba dispatcher: its Python function
+    if callable(func) and hasattr(func, "__code__"):
+        return function_key(func)
+    text = str(value)  # a Numba type or a NumPy dtype: its name
+    return text if type(value).__module__.split(".")[0] in ("numba", "numpy") else None
+
+
+def function_key(func) -> str | None:
+    """Module, qualified name and closure values of a Python function (a kernel made by
+    a factory is told apart by what the factory closed over), or None."""
+    parts = [func.__module__, func.__qualname__]
+    for cell in func.__closure__ or ():
+        try:
+            parts.append(_stable(cell.cell_contents))
+        except ValueError:  # an empty cell
+            return None
+    return None if None in parts else "|".join(parts)
+
+
+def signature_key(dispatcher, argtypes: tuple) -> str | None:
+    """The launch layer's name for one compiled overload of a `kernels` dispatcher:
+    "launch-" and a hash of its function's key and its argument types; None for a
+    kernel outside the `kernels` package or one whose closure has no stable name."""
+    func = getattr(dispatcher, "py_func", None)
+    if func is None or not func.__module__.startswith("kernels."):
+        return None
+    key = function_key(func)
+    if key is None:
+        return None
+    text = key + "|" + ",".join(str(t) for t in argtypes)
+    return "launch-" + hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def module_of(dispatcher) -> str:
+    """The `kernels` module (its file's stem) a dispatcher's function is defined in."""
+    return dispatcher.py_func.__module__.split(".")[1]
