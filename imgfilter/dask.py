@@ -79,7 +79,7 @@ def filter2d(
     (ay, _), code, _, _ = api._options(anchor, k.shape, border, border_value, method, x.dtype)
     opts = dict(anchor=anchor, border=border, border_value=border_value, backend=backend,
                 method=method)  # fmt: skip
-    band = functools.partial(_filter_band, _api_filter2d, (k,), opts)
+    band = functools.partial(_filter_band, _api_filter2d, (k,), opts, True)
     return _in_bands(x, band, (ay, k.shape[0] - 1 - ay), code, keep_channels=True)
 
 
@@ -100,7 +100,7 @@ def blur(
                                                     x.dtype)  # fmt: skip
     opts = dict(anchor=anchor, border=border, border_value=border_value, backend=backend,
                 method=method)  # fmt: skip
-    band = functools.partial(_filter_band, _api_blur, (k,), opts)
+    band = functools.partial(_filter_band, _api_blur, (k,), opts, True)
     return _in_bands(x, band, (ay, kh - 1 - ay), code, keep_channels=True)
 
 
@@ -124,7 +124,7 @@ def contour(
     api._check_method(method)
     api._cast_value(border_value, x.dtype)
     opts = dict(border=border, border_value=border_value, backend=backend, method=method)
-    band = functools.partial(_filter_band, _api_contour, (), opts)
+    band = functools.partial(_filter_band, _api_contour, (), opts, False)
     return _in_bands(x, band, (1, 1), code, keep_channels=False)
 
 
@@ -167,14 +167,17 @@ def _api_contour(band, **opts):
     return api.contour(band, **opts)
 
 
-def _filter_band(call, args: tuple, opts: dict, band: Any) -> Any:
+def _filter_band(call, args: tuple, opts: dict, keep_channels: bool, band: Any) -> Any:
     """call(band, *args, **opts) on one row band (with its neighbours' rows), the
-    result as the band's own array type (a CuPy chunk gets a CuPy result: imgfilter
-    returns its own device array, which CuPy wraps without a copy)."""
+    result as the band's own array type: a CuPy band's result is allocated by CuPy
+    (its memory pool, not a fresh device allocation per band) and written as `out`."""
     if isinstance(band, np.ndarray):
         return call(band, *args, **opts)
     xp = _namespace(band)
-    return xp.asarray(call(xp.ascontiguousarray(band), *args, **opts))
+    band = xp.ascontiguousarray(band)
+    out = xp.empty(band.shape if keep_channels else band.shape[:2], band.dtype)
+    call(band, *args, out=out, **opts)
+    return out
 
 
 def _namespace(chunk: Any):
