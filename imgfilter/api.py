@@ -361,21 +361,25 @@ def contour(
 # ------------------------------------------------------------------ batches
 
 
-def _batch(images: Any, out: Any, stream: Any, backend: str, one, many, result_shape) -> Any:
+def _batch(images: Any, out: Any, stream: Any, backend: str, one, many, many_list,
+           result_shape) -> Any:  # fmt: skip
     """Filter each image of a batch.
 
     images: a 4-D (N, H, W, C) or 3-D (N, H, W) array (host or device), the first axis
     always the batch, or a list/tuple of images of any sizes. Returns the same kind:
     an array of the results (into `out`, an array of that shape, when given) or a list
-    (into `out`, a list of arrays, when given). A list goes image by image through
-    `one(img, out, stream)`; a device array goes to the backend at once through
-    `many(backend, batch (N, H, W, C), out, stream)` (its launches queued back to back
-    on one stream); a host array image by image. Each image has its own borders:
-    results equal filtering each alone.
+    (into `out`, a list of arrays, when given). A device array goes to the backend at
+    once through `many(backend, batch (N, H, W, C), out, stream)` (its launches queued
+    back to back on one stream); a list of device images through `many_list(backend,
+    images (H, W, C), outs, stream)` (`_device_list`); host arrays and lists, and
+    lists mixing host and device images, image by image through `one(img, out,
+    stream)`. Each image has its own borders: results equal filtering each alone.
     """
     if isinstance(images, list | tuple):
         if out is not None and (not isinstance(out, list | tuple) or len(out) != len(images)):
             raise UsageError("out must be a list of as many arrays as there are images")
+        if images and all(_is_device_input(img) for img in images):
+            return _device_list(images, out, stream, backend, many_list, result_shape)
         outs = out if out is not None else [None] * len(images)
         return [one(img, o, stream) for img, o in zip(images, outs, strict=True)]
     device = not isinstance(images, np.ndarray) and is_device_array(images)
@@ -402,6 +406,31 @@ def _batch(images: Any, out: Any, stream: Any, backend: str, one, many, result_s
     batch4 = batch if batch.ndim == 4 else batch.reshape(*batch.shape, 1)
     result = many(be, batch4, dout, stream)
     return out if out is not None else result.reshape(shape)
+
+
+def _is_device_input(img: Any) -> bool:
+    return type(img) is DeviceArray or (not isinstance(img, np.ndarray) and is_device_array(img))
+
+
+def _device_list(images: list, out: Any, stream: Any, backend: str, many_list,
+                 result_shape) -> list:  # fmt: skip
+    """A list of device images of any sizes, dtypes and channel counts, each checked as
+    `filter2d` checks one, given to the backend at once: `many_list(backend, images as
+    (H, W, C), outs (None or the checked arrays), stream)` filters them in a number of
+    launches that does not grow with their number. Returns the results (each of its
+    image's shape, less the channel axis of a 2-D image) or `out` as a list."""
+    arrs = [_as_image(img)[0] for img in images]
+    shapes = [result_shape(a.shape) for a in arrs]
+    outs = None
+    if out is not None:
+        outs = [_check_out(o, a, True, shape) for o, a, shape in zip(out, arrs, shapes,
+                                                                       strict=True)]  # fmt: skip
+    stream = _check_stream(stream)
+    be = get_backend(backend, device_input=True)
+    results = many_list(be, [_as_3d(a) for a in arrs], outs, stream)
+    if out is not None:
+        return list(out)
+    return [_shaped(r, shape) for r, shape in zip(results, shapes, strict=True)]
 
 
 def _same_shape(shape: tuple) -> tuple:
@@ -439,7 +468,13 @@ def filter2d_batch(
         a, code, m, value = _options(anchor, k.shape, border, border_value, method, batch.dtype)
         return be.correlate(batch, k, a, code, value, m, _out_4d(out), stream)
 
-    return _batch(images, out, stream, backend, one, many, _same_shape)
+    def many_list(be, imgs, outs, stream):
+        opts = [_options(anchor, k.shape, border, border_value, method, i.dtype) for i in imgs]
+        a, code, m, _ = opts[0]
+        values = [o[3] for o in opts]
+        return be.correlate_list(imgs, k, a, code, values, m, _outs_3d(outs), stream)
+
+    return _batch(images, out, stream, backend, one, many, many_list, _same_shape)
 
 
 def blur_batch(
@@ -466,7 +501,13 @@ def blur_batch(
         a, code, m, value = _options(anchor, (kh, kw), border, border_value, method, batch.dtype)
         return be.box(batch, (kh, kw), a, code, value, m, _out_4d(out), stream)
 
-    return _batch(images, out, stream, backend, one, many, _same_shape)
+    def many_list(be, imgs, outs, stream):
+        opts = [_options(anchor, (kh, kw), border, border_value, method, i.dtype) for i in imgs]
+        a, code, m, _ = opts[0]
+        values = [o[3] for o in opts]
+        return be.box_list(imgs, (kh, kw), a, code, values, m, _outs_3d(outs), stream)
+
+    return _batch(images, out, stream, backend, one, many, many_list, _same_shape)
 
 
 def contour_batch(
@@ -492,7 +533,19 @@ def contour_batch(
         value = _cast_value(border_value, batch.dtype)
         return be.contour(batch, border_code(border), value, _check_method(method), out, stream)
 
-    return _batch(images, out, stream, backend, one, many, _image_shape)
+    def many_list(be, imgs, outs, stream):
+        if any(np.dtype(i.dtype) == np.float32 for i in imgs):
+            raise UsageError("contour needs an integer image (uint8 or uint16), got float32")
+        values = [_cast_value(border_value, i.dtype) for i in imgs]
+        code, m = border_code(border), _check_method(method)
+        return be.contour_list(imgs, code, values, m, outs, stream)
+
+    return _batch(images, out, stream, backend, one, many, many_list, _image_shape)
+
+
+def _outs_3d(outs: list | None) -> list | None:
+    """A list's outs as (H, W, C): (H, W) ones gain a channel axis."""
+    return None if outs is None else [_as_3d(o) for o in outs]
 
 
 def _out_4d(out: Any) -> Any:

@@ -164,3 +164,53 @@ def batched_view(arr: Any, n: int, step: int):
 def extent(arr: Any) -> tuple[int, int]:
     """(first, past the last) byte address a device array covers."""
     return _extent(arr)
+
+
+# Where the address spaces of var-shape launches start (`address_space`) on a GPU:
+# below any device allocation, so that every array's offset from it is positive.
+SPACE_BASE = 1 << 16
+_SPACES: dict = {}
+
+
+def address_space(dtype, extents: list) -> tuple[Any, int]:
+    """(array, base): a 1-D device array of `dtype` whose element 0 lies at address
+    `base` and which covers every (first, past) byte range of `extents`, for kernels
+    that view each image's array in it by element offsets (`kernels.launch`'s
+    var-shape launches). On a GPU one array per dtype spans the whole address space
+    (no memory is allocated; only the images' ranges are ever read or written); on
+    the simulator, a view of host memory over the ranges."""
+    dtype = np.dtype(dtype)
+    if not SIMULATOR:
+        space = _SPACES.get(dtype)
+        if space is None:
+            n = ((1 << 56) - SPACE_BASE) // dtype.itemsize
+            space = _SPACES[dtype] = DeviceArray(SPACE_BASE, (n,), dtype)
+        return space, SPACE_BASE
+    import ctypes
+
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    lo = min(first for first, _ in extents)
+    lo -= lo % dtype.itemsize
+    hi = max(past for _, past in extents)
+    n = -(-(hi - lo) // dtype.itemsize)
+    host = np.frombuffer((ctypes.c_byte * (n * dtype.itemsize)).from_address(lo), dtype)
+    return FakeCUDAArray(host), lo
+
+
+def empty_many(shapes: list, dtypes: list, stream: int = LEGACY) -> list:
+    """Uninitialised C-contiguous device arrays of these shapes and dtypes, ordered on
+    `stream`: on a GPU views of one pool allocation (each 256-byte aligned; the
+    allocation is kept until the last of them is collected)."""
+    if SIMULATOR:
+        return [empty(shape, dtype, stream) for shape, dtype in zip(shapes, dtypes, strict=True)]
+    dtypes = [np.dtype(d) for d in dtypes]
+    offsets, total = [], 0
+    for shape, dtype in zip(shapes, dtypes, strict=True):
+        offsets.append(total)
+        total += -(-max(int(np.prod(shape)) * dtype.itemsize, 1) // 256) * 256
+    block = devarray.POOL.allocate(total, stream)
+    return [
+        devarray.c_array(block.ptr + at, tuple(shape), dtype, stream, block)
+        for shape, dtype, at in zip(shapes, dtypes, offsets, strict=True)
+    ]

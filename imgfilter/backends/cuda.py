@@ -28,12 +28,28 @@ from kernels import contour as _contour
 from kernels import conv as _conv
 from kernels import conv_blocked as _blocked
 from kernels import conv_plan as _conv_plan
-from kernels.arrays import copy_rows, empty, empty_like, resolve_stream, to_device, to_host
+from kernels.arrays import (
+    copy_rows,
+    empty,
+    empty_like,
+    empty_many,
+    resolve_stream,
+    to_device,
+    to_host,
+)
 from kernels.border_index import WRAP
 from kernels.border_index import border_index as _border_index
 from kernels.conv_plan import low_rank_factors
 from kernels.cudadrv import CudaError, GpuOutOfMemory, NoMemoryForContext, driver
-from kernels.launch import Batching, Recording, compile_lock
+from kernels.launch import (
+    Batching,
+    Collecting,
+    Recording,
+    VarShapeRecipe,
+    compile_lock,
+    run_var_shape,
+    var_shape_plan,
+)
 
 from ..errors import DeviceError, GpuMemoryError, UsageError
 from . import cubins
@@ -200,6 +216,77 @@ def _on_device(key: tuple, img, out, stream, out_shape: tuple, record, rows: tup
         raise GpuMemoryError(f"{exc}; try --backend cpu") from exc
     except CudaError as exc:  # pragma: no cover - real GPU only
         raise DeviceError(f"CUDA error: {exc}") from exc
+
+
+_VAR_RECIPES: dict = {}
+_VAR_RECIPES_KEEP = 64
+
+
+def _on_device_list(imgs: list, values: list, outs, stream, out_shapes: list, plan_for,
+                    rows: tuple, border: int) -> list:  # fmt: skip
+    """Device images of any sizes (a list of (H, W, C) arrays) filtered in a number of
+    launches that does not grow with their number (`kernels.launch.var_shape_plan`):
+    each image's launch function runs once under a `Collecting`, images of equal plans
+    share each launch, blocks past an image's own grid return at once. Queued on the
+    first image's stream (or `stream`); returns `outs` (allocated as views of one pool
+    allocation when None). `plan_for(img, value)` (values[i]: image i's border value,
+    cast to its dtype) gives (key, record): the options that shape the image's
+    launches and `record(src, dst, handle)`. Later calls with the same shapes,
+    dtypes, keys, alignments and stream replay a `kernels.launch.VarShapeRecipe`.
+    Images taller than one grid go alone (`_in_row_bands`)."""
+    handle = resolve_stream(stream, imgs[0])
+    try:
+        if outs is None:
+            outs = empty_many(out_shapes, [img.dtype for img in imgs], handle)
+        plans = [plan_for(img, value) for img, value in zip(imgs, values, strict=True)]
+        short = []
+        for img, out, (key, record) in zip(imgs, outs, plans, strict=True):
+            if img.shape[0] > MAX_GRID_ROWS:
+                _in_row_bands(key, img, out, handle, record, rows, border)
+            else:
+                short.append((img, out, key, record))
+        if not short:
+            return outs
+        if config.ENABLE_CUDASIM:
+            with compile_lock:
+                _collect_and_run(short, handle)
+            return outs
+        key = (tuple([(img.shape, img.dtype.num, img.ptr & 15, out.ptr & 15, k)
+                      for img, out, k, _ in short]), handle)  # fmt: skip
+        recipe = _VAR_RECIPES.get(key)
+        if recipe is None:
+            recipe = _collect_and_run(short, handle)
+            if recipe is not None:
+                with _lock:
+                    _VAR_RECIPES[key] = recipe
+                    while len(_VAR_RECIPES) > _VAR_RECIPES_KEEP:
+                        _VAR_RECIPES.pop(next(iter(_VAR_RECIPES)))
+        else:
+            recipe.replay([p for img, out, _, _ in short for p in (img.ptr, out.ptr)], handle)
+        return outs
+    except GpuOutOfMemory as exc:  # pragma: no cover - real GPU only
+        raise GpuMemoryError(f"{exc}; try --backend cpu") from exc
+    except CudaError as exc:  # pragma: no cover - real GPU only
+        raise DeviceError(f"CUDA error: {exc}") from exc
+
+
+def _collect_and_run(items: list, handle: int):
+    """Run each (img, out, key, record)'s launch function under a `Collecting`, queue
+    the merged plan on `handle`, and return its `VarShapeRecipe` (None on the
+    simulator, or when the launches cannot be replayed: weights uploaded meanwhile)."""
+    collected, images, replayable = [], [], True
+    for img, out, _, record in items:
+        with Collecting() as collecting:
+            record(img, out, handle)
+        collected.append(collecting.steps)
+        images.append((img, out, collecting.buffers))
+        replayable = replayable and collecting.replayable
+    plan = var_shape_plan(collected)
+    run_var_shape(plan, handle)
+    if config.ENABLE_CUDASIM or not replayable:
+        return None
+    with compile_lock:
+        return VarShapeRecipe.build(plan, images)
 
 
 # Rows of an image that one launch covers: every kernel's grid then stays within
@@ -583,3 +670,108 @@ def contour(img, border, value, method, out=None, stream=None):
         return contour(band, border, value, method, None, stream)
 
     return _run_or_bands(go, img, out, (1, 1), border, value, again)
+
+
+# ------------------------------------------------------- lists of images of any sizes
+
+
+def _memo_by_image(make):
+    """plan_for(img, value) for `_on_device_list`: make(dtype, value) once per dtype
+    and border value."""
+    found: dict = {}
+
+    def plan_for(img, value):
+        key = (img.dtype, value)
+        plan = found.get(key)
+        if plan is None:
+            plan = found[key] = make(img.dtype, value)
+        return plan
+
+    return plan_for
+
+
+def _shared_tiles(imgs: list, ksize: tuple) -> dict:
+    """channels -> the `kernels.box_tiled` geometry that every uint8 image of the list
+    with that many channels runs when box_auto gives it box_tiled: the plan of their
+    largest height and width, whose tiles any of them can take (a tile partly outside
+    an image is the usual last tile of a row), so that one kernel serves them all
+    (the plan of a single image narrower or shorter than a tile shrinks the tile to it,
+    a kernel of its own). Its grid is set per image."""
+    sizes: dict = {}
+    for img in imgs:
+        if img.dtype == np.uint8:
+            h, w = sizes.get(img.shape[2], (0, 0))
+            sizes[img.shape[2]] = (max(h, img.shape[0]), max(w, img.shape[1]))
+    tiles = {}
+    for channels, (h, w) in sizes.items():
+        method, geometry = _box.box_plan.choose((h, w, channels), np.dtype(np.uint8), ksize)
+        if method == "tiled":
+            tiles[channels] = geometry
+    return tiles
+
+
+def correlate_list(imgs: list, kernel, anchor, border, values: list, method, outs=None,
+                   stream=None) -> list:  # fmt: skip
+    """`correlate` of each device image of a list (any sizes; values[i] the border
+    value cast to image i's dtype), in launches that do not grow with the number of
+    images (`_on_device_list`)."""
+    kernel = np.ascontiguousarray(kernel, dtype=np.float32)
+    data = kernel.tobytes()
+    requested = method
+    resolved, terms = _prepared(kernel.shape, data, method)
+
+    def make(dtype, value):
+        method = resolved
+        if requested == "auto" and method == "blocked" and BACKGROUND != "off":
+            if not config.ENABLE_CUDASIM:
+                method = _blocked_or_tiled(*kernel.shape, dtype)
+
+        def record(src, dst, handle):
+            _correlate_launches(src, dst, handle, kernel, terms, anchor, border, value, method)
+
+        return ("correlate", method, kernel.shape, data, anchor, border, value), record
+
+    rows = (anchor[0], kernel.shape[0] - 1 - anchor[0])
+    shapes = [i.shape for i in imgs]
+    return _on_device_list(imgs, values, outs, stream, shapes, _memo_by_image(make), rows, border)
+
+
+def box_list(imgs: list, ksize, anchor, border, values: list, method, outs=None,
+             stream=None) -> list:  # fmt: skip
+    """`box` of each device image of a list (see `correlate_list`)."""
+    kh, kw = ksize
+    if method not in ("auto", "separable"):
+        weights = np.full((kh, kw), 1.0 / (kh * kw), dtype=np.float32)
+        return correlate_list(imgs, weights, anchor, border, values, method, outs, stream)
+    run = _box.box_auto if method == "auto" else _box.box_separable
+    tiles = _shared_tiles(imgs, ksize) if method == "auto" else {}
+
+    def make(dtype, value):
+        def record(src, dst, handle):
+            geometry = tiles.get(src.shape[2])
+            if geometry is not None and _box.box_choice(src, ksize, dst)[0] == "tiled":
+                geometry = dict(geometry, grid=(-(-src.shape[1] // geometry["tile_w"]),
+                                                -(-src.shape[0] // geometry["tile_h"])))
+                _box_tiled.box_tiled(src, ksize, anchor, border, value, dst, geometry, handle)
+            else:
+                run(src, ksize, anchor, border, value, dst, handle)
+
+        return ("box", method, ksize, anchor, border, value), record
+
+    rows = (anchor[0], kh - 1 - anchor[0])
+    shapes = [i.shape for i in imgs]
+    return _on_device_list(imgs, values, outs, stream, shapes, _memo_by_image(make), rows, border)
+
+
+def contour_list(imgs: list, border, values: list, method, outs=None, stream=None) -> list:
+    """`contour` of each device image of a list (see `correlate_list`); results (H, W)."""
+
+    def make(dtype, value):
+        def record(src, dst, handle):
+            _contour.contour(src, border, int(value), dst, handle)
+
+        return ("contour", border, value), record
+
+    shapes = [i.shape[:-1] for i in imgs]
+    return _on_device_list(imgs, values, outs, stream, shapes, _memo_by_image(make), (1, 1),
+                           border)  # fmt: skip
