@@ -433,6 +433,17 @@ def _device_list(images: list, out: Any, stream: Any, backend: str, many_list,
     return [_shaped(r, shape) for r, shape in zip(results, shapes, strict=True)]
 
 
+def _list_options(imgs: list, anchor, kshape: tuple, border, border_value, method) -> tuple:
+    """`_options` for a list of images: (anchor, border code, method, [each image's
+    border value cast to its dtype])."""
+    by_dtype = {}
+    for img in imgs:
+        if img.dtype not in by_dtype:
+            by_dtype[img.dtype] = _options(anchor, kshape, border, border_value, method, img.dtype)
+    a, code, m, _ = by_dtype[imgs[0].dtype]
+    return a, code, m, [by_dtype[img.dtype][3] for img in imgs]
+
+
 def _same_shape(shape: tuple) -> tuple:
     return tuple(shape)
 
@@ -469,9 +480,7 @@ def filter2d_batch(
         return be.correlate(batch, k, a, code, value, m, _out_4d(out), stream)
 
     def many_list(be, imgs, outs, stream):
-        opts = [_options(anchor, k.shape, border, border_value, method, i.dtype) for i in imgs]
-        a, code, m, _ = opts[0]
-        values = [o[3] for o in opts]
+        a, code, m, values = _list_options(imgs, anchor, k.shape, border, border_value, method)
         return be.correlate_list(imgs, k, a, code, values, m, _outs_3d(outs), stream)
 
     return _batch(images, out, stream, backend, one, many, many_list, _same_shape)
@@ -502,9 +511,7 @@ def blur_batch(
         return be.box(batch, (kh, kw), a, code, value, m, _out_4d(out), stream)
 
     def many_list(be, imgs, outs, stream):
-        opts = [_options(anchor, (kh, kw), border, border_value, method, i.dtype) for i in imgs]
-        a, code, m, _ = opts[0]
-        values = [o[3] for o in opts]
+        a, code, m, values = _list_options(imgs, anchor, (kh, kw), border, border_value, method)
         return be.box_list(imgs, (kh, kw), a, code, values, m, _outs_3d(outs), stream)
 
     return _batch(images, out, stream, backend, one, many, many_list, _same_shape)

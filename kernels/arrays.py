@@ -204,13 +204,33 @@ def empty_many(shapes: list, dtypes: list, stream: int = LEGACY) -> list:
     allocation is kept until the last of them is collected)."""
     if SIMULATOR:
         return [empty(shape, dtype, stream) for shape, dtype in zip(shapes, dtypes, strict=True)]
-    dtypes = [np.dtype(d) for d in dtypes]
-    offsets, total = [], 0
-    for shape, dtype in zip(shapes, dtypes, strict=True):
-        offsets.append(total)
-        total += -(-max(int(np.prod(shape)) * dtype.itemsize, 1) // 256) * 256
+    key = (tuple(shapes), tuple(dtypes))
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        layout = _layout(shapes, dtypes)
+        if len(_LAYOUTS) >= 64:
+            _LAYOUTS.clear()
+        _LAYOUTS[key] = layout
+    total, templates = layout
     block = devarray.POOL.allocate(total, stream)
-    return [
-        devarray.c_array(block.ptr + at, tuple(shape), dtype, stream, block)
-        for shape, dtype, at in zip(shapes, dtypes, offsets, strict=True)
-    ]
+    base, arrays, new = block.ptr, [], object.__new__
+    for at, template in templates:
+        a = new(DeviceArray)
+        a.shape, a.strides, a.dtype, a.size, a._sig = template
+        a.ptr, a.stream, a._owner = base + at, stream, block
+        arrays.append(a)
+    return arrays
+
+
+_LAYOUTS: dict = {}  # empty_many's layouts by shapes and dtypes
+
+
+def _layout(shapes: list, dtypes: list) -> tuple[int, list]:
+    """(bytes in all, [(offset, (shape, strides, dtype, size, type signature))]) of
+    C-contiguous arrays laid out one after the other, 256-byte aligned."""
+    templates, total = [], 0
+    for shape, dtype in zip(shapes, dtypes, strict=True):
+        a = devarray.c_array(0, tuple(shape), np.dtype(dtype), LEGACY, None)
+        templates.append((total, (a.shape, a.strides, a.dtype, a.size, a._sig)))
+        total += -(-max(a.nbytes, 1) // 256) * 256
+    return total, templates

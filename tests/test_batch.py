@@ -120,19 +120,122 @@ def test_a_device_batch_is_one_launch_per_kernel(monkeypatch, index, name):
     assert launches[0] == launches[1], f"{name}: launches for 2 and 3 images: {launches}"
 
 
-@pytest.mark.parametrize("where", ["host", "device"])
-def test_list_of_mixed_sizes(where):
+# Sizes that are multiples of nothing, a one-row and a one-column image among them
+# (small: the simulator runs every thread in Python).
+MIXED = [(7, 23), (5, 17), (13, 9), (1, 30), (11, 1)]
+
+
+def _mixed(dtype, channels, seed, sizes=MIXED):
+    rng = np.random.default_rng(seed)
+    hi = 1000 if dtype == np.float32 else np.iinfo(dtype).max
+    shapes = [s if channels is None else (*s, channels) for s in sizes]
+    return [rng.integers(1, hi, shape).astype(dtype) for shape in shapes]
+
+
+def _alone_on_device(one, img, **options):
+    return one(_device(img), **options).copy_to_host()
+
+
+# CASES less two (uint8 with one channel is the 2-D case's kernel; float32 with three
+# channels the slowest on the simulator), every border mode still met.
+LIST_CASES = [c for c in CASES if c[:2] not in ((np.uint8, 1), (np.float32, 3))]
+
+
+@pytest.mark.parametrize("dtype,channels,border", LIST_CASES)
+def test_device_list_of_mixed_sizes_equals_each_image_alone(dtype, channels, border):
+    images = _mixed(dtype, channels, seed=len(border) + (channels or 0))
+    for name, (many, one) in _ops(border).items():
+        if name == "contour" and dtype == np.float32:
+            continue
+        got = many([_device(i) for i in images])
+        assert isinstance(got, list) and len(got) == len(images)
+        for img, res in zip(images, got, strict=True):
+            expected = one(img)  # the CPU backend's, equal to the device's alone
+            assert res.shape == expected.shape, name
+            np.testing.assert_array_equal(
+                res.copy_to_host(), expected, err_msg=f"{name} {img.shape}"
+            )
+
+
+@pytest.mark.parametrize("backend", ["auto", "cpu"])
+def test_host_list_of_mixed_sizes_equals_each_image_alone(backend):
+    for dtype, channels in ((np.uint8, 3), (np.uint16, None), (np.float32, 4)):
+        images = _mixed(dtype, channels, seed=3)
+        for name, (many, one) in _ops("wrap").items():
+            if name == "contour" and dtype == np.float32:
+                continue
+            got = many(images, backend=backend)
+            for img, res in zip(images, got, strict=True):
+                np.testing.assert_array_equal(res, one(img, backend=backend), err_msg=name)
+
+
+def test_list_mixing_dtypes_channels_and_kinds():
+    """Images of other dtypes and channel counts form their own launches; a list
+    holding host and device images goes image by image."""
     rng = np.random.default_rng(4)
     images = [
         rng.integers(1, 255, shape).astype(np.uint8) for shape in [(5, 7, 3), (9, 4, 3), (3, 11)]
     ]
+    images.append(rng.integers(1, 999, (6, 5, 4)).astype(np.uint16))
     for name, (many, one) in _ops("reflect101").items():
-        given = images if where == "host" else [_device(i) for i in images]
-        got = many(given)
-        assert isinstance(got, list) and len(got) == 3
+        got = many([_device(i) for i in images])
         for img, res in zip(images, got, strict=True):
-            res = res if where == "host" else res.copy_to_host()
-            np.testing.assert_array_equal(res, one(img), err_msg=name)
+            np.testing.assert_array_equal(
+                res.copy_to_host(), _alone_on_device(one, img), err_msg=name
+            )
+        mixed = many([images[0], _device(images[1])])
+        np.testing.assert_array_equal(mixed[0], one(images[0]), err_msg=name)
+        np.testing.assert_array_equal(mixed[1].copy_to_host(), _alone_on_device(one, images[1]))
+
+
+# One kernel family each: box_tiled (uint8), box_fused (uint16), running sums (float32,
+# two kernels), the register-blocked filter, the contour kernel.
+LIST_LAUNCH_OPS = {
+    "box uint8": (np.uint8, 3, lambda b: imgfilter.blur_batch(b, 3, border="wrap"),
+                  lambda i: imgfilter.blur(i, 3, border="wrap")),
+    "box uint16": (np.uint16, 1, lambda b: imgfilter.blur_batch(b, (5, 3), border="constant"),
+                   lambda i: imgfilter.blur(i, (5, 3), border="constant")),
+    "box float32": (np.float32, 1, lambda b: imgfilter.blur_batch(b, 4),
+                    lambda i: imgfilter.blur(i, 4)),
+    "filter2d blocked": (np.uint16, 3, lambda b: imgfilter.filter2d_batch(b, KERNEL,
+                                                                          border="reflect"),
+                         lambda i: imgfilter.filter2d(i, KERNEL, border="reflect")),
+    "contour": (np.uint8, 4, lambda b: imgfilter.contour_batch(b, border="replicate"),
+                lambda i: imgfilter.contour(i, border="replicate")),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(LIST_LAUNCH_OPS))
+def test_a_device_list_of_mixed_sizes_takes_as_many_launches_for_2_as_for_6(monkeypatch, name):
+    dtype, channels, many, one = LIST_LAUNCH_OPS[name]
+    counted = _count_launches(monkeypatch)
+    sizes = [(6, 70), (11, 23), (5, 17), (13, 9), (1, 30), (9, 1)]
+    launches = []
+    for n in (2, 6):
+        images = _mixed(dtype, channels, seed=n, sizes=sizes[:n])
+        counted.clear()
+        got = many([_device(i) for i in images])
+        launches.append(len(counted))
+        for img, res in zip(images, got, strict=True):
+            np.testing.assert_array_equal(
+                res.copy_to_host(), one(img), err_msg=f"{name} {img.shape}"
+            )
+    assert launches[0] == launches[1] <= 2, f"{name}: launches for 2 and 6 images: {launches}"
+
+
+def test_device_list_out_is_filled_and_returned():
+    images = _mixed(np.uint8, 3, seed=8)
+    outs = [_device(np.zeros_like(i)) for i in images]
+    got = imgfilter.blur_batch([_device(i) for i in images], 3, out=outs)
+    assert got == outs
+    for img, res in zip(images, outs, strict=True):
+        np.testing.assert_array_equal(
+            res.copy_to_host(), _alone_on_device(imgfilter.blur, img, k=3)
+        )
+    with pytest.raises(imgfilter.UsageError, match="out must be uint8 of shape"):
+        imgfilter.blur_batch([_device(images[0])], 3, out=[_device(images[1])])
+    with pytest.raises(imgfilter.UsageError, match="contour needs an integer image"):
+        imgfilter.contour_batch([_device(np.zeros((4, 4), np.float32))])
 
 
 def test_out_is_filled_and_returned():
@@ -180,3 +283,50 @@ def test_cupy_batch_of_frames_on_a_stream():
     expected = np.stack([imgfilter.blur(f, 5) for f in frames])
     np.testing.assert_array_equal(got.copy_to_host(), expected)
     assert int(total) == int(expected.astype(np.int64).sum())
+
+
+GPU_LIST_OPS = {
+    "box 3 uint8": (np.uint8, 3, lambda b: imgfilter.blur_batch(b, 3),
+                    lambda i: imgfilter.blur(i, 3)),
+    "box 5 float32 (scratch)": (np.float32, 1, lambda b: imgfilter.blur_batch(b, 5, border="wrap"),
+                                lambda i: imgfilter.blur(i, 5, border="wrap")),
+    "box 41 uint8 (two passes)": (np.uint8, 4, lambda b: imgfilter.blur_batch(b, 41),
+                                  lambda i: imgfilter.blur(i, 41)),
+    "filter2d 7x7 uint16": (np.uint16, 3, lambda b: imgfilter.filter2d_batch(b, SEVEN),
+                            lambda i: imgfilter.filter2d(i, SEVEN)),
+    "contour uint8": (np.uint8, 3, lambda b: imgfilter.contour_batch(b, border="constant"),
+                      lambda i: imgfilter.contour(i, border="constant")),
+}  # fmt: skip
+SEVEN = np.random.default_rng(7).random((7, 7)).astype(np.float32) - 0.25
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(GPU_LIST_OPS))
+def test_gpu_device_list_of_mixed_sizes_recorded_and_replayed(name):
+    """First call (collected and launched), later calls on other arrays of the same
+    shapes (a replayed recipe): every result equals the image filtered alone."""
+    dtype, channels, many, one = GPU_LIST_OPS[name]
+    sizes = [(480, 640), (37, 1001), (1, 300), (300, 1), (129, 65), (720, 1280)]
+    for seed in (1, 2, 1):
+        images = _mixed(dtype, channels, seed=seed, sizes=sizes)
+        got = many([_device(i) for i in images])
+        for img, res in zip(images, got, strict=True):
+            expected = _alone_on_device(one, img)
+            np.testing.assert_array_equal(res.copy_to_host(), expected, err_msg=f"{img.shape}")
+
+
+@pytest.mark.gpu
+def test_gpu_32_frames_of_mixed_sizes_on_a_cupy_stream():
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng(32)
+    sizes = [(int(rng.integers(480, 1081)), int(rng.integers(640, 1921))) for _ in range(32)]
+    frames = _mixed(np.uint8, 3, seed=5, sizes=sizes)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        got = imgfilter.blur_batch([cp.asarray(f) for f in frames], 5)
+        totals = [cp.asarray(g).astype(cp.int64).sum() for g in got]
+    stream.synchronize()
+    for frame, res, total in zip(frames, got, totals, strict=True):
+        expected = _alone_on_device(imgfilter.blur, frame, k=5)
+        np.testing.assert_array_equal(res.copy_to_host(), expected)
+        assert int(total) == int(expected.astype(np.int64).sum())

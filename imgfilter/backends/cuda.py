@@ -744,11 +744,11 @@ def box_list(imgs: list, ksize, anchor, border, values: list, method, outs=None,
         weights = np.full((kh, kw), 1.0 / (kh * kw), dtype=np.float32)
         return correlate_list(imgs, weights, anchor, border, values, method, outs, stream)
     run = _box.box_auto if method == "auto" else _box.box_separable
-    tiles = _shared_tiles(imgs, ksize) if method == "auto" else {}
+    tiles = functools.cache(lambda: _shared_tiles(imgs, ksize) if method == "auto" else {})
 
     def make(dtype, value):
-        def record(src, dst, handle):
-            geometry = tiles.get(src.shape[2])
+        def record(src, dst, handle):  # runs on a first call only: tiles() then
+            geometry = tiles().get(src.shape[2])
             if geometry is not None and _box.box_choice(src, ksize, dst)[0] == "tiled":
                 geometry = dict(geometry, grid=(-(-src.shape[1] // geometry["tile_w"]),
                                                 -(-src.shape[0] // geometry["tile_h"])))
