@@ -467,7 +467,15 @@ def filter2d_batch(
     """`filter2d` of every image of a batch: `images` a 4-D (N, H, W, C) or 3-D
     (N, H, W) array, host or device (the first axis is always the batch), or a list
     of images of any sizes; the result has the same form (see README, Batches).
-    Options as `filter2d`; `out` an array of the result's shape, or a list."""
+    Options as `filter2d`; `out` an array of the result's shape, or a list.
+
+    A device array runs each kernel once for all its images. A list of device images
+    of different sizes runs in a number of launches that does not grow with its
+    length (images of one dtype and channel count share each launch; other dtypes or
+    channel counts make launches of their own; docs/launch.md, "Images of different
+    sizes in one launch"); results are views of one allocation unless `out` is given.
+    Host lists go image by image. Each image has its own borders: every result equals
+    filtering that image alone."""
     k = as_kernel(kernel)
     opts = dict(anchor=anchor, border=border, border_value=border_value, backend=backend,
                 method=method)  # fmt: skip
@@ -498,7 +506,9 @@ def blur_batch(
     out: Any = None,
     stream: Any = None,
 ) -> Any:
-    """`blur` of every image of a batch (the batch forms as `filter2d_batch`)."""
+    """`blur` of every image of a batch: the batch forms, launches and results as
+    `filter2d_batch` says (a device list of uint8 images shares the box_tiled plan
+    of its largest height and width)."""
     kh, kw = box_size(k)
     opts = dict(anchor=anchor, border=border, border_value=border_value, backend=backend,
                 method=method)  # fmt: skip
@@ -527,8 +537,9 @@ def contour_batch(
     out: Any = None,
     stream: Any = None,
 ) -> Any:
-    """`contour` of every image of a batch (the batch forms as `filter2d_batch`);
-    results (N, H, W), or a list of (H, W)."""
+    """`contour` of every image of a batch (the batch forms, launches and results as
+    `filter2d_batch` says); results (N, H, W), or a list of (H, W). Integer images
+    only: a list holding a float32 image is refused."""
     opts = dict(border=border, border_value=border_value, backend=backend, method=method)
 
     def one(img, out, stream):

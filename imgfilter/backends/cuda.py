@@ -750,8 +750,11 @@ def box_list(imgs: list, ksize, anchor, border, values: list, method, outs=None,
         def record(src, dst, handle):  # runs on a first call only: tiles() then
             geometry = tiles().get(src.shape[2])
             if geometry is not None and _box.box_choice(src, ksize, dst)[0] == "tiled":
-                geometry = dict(geometry, grid=(-(-src.shape[1] // geometry["tile_w"]),
-                                                -(-src.shape[0] // geometry["tile_h"])))
+                grid = (
+                    -(-src.shape[1] // geometry["tile_w"]),
+                    -(-src.shape[0] // geometry["tile_h"]),
+                )
+                geometry = dict(geometry, grid=grid)
                 _box_tiled.box_tiled(src, ksize, anchor, border, value, dst, geometry, handle)
             else:
                 run(src, ksize, anchor, border, value, dst, handle)
