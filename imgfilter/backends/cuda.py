@@ -59,6 +59,7 @@ PER_THREAD_STREAM = 2  # CU_STREAM_PER_THREAD: the calling thread's own default 
 
 # Small images launch small grids; that is expected, not worth a warning to users.
 config.CUDA_LOW_OCCUPANCY_WARNINGS = False
+SIMULATOR = bool(config.ENABLE_CUDASIM)  # set before Numba is imported; read per call
 
 
 def _export(kernel, name: str, array_dtypes: tuple) -> None:
@@ -202,7 +203,7 @@ def _on_device(key: tuple, img, out, stream, out_shape: tuple, record, rows: tup
             return out
         if ndim == 4:
             return _queue_batch(key, img, out, handle, lambda s, d: record(s, d, handle))
-        if config.ENABLE_CUDASIM:
+        if SIMULATOR:
             with compile_lock:  # the simulator swaps the kernel modules' globals meanwhile
                 record(img, out, handle)
             return out
@@ -463,7 +464,7 @@ _PENDING_STALE_S = 300.0  # a marker older than this is a compile that died
 def _blocked_or_tiled(kh: int, kw: int, dtype) -> str:
     """ "blocked" when its kernel for this size and dtype is compiled (its cubin on
     disk), else "tiled", starting the blocked kernel's compile (once)."""
-    key = (kh, kw, np.dtype(dtype).name)
+    key = (kh, kw, _dtype_name(dtype))
     if key in _BLOCKED_READY:
         return "blocked"
     now = time.monotonic()
@@ -480,6 +481,17 @@ def _blocked_or_tiled(kh: int, kw: int, dtype) -> str:
         if start and not _compile_in_background(*key):
             return "blocked"  # no cache to compile into: compile here, at once
     return "tiled"
+
+
+_DTYPE_NAMES: dict = {}
+
+
+def _dtype_name(dtype) -> str:
+    """np.dtype(dtype).name, kept (NumPy derives the name anew each time)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = np.dtype(dtype).name
+    return name
 
 
 def _compile_in_background(kh: int, kw: int, dtype: str) -> bool:
@@ -530,23 +542,57 @@ def compile_blocked(kh: int, kw: int, dtype: str) -> None:
             pass
 
 
+# A device call's (key, record, rows) for `_on_device`, by its options: made once
+# (closures and key tuples cost more than the lookup), at most _CALLS_KEEP of them.
+_CALLS: dict = {}
+_CALLS_KEEP = 512
+
+
+def _keep_call(options: tuple, call: tuple) -> tuple:
+    if len(_CALLS) >= _CALLS_KEEP:
+        _CALLS.clear()
+    _CALLS[options] = call
+    return call
+
+
+def _correlate_call(kernel: np.ndarray, data: bytes, anchor, border, value, method, dtype):
+    """(key, record, rows, final) of a device correlation: `final` False while method
+    auto runs the tiled kernel until the blocked one is compiled (not to be kept).
+    The closure keeps the kernel as read-only bytes: a caller's array may change."""
+    kernel = np.frombuffer(data, dtype=np.float32).reshape(kernel.shape)
+    requested = method
+    method, terms = _prepared(kernel.shape, data, method)
+    final = True
+    if requested == "auto" and method == "blocked" and BACKGROUND != "off":
+        if not config.ENABLE_CUDASIM:  # the simulator compiles nothing
+            method = _blocked_or_tiled(*kernel.shape, dtype)
+            final = method == "blocked"
+    key = ("correlate", method, kernel.shape, data, anchor, border, value)
+
+    def record(src, dst, handle):
+        _correlate_launches(src, dst, handle, kernel, terms, anchor, border, value, method)
+
+    return key, record, (anchor[0], kernel.shape[0] - 1 - anchor[0]), final
+
+
 def correlate(img, kernel, anchor, border, value, method, out=None, stream=None):
     """cv2.filter2D semantics on the GPU; see imgfilter.backends."""
     kernel = np.ascontiguousarray(kernel, dtype=np.float32)
     data = kernel.tobytes()
+    if not isinstance(img, np.ndarray):
+        options = ("correlate", data, kernel.shape, anchor, border, value, method, img.dtype)
+        call = _CALLS.get(options)
+        if call is None:
+            call = _correlate_call(kernel, data, anchor, border, value, method, img.dtype)
+            if call[3]:
+                _keep_call(options, call)
+        key, record, rows, _ = call
+        return _on_device(key, img, out, stream, img.shape, record, rows, border)
     requested = method
     method, terms = _prepared(kernel.shape, data, method)
     if requested == "auto" and method == "blocked" and BACKGROUND != "off":
         if not config.ENABLE_CUDASIM:  # the simulator compiles nothing
             method = _blocked_or_tiled(*kernel.shape, img.dtype)
-    if not isinstance(img, np.ndarray):
-        key = ("correlate", method, kernel.shape, data, anchor, border, value)
-
-        def record(src, dst, handle):
-            _correlate_launches(src, dst, handle, kernel, terms, anchor, border, value, method)
-
-        rows = (anchor[0], kernel.shape[0] - 1 - anchor[0])
-        return _on_device(key, img, out, stream, img.shape, record, rows, border)
 
     def go():
         call = begin(img, out, stream)
@@ -584,12 +630,15 @@ def box(img, ksize, anchor, border, value, method, out=None, stream=None):
     if method in ("auto", "separable"):
         run = _box.box_auto if method == "auto" else _box.box_separable
         if not isinstance(img, np.ndarray):
+            options = ("box", method, ksize, anchor, border, value)
+            call = _CALLS.get(options)
+            if call is None:
 
-            def record(src, dst, handle):
-                run(src, ksize, anchor, border, value, dst, handle)
+                def record(src, dst, handle):
+                    run(src, ksize, anchor, border, value, dst, handle)
 
-            key = ("box", method, ksize, anchor, border, value)
-            rows = (anchor[0], kh - 1 - anchor[0])
+                call = _keep_call(options, (options, record, (anchor[0], kh - 1 - anchor[0])))
+            key, record, rows = call
             return _on_device(key, img, out, stream, img.shape, record, rows, border)
 
         def go():
@@ -643,12 +692,15 @@ def _export_box(dimg, ksize: tuple) -> None:
 def contour(img, border, value, method, out=None, stream=None):
     """Fused four-direction contour map; method is ignored (one fused kernel)."""
     if not isinstance(img, np.ndarray):
+        options = ("contour", border, value)
+        record = _CALLS.get(options)
+        if record is None:
 
-        def record(src, dst, handle):
-            _contour.contour(src, border, int(value), dst, handle)
+            def record(src, dst, handle):
+                _contour.contour(src, border, int(value), dst, handle)
 
-        key = ("contour", border, value)
-        return _on_device(key, img, out, stream, img.shape[:-1], record, (1, 1), border)
+            _keep_call(options, record)
+        return _on_device(options, img, out, stream, img.shape[:-1], record, (1, 1), border)
 
     def go():
         call = begin(img, out, stream)
