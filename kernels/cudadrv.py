@@ -170,6 +170,35 @@ class Driver:
         self.check(self._lib.cuMemcpyDtoHAsync_v2(host_address, ptr, nbytes, stream), "download")
         self.synchronize(stream)
 
+    def download_async(self, host_address: int, ptr: int, nbytes: int, stream: int) -> None:
+        """Copy device bytes to pinned host memory in `stream`'s order, without waiting:
+        the bytes are in place once the stream has reached the copy."""
+        self.current()
+        self.check(self._lib.cuMemcpyDtoHAsync_v2(host_address, ptr, nbytes, stream), "download")
+
+    def host_alloc(self, nbytes: int) -> int:
+        """Page-locked host memory (cuMemHostAlloc, portable): what copies overlap with
+        kernels from. Raises GpuOutOfMemory when it cannot be had."""
+        self.current()
+        address = _vp()
+        self.call("cuMemHostAlloc", _c.byref(address), _sz(max(nbytes, 1)), _uint(1))
+        return address.value
+
+    def host_free(self, address: int) -> None:
+        self.current()
+        self.call("cuMemFreeHost", _vp(address))
+
+    def stream_create(self) -> int:
+        """A new stream that does not synchronise with the legacy default stream."""
+        self.current()
+        handle = _vp()
+        self.call("cuStreamCreate", _c.byref(handle), _uint(1))  # CU_STREAM_NON_BLOCKING
+        return handle.value
+
+    def stream_destroy(self, handle: int) -> None:
+        self.current()
+        self.call("cuStreamDestroy_v2", _vp(handle))
+
     def copy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
         self.current()
         self.check(self._lib.cuMemcpyDtoDAsync_v2(dst, src, nbytes, stream), "copy")

@@ -1,0 +1,103 @@
+"""Host images filtered in row bands through a small GPU budget (issue 27, section 2):
+bit-identical to the whole image for every border mode, off-centre anchors, kernels
+taller than a band, and every filter. The simulator runs the bands in CI; `gpu` runs
+them through pinned buffers and two streams."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import imgfilter
+from imgfilter import streamed
+
+BORDERS = ("constant", "replicate", "reflect", "reflect101", "wrap")
+
+
+def _image(shape, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    if np.dtype(dtype).kind == "f":
+        return (rng.standard_normal(shape) * 1e3).astype(dtype)
+    return rng.integers(0, np.iinfo(dtype).max, shape, endpoint=True).astype(dtype)
+
+
+def test_band_plan_covers_every_row_once_with_its_halo():
+    for height, reach, rows in (
+        (53, (3, 5), 7),
+        (10, (0, 0), 3),
+        (9, (4, 4), 20),
+        (31, (30, 0), 31),
+    ):
+        plan = streamed.band_plan(height, reach, rows, wrap=False)
+        assert [y for y0, y1, _ in plan for y in range(y0, y1)] == list(range(height))
+        for y0, y1, source in plan:
+            lo, hi = y0 - reach[0], y1 + reach[1]
+            assert source.start <= max(0, lo) and source.stop >= min(height, hi)
+            if lo > 0 and hi < height:  # inside the image: the halo alone
+                assert (source.start, source.stop) == (lo, hi)
+    plan = streamed.band_plan(20, (2, 3), 8, wrap=True)
+    assert list(plan[0][2]) == [18, 19, *range(11)]
+    assert plan[1][2] == slice(6, 19)
+    assert list(plan[2][2]) == [14, 15, *range(16, 20), 0, 1, 2]
+
+
+def test_band_rows_fit_the_budget_and_reach_past_the_halo():
+    assert streamed.band_rows(1000, 300, 300, (5, 5), budget=10**9) == 1000
+    rows = streamed.band_rows(1000, 300, 300, (5, 5), budget=200_000)
+    assert 6 <= rows < 1000
+    assert 2 * ((rows + 10) * 300 * 3 + rows * 300) <= 200_000
+    assert streamed.band_rows(1000, 300, 300, (40, 2), budget=1) == 41
+
+
+def _blur(k, anchor, border):
+    def apply(src, dst, stream):
+        imgfilter.blur(src, k, border=border, border_value=9, anchor=anchor, out=dst, stream=stream)
+
+    return apply
+
+
+@pytest.mark.parametrize("border", BORDERS)
+@pytest.mark.parametrize("budget", [1, 2500])
+def test_blur_in_bands_equals_the_whole_image(border, budget):
+    img = _image((31, 17, 3), np.uint8, seed=budget)
+    for k, anchor in (((3, 9), (1, 2)), ((1, 31), (0, 25)), ((4, 6), None)):
+        kh = k[1]
+        ay = kh // 2 if anchor is None else anchor[1]
+        want = imgfilter.blur(img, k, border=border, border_value=9, anchor=anchor, backend="cuda")
+        out = np.empty_like(img)
+        streamed.filter_in_bands(img, out, (ay, kh - 1 - ay), border == "wrap",
+                                 _blur(k, anchor, border), budget)  # fmt: skip
+        np.testing.assert_array_equal(out, want, err_msg=f"{k} {anchor}")
+
+
+@pytest.mark.parametrize("border", BORDERS)
+def test_filter2d_and_contour_in_bands_equal_the_whole_image(border):
+    kernel = np.random.default_rng(1).standard_normal((9, 5)).astype(np.float32)
+    for dtype, channels in ((np.float32, 1), (np.uint16, 4)):
+        img = _image((29, 13, channels), dtype, seed=channels)
+        want = imgfilter.filter2d(img, kernel, border=border, border_value=3, backend="cuda")
+        out = np.empty_like(img)
+
+        def apply(src, dst, stream):
+            imgfilter.filter2d(src, kernel, border=border, border_value=3, out=dst, stream=stream)
+
+        streamed.filter_in_bands(img, out, (4, 4), border == "wrap", apply, budget=1000)
+        np.testing.assert_array_equal(out, want)
+        if dtype != np.float32:
+            want = imgfilter.contour(img, border=border, backend="cuda")
+            out = np.empty(img.shape[:2], dtype)
+
+            def apply(src, dst, stream):
+                imgfilter.contour(src, border=border, out=dst, stream=stream)
+
+            streamed.filter_in_bands(img, out, (1, 1), border == "wrap", apply, budget=500)
+            np.testing.assert_array_equal(out, want)
+
+
+def test_one_row_and_one_column_images():
+    for shape in ((1, 40, 3), (40, 1, 1)):
+        img = _image(shape, np.uint8)
+        want = imgfilter.blur(img, 5, border="reflect", backend="cuda")
+        out = np.empty_like(img)
+        streamed.filter_in_bands(img, out, (2, 2), False, _blur(5, None, "reflect"), budget=1)
+        np.testing.assert_array_equal(out, want)
