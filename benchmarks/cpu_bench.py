@@ -4,7 +4,8 @@ For each case (blur, filter2d with random and rank-1 Gaussian kernels, contour; 
 2495x2167 RGB uint8 photo-sized image, 8000x8000 gray uint8, a few float32/uint16)
 it times `imgfilter.blur/filter2d/contour(..., backend="cpu")` and the cv2 call that
 defines its semantics (cv2.blur, cv2.filter2D, cvtColor + 4 filter2D + bitwise_or),
-warm, median of --reps runs, with cv2.setNumThreads(n) and numba.set_num_threads(n).
+warm, median of --reps runs, the two alternating in one loop (so that load from other
+processes hits both alike), with cv2.setNumThreads(n) and numba.set_num_threads(n).
 Prints a table (ms, ratio ours / cv2, max |ours - cv2|) and writes JSON with --json.
 
     PYTHONPATH=$PWD python benchmarks/cpu_bench.py --json out.json [--quick] [--threads N]
@@ -64,7 +65,7 @@ def cases(quick: bool):
     out = []
     for k in (3, 5, 21, 61):
         out.append((rgb, "blur", k))
-    for k in (3, 7, 21, 31):
+    for k in (3, 7, 13, 21, 31, 41):
         out.append((rgb, "filter", ("random", k)))
     for k in (7, 21, 31):
         out.append((rgb, "filter", ("gauss", k)))
@@ -72,8 +73,10 @@ def cases(quick: bool):
     out.append((rgbf, "blur", 21))
     out.append((rgbf, "filter", ("random", 7)))
     out.append((rgbf, "filter", ("random", 21)))
+    out.append((rgbf, "filter", ("random", 31)))
     out.append((rgbf, "filter", ("gauss", 21)))
     out.append((g16, "blur", 21))
+    out.append((g16, "filter", ("random", 9)))
     out.append((g16, "filter", ("random", 21)))
     out.append((big, "blur", 21))
     out.append((big, "blur", 61))
@@ -84,14 +87,16 @@ def cases(quick: bool):
     return out
 
 
-def median_ms(fn, reps: int) -> float:
-    fn()  # warm (compiles, caches)
-    times = []
+def paired_ms(ours, theirs, reps: int) -> tuple[float, float]:
+    """(ours, theirs): median wall ms of `reps` warm runs each, alternating."""
+    ours(), theirs()  # warm (compiles, caches)
+    times: tuple[list, list] = ([], [])
     for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
+        for fn, acc in ((ours, times[0]), (theirs, times[1])):
+            t0 = time.perf_counter()
+            fn()
+            acc.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times[0]), 1e3 * statistics.median(times[1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     import numba
 
     import imgfilter
+    from imgfilter.backends import cpu
     from imgfilter.backends import opencv as ref
 
     cv2.setNumThreads(args.threads)
@@ -115,10 +121,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{datetime.date.today()} {platform.node()}: nproc {os.cpu_count()}, {cpu_model()}; "
         f"threads cv2 {cv2.getNumThreads()} / numba {numba.get_num_threads()}; "
         f"opencv {cv2.__version__}, numba {numba.__version__}, numpy {np.__version__}, "
-        f"python {platform.python_version()}; median of {args.reps} warm runs"
+        f"python {platform.python_version()}; median of {args.reps} warm runs; "
+        f"load average at start {os.getloadavg()[0]:.1f}"
     )
     print(header)
-    print(f"{'case':<44} {'imgfilter ms':>12} {'cv2 ms':>9} {'ratio':>6} {'max|diff|':>10}")
+    print(f"{'case':<44} {'imgfilter ms':>12} {'cv2 ms':>9} {'ratio':>6} {'max|diff|':>10} path")
     rows = []
     for seed, ((iname, shape, dtype), op, arg) in enumerate(cases(args.quick)):
         if op == "blur":
@@ -155,12 +162,15 @@ def main(argv: list[str] | None = None) -> int:
             def theirs(img=img):
                 return ref.contour(img)
 
-        t_ours = median_ms(ours, args.reps)
-        t_cv2 = median_ms(theirs, args.reps)
+        t_ours, t_cv2 = paired_ms(ours, theirs, args.reps)
+        path = op
+        if op == "filter":
+            path = cpu.correlate_plan(img.reshape(img.shape[0], img.shape[1], -1), kernel, 0.0)[0]
         a, b = ours(), theirs()
         diff = float(np.abs(a.astype(np.float64) - b.reshape(a.shape).astype(np.float64)).max())
         ratio = t_ours / t_cv2
-        print(f"{name:<44} {t_ours:>12.1f} {t_cv2:>9.1f} {ratio:>6.2f} {diff:>10.3g}", flush=True)
+        line = f"{name:<44} {t_ours:>12.1f} {t_cv2:>9.1f} {ratio:>6.2f} {diff:>10.3g} {path:>9}"
+        print(line, flush=True)
         rows.append(
             dict(
                 case=name,
@@ -171,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                 cv2_ms=t_cv2,
                 ratio=ratio,
                 max_abs_diff=diff,
+                path=path,
             )  # fmt: skip
         )
     if args.json:

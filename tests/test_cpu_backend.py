@@ -7,8 +7,8 @@ order from 0 (multiply, then add): the "direct result" the backend promises for
 kernels from `direct_area_limit` taps, rounded half to even and saturated for integer
 outputs. Each test checks which path its cases take (`cpu.correlate_plan`), so every
 path is reached: cv2.filter2D / cv2.blur delegation, separable passes with the
-rounding check, float32 FMAs with the rounding check, float64 direct sums, the
-float32 box and the 2-pixel uint8 box.
+rounding check, FFT tiles (integer images) with the rounding check, float32 FMAs with
+the rounding check, float64 direct sums, the float32 box and the 2-pixel uint8 box.
 """
 
 from __future__ import annotations
@@ -100,8 +100,9 @@ def value_for(border, dtype):
     return -7.5 if np.dtype(dtype) == np.float32 else 77.0
 
 
-def run(img, kernel, anchor, border, value):
-    return cpu.correlate(img, np.asarray(kernel, np.float32), anchor, border, value, "auto")
+def run(img, kernel, anchor, border, value, fft=None):
+    k = np.asarray(kernel, np.float32)
+    return cpu.correlate(img, k, anchor, border, value, "auto", fft=fft)
 
 
 # ------------------------------------------------------------- large kernels
@@ -164,18 +165,19 @@ def test_float32_fma_path_with_check_uint8(border):
         anchor = (n % kshape[0], (3 * n) % kshape[1])
         for s, shape in enumerate(SHAPES):
             img = image(shape, np.uint8, 30 + s)
-            assert cpu.correlate_plan(img, kernel, value)[0] == "direct32"
-            got = run(img, kernel, anchor, border, value)
+            assert cpu.correlate_plan(img, kernel, value, fft=False)[0] == "direct32"
+            got = run(img, kernel, anchor, border, value, fft=False)
             want = reference(img, kernel, anchor, border, value)
             np.testing.assert_array_equal(got, stored(want, np.uint8), f"{kshape} {shape}")
     # a larger image with many exact ties
     img = image((40, 61, 3), np.uint8, 5)
     kernel = sparse_sign_kernel((13, 13), 9, 2.0**-1)
     kernel /= np.float32(8)
-    assert cpu.correlate_plan(img, kernel, value)[0] == "direct32"
+    assert cpu.correlate_plan(img, kernel, value, fft=False)[0] == "direct32"
     want = reference(img, kernel, (6, 6), border, value)
     assert np.mean(want % 1 == 0.5) > 0.02
-    np.testing.assert_array_equal(run(img, kernel, (6, 6), border, value), stored(want, np.uint8))
+    got = run(img, kernel, (6, 6), border, value, fft=False)
+    np.testing.assert_array_equal(got, stored(want, np.uint8))
 
 
 @pytest.mark.parametrize("border", list(BORDERS))
@@ -192,10 +194,116 @@ def test_float64_direct_path(border, dtype):
         anchor = (kshape[0] - 1, 0)
         for s, shape in enumerate(SHAPES):
             img = image(shape, dtype, 50 + s)
-            assert cpu.correlate_plan(img, kernel, value)[0] == "direct64"
-            got = run(img, kernel, anchor, border, value)
+            assert cpu.correlate_plan(img, kernel, value, fft=False)[0] == "direct64"
+            got = run(img, kernel, anchor, border, value, fft=False)
             want = reference(img, kernel, anchor, border, value)
             np.testing.assert_array_equal(got, stored(want, dtype), f"{kshape} {shape}")
+
+
+def full_rank(k, seed, dtype=np.float32):
+    """A random k x k kernel of full rank (normal taps, |K|_1 = 1)."""
+    w = np.random.default_rng(seed).standard_normal((k, k))
+    return (w / np.abs(w).sum()).astype(dtype)
+
+
+def fft_run(img, kernel, anchor, border, value, tile=None):
+    """The FFT path, with the planned tile or a given (th, tw) (small tiles: many of
+    them, so that tile edges and the image's last partial tiles are covered)."""
+    k = np.asarray(kernel, np.float32)
+    plan = cpu.correlate_plan(img, k, value, fft=True)
+    assert plan[0] == "fft", plan
+    out = np.empty_like(img)
+    return cpu._fft_path(img, k, anchor, border, value, tile or plan[1], out)
+
+
+FFT_SHAPES = ((37, 53, 3), (1, 45, 1), (41, 1, 4), (70, 33, 1))
+
+
+@pytest.mark.parametrize("border", list(BORDERS))
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16], ids=lambda d: d.__name__)
+def test_fft_path_equals_direct(border, dtype):
+    """Full-rank kernels (13x13 .. 41x41; uint16 from 9x9) by FFT tiles: every output
+    equal to the direct float64 result, rounded and saturated, for odd sizes, one
+    row, one column, several tiles and edge tiles."""
+    value = value_for(border, dtype)
+    sizes = ((9, (16, 18)), (13, (24, 20)), (21, None), (31, (40, 36)), (41, None))
+    for n, (k, tile) in enumerate(sizes):
+        if k < 13 and np.dtype(dtype) != np.uint16:
+            continue
+        kernel = full_rank(k, n)
+        anchor = (n % k, (5 * n + 3) % k)
+        for s, shape in enumerate(FFT_SHAPES):
+            img = image(shape, dtype, 200 + 10 * n + s)
+            got = fft_run(img, kernel, anchor, border, value, tile)
+            want = stored(reference(img, kernel, anchor, border, value), dtype)
+            np.testing.assert_array_equal(got, want, f"{k} {shape} {tile}")
+
+
+@pytest.mark.parametrize("border", list(BORDERS))
+def test_fft_path_at_exact_ties_uint8(border):
+    """Integer images under kernels of +-1/2 and +-1/4 taps: most sums are exact ties
+    (x.5) or within a few ulps of one, where the FFT value is not trusted and the
+    direct sum decides (half to even); saturation on both ends included."""
+    value = value_for(border, np.uint8)
+    rng = np.random.default_rng(border)
+    for k, scale, tile in ((13, 0.5, (32, 30)), (21, 0.25, None)):
+        signs = np.resize([1.0, -1.0], k * k)  # balanced: sums spread around 0
+        kernel = (rng.permutation(signs).reshape(k, k) * scale).astype(np.float32)
+        img = image((29, 43, 3), np.uint8, 300 + k)
+        want = reference(img, kernel, (k // 2, k // 2), border, value)
+        inside = (want > 0) & (want < 255)
+        assert np.sum(inside & (want % 1 == 0.5)) > 20 and (want < 0).any() and (want > 255).any()
+        got = fft_run(img, kernel, (k // 2, k // 2), border, value, tile)
+        np.testing.assert_array_equal(got, stored(want, np.uint8))
+
+
+def test_fft_path_zero_tiles_and_constant_border():
+    """A zero region (all-zero tiles store 0 without transforms) and a non-zero
+    constant border: equal to the direct result."""
+    img = image((40, 50, 3), np.uint16, 12)
+    img[:, 20:] = 0
+    img[5, 40, 1] = 9
+    kernel = full_rank(13, 4)
+    want = reference(img, kernel, (6, 6), bi.CONSTANT, 77.0)
+    got = fft_run(img, kernel, (6, 6), bi.CONSTANT, 77.0, (24, 24))
+    np.testing.assert_array_equal(got, stored(want, np.uint16))
+    assert (got == 0).mean() > 0.2
+
+
+def test_fft_kernel_spectrum_and_bound():
+    """The kernel's spectrum is cv2.dft's packed CCS layout (within beta), and the
+    FFT's observed error on random data is far below the bound the check uses (cv2's
+    recurrence twiddles included)."""
+    import cv2
+
+    kernel = full_rank(21, 1, np.float64)
+    for th, tw in ((48, 40), (64, 270), (30, 24)):
+        kp = np.zeros((th, tw))
+        kp[:21, :21] = kernel
+        spec, beta, kappa = cpu.kernel_spectrum(kernel, th, tw)
+        assert np.abs(spec - np.fft.rfft2(kp)).max() <= beta
+        assert np.abs(cpu.ccs_packed(spec, th, tw) - cv2.dft(kp)).max() <= beta
+        assert kappa >= np.abs(np.fft.fft2(kp)).max()
+    x = image((64, 80), np.float32, 5).astype(np.float64)
+    exact = sum(kernel[i, j] * x[i : i + 44, j : j + 60] for i in range(21) for j in range(21))
+    spec, beta, kappa = cpu.kernel_spectrum(kernel, 64, 80)
+    y = x.copy()
+    cpu._tile_transform(spec, 64, 80)(y)
+    mu = cpu.twiddle_error(64, 80)
+    bound = np.linalg.norm(x) * cpu.fft_error_factor(kappa, beta, 64 * 80, mu)
+    assert np.abs(y[:44, :60] - exact).max() < bound / 100
+
+
+def test_fft_plan_by_cost():
+    """The cost model sends large full-rank kernels on large integer images to FFT
+    tiles, and small images, low-rank kernels and float32 images to the others."""
+    big = np.zeros((2000, 2000, 1), np.uint8)
+    assert cpu.correlate_plan(big, full_rank(21, 0), 0.0)[0] == "fft"
+    assert cpu.correlate_plan(big, gaussian(21, 3.0).astype(np.float32), 0.0)[0] == "separable"
+    small = np.zeros((5, 3, 1), np.uint8)
+    assert cpu.correlate_plan(small, full_rank(21, 0), 0.0)[0] == "direct32"
+    f32 = np.ones((9, 9, 1), np.float32)
+    assert cpu.correlate_plan(f32, full_rank(21, 0), 0.0, fft=True)[0] == "direct64"
 
 
 @pytest.mark.parametrize("border", [bi.REFLECT101, bi.CONSTANT, bi.WRAP])
