@@ -262,6 +262,7 @@ def filter2d(
     method: str = "auto",
     out: Any = None,
     stream: Any = None,
+    max_gpu_bytes: int | None = None,
 ) -> Any:
     """Correlate `img` with `kernel`, equal to `cv2.filter2D(img, -1, kernel, ...)`.
 
@@ -274,6 +275,9 @@ def filter2d(
     tiles), separable (a kernel of low rank as one pair of 1-D passes per term: rank 1,
     an outer product, or a sum of up to (kh * kw - 1) // (kh + kw) of them).
     out, stream: see the module docstring; returns `out` when given.
+    max_gpu_bytes: device memory a host image's filter may take on the GPU; an image
+    that needs more (by default: more than the GPU has free) is filtered in row bands
+    streamed through it (`imgfilter.streamed`), with the same result.
     """
     arr, device = _as_image(img)
     k = _kernel_memo(kernel)
@@ -282,7 +286,14 @@ def filter2d(
     dout = _check_out(out, arr, device, arr.shape)
     be = get_backend(backend, device_input=device)
     stream = _check_stream(stream)
-    result = be.correlate(_as_3d(arr), k, anchor_yx, code, value, method, _out_3d(dout), stream)
+    reach = (anchor_yx[0], k.shape[0] - 1 - anchor_yx[0])
+
+    def run(src, dst, handle):
+        return be.correlate(src, k, anchor_yx, code, value, method, dst, handle)
+
+    if not device and (budget := _band_budget(be, arr, arr.nbytes, max_gpu_bytes)):
+        return _in_bands(arr, out, arr.shape, reach, code, run, budget)
+    result = run(_as_3d(arr), _out_3d(dout), stream)
     return out if out is not None else _shaped(result, arr.shape)
 
 
@@ -297,12 +308,14 @@ def blur(
     method: str = "auto",
     out: Any = None,
     stream: Any = None,
+    max_gpu_bytes: int | None = None,
 ) -> Any:
     """Normalized box filter, equal to `cv2.blur(img, (k, k))`.
 
     k: the side of the square box, or OpenCV's (width, height); even sizes are valid
     (anchor at (k//2, k//2) as in OpenCV). Same image, border, backend rules as
-    `filter2d` (out and stream too); method "auto" uses separable running sums on the GPU.
+    `filter2d` (out, stream and max_gpu_bytes too); method "auto" uses separable
+    running sums on the GPU.
     """
     arr, device = _as_image(img)
     ksize, anchor_yx, code, method, value = _box_options(k, anchor, border, border_value,
@@ -310,7 +323,14 @@ def blur(
     dout = _check_out(out, arr, device, arr.shape)
     be = get_backend(backend, device_input=device)
     stream = _check_stream(stream)
-    result = be.box(_as_3d(arr), ksize, anchor_yx, code, value, method, _out_3d(dout), stream)
+    reach = (anchor_yx[0], ksize[0] - 1 - anchor_yx[0])
+
+    def run(src, dst, handle):
+        return be.box(src, ksize, anchor_yx, code, value, method, dst, handle)
+
+    if not device and (budget := _band_budget(be, arr, arr.nbytes, max_gpu_bytes)):
+        return _in_bands(arr, out, arr.shape, reach, code, run, budget)
+    result = run(_as_3d(arr), _out_3d(dout), stream)
     return out if out is not None else _shaped(result, arr.shape)
 
 
@@ -334,6 +354,7 @@ def contour(
     method: str = "auto",
     out: Any = None,
     stream: Any = None,
+    max_gpu_bytes: int | None = None,
 ) -> Any:
     """Four-direction edge map, OR-merged: returns (H, W) of img's dtype.
 
@@ -341,8 +362,8 @@ def contour(
     kernels [[-1,0,1]]*3, its negation, [[-1,-1,-1],[0,0,0],[1,1,1]] and its negation
     are applied (3x3, centre anchor, `border`), each response saturated to the dtype,
     and the four OR-ed bitwise: bit-exact with four cv2.filter2D calls and
-    cv2.bitwise_or. Integer images only (uint8, uint16). out (H, W), stream: see
-    `filter2d`.
+    cv2.bitwise_or. Integer images only (uint8, uint16). out (H, W), stream,
+    max_gpu_bytes: see `filter2d`.
     """
     arr, device = _as_image(img)
     if np.dtype(arr.dtype) == np.float32:
@@ -354,8 +375,60 @@ def contour(
     dout = _check_out(out, arr, device, arr.shape[:2])
     be = get_backend(backend, device_input=device)
     stream = _check_stream(stream)
-    result = be.contour(_as_3d(arr), code, value, method, dout, stream)
-    return out if out is not None else result
+
+    def run(src, dst, handle):
+        return be.contour(src, code, value, method, dst, handle)
+
+    out_bytes = arr.shape[0] * arr.shape[1] * arr.dtype.itemsize
+    if not device and (budget := _band_budget(be, arr, out_bytes, max_gpu_bytes)):
+        return _in_bands(arr, out, arr.shape[:2], (1, 1), code, run, budget)
+    return out if out is not None else run(_as_3d(arr), dout, stream)
+
+
+# ------------------------------------------------- images larger than the GPU
+
+# Host images needing less device memory than this go whole, without asking the
+# driver how much is free.
+BANDS_CHECK_BYTES = 1 << 30
+
+
+def _band_budget(be, arr: np.ndarray, out_bytes: int, max_gpu_bytes: int | None) -> int:
+    """Device bytes for filtering host image `arr` in row bands on the CUDA backend,
+    or 0 when it goes whole: it needs less than max_gpu_bytes, or (by default) than
+    80% of the GPU's free memory."""
+    if max_gpu_bytes is not None and (isinstance(max_gpu_bytes, bool) or max_gpu_bytes < 1):
+        raise UsageError(f"max_gpu_bytes must be a positive number of bytes, got {max_gpu_bytes}")
+    if getattr(be, "NAME", None) != "cuda":
+        return 0
+    from .streamed import SCRATCH_PER_BYTE
+
+    need = arr.nbytes * (1 + SCRATCH_PER_BYTE) + out_bytes
+    if max_gpu_bytes is not None:
+        return int(max_gpu_bytes) if need > max_gpu_bytes else 0
+    if need < BANDS_CHECK_BYTES:
+        return 0
+    from kernels.arrays import SIMULATOR
+
+    if SIMULATOR:
+        return 0
+    from kernels.cudadrv import driver
+
+    free = int(driver().free_and_total()[0] * 0.8)
+    return free if need > free else 0
+
+
+def _in_bands(arr: np.ndarray, out: Any, shape: tuple, reach: tuple, code: int, run,
+              budget: int) -> np.ndarray:  # fmt: skip
+    """`run(src, dst, stream)` (a backend call) over host `arr` in row bands into `out`
+    (or a new array of `shape`): `imgfilter.streamed.filter_in_bands`."""
+    from kernels.border_index import WRAP
+
+    from .streamed import filter_in_bands
+
+    result = np.empty(shape, arr.dtype) if out is None else out
+    dst = result if len(shape) == 2 else _as_3d(result)
+    filter_in_bands(_as_3d(arr), dst, reach, code == WRAP, run, budget)
+    return result
 
 
 # ------------------------------------------------------------------ batches

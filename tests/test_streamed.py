@@ -101,3 +101,33 @@ def test_one_row_and_one_column_images():
         out = np.empty_like(img)
         streamed.filter_in_bands(img, out, (2, 2), False, _blur(5, None, "reflect"), budget=1)
         np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("border", ["reflect", "wrap"])
+def test_api_max_gpu_bytes_streams_with_the_same_result(border):
+    img = _image((21, 11, 3), np.uint8, seed=7)
+    kernel = np.random.default_rng(2).standard_normal((5, 3)).astype(np.float32)
+    calls = [
+        lambda **kw: imgfilter.blur(img, (3, 7), border=border, border_value=5, **kw),
+        lambda **kw: imgfilter.filter2d(img, kernel, border=border, border_value=5, **kw),
+        lambda **kw: imgfilter.contour(img, border=border, **kw),
+    ]
+    for call in calls:
+        want = call(backend="cuda")
+        got = call(backend="cuda", max_gpu_bytes=2000)
+        np.testing.assert_array_equal(got, want)
+        out = np.empty_like(want)
+        assert call(backend="cuda", max_gpu_bytes=2000, out=out) is out
+        np.testing.assert_array_equal(out, want)
+
+
+def test_api_max_gpu_bytes_is_checked():
+    img = _image((8, 8, 1), np.uint8)
+    for bad in (0, -5, True):
+        with pytest.raises(imgfilter.UsageError, match="max_gpu_bytes"):
+            imgfilter.blur(img, 3, backend="cuda", max_gpu_bytes=bad)
+    # The CPU backend has no GPU memory to spare: the option changes nothing there.
+    np.testing.assert_array_equal(
+        imgfilter.blur(img, 3, backend="cpu", max_gpu_bytes=10),
+        imgfilter.blur(img, 3, backend="cpu"),
+    )
