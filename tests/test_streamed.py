@@ -131,3 +131,18 @@ def test_api_max_gpu_bytes_is_checked():
         imgfilter.blur(img, 3, backend="cpu", max_gpu_bytes=10),
         imgfilter.blur(img, 3, backend="cpu"),
     )
+
+
+def test_command_line_max_gpu_memory(tmp_path):
+    import cv2
+    from test_cli import assert_ok, assert_one_line_error, imread, run
+
+    img = _image((33, 21, 3), np.uint8, seed=3)
+    cv2.imwrite(str(tmp_path / "in.png"), img)
+    out = tmp_path / "out.png"
+    done = run("blur", tmp_path / "in.png", "--k", "5", "--backend", "cuda",
+               "--max-gpu-memory", "3K", "-o", out)  # fmt: skip
+    assert_ok(done)
+    np.testing.assert_array_equal(imread(out), imgfilter.blur(img, 5, backend="cuda"))
+    bad = run("blur", tmp_path / "in.png", "--k", "5", "--max-gpu-memory", "lots", "-o", out)
+    assert_one_line_error(bad, 2, "--max-gpu-memory")

@@ -32,6 +32,7 @@ from .options import (
     JobsOpt,
     KeepMetadataOpt,
     KernelOpt,
+    MaxGpuMemoryOpt,
     Method,
     MethodOpt,
     NameOpt,
@@ -45,6 +46,7 @@ from .options import (
     border_value,
     check_gpu_first,
     engine,
+    gpu_bytes,
     note_unused_method,
     parse_kernel,
     resolve_backend,
@@ -135,6 +137,7 @@ _COMMON = (
     ("border_value", BorderValueOpt, None),
     ("backend", BackendOpt, Backend.auto),
     ("method", MethodOpt, Method.auto),
+    ("max_gpu_memory", MaxGpuMemoryOpt, None),
     ("out_dir", OutDirOpt, None),
     ("name", NameOpt, None),
     ("recursive", RecursiveOpt, False),
@@ -153,6 +156,7 @@ def _run(spec: Filter, options: dict[str, Any]) -> None:
     `filter_files`."""
     border, method = options["border"], options["method"]
     value = border_value(border, options["border_value"])
+    max_gpu_bytes = gpu_bytes(options["max_gpu_memory"])
     args = spec.args(options)
 
     def apply(img: Any, backend_name: str) -> Any:
@@ -160,7 +164,7 @@ def _run(spec: Filter, options: dict[str, Any]) -> None:
 
         return getattr(api, spec.api)(
             img, *args, border=border.value, border_value=value, backend=backend_name,
-            method=method.value,
+            method=method.value, max_gpu_bytes=max_gpu_bytes,
         )  # fmt: skip
 
     outs = many.Outputs(**{f.name: options[f.name] for f in fields(many.Outputs)})

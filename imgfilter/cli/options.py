@@ -149,6 +149,15 @@ QualityOpt = Annotated[
         "lossless WebP). Only for .jpg/.jpeg/.webp outputs.",
     ),
 ]
+MaxGpuMemoryOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--max-gpu-memory",
+        metavar="SIZE",
+        help="GPU memory a filter may take, e.g. 2G or 512M: larger images are "
+        "streamed through it in row bands (the same result). Default: what is free.",
+    ),
+]
 KeepMetadataOpt = Annotated[
     bool,
     typer.Option(
@@ -197,6 +206,26 @@ def border_value(border: Border, value: float | None) -> float:
     if not math.isfinite(value):
         raise UsageError(f"--border-value must be finite, got {value}")
     return float(value)
+
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def gpu_bytes(size: str | None) -> int | None:
+    """--max-gpu-memory SIZE in bytes: a positive number with an optional K, M, G or T
+    (binary units; a trailing B or iB is allowed); UsageError otherwise."""
+    if size is None:
+        return None
+    text = size.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = text[-1:] if text[-1:] in _UNITS and text[-1:] else ""
+    number = text[: len(text) - len(unit)]
+    try:
+        value = float(number) * _UNITS[unit]
+    except ValueError:
+        value = float("nan")
+    if not math.isfinite(value) or value < 1:
+        raise UsageError(f"--max-gpu-memory must be a size such as 2G or 512M, got {size!r}")
+    return int(value)
 
 
 def resolve_backend(backend: Backend) -> str:
