@@ -886,9 +886,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         print(f"needs CuPy and a CUDA GPU: {_err(exc)}", file=sys.stderr)
         return 2
-    from .backends import cuda as cuda_backend
+    from .backends import background
 
-    cuda_backend.BACKGROUND = "off"  # steady state: each kernel compiled before it is timed
+    background.ENABLED = False  # steady state: each kernel compiled before it is timed
     env.bandwidth_gbs = copy_bandwidth_gbs(env)
     head = header(env, opts, args.quick)
     print(f"{head['device']}, {head['date_utc']}, {len(cases)} cases", file=sys.stderr)

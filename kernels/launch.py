@@ -9,6 +9,7 @@ import threading
 
 import numpy as np
 
+from . import shipped
 from .arrays import (
     SPACE_BASE,
     address_space,
@@ -21,7 +22,7 @@ from .arrays import (
     start_address,
     to_device,
 )
-from .cudadrv import SMEM_DEFAULT, driver
+from .cudadrv import SMEM_DEFAULT, CudaError, driver
 from .devarray import POOL, DeviceArray, _recorder
 
 BLOCK_X = 32  # threads along a row: one warp reads 32 consecutive pixels
@@ -141,12 +142,14 @@ _INT_CODES = {8: "b", 16: "h", 32: "i", 64: "q"}
 
 
 class _Compiled:
-    """A kernel overload ready to launch: its driver handle and parameter layout."""
+    """A kernel overload ready to launch: its driver handle and parameter layout.
+    library_kernel: the handle is a CUkernel (what Numba loads), not a CUfunction
+    (what a shipped cubin loads as)."""
 
-    __slots__ = ("handle", "packer")
+    __slots__ = ("handle", "packer", "library_kernel")
 
-    def __init__(self, handle: int, packer: struct.Struct) -> None:
-        self.handle, self.packer = handle, packer
+    def __init__(self, handle: int, packer: struct.Struct, library_kernel: bool = True) -> None:
+        self.handle, self.packer, self.library_kernel = handle, packer, library_kernel
 
 
 _compiled: dict = {}
@@ -223,11 +226,14 @@ def _format(ty) -> str:
 
 
 def _compile(dispatcher, args) -> _Compiled:
-    """Compile (or load from Numba's cache) the overload `args` select, load it on
-    the device, and lay out its parameters. Guarded: Numba's loading is not
-    thread-safe."""
+    """The overload `args` select, ready to launch: shipped with the package
+    (`kernels.shipped`), else compiled (or loaded from Numba's cache) and loaded on
+    the device; its parameters laid out. Guarded: Numba's loading is not thread-safe."""
     with compile_lock:
         argtypes = tuple(_numba_type(dispatcher, a) for a in args)
+        found = _shipped(dispatcher, argtypes)
+        if found is not None:
+            return found
         kernel = dispatcher.compile(argtypes)
         if kernel.debug or kernel.cooperative or getattr(dispatcher, "extensions", None):
             raise TypeError("debug, cooperative or extended kernels are not launched here")
@@ -235,6 +241,24 @@ def _compile(dispatcher, args) -> _Compiled:
         handle = int(getattr(handle, "value", None) or int(handle))
         fmt = "@" + "".join(_format(t) for t in kernel.argument_types)
         return _Compiled(handle, struct.Struct(fmt))
+
+
+def _shipped(dispatcher, argtypes: tuple) -> _Compiled | None:
+    """The overload loaded from a cubin shipped with the package, or None (none ships
+    for it, for this GPU or these sources, or the driver refuses it)."""
+    name = shipped.signature_key(dispatcher, argtypes)
+    if name is None:
+        return None
+    drv = driver()
+    found = shipped.load(name, drv.cc)
+    if found is None:
+        return None
+    try:
+        handle = drv.function(*found)
+    except CudaError:
+        return None
+    fmt = "@" + "".join(_format(t) for t in argtypes)
+    return _Compiled(handle, struct.Struct(fmt), library_kernel=False)
 
 
 def _dims(d) -> tuple:
@@ -279,7 +303,7 @@ def _launch(kernel, grid, block, args: tuple, stream: int, smem: int) -> None:
         compiled = _compiled[key] = _compile(kernel, args)
     drv = driver()
     if smem > SMEM_DEFAULT:
-        drv.opt_in_smem(compiled.handle, smem, library_kernel=True)
+        drv.opt_in_smem(compiled.handle, smem, library_kernel=compiled.library_kernel)
     grid, block, values = _dims(grid), _dims(block), _flatten(args, [])
     drv.launch(compiled.handle, grid, block, smem, stream, compiled.packer, values)
     recording = getattr(_recorder, "active", None)

@@ -4,9 +4,10 @@
 writes, next to the cubins (`<name>-sm<XY>.cubin`), a manifest.json:
 `archs` (the generations) and `kernels`: name -> {"entry": the kernel's symbol,
 "modules": the `kernels` modules its code comes from, "digest": the digest of those
-modules' sources when it was built}. A shipped kernel is used only while that digest
-still matches the sources (`sources_digest`), so an edited kernel is compiled again
-instead of running stale code. Two kinds of names: the quick start's
+modules' sources when it was built, and "file": the name its cubins are stored under
+when another name's (the same kernel under two names)}. A shipped kernel is used
+only while that digest still matches the sources (`sources_digest`), so an edited
+kernel is compiled again instead of running stale code. Two kinds of names: the quick start's
 (`imgfilter.backends.cubins`, e.g. "contour-uint8-c1") and the launch layer's
 ("launch-" + `signature_key`, `kernels.launch`). IMGFILTER_NO_PREBUILT=1 ignores them
 all. Nothing here imports Numba.
@@ -104,10 +105,10 @@ def find(name: str, cc: tuple[int, int]) -> tuple[Path, str] | None:
         return None
     if entry.get("digest") != sources_digest(tuple(modules)):
         return None
-    symbol = entry.get("entry")
-    if not isinstance(symbol, str):
+    symbol, file = entry.get("entry"), entry.get("file", name)
+    if not isinstance(symbol, str) or not isinstance(file, str):
         return None
-    return DIRECTORY / f"{name}-sm{cc[0]}{cc[1]}.cubin", symbol
+    return DIRECTORY / f"{file}-sm{cc[0]}{cc[1]}.cubin", symbol
 
 
 def load(name: str, cc: tuple[int, int]) -> tuple[bytes, str] | None:
@@ -156,10 +157,12 @@ def function_key(func) -> str | None:
 def signature_key(dispatcher, argtypes: tuple) -> str | None:
     """The launch layer's name for one compiled overload of a `kernels` dispatcher:
     "launch-" and a hash of its function's key and its argument types; None for a
-    kernel outside the `kernels` package or one whose closure has no stable name."""
+    kernel outside the `kernels` package, one the launch layer generates, or one
+    whose closure has no stable name."""
     func = getattr(dispatcher, "py_func", None)
-    if func is None or not func.__module__.startswith("kernels."):
-        return None
+    module = getattr(func, "__module__", None) or ""
+    if not module.startswith("kernels.") or module.split(".")[1] in HOST_MODULES:
+        return None  # outside the package, or a wrapper the launch layer generates
     key = function_key(func)
     if key is None:
         return None

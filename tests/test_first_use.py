@@ -16,7 +16,7 @@ def test_tiled_until_the_blocked_kernel_is_compiled(monkeypatch):
     started = []
     monkeypatch.setattr(backend, "_BLOCKED_READY", set())
     monkeypatch.setattr(backend, "_BLOCKED_PENDING", {})
-    monkeypatch.setattr(backend, "_compile_in_background",
+    monkeypatch.setattr(backend.background, "compile_blocked",
                         lambda *key: started.append(key) or True)  # fmt: skip
     monkeypatch.setattr(backend.cubins, "load", lambda name, cc: None)
     monkeypatch.setattr(backend, "driver", lambda: type("D", (), {"cc": (9, 0)})())
@@ -31,7 +31,7 @@ def test_tiled_until_the_blocked_kernel_is_compiled(monkeypatch):
 
 def test_a_cached_cubin_means_blocked_at_once(monkeypatch):
     monkeypatch.setattr(backend, "_BLOCKED_READY", set())
-    monkeypatch.setattr(backend, "_compile_in_background", lambda *key: pytest.fail("compiled"))
+    monkeypatch.setattr(backend.background, "compile_blocked", lambda *key: pytest.fail("compiled"))
     monkeypatch.setattr(backend.cubins, "load", lambda name, cc: (b"cubin", "entry"))
     monkeypatch.setattr(backend, "driver", lambda: type("D", (), {"cc": (9, 0)})())
     assert backend._blocked_or_tiled(21, 21, np.uint16) == "blocked"
@@ -62,7 +62,7 @@ def test_first_use_on_the_gpu_then_blocked(monkeypatch, tmp_path):
     import time
 
     cp = pytest.importorskip("cupy")
-    monkeypatch.setattr(backend, "BACKGROUND", "process")
+    monkeypatch.setattr(backend.background, "ENABLED", True)
     monkeypatch.setattr(backend, "_BLOCKED_READY", set())
     monkeypatch.setattr(backend, "_BLOCKED_PENDING", {})
     monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path))  # the child inherits it

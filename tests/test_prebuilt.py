@@ -37,9 +37,9 @@ def test_shipped_kernels_are_built_from_these_sources():
 
 
 def test_every_shipped_kernel_has_a_cubin_for_every_listed_generation():
-    for name in MANIFEST["kernels"]:
+    for name, entry in MANIFEST["kernels"].items():
         for arch in MANIFEST["archs"]:
-            path = shipped.DIRECTORY / f"{name}-{arch}.cubin"
+            path = shipped.DIRECTORY / f"{entry.get('file', name)}-{arch}.cubin"
             assert path.stat().st_size > 0, path
 
 
@@ -242,3 +242,39 @@ def test_fresh_process_filters_from_shipped_kernels_without_numba(tmp_path):
     assert sorted(a.files) == sorted(b.files)
     for name in a.files:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def test_signature_keys_tell_kernels_apart_and_last_across_processes():
+    from numba import types
+
+    from kernels import box_fused, conv
+
+    f32, u8 = (types.float32,), (types.uint8,)
+    keys = [
+        shipped.signature_key(box_fused.kernel_for(np.int32, 3, True), f32),
+        shipped.signature_key(box_fused.kernel_for(np.int32, 3, False), f32),
+        shipped.signature_key(box_fused.kernel_for(np.int32, 4, True), f32),
+        shipped.signature_key(conv.correlate_tiled, f32),
+        shipped.signature_key(conv.correlate_tiled, u8),
+    ]
+    assert all(k and k.startswith("launch-") for k in keys) and len(set(keys)) == len(keys)
+    code = (
+        "import numpy as np; from numba import types; from kernels import box_fused, shipped; "
+        "print(shipped.signature_key(box_fused.kernel_for(np.int32, 3, True), (types.float32,)))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)  # fmt: skip
+    assert done.stdout.strip() == keys[0], done.stderr
+
+
+def test_kernels_outside_the_package_or_generated_have_no_key():
+    from numba import cuda, types
+
+    @cuda.jit
+    def local(x):
+        pass
+
+    assert shipped.signature_key(local, (types.float32,)) is None
+    generated = type("D", (), {"py_func": staticmethod(lambda: None)})()
+    generated.py_func.__module__ = "kernels.launch"
+    assert shipped.signature_key(generated, ()) is None

@@ -1,12 +1,15 @@
 """Build the kernels shipped in the package: kernels/prebuilt/ (`kernels.shipped`).
 
-The quick start (`imgfilter.backends.cached`) runs them on a first use, with no
-compile: the size-generic kernels that stand in for the size-specialised ones while
-those compile in the background (box_twopass for uint8 boxes, conv's tiled kernel
-for filters), and the kernels that are generic already (box_fused for uint16 boxes,
-contour). Each is compiled by Numba exactly as the CUDA backend compiles it (by
-running it once on a small random image) and then built for every GPU generation in
-ARCHS from the same NVVM IR.
+Two users, no compile on a first use:
+- the quick start (`imgfilter.backends.cached`, without Numba): the size-generic
+  kernels that stand in for the size-specialised ones while those compile in the
+  background (box_twopass for uint8 boxes, conv's tiled kernel for filters), and the
+  kernels that are generic already (box_fused for uint16 boxes, contour);
+- the launch layer (`kernels.launch`, in a process that imported Numba): every kernel
+  the workloads here compile: the ones above, softmax on common widths, GEMV on
+  common shapes, and the classifier's training and prediction.
+Each is compiled by Numba exactly as imgfilter compiles it (by running the workloads
+once) and then built for every GPU generation in ARCHS from the same NVVM IR.
 
 Needs a CUDA GPU (Numba compiles device functions for the GPU it runs on) and the
 CUDA toolchain of the cu13 extra. Run from the repository root:
@@ -114,9 +117,70 @@ def _conv_tiled(backend, rng):
         yield cubins.conv_tiled_name(dtype), conv.correlate_tiled, (dtype, np.float32, dtype)
 
 
+def _softmax(rng) -> None:
+    """Softmax and log-softmax as `kernels.softmax.softmax` runs them on common widths."""
+    from kernels.softmax import softmax
+
+    for dtype in (np.float32, np.float16):
+        for cols in (32, 64, 100, 128, 256, 512, 1000, 1024, 2048, 4096):
+            for rows in (1, 4096):
+                x = rng.standard_normal((rows, cols)).astype(dtype)
+                for log in (False, True):
+                    softmax(x, log=log)
+
+
+def _gemv(rng) -> None:
+    """`kernels.gemv.gemv` on method auto's common shapes."""
+    from kernels.gemv import gemv
+
+    for dtype in (np.float32, np.float16):
+        for n, k in ((1024, 1024), (4096, 4096), (999, 333)):
+            gemv(rng.standard_normal((n, k)).astype(dtype), rng.standard_normal(k).astype(dtype))
+
+
+def _classify(rng) -> None:
+    """Training and classifying the sample photo as README's commands do."""
+    from imgfilter import classify, io
+
+    img = io.read_image(ROOT / "samples/astronaut.jpg")
+    labels = io.read_image(ROOT / "samples/classify/astronaut.scribbles.png")
+    model, _ = classify.train(img, labels, backend="cuda")
+    for method in ("auto", "fused"):
+        classify.predict(img, model, backend="cuda", method=method)
+
+
+def _recording_compiles() -> list:
+    """Note every (dispatcher, argument types) the launch layer compiles from now on."""
+    from kernels import launch
+
+    noted: list = []
+    compile_one = launch._compile
+
+    def compile_and_note(dispatcher, args):
+        compiled = compile_one(dispatcher, args)
+        argtypes = tuple(launch._numba_type(dispatcher, a) for a in args)
+        noted.append((dispatcher, argtypes))
+        return compiled
+
+    launch._compile = compile_and_note
+    return noted
+
+
+def _export(dispatcher, argtypes: tuple, name: str, out: Path) -> str:
+    """Write the overload's cubin for every generation in ARCHS; return its entry."""
+    overload = dispatcher.overloads[argtypes]
+    library = overload._codelibrary
+    for cc in ARCHS:
+        image = library.get_cubin(cc=cc)
+        image = getattr(image, "code", image)
+        (out / f"{name}-sm{cc[0]}{cc[1]}.cubin").write_bytes(bytes(image))
+    return library._entry_name
+
+
 def build(out: Path) -> dict:
     """Compile every shipped kernel, write its cubins for ARCHS and the manifest into
-    `out` (emptied first); return the manifest."""
+    `out` (emptied first); return the manifest. Kernels are stored under the launch
+    layer's names; the quick start's names point at those files."""
     os.environ["IMGFILTER_CACHE_DIR"] = tempfile.mkdtemp(prefix="imgfilter-build-")
     os.environ["IMGFILTER_NO_PREBUILT"] = "1"
     from imgfilter.backends import cubins
@@ -126,22 +190,34 @@ def build(out: Path) -> dict:
     rng = np.random.default_rng(0)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    entries: dict[str, str] = {}
-    for specs in (_twopass, _fused, _contour, _conv_tiled):
-        for name, dispatcher, dtypes in specs(backend, rng):
-            if name in entries:
-                continue
-            for cc in ARCHS:
-                image, entry = cubins.compiled_cubin(dispatcher, dtypes, cc)
-                (out / f"{name}-sm{cc[0]}{cc[1]}.cubin").write_bytes(image)
-            entries[name] = entry
-            print(f"  {name}", file=sys.stderr)
-    kernels = {}
-    for name in sorted(entries):
-        modules = cubins.family_modules(name)
-        digest = shipped.sources_digest(modules)
-        kernels[name] = {"entry": entries[name], "modules": list(modules), "digest": digest}
-    manifest = {"archs": [f"sm{a}{b}" for a, b in ARCHS], "kernels": kernels}
+    noted = _recording_compiles()
+    named = [spec for specs in (_twopass, _fused, _contour, _conv_tiled)
+             for spec in specs(backend, rng)]  # fmt: skip
+    for workload in (_softmax, _gemv, _classify):
+        workload(rng)
+    kernels: dict[str, dict] = {}
+    keys: dict = {}  # (dispatcher, argtypes) -> launch name
+    for dispatcher, argtypes in noted:
+        key = shipped.signature_key(dispatcher, argtypes)
+        if key is None or key in kernels:
+            continue
+        entry = _export(dispatcher, argtypes, key, out)
+        modules = [shipped.module_of(dispatcher)]
+        digest = shipped.sources_digest(tuple(modules))
+        kernels[key] = {"entry": entry, "modules": modules, "digest": digest}
+        keys[id(dispatcher), argtypes] = key
+    for name, dispatcher, dtypes in named:
+        wanted = [np.dtype(dt).name for dt in dtypes]
+        (key,) = {
+            k for (d, argtypes), k in keys.items()
+            if d == id(dispatcher)
+            and [str(t.dtype) for t in argtypes if hasattr(t, "dtype")] == wanted
+        }  # fmt: skip
+        modules = list(cubins.family_modules(name))
+        digest = shipped.sources_digest(tuple(modules))
+        entry = kernels[key]["entry"]
+        kernels[name] = {"entry": entry, "modules": modules, "digest": digest, "file": key}
+    manifest = {"archs": [f"sm{a}{b}" for a, b in ARCHS], "kernels": dict(sorted(kernels.items()))}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 

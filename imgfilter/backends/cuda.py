@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -52,7 +51,7 @@ from kernels.launch import (
 )
 
 from ..errors import DeviceError, GpuMemoryError, UsageError
-from . import cubins
+from . import background, cubins
 
 NAME = "cuda"
 PER_THREAD_STREAM = 2  # CU_STREAM_PER_THREAD: the calling thread's own default stream
@@ -453,12 +452,11 @@ def _correlate_launches(src, dst, handle: int, kernel, terms, anchor, border, va
 # argument (compiled once per dtype; the same results), and a detached process
 # compiles the blocked kernel into the caches: not a thread, whose Numba compile would
 # hold the GIL and slow the caller's every call meanwhile. The calls after it load the
-# blocked kernel from the cache. IMGFILTER_BACKGROUND_COMPILE=0: compile at once.
-BACKGROUND = "off" if os.environ.get("IMGFILTER_BACKGROUND_COMPILE") == "0" else "process"
+# blocked kernel from the cache (`imgfilter.backends.background`, whose ENABLED is
+# False with IMGFILTER_BACKGROUND_COMPILE=0: then compile at once).
 _BLOCKED_READY: set = set()  # (kh, kw, dtype name) whose blocked kernel can run now
 _BLOCKED_PENDING: dict = {}  # (kh, kw, dtype name) -> when its cubin was last looked for
 _LOOK_EVERY_S = 0.5
-_PENDING_STALE_S = 300.0  # a marker older than this is a compile that died
 
 
 def _blocked_or_tiled(kh: int, kw: int, dtype) -> str:
@@ -478,7 +476,7 @@ def _blocked_or_tiled(kh: int, kw: int, dtype) -> str:
         with _lock:
             start = key not in _BLOCKED_PENDING
             _BLOCKED_PENDING[key] = now
-        if start and not _compile_in_background(*key):
+        if start and not background.compile_blocked(*key):
             return "blocked"  # no cache to compile into: compile here, at once
     return "tiled"
 
@@ -492,28 +490,6 @@ def _dtype_name(dtype) -> str:
     if name is None:
         name = _DTYPE_NAMES[dtype] = np.dtype(dtype).name
     return name
-
-
-def _compile_in_background(kh: int, kw: int, dtype: str) -> bool:
-    """Start a detached process that runs `compile_blocked`, unless a live one is at
-    it already (its marker file, next to the cubin it will write). False when there
-    is no cache directory to write (nothing a background compile could leave)."""
-    marker = cubins.pending_marker(cubins.blocked_name(kh, kw, dtype))
-    try:
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        if marker.exists() and time.time() - marker.stat().st_mtime < _PENDING_STALE_S:
-            return True
-        marker.write_text(str(os.getpid()))
-    except OSError:
-        return False
-    code = f"import imgfilter.backends.cuda as c; c.compile_blocked({kh}, {kw}, {dtype!r})"
-    try:
-        subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True)  # fmt: skip
-    except OSError:
-        return False
-    return True
 
 
 def compile_blocked(kh: int, kw: int, dtype: str) -> None:
@@ -563,7 +539,7 @@ def _correlate_call(kernel: np.ndarray, data: bytes, anchor, border, value, meth
     requested = method
     method, terms = _prepared(kernel.shape, data, method)
     final = True
-    if requested == "auto" and method == "blocked" and BACKGROUND != "off":
+    if requested == "auto" and method == "blocked" and background.ENABLED:
         if not config.ENABLE_CUDASIM:  # the simulator compiles nothing
             method = _blocked_or_tiled(*kernel.shape, dtype)
             final = method == "blocked"
@@ -590,7 +566,7 @@ def correlate(img, kernel, anchor, border, value, method, out=None, stream=None)
         return _on_device(key, img, out, stream, img.shape, record, rows, border)
     requested = method
     method, terms = _prepared(kernel.shape, data, method)
-    if requested == "auto" and method == "blocked" and BACKGROUND != "off":
+    if requested == "auto" and method == "blocked" and background.ENABLED:
         if not config.ENABLE_CUDASIM:  # the simulator compiles nothing
             method = _blocked_or_tiled(*kernel.shape, img.dtype)
 
@@ -774,7 +750,7 @@ def correlate_list(imgs: list, kernel, anchor, border, values: list, method, out
 
     def make(dtype, value):
         method = resolved
-        if requested == "auto" and method == "blocked" and BACKGROUND != "off":
+        if requested == "auto" and method == "blocked" and background.ENABLED:
             if not config.ENABLE_CUDASIM:
                 method = _blocked_or_tiled(*kernel.shape, dtype)
 
