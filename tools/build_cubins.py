@@ -118,15 +118,14 @@ def _conv_tiled(backend, rng):
 
 
 def _softmax(rng) -> None:
-    """Softmax and log-softmax as `kernels.softmax.softmax` runs them on common widths."""
+    """Softmax as `kernels.softmax.softmax` runs it on a few common widths (each width
+    and pack size is a kernel of its own: shipping them all would weigh megabytes)."""
     from kernels.softmax import softmax
 
     for dtype in (np.float32, np.float16):
-        for cols in (32, 64, 100, 128, 256, 512, 1000, 1024, 2048, 4096):
+        for cols in (128, 1000, 1024, 4096):
             for rows in (1, 4096):
-                x = rng.standard_normal((rows, cols)).astype(dtype)
-                for log in (False, True):
-                    softmax(x, log=log)
+                softmax(rng.standard_normal((rows, cols)).astype(dtype))
 
 
 def _gemv(rng) -> None:
