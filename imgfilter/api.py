@@ -382,7 +382,8 @@ def contour(
     out_bytes = arr.shape[0] * arr.shape[1] * arr.dtype.itemsize
     if not device and (budget := _band_budget(be, arr, out_bytes, max_gpu_bytes)):
         return _in_bands(arr, out, arr.shape[:2], (1, 1), code, run, budget)
-    return out if out is not None else run(_as_3d(arr), dout, stream)
+    result = run(_as_3d(arr), dout, stream)
+    return out if out is not None else result
 
 
 # ------------------------------------------------- images larger than the GPU

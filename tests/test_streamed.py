@@ -116,9 +116,10 @@ def test_api_max_gpu_bytes_streams_with_the_same_result(border):
         want = call(backend="cuda")
         got = call(backend="cuda", max_gpu_bytes=2000)
         np.testing.assert_array_equal(got, want)
-        out = np.empty_like(want)
-        assert call(backend="cuda", max_gpu_bytes=2000, out=out) is out
-        np.testing.assert_array_equal(out, want)
+        for budget in (2000, None):  # in bands, and whole
+            out = np.zeros_like(want)
+            assert call(backend="cuda", max_gpu_bytes=budget, out=out) is out
+            np.testing.assert_array_equal(out, want)
 
 
 def test_api_max_gpu_bytes_is_checked():
