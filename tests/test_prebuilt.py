@@ -278,3 +278,27 @@ def test_kernels_outside_the_package_or_generated_have_no_key():
     generated = type("D", (), {"py_func": staticmethod(lambda: None)})()
     generated.py_func.__module__ = "kernels.launch"
     assert shipped.signature_key(generated, ()) is None
+
+
+def test_what_the_quick_start_cannot_run_goes_to_the_requests_backend(monkeypatch):
+    """With shipped kernels a GPU without the CUDA compiler still gets the quick start;
+    anything else goes where the request would have gone without it: auto to the CPU
+    (noted once), cuda to a one-line DeviceError."""
+    from imgfilter import backends
+    from imgfilter.backends import cpu
+
+    monkeypatch.setattr(cached, "_box_quick", lambda *args: None)  # not shipped
+    monkeypatch.setattr(backends, "_cuda_problem", lambda: "no CUDA compiler")
+    monkeypatch.setattr(cached, "_QUICK", {})
+    img = _image_u8()
+    auto = cached.for_request("auto", lambda: backends._numba_or_fallback("auto", False))
+    got = auto.box(img, (3, 3), (1, 1), 4, 0.0, "auto")
+    np.testing.assert_array_equal(got, cpu.box(img, (3, 3), (1, 1), 4, 0.0, "auto"))
+    strict = cached.for_request("cuda", lambda: backends._numba_or_fallback("cuda", False))
+    with pytest.raises(backends.DeviceError, match="no CUDA compiler"):
+        strict.box(img, (3, 3), (1, 1), 4, 0.0, "auto")
+    assert strict.NAME == "cuda"
+
+
+def _image_u8():
+    return np.random.default_rng(4).integers(0, 256, (9, 11, 3), dtype=np.uint8)

@@ -27,6 +27,7 @@ import functools
 import os
 import sys
 from types import ModuleType
+from typing import Any
 
 from ..errors import DeviceError, UsageError
 
@@ -56,15 +57,17 @@ def _cuda_problem() -> str | None:
     return None
 
 
-def get_backend(name: str = "auto", *, device_input: bool = False) -> ModuleType:
+def get_backend(name: str = "auto", *, device_input: bool = False, quick: bool = True) -> Any:
     """Return the backend module for `name` in BACKENDS.
 
     "auto" picks cuda when a usable GPU (with its compiler libraries) exists, else cpu,
     saying so once on stderr. Under the CUDA simulator, "auto" picks cpu (the simulator
     is for tests) unless the input is already a device array.
-    "cuda" without a usable GPU raises DeviceError.
+    "cuda" without a usable GPU raises DeviceError. With `quick` (for the filters),
+    host images may run on the quick start (`cached`: kernels shipped with the package
+    or compiled by an earlier run, no Numba import); callers that need Numba's CUDA
+    target itself (the classifier) pass quick=False.
     """
-    global _warned_fallback
     if device_input and name in ("auto", "cuda") and _device_backend:
         return _device_backend[0]
     name = str(name).lower()
@@ -81,11 +84,18 @@ def get_backend(name: str = "auto", *, device_input: bool = False) -> ModuleType
         from . import cpu
 
         return cpu
-    if not simulator and not device_input:
-        from . import cached  # kernels compiled on an earlier run, without importing Numba
+    if quick and not simulator and not device_input:
+        from . import cached  # shipped or earlier-compiled kernels, without importing Numba
 
         if cached.available():
-            return cached
+            return cached.for_request(name, lambda: _numba_or_fallback(name, device_input))
+    return _numba_or_fallback(name, device_input)
+
+
+def _numba_or_fallback(name: str, device_input: bool) -> ModuleType:
+    """The Numba CUDA backend when it can run, else the CPU backend for "auto" (with a
+    one-time note on stderr) or DeviceError."""
+    global _warned_fallback
     problem = _cuda_problem()
     if problem is None:
         from . import cuda

@@ -287,26 +287,29 @@ def _into(result: np.ndarray, out):
     return out
 
 
-def box(img, ksize, anchor, border, value, method, out=None, stream=None):
+def box(img, ksize, anchor, border, value, method, out=None, stream=None, fallback=None):
     """cv2.blur semantics; see imgfilter.backends and imgfilter.backends.cuda.box.
-    Host images without a stream only; anything else goes to the Numba path."""
+    Host images without a stream only; anything else goes to `fallback()` (the
+    backend `for_request` names; default the Numba path)."""
     if method == "auto" and isinstance(img, np.ndarray) and stream is None:
         result = _box_quick(np.ascontiguousarray(img), ksize, anchor, border, value)
         if result is not None:
             return _into(result, out)
-    return _numba_backend().box(img, ksize, anchor, border, value, method, out, stream)
+    backend = (fallback or _numba_backend)()
+    return backend.box(img, ksize, anchor, border, value, method, out, stream)
 
 
-def contour(img, border, value, method, out=None, stream=None):
+def contour(img, border, value, method, out=None, stream=None, fallback=None):
     """The fused contour map; see imgfilter.backends.cuda.contour."""
     if isinstance(img, np.ndarray) and stream is None:
         result = _contour_quick(np.ascontiguousarray(img), border, value)
         if result is not None:
             return _into(result, out)
-    return _numba_backend().contour(img, border, value, method, out, stream)
+    return (fallback or _numba_backend)().contour(img, border, value, method, out, stream)
 
 
-def correlate(img, kernel, anchor, border, value, method, out=None, stream=None):
+def correlate(img, kernel, anchor, border, value, method, out=None, stream=None,
+              fallback=None):  # fmt: skip
     """cv2.filter2D semantics; the register-blocked kernel runs from its cubin where
     method auto (or blocked) picks it, anything else through Numba."""
     quick = method == "blocked" or (method == "auto" and conv_plan.auto_method(kernel) == "blocked")
@@ -319,4 +322,35 @@ def correlate(img, kernel, anchor, border, value, method, out=None, stream=None)
             result = _correlate_first_use(img, kernel, anchor, border, value)
         if result is not None:
             return _into(result, out)
-    return _numba_backend().correlate(img, kernel, anchor, border, value, method, out, stream)
+    backend = (fallback or _numba_backend)()
+    return backend.correlate(img, kernel, anchor, border, value, method, out, stream)
+
+
+class Quick:
+    """This module as the backend of one request ("auto" or "cuda"): what the quick
+    start cannot run goes to `fallback()`, the backend that request gets without it
+    (the Numba path, or the CPU backend when auto finds no CUDA compiler)."""
+
+    NAME = NAME
+
+    def __init__(self, fallback) -> None:
+        self._fallback = fallback
+
+    def box(self, *args):
+        return box(*args, fallback=self._fallback)
+
+    def contour(self, *args):
+        return contour(*args, fallback=self._fallback)
+
+    def correlate(self, *args):
+        return correlate(*args, fallback=self._fallback)
+
+
+_QUICK: dict = {}
+
+
+def for_request(name: str, fallback) -> Quick:
+    """The quick start for backend request `name`, falling back to `fallback()`."""
+    if name not in _QUICK:
+        _QUICK[name] = Quick(fallback)
+    return _QUICK[name]

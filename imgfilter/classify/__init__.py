@@ -73,7 +73,7 @@ def engine(backend: str = "auto", *, device_input: bool = False) -> ModuleType:
     (device_input: the image is a device array, which needs the CUDA engine)."""
     from ..backends import get_backend
 
-    name = get_backend(backend, device_input=device_input).NAME
+    name = get_backend(backend, device_input=device_input, quick=False).NAME
     if name == "cuda":
         from . import cuda
 
