@@ -29,7 +29,7 @@ import numpy as np
 from kernels.arrays import SIMULATOR, empty
 
 SLOTS = 2
-COPY_THREADS = min(8, os.cpu_count() or 1)
+COPY_THREADS = min(16, os.cpu_count() or 1)  # host copies: memory bandwidth, not cores
 # Device bytes a band takes besides its input and output rows, per input byte: the
 # box kernels' 16-bit row sums and similar scratch, with room to spare.
 SCRATCH_PER_BYTE = 2
@@ -70,7 +70,7 @@ def band_rows(height: int, in_row: int, out_row: int, reach: tuple[int, int], bu
 
 def _copy_rows(dst: np.ndarray, src: np.ndarray, pool: ThreadPoolExecutor) -> None:
     """dst[...] = src, split over the pool's threads by rows."""
-    chunks = max(1, min(COPY_THREADS, len(src) // 64))
+    chunks = max(1, min(COPY_THREADS, src.nbytes >> 22))  # pieces of 4 MiB or more
     if chunks == 1:
         np.copyto(dst, src)
         return
