@@ -264,20 +264,64 @@ def filter2d(
     stream: Any = None,
     max_gpu_bytes: int | None = None,
 ) -> Any:
-    """Correlate `img` with `kernel`, equal to `cv2.filter2D(img, -1, kernel, ...)`.
+    """Correlate an image with a kernel, equal to `cv2.filter2D(img, -1, kernel, ...)`.
 
-    img: (H, W) or (H, W, C) with C in {1, 3, 4}; uint8, uint16 or float32. Every
-    channel (alpha too) is filtered. Output has img's shape and dtype; integer results
-    are rounded half-to-even and saturated. kernel: any 2-D shape up to 255x255, not
-    flipped (correlation). anchor: OpenCV's (x, y), default the centre (kw//2, kh//2).
-    border: reflect101 (default, OpenCV's), reflect, replicate, constant (border_value),
-    wrap. method: the CUDA variant: auto, naive, padded, tiled, blocked (register-blocked
-    tiles), separable (a kernel of low rank as one pair of 1-D passes per term: rank 1,
-    an outer product, or a sum of up to (kh * kw - 1) // (kh + kw) of them).
-    out, stream: see the module docstring; returns `out` when given.
-    max_gpu_bytes: device memory a host image's filter may take on the GPU; an image
-    that needs more (by default: more than the GPU has free) is filtered in row bands
-    streamed through it (`imgfilter.streamed`), with the same result.
+    Every channel (alpha too) is filtered. The kernel is not flipped (correlation, as in
+    OpenCV). Integer results are rounded half-to-even and saturated to the dtype.
+
+    Args:
+        img: (H, W) or (H, W, C) with C in {1, 3, 4}; uint8, uint16 or float32. A NumPy
+            array, or a GPU array (a PyTorch CUDA tensor, anything with
+            `__cuda_array_interface__`: CuPy, Numba; C-contiguous), which is filtered on
+            the GPU without host copies or waiting.
+        kernel: Any 2-D shape up to 255x255 of finite numbers (used as float32), not
+            flipped. A 1-D kernel is a column (N, 1), as OpenCV reads a 1-D NumPy array.
+        anchor: OpenCV's (x, y); default (None, or -1 for a coordinate) the centre
+            (kw//2, kh//2).
+        border: "reflect101" (default, OpenCV's), "reflect", "replicate", "constant"
+            (`border_value`) or "wrap".
+        border_value: The value outside the image for border "constant", as the image's
+            dtype stores it (integers: rounded and saturated; the `cv2.copyMakeBorder`
+            rule).
+        backend: "cuda" (Numba CUDA kernels), "cpu" (Numba parallel CPU) or "auto"
+            (cuda when a usable GPU exists). Device images need the cuda backend.
+        method: The CUDA variant: "auto", "naive", "padded", "tiled", "blocked"
+            (register-blocked tiles) or "separable" (a kernel of low rank as one pair of
+            1-D passes per term: rank 1, an outer product, or a sum of up to
+            (kh * kw - 1) // (kh + kw) of them).
+        out: An array of the result's shape and dtype to write into: host for a host
+            image, device for a device image, C-contiguous, not overlapping the input
+            (filters cannot run in place).
+        stream: A CuPy, PyTorch, Numba or cuda.core stream, or a CUstream handle.
+            Without it, a call runs on the stream named by the input's
+            `__cuda_array_interface__` (a torch tensor: torch's current stream), else on
+            CUDA's legacy default stream.
+        max_gpu_bytes: Device memory a host image's filter may take on the GPU; an image
+            that needs more (by default: more than the GPU has free) is filtered in row
+            bands streamed through it (`imgfilter.streamed`), with the same result.
+
+    Returns:
+        An array of img's shape and dtype; `out` when given. NumPy in, NumPy out. For a
+        device image, the work is queued on the call's stream and a
+        `kernels.devarray.DeviceArray` comes back at once (`cupy.asarray` /
+        `torch.as_tensor(a, device="cuda")` take it without a copy).
+
+    Raises:
+        UsageError: An unsupported image (rank, channel count, dtype, empty, a device
+            image that is not C-contiguous), kernel (not 2-D, larger than 255x255, NaN
+            or infinity), anchor outside the kernel, border, method, backend, `out`,
+            `stream` or `max_gpu_bytes`.
+        DeviceError: Backend "cuda" without a usable GPU; `GpuMemoryError` when the GPU
+            cannot give the memory the call needs.
+
+    Example:
+        >>> import numpy as np
+        >>> import imgfilter
+        >>> img = np.arange(48, dtype=np.uint8).reshape(4, 4, 3)
+        >>> sharpen = [[0, -1, 0], [-1, 5, -1], [0, -1, 0]]
+        >>> out = imgfilter.filter2d(img, sharpen, border="replicate")
+        >>> out.shape, out.dtype
+        ((4, 4, 3), dtype('uint8'))
     """
     arr, device = _as_image(img)
     k = _kernel_memo(kernel)
@@ -312,10 +356,43 @@ def blur(
 ) -> Any:
     """Normalized box filter, equal to `cv2.blur(img, (k, k))`.
 
-    k: the side of the square box, or OpenCV's (width, height); even sizes are valid
-    (anchor at (k//2, k//2) as in OpenCV). Same image, border, backend rules as
-    `filter2d` (out, stream and max_gpu_bytes too); method "auto" uses separable
-    running sums on the GPU.
+    Each output is the mean of the box of pixels around it.
+
+    Args:
+        img: The image, as for `filter2d`: (H, W) or (H, W, C), C in {1, 3, 4}, uint8,
+            uint16 or float32, host or device.
+        k: The side of the square box, or OpenCV's (width, height); even sizes are valid
+            (anchor at (k//2, k//2) as in OpenCV). Sides up to 4095.
+        anchor: OpenCV's (x, y); default the centre, as in `filter2d`.
+        border: As `filter2d`: reflect101 (default), reflect, replicate, constant
+            (`border_value`), wrap.
+        border_value: The value outside the image for border "constant".
+        backend: "auto", "cuda" or "cpu", as `filter2d`.
+        method: As `filter2d`; "auto" uses separable running sums on the GPU.
+        out: As `filter2d`: an array of the result's shape and dtype, host for host
+            input, device for device input, not overlapping the input.
+        stream: As `filter2d` (default: the input's stream, else CUDA's legacy default
+            stream).
+        max_gpu_bytes: As `filter2d`: a host image needing more device memory is
+            filtered in row bands streamed through the GPU, with the same result.
+
+    Returns:
+        An array of img's shape and dtype (a `kernels.devarray.DeviceArray`, queued on
+        the stream, for a device image); `out` when given.
+
+    Raises:
+        UsageError: A kernel size that is not a positive integer or is larger than 4095,
+            or any image or option `filter2d` refuses.
+        DeviceError: Backend "cuda" without a usable GPU (`GpuMemoryError` when the GPU
+            cannot give the memory the call needs).
+
+    Example:
+        >>> import numpy as np
+        >>> import imgfilter
+        >>> img = np.full((8, 8), 100, np.uint8)
+        >>> imgfilter.blur(img, 3)[0, :3]
+        array([100, 100, 100], dtype=uint8)
+        >>> wide = imgfilter.blur(img, (5, 1))  # 5 wide, 1 high: a horizontal box
     """
     arr, device = _as_image(img)
     ksize, anchor_yx, code, method, value = _box_options(k, anchor, border, border_value,
@@ -356,14 +433,42 @@ def contour(
     stream: Any = None,
     max_gpu_bytes: int | None = None,
 ) -> Any:
-    """Four-direction edge map, OR-merged: returns (H, W) of img's dtype.
+    """Four-direction edge map, OR-merged.
 
     Colour input is converted to gray as `cv2.cvtColor(BGR2GRAY / BGRA2GRAY)`. The
     kernels [[-1,0,1]]*3, its negation, [[-1,-1,-1],[0,0,0],[1,1,1]] and its negation
     are applied (3x3, centre anchor, `border`), each response saturated to the dtype,
     and the four OR-ed bitwise: bit-exact with four cv2.filter2D calls and
-    cv2.bitwise_or. Integer images only (uint8, uint16). out (H, W), stream,
-    max_gpu_bytes: see `filter2d`.
+    cv2.bitwise_or.
+
+    Args:
+        img: (H, W) or (H, W, C), C in {1, 3, 4}, host or device. Integer images only
+            (uint8, uint16).
+        border: As `filter2d` (reflect101 by default).
+        border_value: The value outside the image for border "constant".
+        backend: "auto", "cuda" or "cpu", as `filter2d`.
+        method: The CUDA variant, as `filter2d`.
+        out: (H, W) of img's dtype; the kind and overlap rules of `filter2d`.
+        stream: See `filter2d`.
+        max_gpu_bytes: See `filter2d`.
+
+    Returns:
+        (H, W) of img's dtype (a `kernels.devarray.DeviceArray`, queued on the stream,
+        for a device image); `out` when given.
+
+    Raises:
+        UsageError: A float32 image, or any image or option `filter2d` refuses.
+        DeviceError: Backend "cuda" without a usable GPU (`GpuMemoryError` when the GPU
+            cannot give the memory the call needs).
+
+    Example:
+        >>> import numpy as np
+        >>> import imgfilter
+        >>> img = np.zeros((6, 6), np.uint8)
+        >>> img[:, 3:] = 200
+        >>> edges = imgfilter.contour(img)
+        >>> edges[0]
+        array([  0,   0, 255, 255,   0,   0], dtype=uint8)
     """
     arr, device = _as_image(img)
     if np.dtype(arr.dtype) == np.float32:
@@ -538,18 +643,50 @@ def filter2d_batch(
     out: Any = None,
     stream: Any = None,
 ) -> Any:
-    """`filter2d` of every image of a batch: `images` a 4-D (N, H, W, C) or 3-D
-    (N, H, W) array, host or device (the first axis is always the batch), or a list
-    of images of any sizes; the result has the same form (see README, Batches).
-    Options as `filter2d`; `out` an array of the result's shape, or a list.
+    """`filter2d` of every image of a batch.
 
     A device array runs each kernel once for all its images. A list of device images
-    of different sizes runs in a number of launches that does not grow with its
-    length (images of one dtype and channel count share each launch; other dtypes or
-    channel counts make launches of their own; docs/launch.md, "Images of different
-    sizes in one launch"); results are views of one allocation unless `out` is given.
-    Host lists go image by image. Each image has its own borders: every result equals
-    filtering that image alone."""
+    of different sizes runs in a number of launches that does not grow with its length
+    (images of one dtype and channel count share each launch; other dtypes or channel
+    counts make launches of their own; docs/launch.md, "Images of different sizes in
+    one launch"); results are views of one allocation unless `out` is given. Host
+    arrays and host lists (and lists mixing host and device images) go image by image.
+    Each image has its own borders: every result equals filtering that image alone.
+
+    Args:
+        images: A 4-D (N, H, W, C) or 3-D (N, H, W) array, host or device (the first
+            axis is always the batch; a device array must be C-contiguous), or a list or
+            tuple of images of any sizes (see README, Batches).
+        kernel: As `filter2d`.
+        anchor: As `filter2d`.
+        border: As `filter2d`.
+        border_value: As `filter2d`.
+        backend: As `filter2d`.
+        method: As `filter2d`.
+        out: An array of the result's shape for an array batch, or a list of as many
+            arrays as there are images for a list.
+        stream: As `filter2d`; a device batch's launches are queued back to back on it.
+
+    Returns:
+        The same form as `images`: an array (N, H, W[, C]) of the results, or a list of
+        them (each of its image's shape); `out` when given.
+
+    Raises:
+        UsageError: A batch array that is not 3-D or 4-D, an empty batch, a device batch
+            that is not C-contiguous, an `out` list of the wrong length, or any image or
+            option `filter2d` refuses.
+        DeviceError: Backend "cuda" without a usable GPU.
+
+    Example:
+        >>> import numpy as np
+        >>> import imgfilter
+        >>> batch = np.zeros((4, 32, 32, 3), np.uint8)
+        >>> imgfilter.filter2d_batch(batch, np.ones((3, 3)) / 9).shape
+        (4, 32, 32, 3)
+        >>> sizes = [np.zeros((20, 30), np.uint8), np.zeros((64, 48), np.uint8)]
+        >>> [r.shape for r in imgfilter.filter2d_batch(sizes, [[1, 2, 1]])]
+        [(20, 30), (64, 48)]
+    """
     k = as_kernel(kernel)
     opts = dict(anchor=anchor, border=border, border_value=border_value, backend=backend,
                 method=method)  # fmt: skip
@@ -580,9 +717,38 @@ def blur_batch(
     out: Any = None,
     stream: Any = None,
 ) -> Any:
-    """`blur` of every image of a batch: the batch forms, launches and results as
-    `filter2d_batch` says (a device list of uint8 images shares the box_tiled plan
-    of its largest height and width)."""
+    """`blur` of every image of a batch.
+
+    The batch forms, launches and results are as `filter2d_batch` says (a device list of
+    uint8 images shares the box_tiled plan of its largest height and width).
+
+    Args:
+        images: A 4-D (N, H, W, C) or 3-D (N, H, W) array, host or device, or a list of
+            images of any sizes, as `filter2d_batch`.
+        k: As `blur`: a side, or OpenCV's (width, height).
+        anchor: As `blur`.
+        border: As `blur`.
+        border_value: As `blur`.
+        backend: As `blur`.
+        method: As `blur`.
+        out: An array of the result's shape, or a list of arrays, as `filter2d_batch`.
+        stream: As `filter2d`.
+
+    Returns:
+        The same form as `images` (an array or a list of the blurred images); `out` when
+        given.
+
+    Raises:
+        UsageError: As `filter2d_batch`, and a kernel size `blur` refuses.
+        DeviceError: Backend "cuda" without a usable GPU.
+
+    Example:
+        >>> import numpy as np
+        >>> import imgfilter
+        >>> batch = np.zeros((8, 64, 64), np.uint16)
+        >>> imgfilter.blur_batch(batch, 5).shape
+        (8, 64, 64)
+    """
     kh, kw = box_size(k)
     opts = dict(anchor=anchor, border=border, border_value=border_value, backend=backend,
                 method=method)  # fmt: skip
@@ -611,9 +777,36 @@ def contour_batch(
     out: Any = None,
     stream: Any = None,
 ) -> Any:
-    """`contour` of every image of a batch (the batch forms, launches and results as
-    `filter2d_batch` says); results (N, H, W), or a list of (H, W). Integer images
-    only: a list holding a float32 image is refused."""
+    """`contour` of every image of a batch.
+
+    The batch forms, launches and results are as `filter2d_batch` says.
+
+    Args:
+        images: A 4-D (N, H, W, C) or 3-D (N, H, W) array, host or device, or a list of
+            images of any sizes, as `filter2d_batch`. Integer images only (uint8,
+            uint16).
+        border: As `contour`.
+        border_value: As `contour`.
+        backend: As `contour`.
+        method: As `contour`.
+        out: An (N, H, W) array, or a list of (H, W) arrays.
+        stream: As `filter2d`.
+
+    Returns:
+        The results (N, H, W), or a list of (H, W); `out` when given.
+
+    Raises:
+        UsageError: A float32 image (also one in a list), or anything `filter2d_batch`
+            refuses.
+        DeviceError: Backend "cuda" without a usable GPU.
+
+    Example:
+        >>> import numpy as np
+        >>> import imgfilter
+        >>> batch = np.zeros((2, 48, 64, 3), np.uint8)
+        >>> imgfilter.contour_batch(batch).shape
+        (2, 48, 64)
+    """
     opts = dict(border=border, border_value=border_value, backend=backend, method=method)
 
     def one(img, out, stream):

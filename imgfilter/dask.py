@@ -70,9 +70,38 @@ def filter2d(
 ) -> da.Array:
     """`imgfilter.filter2d` of a dask array: correlate with `kernel` (up to 255x255).
 
-    img: (H, W) or (H, W, C), C in {1, 3, 4}, uint8/uint16/float32, NumPy or CuPy
-    chunks (any chunking). Returns a dask array of img's shape, dtype and chunks.
-    Options as `imgfilter.filter2d`; the borders are the image's (module docstring).
+    The graph is built at once and nothing is computed: each full-width row band is
+    filtered by one `imgfilter.filter2d` call with its neighbours' rows, and the
+    borders are the image's, not the chunks' (see the module docstring). The result
+    equals `imgfilter.filter2d` of the whole image: bit-identical on the CPU backend.
+
+    Args:
+        img: A dask array (H, W) or (H, W, C), C in {1, 3, 4}, uint8/uint16/float32,
+            NumPy or CuPy chunks (any chunking; chunk sizes must be known).
+        kernel: As `imgfilter.filter2d`.
+        anchor: As `imgfilter.filter2d`.
+        border: As `imgfilter.filter2d`; every mode, wrap included, gives the
+            whole-image result.
+        border_value: As `imgfilter.filter2d`.
+        backend: As `imgfilter.filter2d` (CuPy chunks need "cuda" or "auto").
+        method: As `imgfilter.filter2d`.
+
+    Returns:
+        A lazy dask array of img's shape, dtype and chunks, with img's chunk type.
+
+    Raises:
+        UsageError: When the graph is built, not at compute time: not a dask array,
+            unknown chunk sizes, an image or option `imgfilter.filter2d` refuses, an
+            unknown backend, or device chunks with backend "cpu".
+
+    Example:
+        >>> import dask.array as da
+        >>> import numpy as np
+        >>> import imgfilter.dask as ifd
+        >>> x = da.from_array(np.zeros((4096, 512, 3), np.uint8), chunks=(1024, -1, -1))
+        >>> y = ifd.filter2d(x, np.ones((5, 5)) / 25)   # lazy
+        >>> y.compute().shape
+        (4096, 512, 3)
     """
     x = _check_image(img, backend)
     k = api.as_kernel(kernel)
@@ -94,7 +123,35 @@ def blur(
     method: str = "auto",
 ) -> da.Array:
     """`imgfilter.blur` of a dask array: the normalized k x k box (or OpenCV's
-    (width, height)). Image and return as `filter2d`; options as `imgfilter.blur`."""
+    (width, height)).
+
+    Image, return and borders as `filter2d` (this module's): the result equals
+    `imgfilter.blur` of the whole image.
+
+    Args:
+        img: A dask array (H, W) or (H, W, C), as `filter2d`.
+        k: As `imgfilter.blur`: a side, or OpenCV's (width, height).
+        anchor: As `imgfilter.blur`.
+        border: As `imgfilter.blur`.
+        border_value: As `imgfilter.blur`.
+        backend: As `imgfilter.blur`.
+        method: As `imgfilter.blur`.
+
+    Returns:
+        A lazy dask array of img's shape, dtype and chunks.
+
+    Raises:
+        UsageError: When the graph is built, for anything `filter2d` (this module's) or
+            `imgfilter.blur` refuses.
+
+    Example:
+        >>> import dask.array as da
+        >>> import numpy as np
+        >>> import imgfilter.dask as ifd
+        >>> x = da.from_array(np.zeros((8192, 1024), np.uint16), chunks=(2048, 512))
+        >>> ifd.blur(x, 21).chunks == x.chunks
+        True
+    """
     x = _check_image(img, backend)
     (kh, _), (ay, _), code, _, _ = api._box_options(k, anchor, border, border_value, method,
                                                     x.dtype)  # fmt: skip
@@ -114,8 +171,28 @@ def contour(
 ) -> da.Array:
     """`imgfilter.contour` of a dask array: the OR-merged four-direction edge map.
 
-    img: (H, W) or (H, W, C) uint8/uint16 (colour becomes gray as cv2.cvtColor).
-    Returns a dask array (H, W) of img's dtype, in img's row and column chunks.
+    Args:
+        img: A dask array (H, W) or (H, W, C) uint8/uint16 (colour becomes gray as
+            cv2.cvtColor), NumPy or CuPy chunks.
+        border: As `imgfilter.contour`.
+        border_value: As `imgfilter.contour`.
+        backend: As `imgfilter.contour`.
+        method: As `imgfilter.contour`.
+
+    Returns:
+        A lazy dask array (H, W) of img's dtype, in img's row and column chunks.
+
+    Raises:
+        UsageError: When the graph is built: a float32 image, or anything `filter2d`
+            (this module's) refuses.
+
+    Example:
+        >>> import dask.array as da
+        >>> import numpy as np
+        >>> import imgfilter.dask as ifd
+        >>> x = da.from_array(np.zeros((2048, 2048, 3), np.uint8), chunks=(512, 512, 3))
+        >>> ifd.contour(x).chunks
+        ((512, 512, 512, 512), (512, 512, 512, 512))
     """
     x = _check_image(img, backend)
     if x.dtype == np.float32:

@@ -550,17 +550,34 @@ def _normalize(img: np.ndarray, p: Path) -> np.ndarray:
 
 
 def read_image(path: str | os.PathLike[str]) -> np.ndarray:
-    """Read an image file as OpenCV would: (H, W) gray, or (H, W, 3|4) BGR/BGRA.
+    """Read an image file as OpenCV would.
 
     The dtype is uint8, uint16 or float32 as stored (16-bit PNG/TIFF stay uint16; 1-bit
     images become 0/255 uint8; other integer or float types are converted only where
     that is lossless). The result is C-contiguous and upright: EXIF orientation is
     applied exactly as ``cv2.imread(path)`` applies it, while alpha and 16-bit depth are
     kept as with ``IMREAD_UNCHANGED``. Files OpenCV cannot decode are read with Pillow.
+    A file with several frames (an animated GIF, PNG or WebP, a multi-page TIFF) gives
+    its first frame and a `MultiFrameWarning` that says how many there are.
 
-    Raises InputError (one line naming the file) for a missing file, a directory, an
-    empty file, a permission problem, a truncated or corrupt image, a file that is not
-    an image, or pixels that cannot be represented losslessly.
+    Args:
+        path: The image file.
+
+    Returns:
+        (H, W) gray, or (H, W, 3|4) BGR/BGRA, as a NumPy array.
+
+    Raises:
+        InputError: One line naming the file, for a missing file, a directory, an empty
+            file, a permission problem, a truncated or corrupt image, a file that is not
+            an image, or pixels that cannot be represented losslessly.
+
+    Example:
+        >>> import imgfilter
+        >>> img = imgfilter.read_image("samples/astronaut.jpg")  # BGR, upright
+        >>> img.shape, img.dtype
+        ((512, 512, 3), dtype('uint8'))
+        >>> imgfilter.read_image("samples/rocket16.tif").dtype
+        dtype('uint16')
     """
     p = Path(path)
     data = _read_bytes(p)
@@ -1146,19 +1163,43 @@ def write_image(
     quality: int | None = None,
     metadata: ImageMetadata | None = None,
 ) -> Path:
-    """Write `img` ((H, W) gray or (H, W, 3|4) BGR/BGRA) to `path`; return the Path.
+    """Write an image to a file whose extension picks the format.
 
     The format follows the extension (SUPPORTED_WRITE_EXTENSIONS, any case). Images the
-    format cannot hold without loss (say uint16 as JPEG, or BGRA as JPEG) are refused
-    with an OutputError that suggests an extension that can hold them; so are a missing
-    or unwritable directory, a directory as target, and an existing file unless
-    `overwrite` (the same checks as `check_output`). The write is atomic: on any failure
+    format cannot hold without loss (say uint16 as JPEG, or BGRA as JPEG) are refused;
+    see `imgfilter.io` for what each format holds. The write is atomic: on any failure
     an existing file at `path` is left as it was and no temporary file remains.
 
-    `quality` (0-100, JPEG and WebP only, else UsageError): JPEG quality (default 95),
-    or lossy WebP at that quality (default: lossless). `metadata` (`read_metadata`):
-    EXIF and ICC profile put into JPEG, PNG and WebP files (orientation reset to 1);
-    TIFF and BMP files are written without them.
+    Args:
+        path: The file to write.
+        img: (H, W) gray or (H, W, 3|4) BGR/BGRA (an (H, W, 1) image is written as
+            gray), non-empty.
+        overwrite: Replace an existing file; without it an existing file is refused.
+        quality: 0-100, JPEG and WebP only: JPEG quality (default 95), or lossy WebP at
+            that quality (default: lossless).
+        metadata: From `read_metadata`: EXIF and ICC profile put into JPEG, PNG and WebP
+            files (orientation reset to 1); TIFF and BMP files are written without them.
+
+    Returns:
+        The Path written.
+
+    Raises:
+        OutputError: An image the format cannot hold without loss (the message suggests
+            an extension that can hold it), an image that is not (H, W) or (H, W, C) or
+            is empty, an extension imgfilter cannot write, a missing or unwritable
+            directory, a directory as target, and an existing file unless `overwrite`
+            (the same checks as `check_output`).
+        UsageError: A `quality` that is not an integer from 0 to 100, or one given for a
+            format other than JPEG and WebP.
+
+    Example:
+        >>> import numpy as np
+        >>> import imgfilter
+        >>> img = np.zeros((64, 64, 3), np.uint8)
+        >>> imgfilter.write_image("out.png", img, overwrite=True).name
+        'out.png'
+        >>> imgfilter.write_image("out.jpg", img, quality=90, overwrite=True).suffix
+        '.jpg'
     """
     p = Path(path)
     fmt = format_for(p)

@@ -69,8 +69,20 @@ PALETTE = np.array(
 
 
 def engine(backend: str = "auto", *, device_input: bool = False) -> ModuleType:
-    """The engine module (imgfilter.classify.cuda or .cpu) for a backend name
-    (device_input: the image is a device array, which needs the CUDA engine)."""
+    """The classifier's engine module for a backend name.
+
+    Args:
+        backend: "auto", "cuda" or "cpu", picked like the filters' backends.
+        device_input: The image is a device array, which needs the CUDA engine.
+
+    Returns:
+        `imgfilter.classify.cuda` (GEMV and softmax kernels) or `imgfilter.classify.cpu`
+        (NumPy).
+
+    Raises:
+        UsageError: An unknown backend name, or a device image with backend "cpu".
+        DeviceError: Backend "cuda" without a usable GPU.
+    """
     from ..backends import get_backend
 
     name = get_backend(backend, device_input=device_input, quick=False).NAME
@@ -121,8 +133,28 @@ def _device_image(img: Any):
 
 
 def extract_features(img: Any, spec: dict | None = None, *, backend: str = "auto") -> np.ndarray:
-    """The (H * W, F) float32 feature matrix of an image, on the host (for inspection,
-    tests and other models)."""
+    """The feature matrix of an image, on the host (for inspection, tests and other
+    models).
+
+    Args:
+        img: (H, W) or (H, W, 1|3|4), uint8, uint16 or float32, a NumPy array.
+        spec: The feature set (`imgfilter.classify.features`); default `DEFAULT_SPEC`.
+        backend: "auto", "cuda" or "cpu" (see `engine`).
+
+    Returns:
+        (H * W, F) float32, one row per pixel in row-major order, the columns in
+        `feature_names` order.
+
+    Raises:
+        UsageError: An unsupported image or a malformed feature set.
+
+    Example:
+        >>> import numpy as np
+        >>> from imgfilter import classify
+        >>> img = np.zeros((64, 64, 3), np.uint8)
+        >>> classify.extract_features(img).shape
+        (4096, 19)
+    """
     arr = _check_image(img)
     spec = normalize_spec(spec)
     eng = engine(backend)
@@ -167,9 +199,21 @@ def check_labels(labels: Any, shape: tuple[int, int], name: str = "label mask") 
 
 
 def load_legend(path: Any) -> dict[int, tuple[int, int, int]]:
-    """A legend file: JSON mapping class numbers to the mask's colours, e.g.
-    {"1": "#d62728", "2": "#2ca02c", "3": [31, 119, 180]} (RGB, hex or a list).
-    Returns {class: (B, G, R)}; InputError (one line) for anything malformed."""
+    """Read a legend file: JSON mapping class numbers to the mask's colours.
+
+    For example {"1": "#d62728", "2": "#2ca02c", "3": [31, 119, 180]}: each colour RGB,
+    as hex or a list; class numbers 1..255; no two classes of one colour.
+
+    Args:
+        path: The JSON file.
+
+    Returns:
+        {class: (B, G, R)}.
+
+    Raises:
+        InputError: One line, for a missing or unreadable file, invalid JSON, or anything
+            malformed (not an object, a bad class number or colour, a shared colour).
+    """
     import json
     from pathlib import Path
 
@@ -217,8 +261,22 @@ def load_legend(path: Any) -> dict[int, tuple[int, int, int]]:
 
 
 def labels_from_colours(mask: Any, legend: dict[int, tuple[int, int, int]], name: str = "mask"):
-    """(H, W) uint8 class numbers from a colour-coded BGR(A) mask: a pixel of a legend
-    colour gets its class, any other pixel (and a transparent one) is unlabelled."""
+    """Class numbers from a colour-coded mask.
+
+    A pixel of a legend colour gets its class, any other pixel (and a transparent one)
+    is unlabelled (0).
+
+    Args:
+        mask: An 8-bit BGR or BGRA image.
+        legend: {class: (B, G, R)}, as `load_legend` returns.
+        name: What to call the mask in error messages.
+
+    Returns:
+        (H, W) uint8 class numbers.
+
+    Raises:
+        InputError: A mask that is not an 8-bit colour image.
+    """
     arr = np.asarray(mask)
     if arr.ndim != 3 or arr.shape[2] not in (3, 4) or arr.dtype != np.uint8:
         raise InputError(f"{name}: with a legend the mask must be an 8-bit colour image")
@@ -233,6 +291,20 @@ def labels_from_colours(mask: Any, legend: dict[int, tuple[int, int, int]], name
 
 @dataclass
 class TrainInfo:
+    """What `train` did.
+
+    Attributes:
+        loss: The loss (mean cross-entropy plus the L2 term) at the solution.
+        accuracy: The fraction of the training pixels classified right at the solution.
+        iterations: L-BFGS iterations.
+        evaluations: Evaluations of the loss and its gradient.
+        stop_reason: Why L-BFGS stopped.
+        samples: Labelled pixels used (at most max_samples).
+        labelled: Labelled pixels in the mask.
+        counts: {class number: training pixels of that class}.
+        seconds: Host seconds by stage ("features", "optimise").
+    """
+
     loss: float
     accuracy: float
     iterations: int
@@ -259,11 +331,44 @@ def train(
 ) -> tuple[Model, TrainInfo]:
     """Fit a pixel classifier to an image and its label mask.
 
-    labels: (H, W) integers, 0 = unlabelled, 1..C = classes (any subset of 1..255).
-    l2: the L2 strength lam of loss = mean CE + lam / 2 * ||W||^2 (scikit-learn's
-    LogisticRegression with C = 1 / (lam * n) minimises the same function). At most
-    max_samples labelled pixels are used (a seeded random subset). progress(iteration,
-    loss, accuracy) is called after each L-BFGS iteration.
+    Multinomial logistic regression on the image's features, standardised with the
+    training pixels' mean and std, minimised by L-BFGS from zero weights: deterministic.
+
+    Args:
+        img: (H, W) or (H, W, 1|3|4), uint8, uint16 or float32, a NumPy array.
+        labels: (H, W) integers, 0 = unlabelled, 1..C = classes (any subset of 1..255),
+            at least two classes.
+        spec: The feature set (`imgfilter.classify.features`); default `DEFAULT_SPEC`.
+        l2: The L2 strength lam of loss = mean CE + lam / 2 * ||W||^2 (the biases are not
+            penalised; scikit-learn's LogisticRegression with C = 1 / (lam * n) minimises
+            the same function).
+        max_iter: The most L-BFGS iterations.
+        max_samples: At most this many labelled pixels are used (a seeded random subset).
+        seed: The seed of that subset.
+        gtol: L-BFGS stops when the largest gradient entry is below this.
+        backend: "auto", "cuda" or "cpu" (see `engine`).
+        progress: Called as progress(iteration, loss, accuracy) after each L-BFGS
+            iteration.
+
+    Returns:
+        (model, info): the `Model` and a `TrainInfo`.
+
+    Raises:
+        UsageError: An unsupported image, a malformed feature set, a negative or
+            non-finite l2, max_iter < 1 or max_samples < 2.
+        InputError: An unusable label mask (colour, wrong size, values outside 0..255,
+            fewer than two classes), or sampled pixels of fewer than two classes.
+        DeviceError: Backend "cuda" without a usable GPU.
+
+    Example:
+        >>> import numpy as np
+        >>> from imgfilter import classify
+        >>> img = np.random.default_rng(0).integers(0, 256, (64, 64, 3), np.uint8)
+        >>> mask = np.zeros((64, 64), np.uint8)
+        >>> mask[:8], mask[-8:] = 1, 2           # two labelled stripes
+        >>> model, info = classify.train(img, mask, max_iter=50)
+        >>> model.n_classes, info.labelled
+        (2, 1024)
     """
     arr = _check_image(img)
     spec = normalize_spec(spec)
@@ -366,6 +471,15 @@ def train(
 
 @dataclass
 class Prediction:
+    """What `predict` returns.
+
+    Attributes:
+        labels: (H, W) uint8 class numbers: NumPy, or a device array for a device image.
+        proba: (H, W, C) float32 class probabilities, likewise; None when not asked for.
+        seconds: Host seconds by stage ("features", "classify"); for a device image, the
+            host time to queue the work.
+    """
+
     labels: Any  # (H, W) uint8 class numbers: NumPy, or a device array for a device image
     proba: Any | None  # (H, W, C) float32, likewise
     seconds: dict[str, float] = field(default_factory=dict)
@@ -383,17 +497,41 @@ def predict(
 ) -> Prediction:
     """Label every pixel: the class of highest probability, and the probabilities.
 
-    temperature T divides the logits (T > 1 flattens the probabilities, T < 1 sharpens
-    them; the labels do not change). method (CUDA): "gemv" (a GEMV per class, then the
-    softmax kernel; "auto") or "fused" (one kernel per pixel row).
+    Args:
+        img: A NumPy image (NumPy results; the call waits for them), or a device image
+            (anything with `__cuda_array_interface__`: CuPy, torch, Numba; C-contiguous;
+            CUDA engine): then labels and proba are device arrays, queued without
+            waiting for the GPU. (H, W) or (H, W, 1|3|4), uint8, uint16 or float32, gray
+            or colour as the model's training images.
+        model: A trained or loaded `Model`.
+        temperature: T divides the logits (T > 1 flattens the probabilities, T < 1
+            sharpens them; the labels do not change).
+        proba: Return the probabilities too.
+        backend: "auto", "cuda" or "cpu" (see `engine`).
+        method: CUDA: "gemv" (a GEMV per class, then the softmax kernel; "auto") or
+            "fused" (one kernel per pixel row).
+        stream: CUDA: where every launch and copy goes, a CuPy, torch, Numba or
+            cuda.core stream or a CUstream handle; default the device image's own stream
+            (its interface's), else the legacy default stream.
 
-    img: a NumPy image (NumPy results; the call waits for them), or a device image
-    (anything with `__cuda_array_interface__`: CuPy, torch, Numba; C-contiguous; CUDA
-    engine): then labels and proba are device arrays, queued without waiting for the
-    GPU (Prediction.seconds is then host time to queue the work). stream (CUDA): where
-    every launch and copy goes, a CuPy, torch, Numba or cuda.core stream or a CUstream
-    handle; default the device image's own stream (its interface's), else the legacy
-    default stream.
+    Returns:
+        A `Prediction` (Prediction.seconds is host time to queue the work for a device
+        image).
+
+    Raises:
+        UsageError: An unsupported image, an unknown method, or a temperature that is
+            not a positive number.
+        InputError: A gray image for a colour model, or the other way round.
+        DeviceError: Backend "cuda" without a usable GPU.
+
+    Example:
+        >>> import imgfilter
+        >>> from imgfilter import classify
+        >>> img = imgfilter.read_image("samples/astronaut.jpg")
+        >>> model = classify.load("samples/classify/astronaut.model.npz")
+        >>> out = classify.predict(img, model, temperature=2.0)
+        >>> out.labels.shape, out.labels.dtype, out.proba.shape
+        ((512, 512), dtype('uint8'), (512, 512, 3))
     """
     dimg = _device_image(img)
     arr = _check_image(img) if dimg is None else dimg
@@ -437,7 +575,17 @@ def predict(
 
 
 def overlay(img: Any, labels: np.ndarray, alpha: float = 0.5) -> np.ndarray:
-    """A BGR uint8 picture: the image (as 8-bit gray-or-colour) blended with class colours."""
+    """A picture of the labels: the image blended with class colours.
+
+    Args:
+        img: The image (as 8-bit gray-or-colour: uint16 scaled down, float32 clipped
+            to [0, 1]).
+        labels: (H, W) class numbers; class k gets PALETTE[(k - 1) % len(PALETTE)].
+        alpha: The weight of the class colours.
+
+    Returns:
+        (H, W, 3) BGR uint8.
+    """
     arr = np.asarray(img)
     h, w = arr.shape[:2]
     base = arr.reshape(h, w, -1)

@@ -30,6 +30,20 @@ MAX_CLASSES = 255
 
 @dataclass
 class Model:
+    """A trained pixel classifier: what `train` returns and a model file holds.
+
+    Attributes:
+        weights: (C, F) float64, acting on standardised features.
+        bias: (C,) float64.
+        mean: (F,) float64, the training pixels' mean of each feature (standardisation).
+        std: (F,) float64, their std of each feature.
+        classes: (C,) int64 label numbers of the training mask, increasing, 1..255.
+        spec: The feature set (`imgfilter.classify.features`).
+        channels: The colour channels of the training images: 1 (gray) or 3 (colour).
+        meta: JSON metadata: the L2 strength and the training summary; a model file's
+            also holds the format, version, feature set, channels and feature names.
+    """
+
     weights: np.ndarray  # (C, F) on standardised features
     bias: np.ndarray  # (C,)
     mean: np.ndarray  # (F,)
@@ -41,14 +55,26 @@ class Model:
 
     @property
     def n_classes(self) -> int:
+        """The number of classes C."""
         return int(self.classes.shape[0])
 
     @property
     def n_features(self) -> int:
+        """The number of features F."""
         return int(self.weights.shape[1])
 
     def folded(self, temperature: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-        """(W, b) float32 acting on raw features: logits / T = W x + b."""
+        """The weights folded with the standardisation and the temperature.
+
+        Args:
+            temperature: T, which divides the logits.
+
+        Returns:
+            (W, b) float32 acting on raw features: logits / T = W x + b.
+
+        Raises:
+            UsageError: A temperature that is not a positive number.
+        """
         if not (np.isfinite(temperature) and temperature > 0):
             raise UsageError(f"temperature must be a positive number, got {temperature}")
         w = self.weights / self.std[None, :]
@@ -56,6 +82,8 @@ class Model:
         return (w / temperature).astype(np.float32), (b / temperature).astype(np.float32)
 
     def to_bytes(self) -> bytes:
+        """The model file's bytes (.npz): the arrays, and meta as JSON with the format,
+        version, feature set, channels and feature names."""
         meta = dict(self.meta)
         meta.update(
             format=FORMAT,
@@ -78,7 +106,30 @@ class Model:
 
 
 def save(model: Model, path: str | Path, *, overwrite: bool = False) -> Path:
-    """Write the model atomically (never half a file); OutputError when it cannot."""
+    """Write the model to a .npz file atomically (never half a file).
+
+    Args:
+        model: The model.
+        path: The file to write; its name must end in .npz.
+        overwrite: Replace an existing file.
+
+    Returns:
+        The Path written.
+
+    Raises:
+        OutputError: When it cannot write: a name not ending in .npz, a missing or
+            unwritable directory, a directory as target, or an existing file without
+            `overwrite`.
+
+    Example:
+        >>> import imgfilter
+        >>> from imgfilter import classify
+        >>> img = imgfilter.read_image("samples/astronaut.jpg")
+        >>> mask = imgfilter.read_image("samples/classify/astronaut.scribbles.png")
+        >>> model, info = classify.train(img, mask)
+        >>> classify.save(model, "model.npz", overwrite=True).name
+        'model.npz'
+    """
     from .. import io
 
     p = Path(path)
@@ -94,7 +145,28 @@ def _bad(path: Path, why: str) -> InputError:
 
 
 def load(path: str | Path) -> Model:
-    """Read and validate a model file; InputError (one line) for anything wrong."""
+    """Read and validate a model file.
+
+    The file is read with `np.load(allow_pickle=False)`: a model file is untrusted
+    input, and every field is checked before use.
+
+    Args:
+        path: A file written by `save`.
+
+    Returns:
+        The `Model`.
+
+    Raises:
+        InputError: One line naming the problem: a missing file, a directory, an
+            unreadable file, not an .npz archive, missing arrays, bad JSON metadata, an
+            unsupported format or version, or arrays of the wrong dtype, shape or values.
+
+    Example:
+        >>> from imgfilter import classify
+        >>> model = classify.load("samples/classify/astronaut.model.npz")
+        >>> model.n_classes, model.channels, model.classes
+        (3, 3, array([1, 2, 3]))
+    """
     p = Path(path)
     if not p.exists():
         raise InputError(f"model file {p} does not exist")
