@@ -349,6 +349,9 @@ def _bench_seed_comparison(ctx: _Context, img: np.ndarray) -> None:
 # against one 2-D pass: either side of where `auto` takes them apart
 # (`kernels.conv_plan.separable_pays`: rank 1 from 16x16, rank 2 from 27x27).
 LOW_RANK_CASES = ((15, 1), (17, 1), (21, 1), (21, 2), (25, 2), (27, 2), (31, 2), (31, 3))
+# --quick: fewer kernel sizes (each a compile of its own on a fresh cache), every peer.
+QUICK_FILTER_KS = (3, 9, 21, 31)
+QUICK_LOW_RANK = ((21, 1), (31, 2))
 
 
 def low_rank_launches(img: np.ndarray, k: int, rank: int) -> list[tuple[str, Callable, int]]:
@@ -404,11 +407,18 @@ def _bench_low_rank(ctx: _Context, size: str, img: np.ndarray, k: int, rank: int
 def run(
     sizes=("seed",),
     box_ks=(3, 21, 101),
-    filter_ks=(3, 5, 9, 15, 21, 31),
+    filter_ks=None,
     quick=False,
-    low_rank=LOW_RANK_CASES,
+    low_rank=None,
 ):
-    """Measure every case; returns a dict ready for JSON (see `print_table`)."""
+    """Measure every case; returns a dict ready for JSON (see `print_table`). filter_ks
+    and low_rank default to QUICK_FILTER_KS / QUICK_LOW_RANK with `quick`, else to
+    (3, 5, 9, 15, 21, 31) / LOW_RANK_CASES."""
+    if filter_ks is None:
+        filter_ks = QUICK_FILTER_KS if quick else (3, 5, 9, 15, 21, 31)
+    if low_rank is None:
+        low_rank = QUICK_LOW_RANK if quick else LOW_RANK_CASES
+    started = time.perf_counter()
     from numba import cuda
 
     from .backends import background
@@ -437,6 +447,7 @@ def run(
         "fma_rate_TFMAps": ctx.tfmas,
         "versions": _versions(),
         "rows": [asdict(r) for r in ctx.rows],
+        "elapsed_s": round(time.perf_counter() - started, 1),
         "notes": {
             "cupy": "installed" if ctx.ndi is not None else "not installed: skipped",
             "torch": "installed with CUDA" if ctx.torch is not None else "not available: skipped",

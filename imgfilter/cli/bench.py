@@ -28,7 +28,12 @@ JsonPathOpt = Annotated[
 ]
 QuickOpt = Annotated[
     bool,
-    typer.Option("--quick", metavar="", help="Fewer repeats and a smaller bandwidth probe."),
+    typer.Option(
+        "--quick",
+        metavar="",
+        help="Fewer repeats, kernel sizes (3, 9, 21, 31) and low-rank cases, a smaller "
+        "bandwidth probe; every peer.",
+    ),
 ]
 PipelineOpt = Annotated[
     bool,
