@@ -1,7 +1,8 @@
 """Host images filtered in row bands through a small GPU budget (issue 27, section 2):
 bit-identical to the whole image for every border mode, off-centre anchors, kernels
-taller than a band, and every filter. The simulator runs the bands in CI; `gpu` runs
-them through pinned buffers and two streams."""
+taller than a band, and every filter. The simulator runs the bands in CI (plain
+copies); on a GPU every test runs through pinned buffers and two streams, and the
+`gpu` test on a larger image with many bands."""
 
 from __future__ import annotations
 
@@ -148,3 +149,17 @@ def test_command_line_max_gpu_memory(tmp_path):
     np.testing.assert_array_equal(imread(out), imgfilter.blur(img, 5, backend="cuda"))
     bad = run("blur", tmp_path / "in.png", "--k", "5", "--max-gpu-memory", "lots", "-o", out)
     assert_one_line_error(bad, 2, "--max-gpu-memory")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("border", ["reflect101", "wrap", "constant"])
+def test_gpu_bands_through_pinned_buffers_and_two_streams(border):
+    img = _image((3001, 1237, 3), np.uint8, seed=11)
+    kernel = np.random.default_rng(5).standard_normal((21, 17)).astype(np.float32) / 20
+    for call in (
+        lambda **kw: imgfilter.blur(img, (9, 31), border=border, border_value=4, **kw),
+        lambda **kw: imgfilter.filter2d(img, kernel, border=border, border_value=4, **kw),
+        lambda **kw: imgfilter.contour(img, border=border, **kw),
+    ):
+        want = call(backend="cuda")
+        np.testing.assert_array_equal(call(backend="cuda", max_gpu_bytes=3 << 20), want)
