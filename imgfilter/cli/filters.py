@@ -28,6 +28,7 @@ from .options import (
     BoxSideOpt,
     DebugOpt,
     ForceOpt,
+    GpusOpt,
     InPaths,
     JobsOpt,
     KeepMetadataOpt,
@@ -42,6 +43,7 @@ from .options import (
     QualityOpt,
     QuietOpt,
     RecursiveOpt,
+    SchedulerOpt,
     SkipExistingOpt,
     border_value,
     check_gpu_first,
@@ -142,6 +144,8 @@ _COMMON = (
     ("name", NameOpt, None),
     ("recursive", RecursiveOpt, False),
     ("jobs", JobsOpt, None),
+    ("gpus", GpusOpt, None),
+    ("scheduler", SchedulerOpt, None),
     ("quality", QualityOpt, None),
     ("keep_metadata", KeepMetadataOpt, False),
     ("force", ForceOpt, False),
@@ -168,7 +172,9 @@ def _run(spec: Filter, options: dict[str, Any]) -> None:
         )  # fmt: skip
 
     outs = many.Outputs(**{f.name: options[f.name] for f in fields(many.Outputs)})
-    filter_files(spec.op, outs, backend=options["backend"], method=method, apply=apply)
+    cluster = (options["gpus"], options["scheduler"])
+    filter_files(spec.op, outs, backend=options["backend"], method=method, apply=apply,
+                 cluster=cluster)  # fmt: skip
 
 
 def _register(spec: Filter) -> Callable[..., Any]:
@@ -198,11 +204,17 @@ for _spec in FILTERS:
 
 
 def filter_files(
-    op: str, outs: many.Outputs, *, backend: Backend, method: Method, apply: Apply
+    op: str,
+    outs: many.Outputs,
+    *,
+    backend: Backend,
+    method: Method,
+    apply: Apply,
+    cluster: tuple[int | None, str | None] = (None, None),
 ) -> None:
     """One input: `filter_file` (with --out-dir/--name naming its output); several, a
-    directory or a pattern: `_filter_many`. UsageError for options that exclude each
-    other or a bad --name."""
+    directory or a pattern: `_filter_many` (on a Dask cluster with `cluster`: --gpus,
+    --scheduler). UsageError for options that exclude each other or a bad --name."""
     from .. import files
 
     template = outs.name if outs.name is not None else files.default_template(op)
@@ -215,8 +227,11 @@ def filter_files(
     if outs.out_dir is not None:
         many.make_out_dir(outs.out_dir)
     if not many.single(outs.images):
-        _filter_many(op, outs, template, backend=backend, method=method, apply=apply)
+        _filter_many(op, outs, template, backend=backend, method=method, apply=apply,
+                     cluster=cluster)  # fmt: skip
         return
+    if cluster != (None, None):
+        note("one input is filtered here; --gpus and --scheduler apply to several")
     image, output = outs.images[0], outs.output
     if outs.out_dir is not None or outs.name is not None:
         entry = files.Entry(image)
@@ -319,14 +334,42 @@ def _metadata(image: Path, target: Path) -> Any:
 
 
 def _filter_many(
-    op: str, outs: many.Outputs, template: str, *, backend: Backend, method: Method, apply: Apply
+    op: str,
+    outs: many.Outputs,
+    template: str,
+    *,
+    backend: Backend,
+    method: Method,
+    apply: Apply,
+    cluster: tuple[int | None, str | None] = (None, None),
 ) -> None:
-    """Filter many files: many.plan_many, then many.run_many with the filter."""
+    """Filter many files: many.plan_many, then many.run_many with the filter (on a Dask
+    cluster with --gpus or --scheduler)."""
+    if cluster == (None, None):
+        check_gpu_first(backend)
+        _run_many(op, outs, template, backend=backend, method=method, apply=apply, client=None)
+        return
+    from .. import cluster as dask_cluster
+
+    with dask_cluster.connect(*cluster) as client:
+        _run_many(op, outs, template, backend=backend, method=method, apply=apply, client=client)
+
+
+def _run_many(
+    op: str,
+    outs: many.Outputs,
+    template: str,
+    *,
+    backend: Backend,
+    method: Method,
+    apply: Apply,
+    client: Any,
+) -> None:
+    """`_filter_many` once the files' runner is known: threads here, or a Dask client."""
     import numpy as np
 
     from .. import files, io
 
-    check_gpu_first(backend)
     plan, problems = many.plan_many(op, outs, template)
     backend_name = resolve_backend(backend) if plan.jobs else backend.value
     if plan.jobs:
@@ -352,7 +395,7 @@ def _filter_many(
 
     many.run_many(
         op, plan, problems, jobs=outs.jobs, engine=engine(backend_name, method), load=load,
-        compute=compute, save=save,
+        compute=compute, save=save, client=client,
     )  # fmt: skip
 
 

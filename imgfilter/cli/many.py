@@ -303,10 +303,12 @@ def run_many(
     load: Callable[[Any], Any],
     compute: Callable[[Any, Any], Any],
     save: Callable[[Any, Any, Any], None],
+    client: Any = None,
 ) -> None:
-    """Run the plan through files.run_pipeline (`jobs` codec threads): a line per
-    failed file, a summary, then exit 3 if an input failed (or an argument named
-    nothing: `problems`), else 4 if an output failed, else 5 (GPU), else 1."""
+    """Run the plan through files.run_pipeline (`jobs` codec threads), or with a Dask
+    `client` through cluster.run_on_cluster (a task per file): a line per failed file,
+    a summary, then exit 3 if an input failed (or an argument named nothing:
+    `problems`), else 4 if an output failed, else 5 (GPU), else 1."""
     from .. import files
 
     failures: Counter = Counter()
@@ -321,10 +323,17 @@ def run_many(
             Run.bar.update(stats.done, _rate(stats.done, stats.bytes_in, elapsed))
 
     with _many_lines(op, len(plan.jobs)):
-        stats = files.run_pipeline(
-            plan.jobs, load=load, compute=compute, save=save,
-            workers=jobs or files.default_workers(), on_event=on_event,
-        )  # fmt: skip
+        if client is not None:
+            from .. import cluster
+
+            stats = cluster.run_on_cluster(
+                client, plan.jobs, load=load, compute=compute, save=save, on_event=on_event
+            )
+        else:
+            stats = files.run_pipeline(
+                plan.jobs, load=load, compute=compute, save=save,
+                workers=jobs or files.default_workers(), on_event=on_event,
+            )  # fmt: skip
     failures["input"] += len(problems)
     info(_summary(stats, stats.failed + len(problems), engine, time.monotonic() - start))
     if stats.fatal is not None:

@@ -149,6 +149,24 @@ QualityOpt = Annotated[
         "lossless WebP). Only for .jpg/.jpeg/.webp outputs.",
     ),
 ]
+GpusOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--gpus",
+        min=1,
+        metavar="N",
+        help="Filter the files on a local Dask cluster of N GPU workers (dask-cuda).",
+    ),
+]
+SchedulerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="Filter the files on the Dask cluster at ADDRESS (its workers read and "
+        "write the same paths).",
+    ),
+]
 MaxGpuMemoryOpt = Annotated[
     str | None,
     typer.Option(

@@ -1,0 +1,92 @@
+"""Many files on a Dask cluster: each file read, filtered and written by one task on a
+worker (`--gpus N`: a local dask-cuda cluster, one worker per GPU; `--scheduler
+ADDRESS`: an existing cluster, whose workers must see the inputs and outputs at the
+same paths). Dask schedules; this module only submits the files and collects how each
+ended, with the same counts and events as `imgfilter.files.run_pipeline`.
+
+Needs `distributed` (and `dask-cuda` for `--gpus`): `pip install "imgfilter[dask-cuda]"`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from .errors import UsageError
+from .files import Job, Skip, Stats, _size
+
+
+@contextlib.contextmanager
+def connect(gpus: int | None, scheduler: str | None) -> Iterator[Any]:
+    """A `distributed.Client` for the `with` block: on a new local cluster of `gpus`
+    GPU workers (closed after it), or on the scheduler at `scheduler`. UsageError (one
+    line) for a missing package, both options at once, or a scheduler that does not
+    answer."""
+    if gpus is not None and scheduler is not None:
+        raise UsageError("give --gpus or --scheduler, not both")
+    try:
+        from distributed import Client
+    except ImportError:
+        raise UsageError(
+            'a Dask cluster needs distributed: pip install "imgfilter[dask-cuda]"'
+        ) from None
+    if scheduler is not None:
+        try:
+            client = Client(scheduler, timeout="10s")
+        except (OSError, TimeoutError) as exc:
+            message = f"--scheduler {scheduler}: no Dask scheduler answers ({exc})"
+            raise UsageError(message) from None
+        with client:
+            yield client
+        return
+    try:
+        from dask_cuda import LocalCUDACluster
+    except ImportError:
+        raise UsageError('--gpus needs dask-cuda: pip install "imgfilter[dask-cuda]"') from None
+    with LocalCUDACluster(n_workers=gpus) as cluster, Client(cluster) as client:
+        yield client
+
+
+def _one(job: Job, load: Callable, compute: Callable, save: Callable) -> tuple[str, Any]:
+    """On a worker: the whole job; ("written" | "skipped", None) or ("failed", error)."""
+    try:
+        loaded = load(job)
+    except Skip:
+        return "skipped", None
+    except Exception as exc:  # noqa: BLE001 - reported, the others go on
+        return "failed", exc
+    try:
+        save(job, loaded, compute(job, loaded))
+    except Exception as exc:  # noqa: BLE001
+        return "failed", exc
+    return "written", None
+
+
+def run_on_cluster(
+    client: Any,
+    jobs: Sequence[Job],
+    *,
+    load: Callable[[Job], Any],
+    compute: Callable[[Job, Any], Any],
+    save: Callable[[Job, Any, Any], Any],
+    on_event: Callable[[str, Job, BaseException | None, Stats], None] | None = None,
+) -> Stats:
+    """Run each job as one task on `client`'s cluster; return the counts. `on_event` as
+    in `files.run_pipeline`, called here as each task ends (in completion order)."""
+    from distributed import as_completed
+
+    stats = Stats(total=len(jobs))
+    futures = {client.submit(_one, job, load, compute, save, pure=False): job for job in jobs}
+    for future in as_completed(futures):
+        job = futures[future]
+        try:
+            kind, error = future.result()
+        except Exception as exc:  # noqa: BLE001 - a worker lost, a task that cannot run
+            kind, error = "failed", exc
+        with stats.lock:
+            setattr(stats, kind, getattr(stats, kind) + 1)
+            stats.bytes_in += _size(job.source)
+            if on_event is not None:
+                on_event(kind, job, error, stats)
+    return stats

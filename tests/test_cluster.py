@@ -1,0 +1,79 @@
+"""Many files on a Dask cluster (issue 27, section 3): `--scheduler ADDRESS` sends a
+task per file to an existing cluster (here an in-process one, on the CPU backend) and
+reports like the threaded run; `--gpus N` needs dask-cuda; bad combinations are one
+line, exit 2."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+from test_cli import assert_one_line_error, imread, run
+
+distributed = pytest.importorskip("distributed")  # in the test extra: CI always has it
+
+
+@pytest.fixture(scope="module")
+def scheduler():
+    with distributed.LocalCluster(
+        n_workers=1, processes=False, threads_per_worker=2, dashboard_address=None
+    ) as cluster:
+        yield cluster.scheduler_address
+
+
+@pytest.fixture
+def folder(tmp_path):
+    rng = np.random.default_rng(0)
+    src = tmp_path / "in"
+    (src / "sub").mkdir(parents=True)
+    for i, name in enumerate(("a.png", "b.png", "sub/c.png")):
+        cv2.imwrite(str(src / name), rng.integers(0, 256, (31 + i, 45, 3), dtype=np.uint8))
+    return src
+
+
+def test_files_on_a_cluster_equal_the_threaded_run(folder, tmp_path, scheduler):
+    common = ("--k", "5", "-r", "--backend", "cpu", "--border", "wrap")
+    threaded = run("blur", folder, *common, "--out-dir", tmp_path / "threads")
+    assert threaded.exit_code == 0, threaded.output
+    done = run("blur", folder, *common, "--out-dir", tmp_path / "dask", "--scheduler", scheduler)
+    assert done.exit_code == 0, done.output
+    assert "3 written, 0 skipped, 0 failed" in done.stderr
+    for name in ("a.blur.png", "b.blur.png", "sub/c.blur.png"):
+        np.testing.assert_array_equal(
+            imread(tmp_path / "dask" / name), imread(tmp_path / "threads" / name)
+        )
+
+
+def test_a_bad_file_on_a_cluster_is_reported_and_the_others_go_on(folder, tmp_path, scheduler):
+    (folder / "bad.png").write_bytes(b"not a png")
+    done = run("contour", folder, "-r", "--backend", "cpu", "--out-dir", tmp_path / "out",
+               "--scheduler", scheduler)  # fmt: skip
+    assert done.exit_code == 3, done.output
+    assert "bad.png" in done.stderr and "3 written, 0 skipped, 1 failed" in done.stderr
+    assert (tmp_path / "out" / "sub" / "c.contour.png").exists()
+
+
+def test_one_input_is_filtered_here_with_a_note(folder, tmp_path, scheduler):
+    out = tmp_path / "one.png"
+    kernel = "1,2,1;2,4,2;1,2,1"
+    done = run("filter", folder / "a.png", "--kernel", kernel, "--normalize", "--backend", "cpu",
+               "-o", out, "--scheduler", scheduler)  # fmt: skip
+    assert done.exit_code == 0, done.output
+    want = run("filter", folder / "a.png", "--kernel", kernel, "--normalize", "--backend", "cpu",
+               "-o", tmp_path / "want.png")  # fmt: skip
+    assert want.exit_code == 0
+    np.testing.assert_array_equal(imread(out), imread(tmp_path / "want.png"))
+    assert "one input is filtered here" in done.stderr
+
+
+def test_cluster_options_are_checked(folder, tmp_path):
+    both = run("blur", folder, "--k", "3", "--gpus", "1", "--scheduler", "tcp://127.0.0.1:1",
+               "--out-dir", tmp_path / "x")  # fmt: skip
+    assert_one_line_error(both, 2, "--gpus", "--scheduler")
+    try:
+        import dask_cuda  # noqa: F401
+    except ImportError:
+        gpus = run("blur", folder, "--k", "3", "--gpus", "2", "--out-dir", tmp_path / "y")
+        assert_one_line_error(gpus, 2, "dask-cuda")
+    zero = run("blur", folder, "--k", "3", "--gpus", "0", "--out-dir", tmp_path / "z")
+    assert zero.exit_code == 2
