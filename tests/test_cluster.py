@@ -77,3 +77,19 @@ def test_cluster_options_are_checked(folder, tmp_path):
         assert_one_line_error(gpus, 2, "dask-cuda")
     zero = run("blur", folder, "--k", "3", "--gpus", "0", "--out-dir", tmp_path / "z")
     assert zero.exit_code == 2
+
+
+def test_classify_files_on_a_cluster(folder, tmp_path, scheduler):
+    from pathlib import Path
+
+    model = Path(__file__).resolve().parents[1] / "samples" / "classify" / "astronaut.model.npz"
+    common = ("-r", "-m", model, "--backend", "cpu")
+    threaded = run("classify", folder, *common, "--out-dir", tmp_path / "threads")
+    assert threaded.exit_code == 0, threaded.output
+    done = run("classify", folder, *common, "--out-dir", tmp_path / "dask", "--scheduler",
+               scheduler)  # fmt: skip
+    assert done.exit_code == 0, done.output
+    for name in ("a.labels.png", "b.labels.png", "sub/c.labels.png"):
+        np.testing.assert_array_equal(
+            imread(tmp_path / "dask" / name), imread(tmp_path / "threads" / name)
+        )

@@ -29,18 +29,20 @@ from .options import (
     BackendOpt,
     DebugOpt,
     ForceOpt,
+    GpusOpt,
     InPath,
     InPaths,
     JobsOpt,
     OutDirOpt,
     QuietOpt,
     RecursiveOpt,
+    SchedulerOpt,
     SkipExistingOpt,
     check_gpu_first,
     engine,
     resolve_backend,
 )
-from .output import PROG, describe, info, shown, stage
+from .output import PROG, describe, info, note, shown, stage
 
 MethodClassify = Enum("MethodClassify", {n: n for n in ("auto", "gemv", "fused")}, type=str)
 LABELS_TEMPLATE = "{stem}.labels.png"  # each label map's default name
@@ -279,6 +281,8 @@ def classify(
     name: ClassifyNameOpt = None,
     recursive: RecursiveOpt = False,
     jobs: JobsOpt = None,
+    gpus: GpusOpt = None,
+    scheduler: SchedulerOpt = None,
     force: ForceOpt = False,
     skip_existing: SkipExistingOpt = False,
     quiet: QuietOpt = False,
@@ -297,7 +301,9 @@ def classify(
     """
     from .. import classify as _classify
 
-    check_gpu_first(backend)
+    cluster = (gpus, scheduler)
+    if cluster == (None, None) or many.single(images):
+        check_gpu_first(backend)
     if not (math.isfinite(temperature) and temperature > 0):
         raise UsageError(f"--temperature must be a positive number, got {temperature}")
     outs = many.Outputs(
@@ -311,8 +317,10 @@ def classify(
         many.make_out_dir(out_dir)
     how = _How(temperature, backend, method, proba is not None)
     if not many.single(images):
-        _classify_many(outs, _classify.load(model), template, extras, how)
+        _classify_many(outs, _classify.load(model), template, extras, how, cluster)
         return
+    if cluster != (None, None):
+        note("one input is classified here; --gpus and --scheduler apply to several")
     image = images[0]
     label_map, proba, overlay = _single_outputs(outs, template, proba, overlay, extras)
     if skip_existing:
@@ -483,9 +491,23 @@ def _classify_file(
     )
 
 
-def _classify_many(outs: many.Outputs, mdl: Any, template: str, extras: tuple, how: _How) -> None:
+def _classify_many(outs: many.Outputs, mdl: Any, template: str, extras: tuple, how: _How,
+                   cluster: tuple) -> None:  # fmt: skip
     """Several inputs: many.run_many with the model loaded once; the label map and
-    the --proba/--overlay outputs of each input (extras, in that order)."""
+    the --proba/--overlay outputs of each input (extras, in that order); on a Dask
+    cluster with `cluster` (--gpus, --scheduler)."""
+    if cluster == (None, None):
+        _classify_on(outs, mdl, template, extras, how, None)
+        return
+    from .. import cluster as dask_cluster
+
+    with dask_cluster.connect(*cluster) as client:
+        _classify_on(outs, mdl, template, extras, how, client)
+
+
+def _classify_on(outs: many.Outputs, mdl: Any, template: str, extras: tuple, how: _How,
+                 client: Any) -> None:  # fmt: skip
+    """`_classify_many` once the files' runner is known: threads here, or a Dask client."""
     import numpy as np
 
     from .. import classify as _classify
@@ -526,5 +548,5 @@ def _classify_many(outs: many.Outputs, mdl: Any, template: str, extras: tuple, h
 
     many.run_many(
         "classify", plan, problems, jobs=outs.jobs, engine=engine(backend_name, how.method),
-        load=load, compute=compute, save=save,
+        load=load, compute=compute, save=save, client=client,
     )  # fmt: skip
