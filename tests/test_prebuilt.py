@@ -302,3 +302,13 @@ def test_what_the_quick_start_cannot_run_goes_to_the_requests_backend(monkeypatc
 
 def _image_u8():
     return np.random.default_rng(4).integers(0, 256, (9, 11, 3), dtype=np.uint8)
+
+
+def test_a_failed_background_compile_is_swallowed_and_its_marker_removed(tmp_path, monkeypatch):
+    monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path))
+    marker = cubins.pending_marker("box_tiled-z")
+    marker.parent.mkdir(parents=True)
+    marker.write_text("1")
+    with background.compiling("box_tiled-z"):
+        raise RuntimeError("NVVM failed")
+    assert not marker.exists()

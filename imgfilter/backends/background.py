@@ -13,10 +13,12 @@ off: callers then compile at once. Nothing here imports Numba.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 from . import cubins
 
@@ -57,16 +59,13 @@ def compile_box(name: str, shape: tuple, dtype: str, ksize: tuple) -> bool:
     return start(name, code)
 
 
-def run_box(name: str, shape: tuple, dtype: str, ksize: tuple) -> None:
-    """In the detached process: blur a zero image through the Numba backend (which
-    compiles and exports the kernel), then remove the marker. Never raises."""
+@contextlib.contextmanager
+def compiling(name: str) -> Iterator[None]:
+    """The body of a background compile of kernel `name`: a failure is swallowed (the
+    generic kernel still runs; IMGFILTER_DEBUG_CUBINS=1 reports it) and the marker is
+    removed at the end, whatever happened."""
     try:
-        import numpy as np
-
-        from . import cuda
-
-        kh, kw = ksize
-        cuda.box(np.zeros(shape, dtype), ksize, (kh // 2, kw // 2), 0, 0.0, "auto")
+        yield
     except Exception as exc:  # noqa: BLE001 - an optimisation: the generic kernel still runs
         if os.environ.get("IMGFILTER_DEBUG_CUBINS") == "1":
             print(f"imgfilter: background compile of {name} failed: {exc!r}", file=sys.stderr)
@@ -75,6 +74,18 @@ def run_box(name: str, shape: tuple, dtype: str, ksize: tuple) -> None:
             cubins.pending_marker(name).unlink()
         except OSError:
             pass
+
+
+def run_box(name: str, shape: tuple, dtype: str, ksize: tuple) -> None:
+    """In the detached process: blur a zero image through the Numba backend (which
+    compiles and exports the kernel), then remove the marker. Never raises."""
+    with compiling(name):
+        import numpy as np
+
+        from . import cuda
+
+        kh, kw = ksize
+        cuda.box(np.zeros(shape, dtype), ksize, (kh // 2, kw // 2), 0, 0.0, "auto")
 
 
 def compile_blocked(kh: int, kw: int, dtype: str) -> bool:

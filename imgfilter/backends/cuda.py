@@ -10,8 +10,6 @@ shared contract.
 from __future__ import annotations
 
 import functools
-import os
-import sys
 import threading
 import time
 
@@ -498,7 +496,7 @@ def compile_blocked(kh: int, kw: int, dtype: str) -> None:
     method auto, in this and other processes, that it is ready). Never raises: a
     failure leaves auto on the tiled kernel."""
     name = cubins.blocked_name(kh, kw, dtype)
-    try:
+    with background.compiling(name):
         stream = PER_THREAD_STREAM
         img = to_device(np.ones((8, 8, 1), dtype), stream)
         weights = _device_weights(np.ones((kh, kw), np.float32), stream)
@@ -508,14 +506,6 @@ def compile_blocked(kh: int, kw: int, dtype: str) -> None:
         driver().synchronize(stream)
         _export(_blocked.kernel_for(kh, kw), name, (np.dtype(dtype), np.float32, np.dtype(dtype)))
         _BLOCKED_READY.add((kh, kw, np.dtype(dtype).name))
-    except Exception as exc:  # noqa: BLE001 - an optimisation: the tiled kernel still runs
-        if os.environ.get("IMGFILTER_DEBUG_CUBINS") == "1":
-            print(f"imgfilter: background compile of {kh}x{kw} failed: {exc!r}", file=sys.stderr)
-    finally:
-        try:
-            cubins.pending_marker(name).unlink()
-        except OSError:
-            pass
 
 
 # A device call's (key, record, rows) for `_on_device`, by its options: made once
