@@ -1,19 +1,25 @@
-"""Host cost of one kernel launch through the ways open to Python (GPU needed).
+"""Host cost of one kernel launch, and of the pieces around it, through the ways open
+to Python (GPU needed).
 
-An empty kernel compiled by Numba, launched N times on a non-default stream by:
+An empty kernel compiled by Numba, launched on a non-default stream by:
 `kernels.launch.launch` (the whole layer), `kernels.cudadrv.Driver.launch` (ctypes
 cuLaunchKernelEx, a config per thread and geometry, parameters packed in one buffer),
-ctypes cuLaunchKernel (eleven arguments), ctypes cuLaunchKernelEx with a fully
-prepared config, cuda.bindings' cuLaunchKernel, and Numba's own dispatch. Prints
-microseconds per launch.
+ctypes cuLaunchKernelEx with a prepared config (with and without packing), ctypes
+cuLaunchKernel with a kernelParams array, cuda.bindings' cuLaunchKernel, and Numba's
+own dispatch; beside them torch's and CuPy's cheapest calls, and our pool allocation.
+Each figure is the host time of a window of `--window` calls (short enough that the
+launch queue never fills, so the GPU's own launch rate does not show), median of
+`--windows` windows, divided by the window. Prints microseconds per call.
 
-    python benchmarks/launch_overhead.py [--launches 20000]
+    python benchmarks/launch_overhead.py [--window 200] [--windows 25]
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import statistics
+import struct
 import time
 
 import numpy as np
@@ -26,15 +32,18 @@ def _empty(out, n):
         out[0] = 1
 
 
-def _per_launch(fn, launches: int) -> float:
+def _per_call(fn, window: int, windows: int, sync) -> float:
+    """Median host microseconds per call over `windows` windows of `window` calls."""
     fn()
-    cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(launches):
-        fn()
-    elapsed = time.perf_counter() - t0
-    cuda.synchronize()
-    return elapsed / launches * 1e6
+    sync()
+    times = []
+    for _ in range(windows):
+        t0 = time.perf_counter()
+        for _ in range(window):
+            fn()
+        times.append(time.perf_counter() - t0)
+        sync()
+    return statistics.median(times) / window * 1e6
 
 
 class _LaunchConfig(ctypes.Structure):
@@ -46,74 +55,145 @@ class _LaunchConfig(ctypes.Structure):
     ]  # fmt: skip
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--launches", type=int, default=20000)
-    n = ap.parse_args().launches
+def _offsets(packer: struct.Struct) -> list[int]:
+    """Byte offset of each parameter in `packer`'s native-aligned layout."""
+    fmt, offsets = packer.format.lstrip("@"), []
+    for i in range(len(fmt)):
+        prefix = fmt[: i + 1]
+        offsets.append(struct.calcsize("@" + prefix) - struct.calcsize("@" + fmt[i]))
+    return offsets
 
+
+def _launch_cases(results: dict, measure, drv, handle: int) -> None:
     from kernels.arrays import empty
-    from kernels.cudadrv import CudaError, driver
     from kernels.launch import _compiled, launch
 
-    try:
-        drv = driver()
-    except CudaError as exc:
-        raise SystemExit(f"launch_overhead needs an NVIDIA GPU: {exc}") from None
-    stream = cuda.stream()
-    handle = int(stream.handle.value if hasattr(stream.handle, "value") else stream.handle)
     out = empty((1,), np.int32, handle)
     args = (out, 1 << 30)
     launch(_empty, 1, 32, args, handle)
     compiled = next(c for (k, _), c in _compiled.items() if k is _empty)
     values = list(out.params()) + [1 << 30]
-    packer = compiled.packer
-    results = {}
-    results["kernels.launch.launch (whole layer)"] = _per_launch(
-        lambda: launch(_empty, 1, 32, args, handle), n
+    packer, fn = compiled.packer, compiled.handle
+    results["kernels.launch.launch (whole layer)"] = measure(
+        lambda: launch(_empty, 1, 32, args, handle)
     )
-    results["Driver.launch (ctypes cuLaunchKernelEx)"] = _per_launch(
-        lambda: drv.launch(compiled.handle, (1, 1, 1), (32, 1, 1), 0, handle, packer, values), n
+    results["Driver.launch (ctypes cuLaunchKernelEx)"] = measure(
+        lambda: drv.launch(fn, (1, 1, 1), (32, 1, 1), 0, handle, packer, values)
     )
-
     lib = drv._lib
     u, vp = ctypes.c_uint, ctypes.c_void_p
     lib.cuLaunchKernel.argtypes = [vp, u, u, u, u, u, u, u, vp, vp, vp]
-    lib.cuLaunchKernelEx.argtypes = [ctypes.c_void_p] * 4
     config = _LaunchConfig(1, 1, 1, 32, 1, 1, 0, handle, None, 0)
     buf = ctypes.create_string_buffer(4096)
     size = ctypes.c_size_t(packer.size)
     extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(buf), 2, ctypes.addressof(size), 0)
     config_ptr, extra_ptr = ctypes.addressof(config), ctypes.addressof(extra)
-    fn = compiled.handle
+    base = ctypes.addressof(buf)
+    params = (ctypes.c_void_p * len(values))(*[base + o for o in _offsets(packer)])
+    params_ptr = ctypes.addressof(params)
+    packer.pack_into(buf, 0, *values)
+    ex = lib.cuLaunchKernelEx
+    results["ctypes cuLaunchKernelEx, no packing"] = measure(
+        lambda: ex(config_ptr, fn, None, extra_ptr)
+    )
 
-    def ex():
+    def ex_packed():
         packer.pack_into(buf, 0, *values)
-        lib.cuLaunchKernelEx(config_ptr, fn, None, extra_ptr)
+        ex(config_ptr, fn, None, extra_ptr)
 
-    results["ctypes cuLaunchKernelEx, prepared config"] = _per_launch(ex, n)
-
-    def plain():
-        packer.pack_into(buf, 0, *values)
-        lib.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, handle, None, extra)
-
-    results["ctypes cuLaunchKernel (eleven arguments)"] = _per_launch(plain, n)
+    results["ctypes cuLaunchKernelEx, packing"] = measure(ex_packed)
+    plain = lib.cuLaunchKernel
+    results["ctypes cuLaunchKernel, kernelParams, no packing"] = measure(
+        lambda: plain(fn, 1, 1, 1, 32, 1, 1, 0, handle, params_ptr, None)
+    )
     try:
         from cuda.bindings import driver as cb
 
-        def bindings():
-            packer.pack_into(buf, 0, *values)
-            cb.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, handle, 0, extra_ptr)
-
-        results["cuda.bindings cuLaunchKernel"] = _per_launch(bindings, n)
+        f, s = cb.CUfunction(fn), cb.CUstream(handle)
+        launch_cb = cb.cuLaunchKernel
+        err, *_ = launch_cb(f, 1, 1, 1, 32, 1, 1, 0, s, params_ptr, 0)
+        if int(err) != 0:
+            raise RuntimeError(f"cuLaunchKernel: {err}")
+        results["cuda.bindings cuLaunchKernel, kernelParams, no packing"] = measure(
+            lambda: launch_cb(f, 1, 1, 1, 32, 1, 1, 0, s, params_ptr, 0)
+        )
     except Exception as exc:  # noqa: BLE001 - reported
         print(f"cuda.bindings: {exc!r}")
+    stream = cuda.external_stream(handle)
     d_out = cuda.device_array(1, np.int32)
     configured = _empty[1, 32, stream]
-    results["Numba dispatch kernel[1, 32, stream](...)"] = _per_launch(
-        lambda: configured(d_out, 1 << 30), n // 4
+    results["Numba dispatch kernel[1, 32, stream](...)"] = measure(
+        lambda: configured(d_out, 1 << 30)
     )
+
+
+def _piece_cases(results: dict, measure, handle: int) -> None:
+    from kernels.devarray import POOL, as_device_array, empty
+
+    results["POOL.allocate + release (1 KiB)"] = measure(lambda: POOL.allocate(1024, handle))
+    results["devarray.empty((1, 1024), float32)"] = measure(
+        lambda: empty((1, 1024), np.float32, handle)
+    )
+    try:
+        import cupy as cp
+    except ImportError:
+        print("cupy: not installed")
+        return
+    with cp.cuda.Stream(non_blocking=True):
+        x = cp.random.rand(1, 1024, dtype=cp.float32)
+        results["as_device_array(cupy array)"] = measure(lambda: as_device_array(x))
+        results["cupy.cuda.get_current_stream()"] = measure(cp.cuda.get_current_stream)
+        results["cupy.empty((1, 1024), float32)"] = measure(lambda: cp.empty((1, 1024), cp.float32))
+        results["cupy x * 2 (1x1024)"] = measure(lambda: x * 2)
+        from kernels.softmax import softmax
+
+        results["kernels.softmax.softmax(cupy 1x1024)"] = measure(lambda: softmax(x))
+        dx = as_device_array(x)
+        results["kernels.softmax.softmax(DeviceArray 1x1024)"] = measure(lambda: softmax(dx))
+
+
+def _torch_cases(results: dict, measure) -> None:
+    try:
+        import torch
+    except ImportError:
+        print("torch: not installed")
+        return
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        x = torch.rand(1, 1024, device="cuda")
+        results["torch.softmax (1x1024)"] = measure(lambda: torch.softmax(x, -1))
+        results["torch.empty((1, 1024))"] = measure(lambda: torch.empty((1, 1024), device="cuda"))
+        results["torch x * 2 (1x1024)"] = measure(lambda: x * 2)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--window", type=int, default=200)
+    ap.add_argument("--windows", type=int, default=25)
+    opts = ap.parse_args()
+
+    from kernels.cudadrv import CudaError, driver
+
+    try:
+        drv = driver()
+    except CudaError as exc:
+        raise SystemExit(f"launch_overhead needs an NVIDIA GPU: {exc}") from None
+    handle = drv.stream_create()
+
+    def sync():
+        drv.synchronize(handle)
+        cuda.synchronize()
+
+    def measure(fn):
+        return _per_call(fn, opts.window, opts.windows, sync)
+
+    results: dict[str, float] = {}
+    _launch_cases(results, measure, drv, handle)
+    _piece_cases(results, measure, handle)
+    _torch_cases(results, measure)
+    print(f"host us per call: median of {opts.windows} windows of {opts.window} calls")
     for name, us in results.items():
-        print(f"{name:45s} {us:6.2f} us per launch")
+        print(f"{name:55s} {us:6.2f}")
 
 
 if __name__ == "__main__":
