@@ -268,6 +268,82 @@ class Driver:
         if status:
             self.check(status, "cuLaunchKernelEx")
 
+    def prepare(
+        self,
+        fn: int,
+        grid: Sequence[int],
+        block: Sequence[int],
+        smem: int,
+        packer: struct.Struct,
+        values: Sequence,
+        patches: tuple,
+    ) -> PreparedLaunch:
+        """`fn`'s launch with `values` packed once (`PreparedLaunch`); `patches` as
+        PreparedLaunch.launch takes them, with parameter indices for offsets."""
+        offsets = param_offsets(packer)
+        return PreparedLaunch(self, fn, grid, block, smem, packer, values,
+                              tuple((offsets[i], slot, at) for i, slot, at in patches))  # fmt: skip
+
+
+def param_offsets(packer: struct.Struct) -> list[int]:
+    """Byte offset of each parameter in `packer`'s layout (one struct code each)."""
+    fmt = packer.format.lstrip("@")
+    return [struct.calcsize("@" + fmt[: i + 1]) - struct.calcsize("@" + fmt[i])
+            for i in range(len(fmt))]  # fmt: skip
+
+
+_POINTER = struct.Struct("@q")
+
+
+class PreparedLaunch:
+    """One kernel launch whose parameters are packed once: each `launch` writes only
+    the pointer parameters that change (and the stream) into its own buffer and
+    enqueues it. Thread-safe: a lock keeps one thread's pointers until the driver
+    has copied them (cuLaunchKernelEx copies the parameter buffer before returning)."""
+
+    __slots__ = ("_drv", "_fn", "_params", "_config", "_size", "_extra", "_config_address",
+                 "_extra_address", "_patches", "_lock")  # fmt: skip
+
+    def __init__(
+        self,
+        drv: Driver,
+        fn: int,
+        grid: Sequence[int],
+        block: Sequence[int],
+        smem: int,
+        packer: struct.Struct,
+        values: Sequence,
+        patches: tuple,
+    ) -> None:
+        self._drv, self._fn, self._patches = drv, fn, patches
+        self._params = _c.create_string_buffer(max(packer.size, 1))
+        packer.pack_into(self._params, 0, *values)
+        self._size = _sz(packer.size)
+        self._extra = (_vp * 5)(
+            _PARAM_BUFFER_POINTER, _c.addressof(self._params),
+            _PARAM_BUFFER_SIZE, _c.addressof(self._size), _PARAM_END,
+        )  # fmt: skip
+        self._config = _LaunchConfig(*grid, *block, smem, None, None, 0)
+        self._config_address = _c.addressof(self._config)
+        self._extra_address = _c.addressof(self._extra)
+        self._lock = threading.Lock()
+
+    def launch(self, stream: int, bases: Sequence[int]) -> None:
+        """Enqueue on `stream` with each patched pointer parameter set to
+        bases[slot] + at, for the (byte offset, slot, at) patches it was made with."""
+        drv = self._drv
+        if not getattr(drv._tls, "ready", False):
+            drv.current()
+        params = self._params
+        with self._lock:
+            for offset, slot, at in self._patches:
+                _POINTER.pack_into(params, offset, bases[slot] + at)
+            self._config.hStream = stream
+            status = drv._lib.cuLaunchKernelEx(self._config_address, self._fn, None,
+                                               self._extra_address)  # fmt: skip
+        if status:
+            drv.check(status, "cuLaunchKernelEx")
+
 
 class _NvmlMemory(_c.Structure):
     _fields_ = [("total", _c.c_ulonglong), ("free", _c.c_ulonglong), ("used", _c.c_ulonglong)]

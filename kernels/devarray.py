@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import threading
-import weakref
 from typing import Any
 
 import numpy as np
@@ -36,50 +35,60 @@ LEGACY = 0  # CUstream handle of the legacy default stream (CU_STREAM_LEGACY is 
 PER_THREAD = 2  # CU_STREAM_PER_THREAD
 
 
-def _round_size(nbytes: int) -> int:
-    """Pool block sizes: 512-byte steps up to 1 MiB, then 2 MiB steps (few distinct
-    sizes, little waste for images)."""
-    nbytes = max(int(nbytes), 1)
-    step = 512 if nbytes < (1 << 20) else (2 << 20)
-    return -(-nbytes // step) * step
-
-
 class _Block:
-    """A pooled allocation; returns itself to its stream's free list when collected.
-    `stream` is the pool's key for the stream: its handle, or (PER_THREAD, thread id)
-    for the per-thread default stream, which is a different stream in each thread."""
+    """A pooled allocation; returns itself to its free list (that of its stream and
+    size) when collected. `stream` is the pool's key for the stream: its handle, or
+    (PER_THREAD, thread id) for the per-thread default stream, which is a different
+    stream in each thread."""
 
-    __slots__ = ("ptr", "size", "stream", "__weakref__")
+    __slots__ = ("ptr", "size", "stream", "_free", "__weakref__")
 
-    def __init__(self, ptr: int, size: int, stream: int) -> None:
-        self.ptr, self.size, self.stream = ptr, size, stream
+    def __init__(self, ptr: int, size: int, stream, free: list) -> None:
+        self.ptr, self.size, self.stream, self._free = ptr, size, stream, free
 
     def __del__(self) -> None:
-        pool = _POOL_REF()
-        if pool is not None:
-            pool.release(self.ptr, self.size, self.stream)
+        self._free.append(self.ptr)  # atomic: no lock needed
 
 
 class Pool:
-    """Stream-keyed caching allocator (see the module docstring). Thread-safe."""
+    """Stream-keyed caching allocator (see the module docstring). Thread-safe: a
+    free list is only appended to and popped from (atomic operations), and the
+    lists stay in the pool for good, so taking and returning a cached block needs
+    no lock; the lock guards new lists and the trim."""
 
     def __init__(self) -> None:
-        self._free: dict[tuple[int, int], list[int]] = {}
+        self._free: dict[tuple, list[int]] = {}
         self._lock = threading.Lock()
-        self.cached_bytes = 0
         self.allocated_bytes = 0  # cuMemAlloc'd by the pool, cached or in use
 
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes in free lists: allocated by the pool, in use by no array."""
+        return sum(size * len(ptrs) for (_, size), ptrs in list(self._free.items()))
+
     def allocate(self, nbytes: int, stream: int) -> _Block:
-        size = _round_size(nbytes)
-        stream = LEGACY if stream == 1 else stream
-        if stream == PER_THREAD:  # one handle, but each thread's own stream
+        # Block sizes: 512-byte steps up to 1 MiB, then 2 MiB steps (few distinct
+        # sizes, little waste for images).
+        if nbytes < (1 << 20):
+            size = ((nbytes + 511) >> 9) << 9 or 512
+        else:
+            size = -(-nbytes // (2 << 20)) * (2 << 20)
+        if stream == 1:
+            stream = LEGACY
+        elif stream == PER_THREAD:  # one handle, but each thread's own stream
             stream = (PER_THREAD, threading.get_ident())
-        key = (stream, size)
-        with self._lock:
-            free = self._free.get(key)
-            if free:
-                self.cached_bytes -= size
-                return _Block(free.pop(), size, stream)
+        free = self._free.get((stream, size))
+        if free is None:
+            with self._lock:
+                free = self._free.setdefault((stream, size), [])
+        try:
+            return _Block(free.pop(), size, stream, free)
+        except IndexError:
+            return _Block(self._new(size), size, stream, free)
+
+    def _new(self, size: int) -> int:
+        """A fresh cuMemAlloc of `size` bytes; when the device is full, the cache is
+        trimmed and the allocation tried once more."""
         drv = driver()
         try:
             ptr = drv.alloc(size)
@@ -96,20 +105,19 @@ class Pool:
                 ) from None
         with self._lock:
             self.allocated_bytes += size
-        return _Block(ptr, size, stream)
-
-    def release(self, ptr: int, size: int, stream: int) -> None:
-        with self._lock:
-            self._free.setdefault((stream, size), []).append(ptr)
-            self.cached_bytes += size
+        return ptr
 
     def trim(self) -> None:
         """Wait for the device, then give every cached block back to CUDA."""
         drv = driver()
+        blocks = []
         with self._lock:
-            blocks = [(p, size) for (_, size), ptrs in self._free.items() for p in ptrs]
-            self._free.clear()
-            self.cached_bytes = 0
+            for (_, size), ptrs in self._free.items():
+                while True:
+                    try:
+                        blocks.append((ptrs.pop(), size))
+                    except IndexError:
+                        break
             self.allocated_bytes -= sum(size for _, size in blocks)
         drv.current()
         drv.call("cuCtxSynchronize")
@@ -120,7 +128,6 @@ class Pool:
 POOL = Pool()
 # `active`: the calling thread's launch recording, if any (kernels.launch.Recording).
 _recorder = threading.local()
-_POOL_REF = weakref.ref(POOL)  # None at interpreter exit: blocks then stay with CUDA
 
 
 def _c_strides(shape: tuple, itemsize: int) -> tuple:
@@ -360,6 +367,21 @@ def _cupy_view(a) -> DeviceArray:
     if contiguous:
         return c_array(a.data.ptr, a.shape, a.dtype, stream, a)
     return DeviceArray(a.data.ptr, a.shape, a.dtype, a.strides, stream, a)
+
+
+def cheap_view(obj: Any) -> DeviceArray | None:
+    """A DeviceArray view of `obj` where one costs little (ours, CuPy, torch CUDA
+    tensors), else None: for entry points' fast paths, which leave other inputs to
+    their general path."""
+    kind = type(obj)
+    if kind is DeviceArray:
+        return obj
+    module = kind.__module__
+    if module == "cupy" or module.startswith("cupy._core"):
+        return _cupy_view(obj)
+    if module == "torch" and getattr(obj, "is_cuda", False):
+        return _torch_view(obj)
+    return None
 
 
 def as_device_array(obj: Any) -> DeviceArray:

@@ -389,10 +389,11 @@ class Recording:
 class Recipe:
     """Recorded launches (`Recording`), replayed on new arrays with `replay`."""
 
-    __slots__ = ("steps", "scratch", "constants")
+    __slots__ = ("steps", "scratch", "constants", "_prepared")
 
     def __init__(self, steps: tuple, scratch: tuple, constants: tuple) -> None:
         self.steps, self.scratch, self.constants = steps, scratch, constants
+        self._prepared = None
 
     def replay(self, pointers: list, stream: int) -> None:
         """Queue the launches on `stream` with the recorded slots at `pointers` (in
@@ -402,12 +403,19 @@ class Recipe:
             bases = pointers + [b.ptr for b in blocks]
         else:
             bases = pointers
-        launch_one = driver().launch
-        for handle, grid, block, smem, packer, template, patches in self.steps:
-            values = template.copy()
-            for index, slot, offset in patches:
-                values[index] = bases[slot] + offset
-            launch_one(handle, grid, block, smem, stream, packer, values)
+        prepared = self._prepared
+        if prepared is None:
+            prepared = self._prepared = prepare_steps(self.steps)
+        for step in prepared:
+            step.launch(stream, bases)
+
+
+def prepare_steps(steps: tuple) -> tuple:
+    """Recorded steps (handle, grid, block, smem, packer, values, patches; a patch is
+    (parameter index, slot, byte offset)) as the driver's prepared launches, which
+    patch only the pointers on each replay."""
+    drv = driver()
+    return tuple(drv.prepare(*step) for step in steps)
 
 
 def launch_or_replay(recipes: dict, key, slots: tuple, kernel, grid, block, args: tuple,
@@ -905,12 +913,13 @@ class VarShapeRecipe:
     launches patched and made. `build` gives None when the plan cannot be replayed
     (an array lies in another image's memory, or images share memory)."""
 
-    __slots__ = ("slots", "table", "addresses", "steps", "constants")
+    __slots__ = ("slots", "table", "addresses", "steps", "constants", "_prepared")
 
     @classmethod
     def build(cls, plan: list, images: list) -> VarShapeRecipe | None:
         """images[i]: (input, output, scratch buffers) of image i, as collected."""
         self = cls()
+        self._prepared = None
         self.slots = _Slots(images)
         if not self.slots.disjoint():
             return None
@@ -997,9 +1006,8 @@ class VarShapeRecipe:
             held = POOL.allocate(table.nbytes, stream)
             drv.upload(held.ptr, table.ctypes.data, table.nbytes, stream)
             bases[0] = held.ptr
-        launch_one = drv.launch
-        for handle, grid, block, smem, packer, template, patches in self.steps:
-            values = template.copy()
-            for index, slot, offset in patches:
-                values[index] = bases[slot] + offset
-            launch_one(handle, grid, block, smem, stream, packer, values)
+        prepared = self._prepared
+        if prepared is None:
+            prepared = self._prepared = prepare_steps(self.steps)
+        for step in prepared:
+            step.launch(stream, bases)

@@ -250,3 +250,30 @@ def test_replayed_calls_agree_with_the_first(name):
             got = OPS[name](cp.asarray(host)).copy_to_host()
             np.testing.assert_array_equal(got.reshape(REFS[name](host).shape), REFS[name](host))
         assert len(backend._RECIPES) == before + 1, "one recording, then replays"
+
+
+@pytest.mark.gpu
+def test_api_replays_keep_calls_with_other_options_apart():
+    """Repeated device calls are replayed from `imgfilter.replay`: alternating kernel
+    sizes, borders, kernels, streams and images must each get their own result."""
+    cp = pytest.importorskip("cupy")
+    from imgfilter import replay
+
+    hosts = [_image((123, 457, 3), seed=s) for s in (11, 12)]
+    stream = cp.cuda.Stream(non_blocking=True)
+    sharpen = np.array([[0, -1, 0], [-1, 5, -1], [0, -1, 0]], np.float32)
+    for _ in range(3):
+        for host in hosts:
+            d = cp.asarray(host)
+            for k in (3, 5):
+                for border in ("reflect101", "constant"):
+                    got = imgfilter.blur(d, k, border=border).copy_to_host()
+                    np.testing.assert_array_equal(got, ref.blur(host, k, border=border))
+            for weights in (KERNEL, sharpen):
+                got = imgfilter.filter2d(d, weights, stream=stream)
+                stream.synchronize()
+                np.testing.assert_array_equal(got.copy_to_host(), ref.filter2d(host, weights))
+            gray = imgfilter.contour(cp.asarray(host[:, :, 0].copy())).copy_to_host()
+            np.testing.assert_array_equal(gray, ref.contour(host[:, :, 0]))
+    names = [key[0][0] for key in replay._REPLAYS if key[1][:2] == (123, 457)]
+    assert names.count("blur") >= 4 and names.count("filter2d") >= 2 and "contour" in names

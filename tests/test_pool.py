@@ -12,7 +12,7 @@ import threading
 import numpy as np
 import pytest
 
-from kernels import devarray, launch
+from kernels import cudadrv, devarray, launch
 from kernels.cudadrv import GpuOutOfMemory
 from kernels.devarray import LEGACY, PER_THREAD, DeviceArray, Pool
 
@@ -47,6 +47,19 @@ class FakeDriver:
     def launch(self, fn, grid, block, smem, stream, packer, values):
         self.launches.append((fn, grid, block, smem, stream, list(values)))
 
+    def prepare(self, fn, grid, block, smem, packer, values, patches):
+        """A prepared launch that records the values it would pack."""
+        launches = self.launches
+
+        class Prepared:
+            def launch(self, stream, bases):
+                got = list(values)
+                for index, slot, at in patches:
+                    got[index] = bases[slot] + at
+                launches.append((fn, grid, block, smem, stream, got))
+
+        return Prepared()
+
 
 @pytest.fixture
 def fake(monkeypatch):
@@ -56,7 +69,6 @@ def fake(monkeypatch):
     pool = Pool()
     monkeypatch.setattr(devarray, "POOL", pool)
     monkeypatch.setattr(launch, "POOL", pool)
-    monkeypatch.setattr(devarray, "_POOL_REF", lambda: pool)
     return drv, pool
 
 
@@ -202,3 +214,32 @@ def test_an_upload_while_recording_is_not_replayable(fake, monkeypatch):
         devarray.to_device(np.arange(4, dtype=np.uint8))
         rec.launched(launch._Compiled(1, struct.Struct("@q")), (1, 1, 1), (1, 1, 1), 0, (3,), [3])
     assert rec.recipe() is None
+
+
+def test_a_prepared_launch_patches_pointers_and_stream_into_its_packed_parameters():
+    """The bytes cuLaunchKernelEx receives: the template packed once, the patched
+    pointers at their C-aligned offsets, the stream in the launch configuration."""
+    seen = []
+
+    class Lib:
+        def cuLaunchKernelEx(self, config_address, fn, attrs, extra_address):
+            config = cudadrv._LaunchConfig.from_address(config_address)
+            extra = (ctypes.c_void_p * 5).from_address(extra_address)
+            size = ctypes.c_size_t.from_address(extra[3]).value
+            params = ctypes.string_at(extra[1], size)
+            seen.append((fn, config.hStream, config.gridDimX, config.blockDimX, params))
+            return 0
+
+    drv = object.__new__(cudadrv.Driver)
+    drv._lib, drv._tls = Lib(), threading.local()
+    drv._tls.ready = True
+    packer = struct.Struct("@biqhq")  # padding before each q: offsets 0, 4, 8, 16, 24
+    assert cudadrv.param_offsets(packer) == [0, 4, 8, 16, 24]
+    prepared = drv.prepare(99, (3, 1, 1), (64, 1, 1), 0, packer, [-5, 7, 0, 300, 0],
+                           ((2, 0, 16), (4, 1, 0)))  # fmt: skip
+    prepared.launch(11, [1 << 40, 5 << 33])
+    prepared.launch(12, [2 << 40, 6 << 33])
+    (fn, stream, gx, bx, first), (_, stream2, _, _, second) = seen
+    assert (fn, stream, stream2, gx, bx) == (99, 11, 12, 3, 64)
+    assert packer.unpack(first) == (-5, 7, (1 << 40) + 16, 300, 5 << 33)
+    assert packer.unpack(second) == (-5, 7, (2 << 40) + 16, 300, 6 << 33)

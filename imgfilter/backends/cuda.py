@@ -48,6 +48,7 @@ from kernels.launch import (
     var_shape_plan,
 )
 
+from .. import replay
 from ..errors import DeviceError, GpuMemoryError, UsageError
 from . import background, cubins
 
@@ -208,7 +209,8 @@ def _on_device(key: tuple, img, out, stream, out_shape: tuple, record, rows: tup
         if recipe is not None:
             recipe.replay([img.ptr, out.ptr], handle)
         else:
-            _replay_or_record(key, img, out, handle, lambda s, d: record(s, d, handle))
+            recipe = _replay_or_record(key, img, out, handle, lambda s, d: record(s, d, handle))
+        replay.note(img, out, recipe)
         return out
     except GpuOutOfMemory as exc:  # pragma: no cover - real GPU only
         raise GpuMemoryError(f"{exc}; try --backend cpu") from exc
