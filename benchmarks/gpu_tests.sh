@@ -15,8 +15,8 @@ python3 -m pytest --collect-only -q -m gpu "$@" 2>/dev/null | grep "::" > "$ids"
 echo "$(wc -l < "$ids") gpu tests in $n processes" | tee "$out/summary.txt"
 split -n "r/$n" "$ids" "$parts/part_"
 for f in "$parts"/part_*; do
-  # shellcheck disable=SC2046  # one argument per test id
-  python3 -m pytest -q -m gpu -p no:cacheprovider $(cat "$f") > "$f.txt" 2>&1 &
+  mapfile -t tests < "$f"  # one argument per test id (ids may hold spaces)
+  python3 -m pytest -q -m gpu -p no:cacheprovider "${tests[@]}" > "$f.txt" 2>&1 &
 done
 wait
 for f in "$parts"/part_*.txt; do

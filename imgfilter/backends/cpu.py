@@ -163,6 +163,7 @@ _CHUNK = 512  # output elements per task of the direct loops (accumulators stay 
 _U32 = 2.0**-24  # unit roundoff of float32
 _U64 = 2.0**-53  # unit roundoff of float64
 _DIRECT32_BOUND = 0.05  # float32 FMAs when at most ~10% of the outputs fall back
+_COST_TAP = {"direct32": 0.085e-9, "direct64": 0.12e-9}  # per tap and output (see cpu_fft)
 
 
 @njit(parallel=True, cache=True)
@@ -451,7 +452,9 @@ def correlate_plan(img, kernel, value, fft=None):
         bound = 1.5 * mag * l1 * ((ntaps + 1) * _U32 * (1 + ntaps * _U32) + (ntaps + 2) * _U64)
         if bound < _DIRECT32_BOUND:
             direct = ("direct32", bound)
-    if fft is False or not is_int:
+    from .cpu_fft import FFT_F32_MAX, fft_tile_shape
+
+    if fft is False or not (is_int or mag < FFT_F32_MAX):
         return direct
     th, tw, seconds = fft_tile_shape(kh, kw, h, w)
     if fft or seconds < _COST_TAP[direct[0]] * ntaps * h * w:
@@ -459,296 +462,11 @@ def correlate_plan(img, kernel, value, fft=None):
     return direct
 
 
-# ------------------------------------------------------------------- FFT path
-
-_FFT_STAGE = 16.0  # assumed normwise error of one radix-2 stage of an FFT, in u64
-_FFT_MAX = 384  # largest tile side (a tile and the kernel's spectrum stay in L2)
-_FFT_SIDES = tuple(
-    sorted(
-        n
-        for n in {2**a * 3**b * 5**c for a in range(1, 10) for b in range(6) for c in range(4)}
-        if n <= _FFT_MAX
-    )
-)  # even sizes whose DFT has radix-2, 3 and 5 stages only
-# single-thread cost model (seconds, measured on a 2-core Xeon; only ratios matter)
-_COST_FFT_LOG = 0.8e-9  # dft, idft and the product, per tile pixel and log2(tile size)
-_COST_FFT_PX = 3e-9  # loading, bound and store, per tile pixel
-_COST_FFT_TILE = 25e-6  # Python and call overhead per tile
-_COST_TAP = {"direct32": 0.085e-9, "direct64": 0.12e-9}  # per tap and output
-
-
-def fft_tile_shape(kh: int, kw: int, h: int, w: int) -> tuple[int, int, float]:
-    """(th, tw, seconds): the tile (even sides from `_FFT_SIDES`) that minimises the
-    modelled single-thread time of overlap-save tiles for one (h, w) channel.
-
-    A tile of th x tw padded pixels gives (th - kh + 1) x (tw - kw + 1) outputs; no
-    tile side exceeds the smallest size that covers the padded image."""
-    best = (0, 0, math.inf)
-    hp, wp = h + kh - 1, w + kw - 1
-    rows = [t for t in _FFT_SIDES if t >= kh and (t < hp or t == _cover(hp))]
-    cols = [t for t in _FFT_SIDES if t >= kw and (t < wp or t == _cover(wp))]
-    for th in rows:
-        ny = -(-h // (th - kh + 1))
-        for tw in cols:
-            n = th * tw
-            tiles = ny * -(-w // (tw - kw + 1))
-            per_px = _COST_FFT_LOG * math.log2(n) + _COST_FFT_PX
-            t = tiles * (n * per_px + _COST_FFT_TILE)
-            if t < best[2]:
-                best = (th, tw, t)
-    return best
-
-
-def _cover(n: int) -> int:
-    """The smallest tile side >= n (the largest one when none is)."""
-    return next((t for t in _FFT_SIDES if t >= n), _FFT_SIDES[-1])
-
-
-def _twiddles(n: int, k: int, half: bool) -> np.ndarray:
-    """(n or n//2 + 1, k) complex exp(-2 pi i f j / n); f j reduced mod n exactly and
-    the angle taken in [-pi, pi], so each entry is within 10 u64 of the true one."""
-    f = np.arange(n // 2 + 1 if half else n)[:, None]
-    m = (f * np.arange(k)[None, :]) % n
-    m = np.where(m > n // 2, m - n, m)
-    return np.exp((-2.0 * np.pi / n) * m * 1j)
-
-
-def kernel_spectrum(k64: np.ndarray, th: int, tw: int) -> tuple[np.ndarray, float, float]:
-    """(spec, beta, kappa): the DFT of the kernel zero-padded to th x tw, columns
-    0 .. tw/2 (what numpy.fft.rfft2 gives), a bound beta on each entry's error, and
-    kappa >= the largest modulus of the exact spectrum (the computed one's plus beta).
-
-    Computed as two matrix products with accurate twiddles (not by an FFT), so the
-    error is elementwise: |error| <= beta = 1.01 (2 mu + sqrt(2) (kh + kw + 4) u) |K|_1
-    with mu = 10 u the twiddles' error."""
-    kh, kw = k64.shape
-    spec = _twiddles(th, kh, False) @ (k64 @ _twiddles(tw, kw, True).T)
-    l1 = float(np.abs(k64).sum())
-    beta = 1.01 * (20.0 + math.sqrt(2.0) * (kh + kw + 4)) * _U64 * l1
-    return spec, beta, float(np.abs(spec).max()) + beta
-
-
-def ccs_packed(spec: np.ndarray, th: int, tw: int) -> np.ndarray:
-    """`kernel_spectrum`'s spec (th, tw/2 + 1) in OpenCV's packed CCS layout: what
-    cv2.dft gives for a real th x tw input (th, tw even)."""
-    ccs = np.empty((th, tw))
-    ccs[:, 1 : tw - 1 : 2] = spec[:, 1 : tw // 2].real
-    ccs[:, 2 : tw - 1 : 2] = spec[:, 1 : tw // 2].imag
-    for col, f in ((0, 0), (tw - 1, tw // 2)):
-        c = spec[: th // 2 + 1, f]
-        ccs[0, col] = c[0].real
-        ccs[1 : th - 1 : 2, col] = c[1 : th // 2].real
-        ccs[2 : th - 1 : 2, col] = c[1 : th // 2].imag
-        ccs[th - 1, col] = c[th // 2].real
-    return ccs
-
-
-def twiddle_error(th: int, tw: int) -> float:
-    """mu: a bound on the error of the twiddle factors cv2.dft uses for th x tw. It
-    builds them by a recurrence, w_(i+1) = w_i w_1 (dxt.cpp, DFTInit), whose error
-    grows by at most |dw_1| + sqrt(2) gamma_2 < 4 u a step, over up to n / 2 steps:
-    2 max(th, tw) u."""
-    return 2.0 * max(th, tw) * _U64
-
-
-def fft_error_factor(kappa: float, beta: float, n: int, mu: float = 0.0) -> float:
-    """F with |y_fft - y| <= ||x_tile||_2 * F for every output of one tile of n pixels.
-
-    y_fft = idft(dft(x) * conj(K)) in float64 (a real-input FFT, a complex product,
-    the inverse with its 1/n), y the exact correlation. Model: each transform has
-    normwise relative error eps <= log2(n) (16 u + mu) (Higham, Accuracy and
-    Stability, Thm 24.2: a radix-2 stage contributes mu + gamma_4 (sqrt 2 + mu), ~6 u
-    + mu; 16 u per radix-2 equivalent leaves a margin for radix-3/4/5 and real-input
-    passes; mu is the twiddles' error, `twiddle_error`); the kernel's spectrum is
-    within beta of exact per entry and at most kappa in modulus (`kernel_spectrum`);
-    a complex product adds sqrt(2) gamma_2. Then with X = dft(x), ||X||_2 = sqrt(n)
-    ||x||_2, the spectrum's error is ||dX|| kappa + ||X|| beta + ||X|| kappa 2.83 u (and
-    cross terms), the inverse divides by sqrt(n) and adds eps + u of its input's
-    norm, and an output's error is at most the 2-norm of all of them.
-    """
-    eps = math.log2(n) * (_FFT_STAGE * _U64 + mu)
-    a = eps * kappa + (1 + eps) * beta + (1 + eps) * (kappa + beta) * 2.83 * _U64
-    return 1.01 * (a + (eps + _U64) * (kappa + a))
-
-
-@njit(inline="always")
-def _round_row_int(src, dst, bound, lo, hi):
-    """dst[q] = floor(src[q] + 0.5) clamped to [lo, hi]: round half to even and
-    saturate (`_store_int`) of every value within `bound` of src[q] unless that
-    interval reaches a tie (distance 0.5 from the candidate) that is not saturated.
-    Returns how many outputs are open so (left for the direct sums)."""
-    count = 0
-    lo_t = lo + 0.5 - bound
-    hi_t = hi - 0.5 + bound
-    for q in range(src.shape[0]):
-        v = src[q]
-        f = math.floor(v + 0.5)
-        opened = (abs(v - f) >= 0.5 - bound) & (v <= hi_t) & (v >= lo_t)
-        dst[q] = min(max(f, lo), hi)
-        count += np.int64(opened)
-    return count
-
-
-@njit(inline="always")
-def _is_open(v, bound, lo, hi):
-    """The test of `_round_row_int` for one value."""
-    f = math.floor(v + 0.5)
-    return abs(v - f) >= 0.5 - bound and lo + 0.5 - bound <= v <= hi - 0.5 + bound
-
-
-@njit(nogil=True, cache=True)
-def _direct_many(flat, bases, offs, ws, acc):
-    """acc[p] = `_direct_one`(flat, bases[p], offs, ws) for every p (the same operations
-    in the same order per output; taps outside, outputs inside, for throughput)."""
-    acc[:] = 0.0
-    for t in range(offs.shape[0]):
-        w = np.float64(ws[t])
-        o = offs[t]
-        for p in range(bases.shape[0]):
-            acc[p] = acc[p] + w * np.float64(flat[bases[p] + o])
-
-
-@njit(nogil=True, cache=True)
-def _fft_store(res, dst, oy, ox, bound, lo, hi, plane, offs, ws):
-    """dst[oy + r, ox + q] = res[r, q] rounded and saturated (integer dst), for the
-    part of res that dst holds from (oy, ox), except where a value within `bound` of
-    res[r, q] could store differently: there the direct float64 correlation over the
-    padded channel `plane` (`_direct_many`, taps at offs) is stored. bound 0 means an
-    all-zero tile (direct sums 0)."""
-    rows = min(res.shape[0], dst.shape[0] - oy)
-    n = min(res.shape[1], dst.shape[1] - ox)
-    if bound == 0.0:
-        dst[oy : oy + rows, ox : ox + n] = 0
-        return
-    rowlen = plane.shape[1]
-    opened = np.empty(rows * n, np.int64)  # offsets in plane of the outputs to redo
-    m = 0
-    for r in range(rows):
-        src = res[r, :n]
-        if _round_row_int(src, dst[oy + r, ox : ox + n], bound, lo, hi):
-            for q in range(n):
-                if _is_open(src[q], bound, lo, hi):
-                    opened[m] = (oy + r) * rowlen + ox + q
-                    m += 1
-    flat = plane.reshape(-1)
-    acc = np.empty(min(m, _CHUNK), np.float64)
-    for p0 in range(0, m, _CHUNK):
-        batch = opened[p0 : min(m, p0 + _CHUNK)]
-        _direct_many(flat, batch, offs, ws, acc)
-        for p in range(batch.shape[0]):
-            y = batch[p] // rowlen
-            x = batch[p] - y * rowlen
-            dst[y, x] = _store_int(acc[p], lo, hi)
-
-
-def _tile_transform(spec, th, tw):
-    """transform(buf): buf (th, tw) float64 -> its correlation with the kernel whose
-    half spectrum is spec, in place (rows 0 .. th - kh, columns 0 .. tw - kw valid):
-    cv2.dft (packed CCS), mulSpectrums with the conjugate, cv2.idft with DFT_SCALE."""
-    import cv2
-
-    ccs = ccs_packed(spec, th, tw)
-    flags = cv2.DFT_REAL_OUTPUT | cv2.DFT_SCALE
-
-    def transform(buf):
-        cv2.dft(buf, buf)
-        cv2.mulSpectrums(buf, ccs, 0, buf, conjB=True)
-        cv2.idft(buf, buf, flags)
-
-    return transform
-
-
-def _fft_correlate(planes, k64, tile, outs, lo, hi, offs, ws):
-    """outs[c] (H, W) = the correlation of the padded channel planes[c] (H + kh - 1,
-    W + kw - 1) with k64, by overlap-save FFT tiles (`tile` = (th, tw)), each output
-    checked against a rounding bound and recomputed directly where the bound leaves
-    its stored value open (`_fft_store`; taps offs, ws index a plane).
-
-    Per tile: its pixels as float64, transformed in place (`_tile_transform`);
-    outputs (r, q) < (th - kh + 1, tw - kw + 1) see no wrap-around. The bound is
-    2 (||x_tile||_2 F + (taps + 2) u |K|_1 max|x_tile|): the FFT's error
-    (`fft_error_factor`) plus the direct float64 sum's own distance from the exact
-    correlation. numba.get_num_threads() threads take tiles in turn (the cv2 calls
-    and `_fft_store` release the GIL)."""
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
-
-    import cv2
-    import numba
-
-    kh, kw = k64.shape
-    th, tw = tile
-    sh, sw = th - kh + 1, tw - kw + 1
-    height, width = outs[0].shape
-    spec, beta, kappa = kernel_spectrum(k64, th, tw)
-    transform = _tile_transform(spec, th, tw)
-    l1 = float(np.abs(k64).sum())
-    factor = 1.001 * fft_error_factor(kappa, beta, th * tw, twiddle_error(th, tw))
-    direct = (offs.shape[0] + 2) * _U64 * l1
-    tasks = [(c, oy, ox) for oy in range(0, height, sh) for ox in range(0, width, sw)
-             for c in range(len(planes))]  # fmt: skip
-    lock = threading.Lock()
-    pending = iter(tasks)
-
-    def work():
-        buf = np.empty((th, tw))
-        while True:
-            with lock:
-                task = next(pending, None)
-            if task is None:
-                return
-            c, oy, ox = task
-            part = planes[c][oy : oy + th, ox : ox + tw]
-            rows, cols = part.shape
-            buf[:rows, :cols] = part
-            buf[rows:] = 0.0
-            buf[:rows, cols:] = 0.0
-            bound = 2.0 * (cv2.norm(buf) * factor + direct * cv2.norm(buf, cv2.NORM_INF))
-            transform(buf)
-            _fft_store(buf[:sh, :sw], outs[c], oy, ox, bound, lo, hi, planes[c], offs, ws)
-
-    workers = max(1, min(numba.get_num_threads(), len(tasks)))
-    if workers == 1:
-        work()
-        return
-    with ThreadPoolExecutor(workers) as pool:
-        for f in [pool.submit(work) for _ in range(workers)]:
-            f.result()
-
-
 def _taps(weights, rowlen, nch):
     """(offs, ws): the non-zero taps in row-major order, as offsets into the flattened
     padded image (rows of `rowlen` values, `nch` channels) and float32 weights."""
     ii, jj = np.nonzero(weights)
     return (ii * rowlen + jj * nch).astype(np.int64), weights[ii, jj].copy()
-
-
-def _holds(dtype, value) -> bool:
-    """Whether `dtype` stores the constant-border value exactly."""
-    if np.dtype(dtype).kind == "u":
-        info = np.iinfo(dtype)
-        return float(value).is_integer() and info.min <= value <= info.max
-    return float(np.float32(value)) == float(value)
-
-
-def _fft_path(img, weights, anchor, border, value, tile, out):
-    """correlate by FFT tiles (`_fft_correlate`) on one padded plane per channel
-    (padded in the image's dtype when it holds the border value), merged into out."""
-    import cv2
-
-    h, w, c = img.shape
-    kh, kw = weights.shape
-    ay, ax = anchor
-    lo, hi, _ = output_limits(img.dtype)
-    pdt = img.dtype if _holds(img.dtype, value) else np.float32
-    pad = _padded(img, ay, kh - 1 - ay, ax, kw - 1 - ax, border, value, pdt)
-    planes = [pad] if c == 1 else list(cv2.split(pad.reshape(pad.shape[0], -1, c)))
-    outs = [out.reshape(h, w)] if c == 1 else [np.empty((h, w), img.dtype) for _ in range(c)]
-    offs, ws = _taps(weights, pad.shape[1] // c, 1)
-    _fft_correlate(planes, weights.astype(np.float64), tile, outs, lo, hi, offs, ws)
-    if c > 1:
-        cv2.merge(outs, out)
-    return out
 
 
 def correlate(img, kernel, anchor, border, value, method, out=None, stream=None, *, fft=None):
@@ -770,7 +488,9 @@ def correlate(img, kernel, anchor, border, value, method, out=None, stream=None,
         return _cv_finish(res, crop, out, dst)
     lo, hi, is_int = output_limits(img.dtype)
     if path == "fft":
-        return _fft_path(img, weights, anchor, border, value, params, out)
+        from .cpu_fft import correlate_fft
+
+        return correlate_fft(img, weights, anchor, border, value, params, out, lo, hi)
     pad = _padded(img, ay, kh - 1 - ay, ax, kw - 1 - ax, border, value, np.float32)
     rowlen = pad.shape[1]
     offs, ws = _taps(weights, rowlen, c)
