@@ -10,6 +10,7 @@ Needs `distributed` (and `dask-cuda` for `--gpus`): `pip install "imgfilter[dask
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -17,10 +18,20 @@ from .errors import UsageError
 from .files import Job, Skip, Stats, _size
 
 
+def worker_threads(gpus: int, jobs: int | None) -> int:
+    """Task threads of each local GPU worker: `jobs` (--jobs), else 8, at most the CPU
+    count shared out among the workers. A task decodes, filters and encodes one file;
+    the codecs release the GIL, so a worker's threads overlap them as a local run's
+    codec threads do."""
+    share = max(1, (os.cpu_count() or 1) // max(gpus, 1))
+    return max(1, min(jobs or 8, share))
+
+
 @contextlib.contextmanager
-def connect(gpus: int | None, scheduler: str | None) -> Iterator[Any]:
+def connect(gpus: int | None, scheduler: str | None, jobs: int | None = None) -> Iterator[Any]:
     """A `distributed.Client` for the `with` block: on a new local cluster of `gpus`
-    GPU workers (closed after it), or on the scheduler at `scheduler`. UsageError (one
+    GPU workers of `worker_threads(gpus, jobs)` threads each (closed after it), or on
+    the scheduler at `scheduler` (its workers keep their own threads). UsageError (one
     line) for a missing package, both options at once, or a scheduler that does not
     answer."""
     if gpus is not None and scheduler is not None:
@@ -44,7 +55,11 @@ def connect(gpus: int | None, scheduler: str | None) -> Iterator[Any]:
         from dask_cuda import LocalCUDACluster
     except ImportError:
         raise UsageError('--gpus needs dask-cuda: pip install "imgfilter[dask-cuda]"') from None
-    with LocalCUDACluster(n_workers=gpus) as cluster, Client(cluster) as client:
+    threads = worker_threads(gpus, jobs)
+    with (
+        LocalCUDACluster(n_workers=gpus, threads_per_worker=threads) as cluster,
+        Client(cluster) as client,
+    ):
         yield client
 
 

@@ -93,3 +93,16 @@ def test_classify_files_on_a_cluster(folder, tmp_path, scheduler):
         np.testing.assert_array_equal(
             imread(tmp_path / "dask" / name), imread(tmp_path / "threads" / name)
         )
+
+
+def test_local_gpu_workers_share_the_cpus_out(monkeypatch):
+    from imgfilter import cluster
+
+    monkeypatch.setattr(cluster.os, "cpu_count", lambda: 32)
+    assert cluster.worker_threads(1, None) == 8  # --jobs' default
+    assert cluster.worker_threads(2, None) == 8
+    assert cluster.worker_threads(8, None) == 4  # 32 CPUs among 8 workers
+    assert cluster.worker_threads(2, 3) == 3
+    assert cluster.worker_threads(2, 64) == 16
+    monkeypatch.setattr(cluster.os, "cpu_count", lambda: None)
+    assert cluster.worker_threads(4, None) == 1

@@ -501,7 +501,7 @@ def _classify_many(outs: many.Outputs, mdl: Any, template: str, extras: tuple, h
         return
     from .. import cluster as dask_cluster
 
-    with dask_cluster.connect(*cluster) as client:
+    with dask_cluster.connect(*cluster, jobs=outs.jobs) as client:
         _classify_on(outs, mdl, template, extras, how, client)
 
 

@@ -351,7 +351,7 @@ def _filter_many(
         return
     from .. import cluster as dask_cluster
 
-    with dask_cluster.connect(*cluster) as client:
+    with dask_cluster.connect(*cluster, jobs=outs.jobs) as client:
         _run_many(op, outs, template, backend=backend, method=method, apply=apply, client=client)
 
 
