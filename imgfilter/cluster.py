@@ -10,6 +10,7 @@ Needs `distributed` (and `dask-cuda` for `--gpus`): `pip install "imgfilter[dask
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -92,7 +93,10 @@ def run_on_cluster(
     from distributed import as_completed
 
     stats = Stats(total=len(jobs))
-    futures = {client.submit(_one, job, load, compute, save, pure=False): job for job in jobs}
+    # One task function for all files: Dask serializes a function once and caches it,
+    # so each task carries only its Job (the closures can hold much more).
+    task = functools.partial(_one, load=load, compute=compute, save=save)
+    futures = {client.submit(task, job, pure=False): job for job in jobs}
     for future in as_completed(futures):
         job = futures[future]
         try:
