@@ -3,8 +3,9 @@
 `tools/build_cubins.py` compiles them on a GPU machine for several GPU generations and
 writes, next to the cubins (`<name>-sm<XY>.cubin`), a manifest.json:
 `archs` (the generations) and `kernels`: name -> {"entry": the kernel's symbol,
-"modules": the `kernels` modules its code comes from, "digest": the digest of those
-modules' sources when it was built, and "file": the name its cubins are stored under
+"modules": the `kernels` modules its code comes from, "closure": those and every
+`kernels` module they import, "digest": the digest of the closure's sources when it
+was built, and "file": the name its cubins are stored under
 when another name's (the same kernel under two names)}. A shipped kernel is used
 only while that digest still matches the sources (`sources_digest`), so an edited
 kernel is compiled again instead of running stale code. Two kinds of names: the quick start's
@@ -32,12 +33,13 @@ def _kernels_dir() -> Path:
     return Path(__file__).parent
 
 
-def _imports(module: str) -> set[str]:
+@functools.cache
+def _imports(module: str) -> frozenset[str]:
     """The `kernels` modules that kernels/<module>.py imports (absolute or relative)."""
     try:
         tree = ast.parse((_kernels_dir() / f"{module}.py").read_text())
     except (OSError, SyntaxError):
-        return set()
+        return frozenset()
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
@@ -51,7 +53,7 @@ def _imports(module: str) -> set[str]:
             found.update(p.split(".")[0] for p in parts)
         elif isinstance(node, ast.Import):
             found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("kernels."))
-    return {m for m in found if (_kernels_dir() / f"{m}.py").exists()}
+    return frozenset(m for m in found if (_kernels_dir() / f"{m}.py").exists())
 
 
 def closure(modules: tuple[str, ...]) -> list[str]:
@@ -67,14 +69,35 @@ def closure(modules: tuple[str, ...]) -> list[str]:
     return sorted(seen)
 
 
-@functools.cache
 def sources_digest(modules: tuple[str, ...]) -> str:
     """Hash of the sources of `modules` and of what they import (`closure`)."""
+    return files_digest(tuple(closure(modules)))
+
+
+@functools.cache
+def files_digest(listed: tuple[str, ...]) -> str:
+    """Hash of the sources of the `kernels` modules `listed` (a closure, in order)."""
     h = hashlib.sha256()
-    for module in closure(modules):
+    for module in listed:
         h.update(module.encode())
         h.update((_kernels_dir() / f"{module}.py").read_bytes())
     return h.hexdigest()[:16]
+
+
+def _entry_digest(entry: dict) -> str | None:
+    """The digest of a manifest entry's sources as they are now: of the closure the
+    build recorded (no parsing: an edit that changes a module's imports changes that
+    module's bytes too), else of the closure found from its modules."""
+    listed = entry.get("closure")
+    try:
+        if isinstance(listed, list) and all(isinstance(m, str) for m in listed):
+            return files_digest(tuple(listed))
+        modules = entry.get("modules")
+        if isinstance(modules, list) and all(isinstance(m, str) for m in modules):
+            return sources_digest(tuple(modules))
+    except OSError:  # a module the build saw is gone
+        return None
+    return None
 
 
 @functools.cache
@@ -100,10 +123,8 @@ def find(name: str, cc: tuple[int, int]) -> tuple[Path, str] | None:
     entry = manifest().get("kernels", {}).get(name)
     if not isinstance(entry, dict) or not ships_for(cc):
         return None
-    modules = entry.get("modules")
-    if not isinstance(modules, list) or not all(isinstance(m, str) for m in modules):
-        return None
-    if entry.get("digest") != sources_digest(tuple(modules)):
+    digest = _entry_digest(entry)
+    if digest is None or entry.get("digest") != digest:
         return None
     symbol, file = entry.get("entry"), entry.get("file", name)
     if not isinstance(symbol, str) or not isinstance(file, str):

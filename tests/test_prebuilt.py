@@ -32,6 +32,7 @@ def test_shipped_kernels_are_built_from_these_sources():
         name
         for name, entry in MANIFEST["kernels"].items()
         if entry["digest"] != shipped.sources_digest(tuple(entry["modules"]))
+        or entry["closure"] != shipped.closure(tuple(entry["modules"]))
     ]
     assert not stale, f"rebuild with `python tools/build_cubins.py` on a GPU machine: {stale}"
 
@@ -119,17 +120,54 @@ def test_host_modules_do_not_change_a_kernels_digest(tmp_path, monkeypatch):
     copy = tmp_path / "kernels"
     shutil.copytree(os.path.dirname(kernels.__file__), copy)
     monkeypatch.setattr(shipped, "_kernels_dir", lambda: copy)
-    shipped.sources_digest.cache_clear()
+    _clear_digests()
     try:
         before = shipped.sources_digest(("contour",))
         (copy / "launch.py").write_text((copy / "launch.py").read_text() + "\n# host\n")
-        shipped.sources_digest.cache_clear()
+        _clear_digests()
         assert shipped.sources_digest(("contour",)) == before
         (copy / "border_index.py").write_text((copy / "border_index.py").read_text() + "\n#\n")
-        shipped.sources_digest.cache_clear()
+        _clear_digests()
         assert shipped.sources_digest(("contour",)) != before  # contour imports border_index
     finally:
-        shipped.sources_digest.cache_clear()
+        _clear_digests()
+
+
+def _clear_digests():
+    shipped.files_digest.cache_clear()
+    shipped._imports.cache_clear()
+
+
+def test_a_recorded_closure_is_hashed_without_parsing(tmp_path, monkeypatch):
+    """find() hashes the closure the build recorded (no source parsing in a user's
+    process); an edit to any module in it still makes the kernel stale."""
+    import shutil
+
+    import kernels
+
+    copy = tmp_path / "kernels"
+    shutil.copytree(os.path.dirname(kernels.__file__), copy)
+    monkeypatch.setattr(shipped, "_kernels_dir", lambda: copy)
+    _clear_digests()
+    listed = shipped.closure(("contour",))
+    entry = {"modules": ["contour"], "closure": listed}
+    digest = shipped.files_digest(tuple(listed))
+    _clear_digests()
+
+    def no_parsing(*args, **kwargs):
+        raise AssertionError("parsed a source")
+
+    monkeypatch.setattr(shipped.ast, "parse", no_parsing)
+    try:
+        assert shipped._entry_digest(entry) == digest
+        (copy / "border_index.py").write_text((copy / "border_index.py").read_text() + "\n#\n")
+        _clear_digests()
+        assert shipped._entry_digest(entry) != digest
+        (copy / "border_index.py").unlink()
+        _clear_digests()
+        assert shipped._entry_digest(entry) is None  # a module the build saw is gone
+    finally:
+        _clear_digests()
 
 
 def _quick_runs(monkeypatch, missing: str):

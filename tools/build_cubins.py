@@ -119,13 +119,20 @@ def _conv_tiled(backend, rng):
 
 def _softmax(rng) -> None:
     """Softmax as `kernels.softmax.softmax` runs it on a few common widths (each width
-    and pack size is a kernel of its own: shipping them all would weigh megabytes)."""
+    and pack size is a kernel of its own: shipping them all would weigh megabytes), and
+    on the pixel classifier's: float32 rows of 2 to 16 classes, softmax (prediction)
+    and log-softmax (training), even and odd row counts (the warp path reads two rows
+    at a time where the count is even)."""
     from kernels.softmax import softmax
 
     for dtype in (np.float32, np.float16):
         for cols in (128, 1000, 1024, 4096):
             for rows in (1, 4096):
                 softmax(rng.standard_normal((rows, cols)).astype(dtype))
+    for classes in range(2, 17):
+        for rows in (2, 3):
+            for log in (False, True):
+                softmax(rng.standard_normal((rows, classes)).astype(np.float32), log=log)
 
 
 def _gemv(rng) -> None:
@@ -202,8 +209,9 @@ def build(out: Path) -> dict:
             continue
         entry = _export(dispatcher, argtypes, key, out)
         modules = [shipped.module_of(dispatcher)]
-        digest = shipped.sources_digest(tuple(modules))
-        kernels[key] = {"entry": entry, "modules": modules, "digest": digest}
+        listed = shipped.closure(tuple(modules))
+        digest = shipped.files_digest(tuple(listed))
+        kernels[key] = {"entry": entry, "modules": modules, "closure": listed, "digest": digest}
         keys[id(dispatcher), argtypes] = key
     for name, dispatcher, dtypes in named:
         wanted = [np.dtype(dt).name for dt in dtypes]
@@ -213,9 +221,11 @@ def build(out: Path) -> dict:
             and [str(t.dtype) for t in argtypes if hasattr(t, "dtype")] == wanted
         }  # fmt: skip
         modules = list(cubins.family_modules(name))
-        digest = shipped.sources_digest(tuple(modules))
+        listed = shipped.closure(tuple(modules))
+        digest = shipped.files_digest(tuple(listed))
         entry = kernels[key]["entry"]
-        kernels[name] = {"entry": entry, "modules": modules, "digest": digest, "file": key}
+        kernels[name] = {"entry": entry, "modules": modules, "closure": listed, "digest": digest,
+                         "file": key}  # fmt: skip
     manifest = {"archs": [f"sm{a}{b}" for a, b in ARCHS], "kernels": dict(sorted(kernels.items()))}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
