@@ -17,6 +17,7 @@ import ctypes
 import struct
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 _LIBS = ("libcuda.so.1", "libcuda.so", "nvcuda.dll")
 _ATTR_CC_MAJOR, _ATTR_CC_MINOR = 75, 76  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_*
@@ -283,6 +284,61 @@ class Driver:
         offsets = param_offsets(packer)
         return PreparedLaunch(self, fn, grid, block, smem, packer, values,
                               tuple((offsets[i], slot, at) for i, slot, at in patches))  # fmt: skip
+
+    def launch_params(self, fn: int, grid: Sequence[int], block: Sequence[int], smem: int,
+                      stream: int, params: Sequence[tuple[str, Any]]) -> None:  # fmt: skip
+        """`launch` with the parameters as (struct code, value) pairs (`array_params`,
+        `scalar_param`): for callers without Numba's types (the quick start). `fn` a
+        CUfunction (`function`); grid and block of 1 to 3 dimensions; more than 48 KiB
+        of dynamic shared memory is opted in to first."""
+        fmt = "@" + "".join(code for code, _ in params)
+        packer = _PACKERS.get(fmt)
+        if packer is None:
+            packer = _PACKERS[fmt] = struct.Struct(fmt)
+        self.opt_in_smem(fn, smem)
+        grid3 = tuple(int(n) for n in (*grid, 1, 1)[:3])
+        block3 = tuple(int(n) for n in (*block, 1, 1)[:3])
+        self.launch(fn, grid3, block3, smem, stream, packer, [value for _, value in params])
+
+
+_PACKERS: dict[str, struct.Struct] = {}
+_INT_CODES = {"int8": "b", "uint8": "B", "int16": "h", "uint16": "H", "int32": "i",
+              "uint32": "I", "uint64": "Q"}  # fmt: skip
+
+
+def array_params(ptr: int, shape: tuple, dtype) -> list[tuple[str, int]]:
+    """The kernel parameters Numba passes for a C-contiguous array argument, as (struct
+    code, value) pairs: meminfo and parent (null), the element count, the item size,
+    the data pointer, then the shape and the strides in bytes, all 64-bit."""
+    import numpy as np
+
+    itemsize = np.dtype(dtype).itemsize
+    strides, step = [], itemsize
+    for n in reversed(shape):
+        strides.append(step)
+        step *= int(n)
+    strides.reverse()
+    values = [0, 0, step // itemsize, itemsize, int(ptr), *[int(n) for n in shape], *strides]
+    return [("q", v) for v in values]
+
+
+def scalar_param(value) -> tuple[str, Any]:
+    """A scalar kernel parameter as (struct code, value), typed as Numba types it:
+    Python int and np.int64 as int64, other NumPy integers as themselves, np.float32
+    as float32, Python float as float64, bool as a one-byte boolean."""
+    import numpy as np
+
+    if isinstance(value, np.float32):
+        return "f", float(value)
+    if isinstance(value, float | np.float64):
+        return "d", float(value)
+    if isinstance(value, bool | np.bool_):
+        return "?", bool(value)
+    if isinstance(value, np.integer) and value.dtype != np.int64:
+        return _INT_CODES[value.dtype.name], int(value)
+    if isinstance(value, int | np.integer):
+        return "q", int(value)
+    raise TypeError(f"unsupported kernel parameter {value!r}")
 
 
 def param_offsets(packer: struct.Struct) -> list[int]:

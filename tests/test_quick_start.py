@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from imgfilter.backends import cubins
-from imgfilter.backends.driver import array_params, scalar_param
+from kernels.cudadrv import array_params, scalar_param
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHONPATH = os.environ.get("PYTHONPATH", "")
@@ -106,7 +106,8 @@ def test_quick_box_looks_for_the_cubin_of_the_kernel_box_auto_runs(monkeypatch):
 def test_background_context_is_what_the_quick_start_uses(tmp_path, monkeypatch, fails):
     import threading
 
-    from imgfilter.backends import cached, driver, warmup
+    from imgfilter.backends import cached, warmup
+    from kernels import cudadrv
 
     opened = []
 
@@ -115,14 +116,14 @@ def test_background_context_is_what_the_quick_start_uses(tmp_path, monkeypatch, 
 
         def __init__(self):
             if fails:
-                raise driver.DriverError("cuInit failed: CUDA_ERROR_NO_DEVICE")
+                raise cudadrv.CudaError("cuInit failed: CUDA_ERROR_NO_DEVICE")
             opened.append(threading.current_thread().name)
             self.current_on = []
 
-        def make_current(self):
+        def current(self):
             self.current_on.append(threading.current_thread().name)
 
-    monkeypatch.setattr(driver, "Driver", FakeDriver)
+    monkeypatch.setattr(cudadrv, "driver", FakeDriver)
     monkeypatch.setattr(warmup, "_thread", None)
     monkeypatch.setattr(warmup, "_result", [])
     monkeypatch.setattr(warmup, "wanted", lambda argv: True)
@@ -141,21 +142,65 @@ def test_background_context_is_what_the_quick_start_uses(tmp_path, monkeypatch, 
 
 def test_array_params_follow_numbas_layout():
     # meminfo, parent, nitems, itemsize, data, shape..., strides (bytes)...
-    values = [p.value for p in array_params(0x1000, (2, 3, 4), np.uint16)]
-    assert values == [None, None, 24, 2, 0x1000, 2, 3, 4, 24, 8, 2]
+    params = array_params(0x1000, (2, 3, 4), np.uint16)
+    assert [v for _, v in params] == [0, 0, 24, 2, 0x1000, 2, 3, 4, 24, 8, 2]
+    assert "".join(code for code, _ in params) == "q" * 11
 
 
 def test_scalar_params_are_typed_as_numba_types_them():
-    assert isinstance(scalar_param(7), ctypes.c_int64)
-    assert isinstance(scalar_param(np.int64(-3)), ctypes.c_int64)
-    assert isinstance(scalar_param(np.float32(0.5)), ctypes.c_float)
-    assert isinstance(scalar_param(0.5), ctypes.c_double)
-    assert isinstance(scalar_param(True), ctypes.c_bool)
-    assert isinstance(scalar_param(np.uint8(200)), ctypes.c_uint8)
-    assert scalar_param(np.uint8(200)).value == 200
-    assert isinstance(scalar_param(np.uint16(65535)), ctypes.c_uint16)
+    assert scalar_param(7) == ("q", 7)
+    assert scalar_param(np.int64(-3)) == ("q", -3)
+    assert scalar_param(np.float32(0.5)) == ("f", 0.5)
+    assert scalar_param(0.5) == ("d", 0.5)
+    assert scalar_param(True) == ("?", True)
+    assert scalar_param(np.uint8(200)) == ("B", 200)
+    assert scalar_param(np.uint16(65535)) == ("H", 65535)
+    assert scalar_param(np.int32(-7)) == ("i", -7)
     with pytest.raises(TypeError, match="unsupported"):
         scalar_param("3")
+
+
+def test_parameters_are_packed_at_their_c_offsets():
+    """launch_params lays (code, value) pairs out as a C struct (the CUDA ABI): a
+    uint8 then an int64 puts the int64 at offset 8."""
+    seen = []
+
+    class Lib:
+        def cuLaunchKernelEx(self, config_address, fn, attrs, extra_address):
+            extra = (ctypes.c_void_p * 5).from_address(extra_address)
+            size = ctypes.c_size_t.from_address(extra[3]).value
+            config = cudadrv._LaunchConfig.from_address(config_address)
+            seen.append((ctypes.string_at(extra[1], size), config.gridDimX, config.gridDimY))
+            return 0
+
+    import threading
+
+    from kernels import cudadrv
+
+    drv = object.__new__(cudadrv.Driver)
+    drv._lib, drv._tls, drv._smem_opted = Lib(), threading.local(), set()
+    drv._tls.ready = False
+    drv.current = lambda: _ready(drv)
+    params = [scalar_param(np.uint8(3)), *array_params(0x2000, (5,), np.float32)]
+    drv.launch_params(7, (4,), (32,), 0, 0, params)
+    ((packed, gx, gy),) = seen
+    assert len(packed) == 8 + 7 * 8 and packed[0] == 3 and (gx, gy) == (4, 1)
+    assert int.from_bytes(packed[8 + 4 * 8 : 8 + 5 * 8], "little") == 0x2000  # data pointer
+
+
+def _ready(drv):
+    import ctypes as c
+
+    from kernels import cudadrv
+
+    tls = drv._tls
+    tls.ready = True
+    tls.params = c.create_string_buffer(4096)
+    tls.size = c.c_size_t(0)
+    tls.extra = (c.c_void_p * 5)(1, c.addressof(tls.params), 2, c.addressof(tls.size), 0)
+    tls.extra_address = c.addressof(tls.extra)
+    tls.configs, tls.addresses = {}, {}
+    assert cudadrv._PARAM_BUFFER_POINTER == 1
 
 
 class _ArrayType:

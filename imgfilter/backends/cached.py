@@ -5,10 +5,10 @@ far longer than filtering a photo. When cubins exported by the CUDA backend
 (`imgfilter.backends.cubins`) exist for this GPU, `get_backend` hands out this module
 instead: box blurs and contour maps of host images, and filters that method auto
 gives the register-blocked kernel, run from those cubins through the CUDA driver
-(`imgfilter.backends.driver`) with the very kernels and arguments the Numba path
-would launch, so results are identical. Anything else (other kernels,
-other methods, device arrays, a missing cubin, a driver error) is passed to
-`imgfilter.backends.cuda`, which imports Numba then. Same contract as every backend.
+(`kernels.cudadrv`, the package's one launch layer, and its memory pool) with the very
+kernels and arguments the Numba path would launch, so results are identical. Anything
+else (other kernels, other methods, device arrays, a missing cubin, a driver error) is
+passed to `imgfilter.backends.cuda`, which imports Numba then. Same contract as every backend.
 Set IMGFILTER_NO_QUICK_START=1 to always use the Numba path.
 
 First use: the package ships size-generic kernels (`kernels.shipped`). Where the kernel
@@ -27,12 +27,13 @@ import threading
 
 import numpy as np
 
-from kernels import box_plan, contour_plan, conv_plan
+from kernels import box_plan, contour_plan, conv_plan, devarray
+from kernels.cudadrv import CudaError, Driver, array_params, scalar_param
+from kernels.cudadrv import driver as cuda_driver
 from kernels.launch import image_grid
 from kernels.saturate import output_limits
 
 from . import background, cubins, warmup
-from .driver import Driver, DriverError, array_params, scalar_param
 
 NAME = "cuda"
 
@@ -42,8 +43,8 @@ def _driver() -> Driver | None:
     if warmup.started():  # the CLI began opening it in the background
         return warmup.driver()
     try:
-        return Driver()
-    except DriverError:
+        return cuda_driver()
+    except CudaError:
         return None
 
 
@@ -79,38 +80,31 @@ def _function(drv: Driver, name: str):
 def _run(name: str, img: np.ndarray, out_shape: tuple, launch, extra=None,
          scratch_bytes: int = 0) -> np.ndarray | None:  # fmt: skip
     """Copy img (and the host array `extra`, if given) to the device, call
-    launch(driver, fn, d_img, d_out[, d_extra]), copy the result back; None when the
-    cubin is missing or the driver fails. With scratch_bytes, d_extra is that much
-    uninitialised device memory instead."""
+    launch(driver, fn, d_img, d_out[, d_extra]) with their device addresses, copy the
+    result back; None when the cubin is missing or the driver fails. With
+    scratch_bytes, d_extra is that much uninitialised device memory instead. Device
+    memory comes from the pool (`kernels.devarray`), on the legacy default stream."""
     drv = _driver()
     if drv is None:
         return None
-    d_img = d_out = d_extra = None
+    stream = devarray.LEGACY
     try:
         fn = _function(drv, name)
         if fn is None:
             return None
-        d_img = drv.to_device(img)
-        out = np.empty(out_shape, dtype=img.dtype)
-        d_out = drv.alloc(out.nbytes)
+        d_img = devarray.to_device(img, stream)
+        d_out = devarray.empty(out_shape, img.dtype, stream)
+        pointers = [d_img.ptr, d_out.ptr]
         if extra is not None:
-            d_extra = drv.to_device(extra)
+            d_extra = devarray.to_device(extra, stream)
+            pointers.append(d_extra.ptr)
         elif scratch_bytes:
-            d_extra = drv.alloc(scratch_bytes)
-        if d_extra is None:
-            launch(drv, fn, d_img, d_out)
-        else:
-            launch(drv, fn, d_img, d_out, d_extra)
-        return drv.to_host(d_out, out)
-    except DriverError:
+            d_extra = devarray.empty((scratch_bytes,), np.uint8, stream)
+            pointers.append(d_extra.ptr)
+        launch(drv, fn, *pointers)
+        return d_out.copy_to_host()
+    except CudaError:
         return None
-    finally:
-        for ptr in (d_img, d_out, d_extra):
-            if ptr is not None:
-                try:
-                    drv.free(ptr)
-                except DriverError:
-                    pass
 
 
 def _box_quick(img, ksize, anchor, border, value) -> np.ndarray | None:
@@ -158,7 +152,7 @@ def _fused_quick(img, ksize, anchor, border, value, geo) -> np.ndarray | None:
         params = array_params(d_img, flat, img.dtype)
         params += [scalar_param(a) for a in args]
         params += array_params(d_out, flat, img.dtype)
-        drv.launch(fn, geo["grid"], (geo["threads"],), geo["smem"], params)
+        drv.launch_params(fn, geo["grid"], (geo["threads"],), geo["smem"], devarray.LEGACY, params)
 
     return _run(cubins.box_name(geo, channels, img.dtype), img, img.shape, launch)
 
@@ -172,15 +166,19 @@ def _twopass_quick(img, ksize, anchor, border, value, geo) -> np.ndarray | None:
     def launch(drv, fn, d_img, d_out, d_sums):
         column_fn = _function(drv, columns)
         if column_fn is None:
-            raise DriverError(f"no cached cubin for {columns}")
+            raise CudaError(f"no cached cubin for {columns}")
         params = array_params(d_img, (n,), np.uint8) + array_params(d_img, (n // 4,), np.uint32)
         params += [scalar_param(a) for a in row_args]
         params += array_params(d_sums, (n_sums,), np.uint32)
-        drv.launch(fn, geo["row_grid"], (geo["row_threads"],), geo["row_smem"], params)
+        drv.launch_params(
+            fn, geo["row_grid"], (geo["row_threads"],), geo["row_smem"], devarray.LEGACY, params
+        )
         params = array_params(d_sums, (n_sums,), np.uint32)
         params += [scalar_param(a) for a in col_args]
         params += array_params(d_out, (n,), np.uint8)
-        drv.launch(column_fn, geo["col_grid"], geo["col_block"], geo["col_smem"], params)
+        drv.launch_params(
+            column_fn, geo["col_grid"], geo["col_block"], geo["col_smem"], devarray.LEGACY, params
+        )
 
     return _run(rows, img, img.shape, launch, scratch_bytes=4 * n_sums)
 
@@ -209,7 +207,7 @@ def _word_kernel_quick(img, geo, args, name: str, out_words: bool) -> np.ndarray
         params += array_params(d_out, (n,), np.uint8)
         if out_words:
             params += array_params(d_out, (n // 4,), np.uint32)
-        drv.launch(fn, geo["grid"], (geo["threads"],), geo["smem"], params)
+        drv.launch_params(fn, geo["grid"], (geo["threads"],), geo["smem"], devarray.LEGACY, params)
 
     return _run(name, img, img.shape, launch)
 
@@ -225,7 +223,7 @@ def _contour_quick(img, border, value) -> np.ndarray | None:
         params += array_params(d_out, (height, width), img.dtype)
         params += array_params(d_out, (height * width,), img.dtype)
         grid = contour_plan.grid(height, width)
-        drv.launch(fn, grid, (contour_plan.THREADS,), 0, params)
+        drv.launch_params(fn, grid, (contour_plan.THREADS,), 0, devarray.LEGACY, params)
 
     return _run(cubins.contour_name(channels, img.dtype), img, (height, width), launch)
 
@@ -241,7 +239,14 @@ def _blocked_quick(img, kernel, anchor, border, value) -> np.ndarray | None:
         params += array_params(d_weights, weights.shape, np.float32)
         params += [scalar_param(a) for a in args]
         params += array_params(d_out, img.shape, img.dtype)
-        drv.launch(fn, conv_plan.grid(img.shape, kh), (conv_plan.TX, conv_plan.TY), 0, params)
+        drv.launch_params(
+            fn,
+            conv_plan.grid(img.shape, kh),
+            (conv_plan.TX, conv_plan.TY),
+            0,
+            devarray.LEGACY,
+            params,
+        )
 
     name = cubins.blocked_name(kh, kw, img.dtype)
     return _run(name, img, img.shape, launch, extra=weights)
@@ -264,7 +269,7 @@ def _conv_tiled_quick(img, kernel, anchor, border, value) -> np.ndarray | None:
         params += array_params(d_weights, weights.shape, np.float32)
         params += [scalar_param(a) for a in args]
         params += array_params(d_out, img.shape, img.dtype)
-        drv.launch(fn, grid, block, smem, params)
+        drv.launch_params(fn, grid, block, smem, devarray.LEGACY, params)
 
     return _run(cubins.conv_tiled_name(img.dtype), img, img.shape, launch, extra=weights)
 

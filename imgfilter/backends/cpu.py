@@ -25,18 +25,16 @@ correlate (`correlate_plan` says which path a call takes):
     to the direct path. float32 outputs are stored from the passes: within
     (|E|_1 + ~1e-15 |K|_1) * max|x| of the direct result (images with inf or NaN take
     the direct sums).
-  - fft (integer images, full rank, where a cost model expects it faster than the
-    direct loops; on a 2495x2167 image uint8 from 15x15, uint16 from 13x13):
-    overlap-save tiles, each correlated by a float64 cv2.dft with the kernel's
-    spectrum from exact-twiddle matrix products. Every output's distance from the
-    exact correlation is bounded (`fft_error_factor`: a normwise FFT error model,
-    16 u per radix-2 stage plus cv2's recurrence twiddles' error, times
-    ||x_tile||_2) and that bound, plus the direct sum's own rounding, doubled,
-    decides: where a value within it could round or saturate differently (near
-    ties only), the direct float64 sum is computed (`_direct_many`) and stored:
-    bit-equal to the direct path. float32 outputs stay on the direct sums: their
-    rounding steps scale with the value, so even with numpy's accurate-twiddle FFT
-    about 2% of them needed the direct recompute and the path lost to direct64.
+  - fft (full rank, where a cost model expects it faster than the direct loops; on
+    a 2495x2167 image uint8 from 15x15, uint16 from 13x13, float32 from the limit;
+    float32 images finite): overlap-save tiles (`cpu_fft`), float64 cv2.dft tiles for
+    integer images, numpy.fft tiles for float32 ones. Every output's distance from
+    the direct sum is bounded (a normwise FFT error model, 16 u per radix-2 stage
+    plus the twiddles' error, and the direct sum's own rounding, doubled); where a
+    value within that bound could round or saturate differently, the direct float64
+    sum is computed and stored: bit-equal to the direct path. Integer outputs are
+    almost never open; float32 outputs, whose rounding steps scale with the value,
+    about 1% (near zero, mostly).
   - direct32 (uint8, full rank, bound < `_DIRECT32_BOUND`): float32 FMAs, twice the
     SIMD width of float64, with the same bound-and-recompute check: bit-equal.
   - direct64 (otherwise): the float64 direct sums themselves.
@@ -47,9 +45,11 @@ correlate (`correlate_plan` says which path a call takes):
   others in float32 in its SIMD body and double in its scalar tail), except the
   2-pixel uint8 box: cv2.blur's scalar tail stores (255 + 255 + 2) >> 1 = 256 as 0
   there, so exact sums (cv2.boxFilter, normalize=False, int32) go through OpenCV's
-  fixed point here, saturated (`box_scaling`). float32 images: direct float64 sums
-  per box, no running sums, so huge, inf or NaN values reach only the boxes that hold
-  them (cv2.blur's double running sums carry them along the row), then
+  fixed point here, saturated (`box_scaling`). float32 images: float64 sums that
+  never subtract, so huge, inf or NaN values reach only the boxes that hold them
+  (cv2.blur's double running sums carry them along the row): column sums from the
+  suffix and prefix sums of blocks of kh rows (van Herk / Gil-Werman, flat in kh),
+  row sums from groups of about sqrt(kw) column sums (`_box_float_bands`), then
   float32(sum * (1 / area)).
 - contour: gray as cv2.cvtColor (`bgr_to_gray`), four integer responses, saturated,
   OR-ed: bit-exact.
@@ -412,7 +412,8 @@ def _magnitude(img, value) -> float:
     """An upper bound of |x| over the padded image (inf when it holds inf or NaN)."""
     if img.dtype.kind == "u":
         return float(max(np.iinfo(img.dtype).max, abs(value)))
-    m = max(float(np.abs(img).max(initial=0.0)), abs(float(value)))
+    top = float(img.max(initial=-np.inf))  # NaN propagates through max and min
+    m = max(top, -float(img.min(initial=np.inf)), abs(float(value)))
     return m if math.isfinite(m) else math.inf
 
 
@@ -422,12 +423,19 @@ def correlate_plan(img, kernel, value, fft=None):
     ("direct32", bound) or ("direct64", None).
 
     fft None: the FFT tiles where the cost model (`fft_tile_shape`, `_COST_TAP`)
-    expects them faster than the direct loops; True: whenever they apply (integer
-    images, a kernel from the limit that is not of low rank); False: never."""
+    expects them faster than the direct loops; True: whenever they apply (a kernel
+    from the limit that is not of low rank; float32 images finite and below
+    `cpu_fft.FFT_F32_MAX`); False: never."""
+    return _plan(img, kernel, value, fft)[:2]
+
+
+def _plan(img, kernel, value, fft):
+    """`correlate_plan`'s (path, params) and the image's magnitude (`_magnitude`;
+    0.0 when the path does not need it)."""
     h, w, c = img.shape
     kh, kw = kernel.shape
     if kh * kw < direct_area_limit(img.dtype):
-        return "opencv", None
+        return "opencv", None, 0.0
     weights = np.asarray(kernel, np.float32)
     k64 = weights.astype(np.float64)
     ntaps = int(np.count_nonzero(k64))
@@ -435,7 +443,7 @@ def correlate_plan(img, kernel, value, fft=None):
     mag = _magnitude(img, value)
     _, _, is_int = output_limits(img.dtype)
     if not (math.isfinite(mag) and ntaps):
-        return "direct64", None
+        return "direct64", None, mag
     plan = low_rank(k64, ntaps // (2 * (kh + kw)))
     if plan is not None:
         u, v, err = plan
@@ -445,7 +453,7 @@ def correlate_plan(img, kernel, value, fft=None):
         # |direct float64 - exact| <= (ntaps + 2) * 2 u64 * |K|_1 * max|x|.
         rounding = (rank + 2) * (l1 + uv) + (kh + kw + rank + 2) * uv + (ntaps + 2) * l1
         bound = 1.5 * mag * (err + 2 * _U64 * rounding) if is_int else -1.0
-        return "separable", (u, v, bound)
+        return "separable", (u, v, bound), mag
     direct = ("direct64", None)
     if img.dtype == np.uint8:
         # float32 FMAs: |error| <= (ntaps + 1) * u32 * (1 + ntaps * u32) * |K|_1 * max|x|
@@ -455,11 +463,11 @@ def correlate_plan(img, kernel, value, fft=None):
     from .cpu_fft import FFT_F32_MAX, fft_tile_shape
 
     if fft is False or not (is_int or mag < FFT_F32_MAX):
-        return direct
-    th, tw, seconds = fft_tile_shape(kh, kw, h, w)
+        return *direct, mag
+    th, tw, seconds = fft_tile_shape(kh, kw, h, w, 0 if is_int else kh * kw)
     if fft or seconds < _COST_TAP[direct[0]] * ntaps * h * w:
-        return "fft", (th, tw)
-    return direct
+        return "fft", (th, tw), mag
+    return *direct, mag
 
 
 def _taps(weights, rowlen, nch):
@@ -478,7 +486,7 @@ def correlate(img, kernel, anchor, border, value, method, out=None, stream=None,
     ay, ax = anchor
     out = np.empty_like(img) if out is None else out
     weights = np.ascontiguousarray(kernel, dtype=np.float32)
-    path, params = correlate_plan(img, weights, value, fft)
+    path, params, mag = _plan(img, weights, value, fft)
     if path == "opencv":
         import cv2
 
@@ -490,7 +498,7 @@ def correlate(img, kernel, anchor, border, value, method, out=None, stream=None,
     if path == "fft":
         from .cpu_fft import correlate_fft
 
-        return correlate_fft(img, weights, anchor, border, value, params, out, lo, hi)
+        return correlate_fft(img, weights, anchor, border, value, params, out, lo, hi, mag)
     pad = _padded(img, ay, kh - 1 - ay, ax, kw - 1 - ax, border, value, np.float32)
     rowlen = pad.shape[1]
     offs, ws = _taps(weights, rowlen, c)
@@ -528,47 +536,147 @@ def _box_scale(sums, out, mode, delta, mul, scale32, scale64, lo, hi):
             o[x] = _box_value(s[x], mode, delta, mul, scale32, scale64, lo, hi)
 
 
-@njit(parallel=True, cache=True)
-def _box_float_rows(pad, nch, kh, kw, out, scale):
-    """float32 boxes: out[y] = float32(scale * direct float64 sums), no running sums.
+@njit(inline="always")
+def _load_row(img, sy, value, dst):
+    """dst (W * C, float64) = row sy of the (H, W, C) image, or `value` when sy is -1."""
+    if sy < 0:
+        dst[:] = value
+        return
+    src = img[sy].reshape(-1)
+    for x in range(dst.shape[0]):
+        dst[x] = src[x]
 
-    Per output row: the kh padded rows summed in order into column sums, then kw
-    shifted column sums in order, both over the whole row (vectorized), so a huge,
-    inf or NaN value reaches only the outputs whose box holds it.
-    """
-    height, wc = out.shape
-    wpc = pad.shape[1]
-    for y in prange(height):
-        col = np.zeros(wpc, np.float64)
-        i = 0
-        while i + 4 <= kh:
-            r0, r1, r2, r3 = pad[y + i], pad[y + i + 1], pad[y + i + 2], pad[y + i + 3]
-            for x in range(wpc):
-                col[x] = (((col[x] + r0[x]) + r1[x]) + r2[x]) + r3[x]
-            i += 4
-        while i < kh:
-            r0 = pad[y + i]
-            for x in range(wpc):
-                col[x] += r0[x]
-            i += 1
-        acc = np.zeros(wc, np.float64)
-        j = 0
-        while j + 4 <= kw:
-            c0 = col[j * nch : j * nch + wc]
-            c1 = col[(j + 1) * nch : (j + 1) * nch + wc]
-            c2 = col[(j + 2) * nch : (j + 2) * nch + wc]
-            c3 = col[(j + 3) * nch : (j + 3) * nch + wc]
-            for x in range(wc):
-                acc[x] = (((acc[x] + c0[x]) + c1[x]) + c2[x]) + c3[x]
-            j += 4
-        while j < kw:
-            c0 = col[j * nch : j * nch + wc]
-            for x in range(wc):
-                acc[x] += c0[x]
-            j += 1
-        o = out[y]
-        for x in range(wc):
-            o[x] = acc[x] * scale
+
+@njit(inline="always")
+def _suffix_rows(s):
+    """s[i] = s[i] + s[i + 1] + ... + s[-1] (rows of s, in place, from the last)."""
+    for i in range(s.shape[0] - 2, -1, -1):
+        a = s[i]
+        b = s[i + 1]
+        for x in range(a.shape[0]):
+            a[x] += b[x]
+
+
+@njit(inline="always")
+def _prefix_step(row, p, s_i, v):
+    """p += row (the next block's prefix sum), v = s_i + p (a box's column sums)."""
+    for x in range(row.shape[0]):
+        p[x] += row[x]
+        v[x] = s_i[x] + p[x]
+
+
+_BOX_CHUNK = 1024  # outputs per chunk of a row's box sums (the chunk stays in L1)
+
+
+@njit(inline="always")
+def _add_shifted(dst, src, first, count, step, n):
+    """dst[:n] += src[first + j * step : ... + n] for j in 0 .. count - 1, in order
+    (four per pass)."""
+    j = 0
+    while j + 4 <= count:
+        o = first + j * step
+        s0 = src[o : o + n]
+        s1 = src[o + step : o + step + n]
+        s2 = src[o + 2 * step : o + 2 * step + n]
+        s3 = src[o + 3 * step : o + 3 * step + n]
+        for x in range(n):
+            dst[x] = (((dst[x] + s0[x]) + s1[x]) + s2[x]) + s3[x]
+        j += 4
+    while j < count:
+        o = first + j * step
+        s0 = src[o : o + n]
+        for x in range(n):
+            dst[x] += s0[x]
+        j += 1
+
+
+@njit(inline="always")
+def _box_row(pad, cols, left, cvalue, kw, g, nch, grp, acc, scale, out):
+    """out (W * C) = float32(scale * sums of kw padded pixels) of the padded row of
+    column sums `pad` ((W + kw - 1) * C, float64), whose columns left .. left + W - 1
+    are filled; the others are filled here from the column map `cols` (-1: cvalue).
+
+    Per chunk of `_BOX_CHUNK` outputs: sums of g consecutive pixels (grp), then each
+    box as kw // g of them plus its kw % g last pixels: about g + kw / g adds per
+    output instead of kw, and every partial sum holds only pixels of its box."""
+    wc = out.shape[0]
+    w = wc // nch
+    for px in range(left):
+        sx = cols[px]
+        for c in range(nch):
+            pad[px * nch + c] = cvalue if sx < 0 else pad[(left + sx) * nch + c]
+    for px in range(left + w, cols.shape[0]):
+        sx = cols[px]
+        for c in range(nch):
+            pad[px * nch + c] = cvalue if sx < 0 else pad[(left + sx) * nch + c]
+    q = kw // g
+    for x0 in range(0, wc, _BOX_CHUNK):
+        n = min(_BOX_CHUNK, wc - x0)
+        m = n + (q - 1) * g * nch
+        gs = grp[:m]
+        gs[:] = pad[x0 : x0 + m]
+        _add_shifted(gs, pad, x0 + nch, g - 1, nch, m)
+        a = acc[:n]
+        a[:] = gs[:n]
+        _add_shifted(a, gs, g * nch, q - 1, g * nch, n)
+        _add_shifted(a, pad, x0 + q * g * nch, kw - q * g, nch, n)
+        o = out[x0 : x0 + n]
+        for x in range(n):
+            o[x] = a[x] * scale
+
+
+def _box_group(kw: int) -> int:
+    """The group size g of `_box_row` for boxes kw pixels wide: about sqrt(kw), 1 (plain
+    sums) below 8."""
+    return 1 if kw < 8 else int(math.isqrt(kw))
+
+
+@njit(parallel=True, cache=True)
+def _box_float_bands(img, rows, cols, left, value, kh, kw, g, out, scale, nbands):
+    """float32 boxes: out (H, W * C) = float32(scale * box sum), float64 sums that
+    never subtract, so a huge, inf or NaN pixel reaches only the boxes that hold it.
+
+    Padded row p is image row rows[p] (-1: `value`); padded column px is image column
+    cols[px] (-1: `value`), image column 0 at padded column `left`. Column sums (van
+    Herk / Gil-Werman): each of `nbands` bands of output rows, from its first row y0,
+    cuts the padded rows into blocks of kh; the column sum of a box from row y is the
+    suffix sum of its block from y (s) plus, unless y starts a block, the prefix sum
+    of the next block up to y + kh - 1 (p): partial sums of the box's own pixels. Row
+    sums: groups of g column sums (`_box_row`)."""
+    h, w, nch = img.shape
+    wc = w * nch
+    off = left * nch
+    band = -(-h // nbands)
+    for bi in prange(nbands):
+        y0 = bi * band
+        y1 = min(h, y0 + band)
+        if y0 >= y1:
+            continue
+        s = np.empty((kh, wc))
+        nxt = np.empty((kh, wc))
+        p = np.empty(wc)
+        pad = np.empty(cols.shape[0] * nch)
+        acc = np.empty(_BOX_CHUNK)
+        grp = np.empty(_BOX_CHUNK + kw * nch)
+        v = pad[off : off + wc]
+        for i in range(kh):
+            _load_row(img, rows[y0 + i], value, s[i])
+        _suffix_rows(s)
+        b0 = y0
+        while b0 < y1:
+            v[:] = s[0]
+            _box_row(pad, cols, left, kh * value, kw, g, nch, grp, acc, scale, out[b0])
+            p[:] = 0.0
+            for i in range(1, min(kh, y1 - b0)):
+                _load_row(img, rows[b0 + kh + i - 1], value, nxt[i - 1])
+                _prefix_step(nxt[i - 1], p, s[i], v)
+                _box_row(pad, cols, left, kh * value, kw, g, nch, grp, acc, scale, out[b0 + i])
+            b0 += kh
+            if b0 >= y1:
+                break
+            _load_row(img, rows[b0 + kh - 1], value, nxt[kh - 1])
+            _suffix_rows(nxt)
+            s, nxt = nxt, s
 
 
 def box(img, ksize, anchor, border, value, method, out=None, stream=None):
@@ -598,8 +706,14 @@ def box(img, ksize, anchor, border, value, method, out=None, stream=None):
         scale32, scale64 = np.float32(1.0 / area), 1.0 / area
         _box_scale(sums, out.reshape(h, w * c), mode, delta, mul, scale32, scale64, lo, hi)
         return out
-    pad = _padded(img, ay, kh - 1 - ay, ax, kw - 1 - ax, border, value, img.dtype)
-    _box_float_rows(pad, c, kh, kw, out.reshape(h, w * c), 1.0 / area)
+    import numba
+
+    rows = _axis_map(h, ay, kh - 1 - ay, border)
+    cols = _axis_map(w, ax, kw - 1 - ax, border)
+    nbands = min(h, 2 * numba.get_num_threads())
+    cvalue = float(np.float32(value))  # the border as a float32 image holds it
+    _box_float_bands(img, rows, cols, ax, cvalue, kh, kw, _box_group(kw), out.reshape(h, w * c),
+                     1.0 / area, nbands)  # fmt: skip
     return out
 
 

@@ -65,11 +65,11 @@ def wanted(argv: list[str]) -> bool:
 
 
 def _open() -> None:
-    from .driver import Driver, DriverError
+    from kernels.cudadrv import CudaError, driver  # ctypes only: no NumPy, no Numba
 
     try:
-        _result.append(Driver())
-    except DriverError:
+        _result.append(driver())
+    except CudaError:
         _result.append(None)
 
 
@@ -94,5 +94,5 @@ def driver():
     _thread.join()
     drv = _result[0] if _result else None
     if drv is not None:
-        drv.make_current()
+        drv.current()
     return drv

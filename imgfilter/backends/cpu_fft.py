@@ -1,0 +1,594 @@
+"""The CPU backend's FFT path: overlap-save tiles, bit-equal to the direct float64 sums.
+
+`correlate_fft` filters each channel of the image, extended by the border's index
+maps (`Source`: the padded plane is never built), in tiles: a tile of th x tw padded
+pixels gives (th - kh + 1) x (tw - kw + 1) outputs, which its cyclic correlation with
+the kernel holds without wrap-around. Every output comes with a rigorous bound on its
+distance from the direct float64 sum (the FFT's error model plus the direct sum's
+own rounding, doubled); where a value within that bound could store differently, the
+direct float64 sum itself is computed (`_direct_dense`, from the tile's pixels) and
+stored. So the result is bit-equal to the direct path; the FFT only decides the
+outputs whose rounding it pins.
+
+Two engines, one per output type:
+- integer images: float64 cv2.dft tiles (packed CCS), the kernel's spectrum from
+  exact-twiddle matrix products (`kernel_spectrum`). cv2.dft builds its twiddles by a
+  recurrence whose error grows with the length (`twiddle_error`), so the bound
+  (`fft_error_factor`) is loose, but integer outputs only need it below the distance
+  to a tie: almost never open.
+- float32 images: numpy.fft tiles (pocketfft, whose twiddles are cos/sin of exact
+  angle multiples: within `_MU_NUMPY` of exact), the kernel's spectrum by the same
+  rfft2, and a bound in ||K||_2 instead of max|K_hat| (`F32Bound`): float32 rounding
+  steps scale with the value, so about 1% of the outputs (those near zero, mostly)
+  are open and recomputed.
+
+Threads: numba.get_num_threads() Python threads take tiles in turn; cv2.dft,
+numpy.fft and the Numba loads and stores release the GIL.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+from numba import njit
+
+from .cpu import _U64, _axis_map, _store_int
+
+_CHUNK = 512  # opened outputs per call of the direct recompute
+_FFT_STAGE = 16.0  # assumed normwise error of one radix-2 stage of an FFT, in u64
+_MU_NUMPY = 10.0  # error of pocketfft's twiddles, in u64 (`F32Bound`)
+_FFT_MAX = 384  # largest tile side (a tile and the kernel's spectrum stay in L2)
+_FFT_SIDES = tuple(
+    sorted(
+        n
+        for n in {2**a * 3**b * 5**c for a in range(1, 10) for b in range(6) for c in range(4)}
+        if n <= _FFT_MAX
+    )
+)  # even sizes whose DFT has radix-2, 3 and 5 stages only
+# single-thread cost model (seconds, measured on a 2-core Xeon; only ratios matter)
+_COST_FFT_LOG = 0.8e-9  # dft, idft and the product, per tile pixel and log2(tile size)
+_COST_FFT_PX = 3e-9  # loading, bound and store, per tile pixel
+_COST_FFT_TILE = 25e-6  # Python and call overhead per tile
+_COST_REDO_TAP = 0.18e-9  # the direct recompute, per tap of an open output
+_OPEN_F32 = 3.5e-6  # share of float32 outputs open, per sqrt(n) log2(n) of an n-pixel tile
+FFT_F32_MAX = 1e150  # float32 images take the FFT below this magnitude (finite squares)
+
+
+def fft_tile_shape(kh: int, kw: int, h: int, w: int, redo_taps: int = 0):
+    """(th, tw, seconds): the tile (even sides from `_FFT_SIDES`) that minimises the
+    modelled single-thread time of overlap-save tiles for one (h, w) channel.
+
+    A tile of th x tw padded pixels gives (th - kh + 1) x (tw - kw + 1) outputs; no
+    tile side exceeds the smallest size that covers the padded image. redo_taps > 0
+    (float32 outputs): the bound leaves a share of the outputs open that grows with
+    the tile (~1.5% at 256 x 256 on random data), each recomputed at that many taps."""
+    best = (0, 0, math.inf)
+    hp, wp = h + kh - 1, w + kw - 1
+    rows = [t for t in _FFT_SIDES if t >= kh and (t < hp or t == _cover(hp))]
+    cols = [t for t in _FFT_SIDES if t >= kw and (t < wp or t == _cover(wp))]
+    for th in rows:
+        ny = -(-h // (th - kh + 1))
+        for tw in cols:
+            n = th * tw
+            tiles = ny * -(-w // (tw - kw + 1))
+            per_px = _COST_FFT_LOG * math.log2(n) + _COST_FFT_PX
+            redo = _OPEN_F32 * math.sqrt(n) * math.log2(n) * redo_taps * _COST_REDO_TAP
+            t = tiles * (n * per_px + _COST_FFT_TILE) + h * w * redo
+            if t < best[2]:
+                best = (th, tw, t)
+    return best
+
+
+def _cover(n: int) -> int:
+    """The smallest tile side >= n (the largest one when none is)."""
+    return next((t for t in _FFT_SIDES if t >= n), _FFT_SIDES[-1])
+
+
+# ---------------------------------------------------------- loads, recompute
+
+
+class Source:
+    """Channel `c` of an (H, W, C) image extended by a border, as a padded plane that
+    is never built: `rows` / `cols` (`cpu._axis_map`) give the source row / column of
+    each padded one (-1: the constant `value`, rounded to float32 as the direct path
+    pads it), `left` the padded column of the image's column 0."""
+
+    def __init__(self, img, top, bottom, left, right, border, value):
+        h, w, _ = img.shape
+        self.img = img
+        self.rows = _axis_map(h, top, bottom, border)
+        self.cols = _axis_map(w, left, right, border)
+        self.left = left
+        self.value = float(np.float32(value))
+
+    def load(self, c, oy, ox, buf, keep):
+        """`_tile_load` of this source's channel c from padded (oy, ox)."""
+        return _tile_load(self.img, c, self.rows, self.cols, self.left, self.value, oy, ox,
+                          buf, keep)  # fmt: skip
+
+
+@njit(nogil=True, cache=True, fastmath={"reassoc"})
+def _tile_load(img, c, rows, cols, left, value, oy, ox, buf, keep):
+    """buf[r, q] = the padded channel c at (oy + r, ox + q) as float64 (`Source`),
+    zero beyond the padded image; keep = buf. Returns the sum of squares of buf:
+    non-negative terms in any order, within 1e-9 of exact for any tile (callers
+    scale it by 1.001). Finite images only."""
+    th, tw = buf.shape
+    w = img.shape[1]
+    nrow = min(th, rows.shape[0] - oy)
+    ncol = min(tw, cols.shape[0] - ox)
+    q0 = min(max(left - ox, 0), ncol)  # columns q0 .. q1 - 1 map to image columns
+    q1 = max(min(left + w - ox, ncol), q0)  # ox + q - left
+    s = 0.0
+    for r in range(nrow):
+        dst = buf[r]
+        sy = rows[oy + r]
+        if sy < 0:
+            dst[:ncol] = value
+        else:
+            src = img[sy]
+            for q in range(q0, q1):
+                dst[q] = src[ox + q - left, c]
+            for q in range(q0):
+                sx = cols[ox + q]
+                dst[q] = value if sx < 0 else src[sx, c]
+            for q in range(q1, ncol):
+                sx = cols[ox + q]
+                dst[q] = value if sx < 0 else src[sx, c]
+        dst[ncol:] = 0.0
+        for q in range(ncol):
+            s += dst[q] * dst[q]
+        keep[r] = dst
+    buf[nrow:] = 0.0
+    keep[nrow:] = 0.0
+    return s
+
+
+@njit(nogil=True, cache=True, fastmath={"contract"})
+def _direct_dense(flat, bases, rowlen, k64, acc):
+    """acc[p] = the direct float64 sum of the output whose window starts at flat
+    offset bases[p] (rows of `rowlen` values): k64[i, j] * flat[bases[p] + i * rowlen
+    + j] over i, then j, in order, from 0.
+
+    Zero taps are included: for finite pixels each adds a zero to a sum that is never
+    -0 (it starts at +0), so the sums equal those over the non-zero taps alone. Every
+    product of a float32 weight and a pixel (float32, uint8 or uint16) is exact in
+    float64, so the fused multiply-adds the compiler may form give the same sums as
+    multiply-then-add. Eight outputs share each pass over a kernel row (eight
+    independent chains over contiguous runs)."""
+    kh, kw = k64.shape
+    m = bases.shape[0]
+    p = 0
+    while p + 8 <= m:
+        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+        for i in range(kh):
+            k = k64[i]
+            r = i * rowlen
+            s0 = flat[bases[p] + r : bases[p] + r + kw]
+            s1 = flat[bases[p + 1] + r : bases[p + 1] + r + kw]
+            s2 = flat[bases[p + 2] + r : bases[p + 2] + r + kw]
+            s3 = flat[bases[p + 3] + r : bases[p + 3] + r + kw]
+            s4 = flat[bases[p + 4] + r : bases[p + 4] + r + kw]
+            s5 = flat[bases[p + 5] + r : bases[p + 5] + r + kw]
+            s6 = flat[bases[p + 6] + r : bases[p + 6] + r + kw]
+            s7 = flat[bases[p + 7] + r : bases[p + 7] + r + kw]
+            for j in range(kw):
+                w = k[j]
+                a0 += w * np.float64(s0[j])
+                a1 += w * np.float64(s1[j])
+                a2 += w * np.float64(s2[j])
+                a3 += w * np.float64(s3[j])
+                a4 += w * np.float64(s4[j])
+                a5 += w * np.float64(s5[j])
+                a6 += w * np.float64(s6[j])
+                a7 += w * np.float64(s7[j])
+        acc[p], acc[p + 1], acc[p + 2], acc[p + 3] = a0, a1, a2, a3
+        acc[p + 4], acc[p + 5], acc[p + 6], acc[p + 7] = a4, a5, a6, a7
+        p += 8
+    while p < m:
+        a0 = 0.0
+        for i in range(kh):
+            for j in range(kw):
+                a0 += k64[i, j] * np.float64(flat[bases[p] + i * rowlen + j])
+        acc[p] = a0
+        p += 1
+
+
+@njit(nogil=True, cache=True)
+def _redo(dst, y0, x0, opened, m, plane, k64, lo, hi, is_int):
+    """dst[y0 + y, x0 + x] = the direct float64 sum (`_direct_dense`) of the output
+    whose window starts at (y, x) of `plane`, for the first m offsets y * rowlen + x
+    in `opened`; rounded and saturated (integer dst) or rounded to float32."""
+    rowlen = plane.shape[1]
+    flat = plane.reshape(-1)
+    acc = np.empty(min(m, _CHUNK), np.float64)
+    for p0 in range(0, m, _CHUNK):
+        batch = opened[p0 : min(m, p0 + _CHUNK)]
+        _direct_dense(flat, batch, rowlen, k64, acc)
+        for p in range(batch.shape[0]):
+            y = batch[p] // rowlen
+            x = batch[p] - y * rowlen
+            if is_int:
+                dst[y0 + y, x0 + x] = _store_int(acc[p], lo, hi)
+            else:
+                dst[y0 + y, x0 + x] = np.float32(acc[p])
+
+
+def _each_tile(tasks, start):
+    """Run start() once per thread, giving tile(task), then tile(*task) for every
+    task, on numba.get_num_threads() threads (one: this one)."""
+    import numba
+
+    lock = threading.Lock()
+    pending = iter(tasks)
+
+    def work():
+        tile = start()
+        while True:
+            with lock:
+                task = next(pending, None)
+            if task is None:
+                return
+            tile(*task)
+
+    workers = max(1, min(numba.get_num_threads(), len(tasks)))
+    if workers == 1:
+        work()
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(workers) as pool:
+        for f in [pool.submit(work) for _ in range(workers)]:
+            f.result()
+
+
+# ------------------------------------------------ integer images: cv2.dft tiles
+
+
+def _twiddles(n: int, k: int, half: bool) -> np.ndarray:
+    """(n or n//2 + 1, k) complex exp(-2 pi i f j / n); f j reduced mod n exactly and
+    the angle taken in [-pi, pi], so each entry is within 10 u64 of the true one."""
+    f = np.arange(n // 2 + 1 if half else n)[:, None]
+    m = (f * np.arange(k)[None, :]) % n
+    m = np.where(m > n // 2, m - n, m)
+    return np.exp((-2.0 * np.pi / n) * m * 1j)
+
+
+def kernel_spectrum(k64: np.ndarray, th: int, tw: int) -> tuple[np.ndarray, float, float]:
+    """(spec, beta, kappa): the DFT of the kernel zero-padded to th x tw, columns
+    0 .. tw/2 (what numpy.fft.rfft2 gives), a bound beta on each entry's error, and
+    kappa >= the largest modulus of the exact spectrum (the computed one's plus beta).
+
+    Computed as two matrix products with accurate twiddles (not by an FFT), so the
+    error is elementwise: |error| <= beta = 1.01 (2 mu + sqrt(2) (kh + kw + 4) u) |K|_1
+    with mu = 10 u the twiddles' error. The products are plain loops
+    (`_spectrum_products`), not BLAS: a multithreaded BLAS call leaves its threads
+    spinning for a while, which halves the throughput of the tiles that follow."""
+    kh, kw = k64.shape
+    spec = _spectrum_products(_twiddles(th, kh, False), k64, _twiddles(tw, kw, True))
+    l1 = float(np.abs(k64).sum())
+    beta = 1.01 * (20.0 + math.sqrt(2.0) * (kh + kw + 4)) * _U64 * l1
+    return spec, beta, float(np.abs(spec).max()) + beta
+
+
+@njit(cache=True)
+def _spectrum_products(a, k64, b):
+    """a (th, kh) @ (k64 (kh, kw) @ b.T (kw, nb)), complex, each entry a plain sum."""
+    kh, kw = k64.shape
+    nb = b.shape[0]
+    m = np.zeros((kh, nb), np.complex128)
+    for i in range(kh):
+        for t in range(kw):
+            k = k64[i, t]
+            for j in range(nb):
+                m[i, j] += k * b[j, t]
+    out = np.zeros((a.shape[0], nb), np.complex128)
+    for i in range(a.shape[0]):
+        for t in range(kh):
+            ait = a[i, t]
+            for j in range(nb):
+                out[i, j] += ait * m[t, j]
+    return out
+
+
+def ccs_packed(spec: np.ndarray, th: int, tw: int) -> np.ndarray:
+    """`kernel_spectrum`'s spec (th, tw/2 + 1) in OpenCV's packed CCS layout: what
+    cv2.dft gives for a real th x tw input (th, tw even)."""
+    ccs = np.empty((th, tw))
+    ccs[:, 1 : tw - 1 : 2] = spec[:, 1 : tw // 2].real
+    ccs[:, 2 : tw - 1 : 2] = spec[:, 1 : tw // 2].imag
+    for col, f in ((0, 0), (tw - 1, tw // 2)):
+        c = spec[: th // 2 + 1, f]
+        ccs[0, col] = c[0].real
+        ccs[1 : th - 1 : 2, col] = c[1 : th // 2].real
+        ccs[2 : th - 1 : 2, col] = c[1 : th // 2].imag
+        ccs[th - 1, col] = c[th // 2].real
+    return ccs
+
+
+def twiddle_error(th: int, tw: int) -> float:
+    """mu: a bound on the error of the twiddle factors cv2.dft uses for th x tw. It
+    builds them by a recurrence, w_(i+1) = w_i w_1 (dxt.cpp, DFTInit), whose error
+    grows by at most |dw_1| + sqrt(2) gamma_2 < 4 u a step, over up to n / 2 steps:
+    2 max(th, tw) u."""
+    return 2.0 * max(th, tw) * _U64
+
+
+def fft_error_factor(kappa: float, beta: float, n: int, mu: float = 0.0) -> float:
+    """F with |y_fft - y| <= ||x_tile||_2 * F for every output of one tile of n pixels.
+
+    y_fft = idft(dft(x) * conj(K)) in float64 (a real-input FFT, a complex product,
+    the inverse with its 1/n), y the exact correlation. Model: each transform has
+    normwise relative error eps <= log2(n) (16 u + mu) (Higham, Accuracy and
+    Stability, Thm 24.2: a radix-2 stage contributes mu + gamma_4 (sqrt 2 + mu), ~6 u
+    + mu; 16 u per radix-2 equivalent leaves a margin for radix-3/4/5 and real-input
+    passes; mu is the twiddles' error, `twiddle_error`); the kernel's spectrum is
+    within beta of exact per entry and at most kappa in modulus (`kernel_spectrum`);
+    a complex product adds sqrt(2) gamma_2. Then with X = dft(x), ||X||_2 = sqrt(n)
+    ||x||_2, the spectrum's error is ||dX|| kappa + ||X|| beta + ||X|| kappa 2.83 u (and
+    cross terms), the inverse divides by sqrt(n) and adds eps + u of its input's
+    norm, and an output's error is at most the 2-norm of all of them.
+    """
+    eps = math.log2(n) * (_FFT_STAGE * _U64 + mu)
+    a = eps * kappa + (1 + eps) * beta + (1 + eps) * (kappa + beta) * 2.83 * _U64
+    return 1.01 * (a + (eps + _U64) * (kappa + a))
+
+
+@njit(inline="always")
+def _round_row_int(src, dst, bound, lo, hi):
+    """dst[q] = floor(src[q] + 0.5) clamped to [lo, hi]: round half to even and
+    saturate (`_store_int`) of every value within `bound` of src[q] unless that
+    interval reaches a tie (distance 0.5 from the candidate) that is not saturated.
+    Returns how many outputs are open so (left for the direct sums)."""
+    count = 0
+    lo_t = lo + 0.5 - bound
+    hi_t = hi - 0.5 + bound
+    for q in range(src.shape[0]):
+        v = src[q]
+        f = math.floor(v + 0.5)
+        opened = (abs(v - f) >= 0.5 - bound) & (v <= hi_t) & (v >= lo_t)
+        dst[q] = min(max(f, lo), hi)
+        count += np.int64(opened)
+    return count
+
+
+@njit(inline="always")
+def _is_open(v, bound, lo, hi):
+    """The test of `_round_row_int` for one value."""
+    f = math.floor(v + 0.5)
+    return abs(v - f) >= 0.5 - bound and lo + 0.5 - bound <= v <= hi - 0.5 + bound
+
+
+@njit(nogil=True, cache=True)
+def _fft_store(res, dst, oy, ox, bound, lo, hi, tile, k64):
+    """dst[oy + r, ox + q] = res[r, q] rounded and saturated (integer dst), for the
+    part of res that dst holds from (oy, ox), except where a value within `bound` of
+    res[r, q] could store differently: there the direct float64 sum over the padded
+    pixels `tile` (float64, output (r, q) at window (r, q): `_redo`) is stored. bound
+    0 means an all-zero tile (direct sums 0)."""
+    rows = min(res.shape[0], dst.shape[0] - oy)
+    n = min(res.shape[1], dst.shape[1] - ox)
+    if bound == 0.0:
+        dst[oy : oy + rows, ox : ox + n] = 0
+        return
+    rowlen = tile.shape[1]
+    opened = np.empty(rows * n, np.int64)  # offsets in tile of the outputs to redo
+    m = 0
+    for r in range(rows):
+        src = res[r, :n]
+        if _round_row_int(src, dst[oy + r, ox : ox + n], bound, lo, hi):
+            for q in range(n):
+                if _is_open(src[q], bound, lo, hi):
+                    opened[m] = r * rowlen + q
+                    m += 1
+    _redo(dst, oy, ox, opened, m, tile, k64, lo, hi, True)
+
+
+def _tile_transform(spec, th, tw):
+    """transform(buf): buf (th, tw) float64 -> its correlation with the kernel whose
+    half spectrum is spec, in place (rows 0 .. th - kh, columns 0 .. tw - kw valid):
+    cv2.dft (packed CCS), mulSpectrums with the conjugate, cv2.idft with DFT_SCALE."""
+    import cv2
+
+    ccs = ccs_packed(spec, th, tw)
+    flags = cv2.DFT_REAL_OUTPUT | cv2.DFT_SCALE
+
+    def transform(buf):
+        cv2.dft(buf, buf)
+        cv2.mulSpectrums(buf, ccs, 0, buf, conjB=True)
+        cv2.idft(buf, buf, flags)
+
+    return transform
+
+
+def _int_tiles(source, k64, tile, outs, lo, hi, ntaps, mag):
+    """start() for `_each_tile`: integer outputs by cv2.dft tiles (`_tile_transform`).
+
+    The bound is 2 (||x_tile||_2 F + (taps + 2) u |K|_1 mag): the FFT's error
+    (`fft_error_factor`) plus the direct float64 sum's own distance from the exact
+    correlation (mag >= every |pixel|)."""
+    kh, kw = k64.shape
+    th, tw = tile
+    sh, sw = th - kh + 1, tw - kw + 1
+    spec, beta, kappa = kernel_spectrum(k64, th, tw)
+    transform = _tile_transform(spec, th, tw)
+    factor = 1.001 * fft_error_factor(kappa, beta, th * tw, twiddle_error(th, tw))
+    direct = (ntaps + 2) * _U64 * float(np.abs(k64).sum()) * mag
+
+    def start():
+        buf = np.empty((th, tw))
+        keep = np.empty((th, tw))
+
+        def tile(c, oy, ox):
+            sumsq = source.load(c, oy, ox, buf, keep)
+            bound = 0.0
+            if sumsq > 0.0:  # else an all-zero tile: direct sums 0, no transform
+                bound = 2.0 * (math.sqrt(1.001 * sumsq) * factor + direct)
+                transform(buf)
+            _fft_store(buf[:sh, :sw], outs[c], oy, ox, bound, lo, hi, keep, k64)
+
+        return tile
+
+    return start
+
+
+# ---------------------------------------------- float32 images: numpy.fft tiles
+
+
+class F32Bound:
+    """The float32 engine's bound: |y_fft - S| <= 2 (a ||x||_2 + d ||Z||_2 + e mag)
+    for each output of a tile x, S its direct float64 sum, Z the computed half
+    spectrum of the product (`_spectrum_product`), mag >= every |pixel|.
+
+    Model (the integer engine's, `fft_error_factor`): each transform has normwise
+    relative error eps = log2(n) (16 u + mu) with mu = `_MU_NUMPY` u: numpy's
+    pocketfft takes each twiddle as the product of two table entries, cos and sin of
+    exact multiples of 2 pi / n, so within a few u of exact. Over the full spectrum
+    (sqrt 2 times a half spectrum's norm), with X = dft(x), ||X|| = sqrt(n) ||x||,
+    and Kh the kernel's computed spectrum (the same rfft2, so ||dKh|| <= sqrt 2 eps
+    sqrt(n) ||K||_2), an output of the exact inverse of the computed product is off
+    by at most (1/n) sum_f |dZ_f| <= (1/n) ||dZ||_2 sqrt(n) (Cauchy-Schwarz):
+    forward error, spectrum error and product rounding (sqrt 2 gamma_2 per entry) give
+    a = sqrt 2 (2 eps + 3 u)(1 + 2 eps) ||K||_2; the inverse adds at most its normwise
+    error (eps + 2 u) ||Z_full||_2 / sqrt(n): d = sqrt 2 (eps + 2 u) / sqrt(n)
+    (irfft drops the imaginary parts of self-conjugate bins: a projection, no larger
+    error). e = (taps + 2) u |K|_1 bounds the direct sum's own distance from the exact
+    correlation. All times 1.01, then doubled as a margin."""
+
+    def __init__(self, k64: np.ndarray, th: int, tw: int, ntaps: int, mag: float):
+        n = th * tw
+        eps = math.log2(n) * (_FFT_STAGE + _MU_NUMPY) * _U64
+        k2 = float(np.sqrt(np.square(k64).sum()))
+        self.a = 1.01 * math.sqrt(2.0) * (2 * eps + 3 * _U64) * (1 + 2 * eps) * k2
+        self.d = 1.01 * math.sqrt(2.0) * (eps + 2 * _U64) / math.sqrt(n)
+        self.e = 1.01 * (ntaps + 2) * _U64 * float(np.abs(k64).sum()) * mag
+
+    def __call__(self, sumsq: float, zsq: float) -> float:
+        """The bound for a tile whose sum of squares is `sumsq`, its spectrum's `zsq`."""
+        return 2.0 * (self.a * math.sqrt(1.001 * sumsq) + self.d * math.sqrt(1.001 * zsq)
+                      + self.e)  # fmt: skip
+
+
+@njit(nogil=True, cache=True)
+def _spectrum_product(z, kc):
+    """z *= kc (complex, elementwise); returns the sum of |z|^2 afterwards."""
+    s = 0.0
+    for i in range(z.shape[0]):
+        zi = z[i]
+        ki = kc[i]
+        for j in range(zi.shape[0]):
+            v = zi[j] * ki[j]
+            zi[j] = v
+            s += v.real * v.real + v.imag * v.imag
+    return s
+
+
+def _np_transform(kc, th, tw, sh):
+    """transform(buf, z) -> sum |Z|^2: buf (th, tw) float64 becomes its correlation
+    with the kernel whose conjugated half spectrum is kc (rows 0 .. sh - 1 written;
+    columns 0 .. tw - kw valid), through z (th, tw // 2 + 1) complex scratch."""
+    fft = np.fft
+    if np.lib.NumpyVersion(np.__version__) >= "2.0.0":  # the out= arguments
+
+        def transform(buf, z):
+            fft.rfft(buf, axis=1, out=z)
+            fft.fft(z, axis=0, out=z)
+            zsq = _spectrum_product(z, kc)
+            fft.ifft(z, axis=0, out=z)
+            fft.irfft(z[:sh], n=tw, axis=1, out=buf[:sh])
+            return zsq
+
+        return transform
+
+    def transform(buf, z):
+        z[...] = fft.fft(fft.rfft(buf, axis=1), axis=0)
+        zsq = _spectrum_product(z, kc)
+        buf[:sh] = fft.irfft(fft.ifft(z, axis=0)[:sh], n=tw, axis=1)
+        return zsq
+
+    return transform
+
+
+@njit(nogil=True, cache=True)
+def _fft_store_f32(res, dst, oy, ox, bound, tile, k64):
+    """dst[oy + r, ox + q] = float32(res[r, q]) for the part of res that dst holds
+    from (oy, ox), where every value within `bound` of res[r, q] rounds to the same
+    float32; elsewhere the direct float64 sum over the padded pixels `tile` (float64,
+    output (r, q) at window (r, q): `_redo`)."""
+    rows = min(res.shape[0], dst.shape[0] - oy)
+    n = min(res.shape[1], dst.shape[1] - ox)
+    rowlen = tile.shape[1]
+    opened = np.empty(rows * n, np.int64)
+    m = 0
+    for r in range(rows):
+        src = res[r]
+        row = dst[oy + r]
+        count = 0
+        for q in range(n):
+            a = np.float32(src[q] - bound)
+            row[ox + q] = a
+            count += np.int64(a != np.float32(src[q] + bound))
+        if count:
+            for q in range(n):
+                if np.float32(src[q] - bound) != np.float32(src[q] + bound):
+                    opened[m] = r * rowlen + q
+                    m += 1
+    _redo(dst, oy, ox, opened, m, tile, k64, 0, 0, False)
+
+
+def _f32_tiles(source, k64, tile, outs, ntaps, mag):
+    """start() for `_each_tile`: float32 outputs by numpy.fft tiles (`_np_transform`),
+    checked against `F32Bound`."""
+    kh, kw = k64.shape
+    th, tw = tile
+    sh, sw = th - kh + 1, tw - kw + 1
+    kc = np.conj(np.fft.rfft2(k64, s=(th, tw)))
+    transform = _np_transform(kc, th, tw, sh)
+    bound_of = F32Bound(k64, th, tw, ntaps, mag)
+
+    def start():
+        buf = np.empty((th, tw))
+        keep = np.empty((th, tw))
+        z = np.empty((th, tw // 2 + 1), np.complex128)
+
+        def tile(c, oy, ox):
+            sumsq = source.load(c, oy, ox, buf, keep)
+            if sumsq == 0.0:  # an all-zero tile: direct sums +0, no transform
+                buf[:] = 0.0
+                bound = 0.0
+            else:
+                bound = bound_of(sumsq, transform(buf, z))
+            _fft_store_f32(buf[:sh, :sw], outs[c], oy, ox, bound, keep, k64)
+
+        return tile
+
+    return start
+
+
+# ------------------------------------------------------------------------ entry
+
+
+def correlate_fft(img, weights, anchor, border, value, tile, out, lo, hi, mag):
+    """out (H, W, C) = the direct float64 correlation of img with the float32 kernel
+    `weights`, rounded as out's dtype rounds, by FFT tiles of `tile` = (th, tw).
+
+    Integer images (lo, hi: the output's range) take cv2.dft tiles, float32 images
+    numpy.fft tiles (finite, below `FFT_F32_MAX`); mag >= |x| for every pixel and the
+    border value. See the module docstring."""
+    h, w, c = img.shape
+    kh, kw = weights.shape
+    ay, ax = anchor
+    source = Source(img, ay, kh - 1 - ay, ax, kw - 1 - ax, border, value)
+    outs = [out[:, :, i] for i in range(c)]
+    ntaps = int(np.count_nonzero(weights))
+    k64 = weights.astype(np.float64)
+    if img.dtype == np.float32:
+        start = _f32_tiles(source, k64, tile, outs, ntaps, mag)
+    else:
+        start = _int_tiles(source, k64, tile, outs, lo, hi, ntaps, mag)
+    sh, sw = tile[0] - kh + 1, tile[1] - kw + 1
+    tasks = [(i, oy, ox) for oy in range(0, h, sh) for ox in range(0, w, sw) for i in range(c)]
+    _each_tile(tasks, start)
+    return out
