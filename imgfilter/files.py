@@ -12,7 +12,8 @@ inputs that would write the same output and an output that would replace an inpu
 
 `run_pipeline` runs `load` (read and decode) and `save` (encode and write) on a pool of
 `workers` threads and `compute` (the filter) in the calling thread, one image at a
-time: GPU work stays in one thread. A semaphore of `depth` slots bounds the images in
+time, or on `filters` threads of their own (the GPU backends: each image's copies to
+and from the device then overlap another's). A semaphore of `depth` slots bounds the images in
 memory: a slot is taken before an image is read and given back once its result is
 written (or it failed), so memory stays flat however many files there are. A file that
 fails is reported through `on_event` and the others go on; an exception that `compute`
@@ -23,6 +24,7 @@ The CLI (imgfilter.cli) draws the progress bar, prints the lines and picks the e
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import queue
@@ -363,13 +365,16 @@ def run_pipeline(
     workers: int,
     depth: int | None = None,
     on_event: Callable[[str, Job, BaseException | None, Stats], None] | None = None,
+    filters: int = 1,
 ) -> Stats:
     """Load, compute and save each job; return the counts.
 
     `load(job)` and `save(job, loaded, result)` run on `workers` threads, `compute(job,
-    loaded)` in the calling thread. `on_event(kind, job, error, stats)` is called once
-    per job ("written", "skipped" or "failed"), from any thread, with the counts already
-    updated (and under their lock, so calls never overlap).
+    loaded)` in the calling thread (filters=1) or on `filters` threads of their own.
+    `on_event(kind, job, error, stats)` is called once per job ("written", "skipped"
+    or "failed"), from any thread, with the counts already updated (and under their
+    lock, so calls never overlap). A `Fatal` from compute stops the run: images
+    decoded but not yet filtered are dropped uncounted, writes under way finish.
     """
     global last_stats
     depth = depth or default_depth(workers)
@@ -419,27 +424,65 @@ def run_pipeline(
                 stats.peak_in_memory = max(stats.peak_in_memory, stats.in_memory)
             pool.submit(decode, job)
 
+    def filter_one(pool: ThreadPoolExecutor, job: Job, loaded: Any) -> bool:
+        """compute, then the encode queued; False once the run must stop."""
+        if stop.is_set():
+            return False
+        try:
+            result = compute(job, loaded)
+        except Fatal as e:
+            with stats.lock:
+                first = stats.fatal is None
+                stats.fatal = stats.fatal if not first else e.error
+            stop.set()
+            if first:
+                finish("failed", job, e.error)
+            return False
+        except BaseException as e:  # noqa: BLE001
+            finish("failed", job, e)
+            return True
+        pool.submit(encode, job, loaded, result)
+        return True
+
     with ThreadPoolExecutor(max(1, workers), thread_name_prefix="imgfilter-io") as pool:
         feeder = threading.Thread(target=feed, args=(pool,), name="imgfilter-feed", daemon=True)
         feeder.start()
-        for _ in range(len(jobs)):
-            job, loaded, error, skipped = ready.get()
-            if skipped:
-                finish("skipped", job, None)
-                continue
-            if error is not None:
-                finish("failed", job, error)
-                continue
-            try:
-                result = compute(job, loaded)
-            except Fatal as e:
-                stats.fatal = e.error
-                stop.set()
-                finish("failed", job, e.error)
-                break
-            except BaseException as e:  # noqa: BLE001
-                finish("failed", job, e)
-                continue
-            pool.submit(encode, job, loaded, result)
+        with _filter_pool(filters) as filter_pool:
+            for _ in range(len(jobs)):
+                item = _next(ready, stop)
+                if item is None:  # a filter thread stopped the run
+                    break
+                job, loaded, error, skipped = item
+                if skipped:
+                    finish("skipped", job, None)
+                elif error is not None:
+                    finish("failed", job, error)
+                elif filter_pool is not None:
+                    if stop.is_set():
+                        break
+                    filter_pool.submit(filter_one, pool, job, loaded)
+                elif not filter_one(pool, job, loaded):
+                    break
         feeder.join()
     return stats
+
+
+def _next(ready: queue.SimpleQueue, stop: threading.Event):
+    """The next decoded image, or None once `stop` is set (by a filter thread: the
+    images it would wait for are no longer read)."""
+    while True:
+        try:
+            return ready.get(timeout=0.05)
+        except queue.Empty:
+            if stop.is_set():
+                return None
+
+
+@contextlib.contextmanager
+def _filter_pool(filters: int):
+    """A pool of `filters` threads for compute (waited for on exit), or None for 1."""
+    if filters <= 1:
+        yield None
+        return
+    with ThreadPoolExecutor(filters, thread_name_prefix="imgfilter-filter") as pool:
+        yield pool

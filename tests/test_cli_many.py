@@ -697,3 +697,48 @@ def test_one_classify_without_output_writes_a_png_label_map(tmp_path):
     assert result.exit_code == 0, result.output
     assert (tmp_path / "photo.labels.png").exists()
     assert not (tmp_path / "photo.labels.jpg").exists()
+
+
+@pytest.mark.parametrize("filters", [1, 3])
+def test_pipeline_filter_threads_and_a_fatal_error(filters):
+    """filters=N computes on N threads of its own (1: the calling thread); a Fatal
+    stops the run (counted once), images not yet filtered are dropped."""
+    jobs = [files.Job(Path(f"{i}.png"), Path(f"{i}.out.png")) for i in range(40)]
+    threads, written = set(), []
+    lock = threading.Lock()
+
+    def compute(job, loaded):
+        with lock:
+            threads.add(threading.get_ident())
+        if job.source.name == "30.png":
+            raise files.Fatal(RuntimeError("the GPU fell off the bus"))
+        if job.source.name == "7.png":
+            raise ValueError("a bad image")
+        time.sleep(0.002)
+        return loaded
+
+    def save(job, loaded, result):
+        with lock:
+            written.append(job.source.name)
+
+    stats = files.run_pipeline(jobs, load=lambda job: job, compute=compute, save=save,
+                               workers=4, depth=6, filters=filters)  # fmt: skip
+    assert str(stats.fatal) == "the GPU fell off the bus"
+    assert "7.png" not in written and "30.png" not in written
+    assert stats.failed >= 2 and stats.written == len(written) < 40
+    if filters == 1:
+        assert threads == {threading.get_ident()}
+    else:
+        assert threading.get_ident() not in threads and 1 <= len(threads) <= 3
+
+
+def test_pipeline_filter_threads_write_every_image():
+    jobs = [files.Job(Path(f"{i}.png"), Path(f"{i}.out.png")) for i in range(50)]
+    out = {}
+    stats = files.run_pipeline(
+        jobs, load=lambda job: job.source.name, compute=lambda job, loaded: loaded.upper(),
+        save=lambda job, loaded, result: out.__setitem__(job.source.name, result),
+        workers=3, depth=5, filters=4,
+    )  # fmt: skip
+    assert stats.written == 50 and stats.failed == 0 and stats.fatal is None
+    assert out == {f"{i}.png": f"{i}.PNG" for i in range(50)}

@@ -35,9 +35,15 @@ def start(name: str, code: str) -> bool:
     marker = cubins.pending_marker(name)
     try:
         marker.parent.mkdir(parents=True, exist_ok=True)
-        if marker.exists() and time.time() - marker.stat().st_mtime < STALE_S:
-            return True
-        marker.write_text(str(os.getpid()))
+        try:  # created atomically: of threads or processes asking at once, one starts it
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            if time.time() - marker.stat().st_mtime < STALE_S:
+                return True
+            marker.write_text(str(os.getpid()))  # a stale marker: taken over
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(str(os.getpid()))
     except OSError:
         return False
     try:

@@ -36,6 +36,9 @@ from kernels.saturate import output_limits
 from . import background, cubins, warmup
 
 NAME = "cuda"
+# Each calling thread's own default stream: the calls here wait for their results, and
+# several threads (the many-files pipeline's filter threads) overlap their copies.
+_STREAM = devarray.PER_THREAD
 
 
 @functools.cache
@@ -83,11 +86,12 @@ def _run(name: str, img: np.ndarray, out_shape: tuple, launch, extra=None,
     launch(driver, fn, d_img, d_out[, d_extra]) with their device addresses, copy the
     result back; None when the cubin is missing or the driver fails. With
     scratch_bytes, d_extra is that much uninitialised device memory instead. Device
-    memory comes from the pool (`kernels.devarray`), on the legacy default stream."""
+    memory comes from the pool (`kernels.devarray`), on the calling thread's default
+    stream."""
     drv = _driver()
     if drv is None:
         return None
-    stream = devarray.LEGACY
+    stream = _STREAM
     try:
         fn = _function(drv, name)
         if fn is None:
@@ -152,7 +156,7 @@ def _fused_quick(img, ksize, anchor, border, value, geo) -> np.ndarray | None:
         params = array_params(d_img, flat, img.dtype)
         params += [scalar_param(a) for a in args]
         params += array_params(d_out, flat, img.dtype)
-        drv.launch_params(fn, geo["grid"], (geo["threads"],), geo["smem"], devarray.LEGACY, params)
+        drv.launch_params(fn, geo["grid"], (geo["threads"],), geo["smem"], _STREAM, params)
 
     return _run(cubins.box_name(geo, channels, img.dtype), img, img.shape, launch)
 
@@ -171,13 +175,13 @@ def _twopass_quick(img, ksize, anchor, border, value, geo) -> np.ndarray | None:
         params += [scalar_param(a) for a in row_args]
         params += array_params(d_sums, (n_sums,), np.uint32)
         drv.launch_params(
-            fn, geo["row_grid"], (geo["row_threads"],), geo["row_smem"], devarray.LEGACY, params
+            fn, geo["row_grid"], (geo["row_threads"],), geo["row_smem"], _STREAM, params
         )
         params = array_params(d_sums, (n_sums,), np.uint32)
         params += [scalar_param(a) for a in col_args]
         params += array_params(d_out, (n,), np.uint8)
         drv.launch_params(
-            column_fn, geo["col_grid"], geo["col_block"], geo["col_smem"], devarray.LEGACY, params
+            column_fn, geo["col_grid"], geo["col_block"], geo["col_smem"], _STREAM, params
         )
 
     return _run(rows, img, img.shape, launch, scratch_bytes=4 * n_sums)
@@ -207,7 +211,7 @@ def _word_kernel_quick(img, geo, args, name: str, out_words: bool) -> np.ndarray
         params += array_params(d_out, (n,), np.uint8)
         if out_words:
             params += array_params(d_out, (n // 4,), np.uint32)
-        drv.launch_params(fn, geo["grid"], (geo["threads"],), geo["smem"], devarray.LEGACY, params)
+        drv.launch_params(fn, geo["grid"], (geo["threads"],), geo["smem"], _STREAM, params)
 
     return _run(name, img, img.shape, launch)
 
@@ -223,7 +227,7 @@ def _contour_quick(img, border, value) -> np.ndarray | None:
         params += array_params(d_out, (height, width), img.dtype)
         params += array_params(d_out, (height * width,), img.dtype)
         grid = contour_plan.grid(height, width)
-        drv.launch_params(fn, grid, (contour_plan.THREADS,), 0, devarray.LEGACY, params)
+        drv.launch_params(fn, grid, (contour_plan.THREADS,), 0, _STREAM, params)
 
     return _run(cubins.contour_name(channels, img.dtype), img, (height, width), launch)
 
@@ -244,7 +248,7 @@ def _blocked_quick(img, kernel, anchor, border, value) -> np.ndarray | None:
             conv_plan.grid(img.shape, kh),
             (conv_plan.TX, conv_plan.TY),
             0,
-            devarray.LEGACY,
+            _STREAM,
             params,
         )
 
@@ -269,7 +273,7 @@ def _conv_tiled_quick(img, kernel, anchor, border, value) -> np.ndarray | None:
         params += array_params(d_weights, weights.shape, np.float32)
         params += [scalar_param(a) for a in args]
         params += array_params(d_out, img.shape, img.dtype)
-        drv.launch_params(fn, grid, block, smem, devarray.LEGACY, params)
+        drv.launch_params(fn, grid, block, smem, _STREAM, params)
 
     return _run(cubins.conv_tiled_name(img.dtype), img, img.shape, launch, extra=weights)
 

@@ -395,7 +395,7 @@ def _run_many(
 
     many.run_many(
         op, plan, problems, jobs=outs.jobs, engine=engine(backend_name, method), load=load,
-        compute=compute, save=save, client=client,
+        compute=compute, save=save, client=client, parallel_filters=True,
     )  # fmt: skip
 
 

@@ -293,6 +293,16 @@ def _exit_code(fatal: BaseException | None, failures: Counter) -> int:
     return 0
 
 
+GPU_FILTER_THREADS = 4
+
+
+def filter_threads(engine: str, workers: int) -> int:
+    """Threads that filter at once: on the GPU up to GPU_FILTER_THREADS (each image's
+    copies to and from the device overlap another's), on the CPU one (its filters use
+    every core already)."""
+    return min(GPU_FILTER_THREADS, workers) if engine.startswith("cuda") else 1
+
+
 def run_many(
     op: str,
     plan: Any,
@@ -304,8 +314,10 @@ def run_many(
     compute: Callable[[Any, Any], Any],
     save: Callable[[Any, Any, Any], None],
     client: Any = None,
+    parallel_filters: bool = False,
 ) -> None:
-    """Run the plan through files.run_pipeline (`jobs` codec threads), or with a Dask
+    """Run the plan through files.run_pipeline (`jobs` codec threads; with
+    `parallel_filters`, compute on `filter_threads` threads), or with a Dask
     `client` through cluster.run_on_cluster (a task per file): a line per failed file,
     a summary, then exit 3 if an input failed (or an argument named nothing:
     `problems`), else 4 if an output failed, else 5 (GPU), else 1."""
@@ -330,9 +342,11 @@ def run_many(
                 client, plan.jobs, load=load, compute=compute, save=save, on_event=on_event
             )
         else:
+            workers = jobs or files.default_workers()
             stats = files.run_pipeline(
-                plan.jobs, load=load, compute=compute, save=save,
-                workers=jobs or files.default_workers(), on_event=on_event,
+                plan.jobs, load=load, compute=compute, save=save, workers=workers,
+                on_event=on_event,
+                filters=filter_threads(engine, workers) if parallel_filters else 1,
             )  # fmt: skip
     failures["input"] += len(problems)
     info(_summary(stats, stats.failed + len(problems), engine, time.monotonic() - start))
