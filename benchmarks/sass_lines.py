@@ -55,9 +55,7 @@ def _kernel(name: str, channels: int, box: int = 21, geometry: dict | None = Non
         ksize = (box, box)
         geo = tiled_plan((2167, 2495, channels), "uint8", ksize, **(geometry or {}))
         k = mod.kernel_for(channels, ksize, geo)
-        if geo["vertical_first"]:  # columns first: its own module, and the output's words
-            return k.py_func, (u8, u32, i64) + (i64,) * 14 + (u8, u32), mod.box_tiled_vh.__file__
-        return k.py_func, (u8, u32, i64) + (i64,) * 14 + (u8,), mod.__file__
+        return k.py_func, (u8, u32, i64) + (i64,) * 14 + (u8, u32), mod.__file__
     if name == "packed":
         from kernels import box_packed as mod
 

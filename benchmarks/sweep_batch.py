@@ -18,7 +18,7 @@ import json
 
 import numpy as np
 
-GEOMETRIES = [  # (threads, run, tile_w, tile_h, groups, min_blocks), columns first
+GEOMETRIES = [  # (threads, run, tile_w, tile_h, groups, min_blocks)
     (256, 16, 64, 32, 2, 0), (256, 16, 64, 16, 2, 0), (256, 16, 64, 64, 2, 0),
     (256, 8, 64, 32, 2, 0), (256, 16, 32, 32, 2, 0), (512, 16, 128, 32, 4, 0),
     (512, 16, 128, 16, 4, 0), (256, 16, 64, 32, 4, 0), (256, 16, 64, 32, 1, 0),
@@ -82,7 +82,7 @@ def main() -> None:
     rows = []
     for g in [None, *GEOMETRIES]:
         names = ("threads", "run", "tile_w", "tile_h", "groups", "min_blocks")
-        options = {} if g is None else dict(zip(names, g, strict=True), vertical_first=1)
+        options = {} if g is None else dict(zip(names, g, strict=True))
         geo = default if g is None else box_plan.tiled_plan(shape, np.uint8, (k, k), **options)
         if geo is None:
             rows.append({"geometry": options, "skipped": "the plan declines it"})

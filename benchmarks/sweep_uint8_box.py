@@ -26,10 +26,10 @@ import numpy as np
 SIZES = {"seed": (2167, 2495), "4k": (2160, 3840), "8k": (4320, 7680)}
 
 
-# Columns-first tiles for boxes too tall for the default shared-memory budget
-# (--grid large): up to an H100's 227 KiB per block.
+# Tiles for boxes too tall for the default shared-memory budget (--grid large): up to
+# an H100's 227 KiB per block.
 LARGE = [
-    dict(vertical_first=1, threads=t, tile_w=w, tile_h=h, groups=g, smem_limit=227 * 1024)
+    dict(threads=t, tile_w=w, tile_h=h, groups=g, smem_limit=227 * 1024)
     for t, w, h, g in [(512, 128, 32, 4), (512, 128, 64, 4), (1024, 256, 32, 8),
                        (512, 64, 64, 4), (1024, 128, 96, 8)]
 ]  # fmt: skip
@@ -54,19 +54,17 @@ def _grid(kernel: str) -> list[dict]:
             dict(col_groups=8, col_threads=32, strip=192),
             dict(col_groups=8, col_threads=32, strip=320),
         ]
-    vh = dict(vertical_first=1)
     return [
-        dict(vh, groups=2),
-        dict(vh, groups=8),
-        dict(vh, min_blocks=8),
-        dict(vh, run=8),
-        dict(vh, run=32),
-        dict(vh, tile_h=48),
-        dict(vh, tile_h=24),
-        dict(vh, threads=128, tile_h=16, groups=2),
-        dict(vh, threads=512, tile_w=128, tile_h=32),
-        dict(vh, threads=512, tile_h=64, min_blocks=4),
-        dict(vertical_first=0, tile_h=56),
+        dict(groups=2),
+        dict(groups=8),
+        dict(min_blocks=8),
+        dict(run=8),
+        dict(run=32),
+        dict(tile_h=48),
+        dict(tile_h=24),
+        dict(threads=128, tile_h=16, groups=2),
+        dict(threads=512, tile_w=128, tile_h=32),
+        dict(threads=512, tile_h=64, min_blocks=4),
     ]
 
 
@@ -78,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="4k,8k", help="sizes timed at the defaults")
     parser.add_argument("--ks", default="3,21,101", help="box sizes")
     parser.add_argument("--grid", choices=("default", "large"), default="default",
-                        help="large: columns-first tiles for tall boxes (LARGE)")  # fmt: skip
+                        help="large: tiles for tall boxes (LARGE)")  # fmt: skip
     args = parser.parse_args(argv)
 
     from numba import cuda
@@ -158,8 +156,6 @@ def main(argv: list[str] | None = None) -> int:
             pass
 
     default = [{}]
-    if args.kernel == "tiled":  # both orders of the two directions at the defaults
-        default = [dict(vertical_first=0), dict(vertical_first=1)]
     space = default if args.quick else default + _grid(args.kernel)
     if args.grid == "large":
         space = LARGE
@@ -167,9 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     for k in ks:
         run_case("seed", k, space)
     at_sizes = default if args.quick or args.kernel != "tiled" else default + [
-        dict(vertical_first=1, threads=512, tile_h=64, min_blocks=4),
-        dict(vertical_first=1, threads=512, tile_w=128, tile_h=32),
-        dict(vertical_first=1, tile_h=48),
+        dict(threads=512, tile_h=64, min_blocks=4),
+        dict(threads=512, tile_w=128, tile_h=32),
+        dict(tile_h=48),
     ]  # fmt: skip
     for size in filter(None, args.sizes.split(",")):
         for k in ks:

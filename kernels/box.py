@@ -335,7 +335,7 @@ def box_choice(img, ksize: tuple, out=None) -> tuple[str, dict | None]:
     such an output where the kernel writes words (box_packed, box_tiled columns
     first)."""
     method, geometry = _plans(tuple(img.shape), np.dtype(img.dtype), tuple(ksize))
-    writes_words = method == "packed" or (method == "tiled" and geometry["vertical_first"])
+    writes_words = method in ("packed", "tiled")
     misaligned = start_address(img) % 4 or (
         out is not None and writes_words and start_address(out) % 4
     )

@@ -230,42 +230,17 @@ def choose(shape: tuple, dtype, ksize: tuple) -> tuple[str, dict | None]:
 
 # ------------------------------------------------------------------ kernels.box_tiled
 
-# Default geometry: H100 sweeps (`benchmarks/sweep_uint8_box.py`), 2167x2495x3,
-# k=3/21/31: 512 threads on 64x64 tiles, 4 row groups, launch bounds for 4 blocks per
-# SM: 32.1/42.8/53.3 us; 256 threads on 64x32 tiles, 2 groups: 32.1/45.7/65.2 us.
-TILED_THREADS = 512
-TILED_RUN = 16  # outputs per horizontal slide
-TILED_W = 64  # output pixels per tile
-TILED_H = 64  # output rows per tile
-TILED_GROUPS = 4  # runs of rows the vertical phase splits a tile into
 TILED_MIN_H = 8  # the shortest tile the default geometry shrinks to
-TILED_MIN_BLOCKS = 4  # launch bounds: resident blocks per SM the registers must allow
-# Columns first (`kernels.box_tiled_vh`) or rows first (`kernels.box_tiled`'s own
-# kernel): None picks by the box's height (columns first up to VH_MAX_BOX rows),
-# True or False forces one. H100 sweep (`benchmarks/sweep_uint8_box.py`), seed size,
-# rows first at its default against columns first at the best of its geometries: k=3
-# 32.0 / 30.9 us, k=21 42.8 / 39.2, k=31 54.2 / 48.8, k=41 66.9 / 67.9 (rows first with
-# 56-row tiles 59.8); 8K k=21 196.2 / 163.0, k=31 251.8 / 187.6.
-TILED_VERTICAL_FIRST = None
-VH_MAX_BOX = 31
-# The columns-first kernel's default geometries (threads, run, tile_w, tile_h, groups,
-# min_blocks; the TILED_* above are the rows-first kernel's): small tiles for boxes up
-# to VH_SMALL_BOX rows, wide tiles of 512 threads above (the switch between the
-# measured 21 and 31 is a guess).
-VH_DEFAULTS = dict(threads=256, run=16, tile_w=64, tile_h=32, groups=2, min_blocks=0)
-VH_WIDE_DEFAULTS = dict(threads=512, run=16, tile_w=128, tile_h=32, groups=4, min_blocks=0)
-VH_SMALL_BOX = 25
-
-
-def tiled_vertical_first(ksize: tuple) -> bool:
-    """Whether `tiled_plan` runs the columns-first kernel by default for this box."""
-    if TILED_VERTICAL_FIRST is not None:
-        return bool(TILED_VERTICAL_FIRST)
-    return ksize[0] <= VH_MAX_BOX
-
-
-# Shared memory the default geometry may use (k=41 on 64x64 tiles: 73216 bytes); above
-# 48 KiB the launch opts in (an H100 gives up to 227 KiB per block).
+# Default geometries (threads, run, tile_w, tile_h, groups, min_blocks): small tiles
+# for boxes up to TILED_SMALL_BOX rows, wide tiles of 512 threads above (the switch
+# between the measured 21 and 31 is a guess). H100 sweep
+# (`benchmarks/sweep_uint8_box.py`), seed size, at the best geometry: k=3 30.9 us,
+# k=21 39.2, k=31 48.8; 8K k=21 163.0, k=31 187.6.
+TILED_DEFAULTS = dict(threads=256, run=16, tile_w=64, tile_h=32, groups=2, min_blocks=0)
+TILED_WIDE_DEFAULTS = dict(threads=512, run=16, tile_w=128, tile_h=32, groups=4, min_blocks=0)
+TILED_SMALL_BOX = 25
+# Shared memory a default geometry may use; above 48 KiB the launch opts in (an H100
+# gives up to 227 KiB per block).
 TILED_SMEM_LIMIT = 96 * 1024
 # The largest box side `choose` gives box_tiled; box_twopass (column tiles) takes larger
 # boxes. H100 (`benchmarks/sweep_uint8_box.py`, each at its best geometry), k=31/35/41:
@@ -276,8 +251,8 @@ TILED_SMEM_LIMIT = 96 * 1024
 TILED_MAX_BOX = 31
 
 
-def vh_layout(channels: int, ksize: tuple, tile_w: int, tile_h: int) -> dict:
-    """Shared-memory layout of `kernels.box_tiled_vh`, in 32-bit words: the input rows
+def tiled_layout(channels: int, ksize: tuple, tile_w: int, tile_h: int) -> dict:
+    """Shared-memory layout of `kernels.box_tiled`, in 32-bit words: the input rows
     (in_rows of in_words, nq of them loaded), later the staged output rows (os_words
     each: a row's bytes may start 3 bytes into a word), then from word vs0 the 16-bit
     column sums (tile_h rows of vs_words). Row strides are odd: rows start in
@@ -291,69 +266,52 @@ def vh_layout(channels: int, ksize: tuple, tile_w: int, tile_h: int) -> dict:
                 vs_words=(2 * nq) | 1)  # fmt: skip
 
 
-def tiled_smem(channels: int, ksize: tuple, tile_w: int, tile_h: int,
-               vertical_first: bool = False) -> int:  # fmt: skip
-    """Bytes of shared memory `kernels.box_tiled` uses: the input rows (an odd number
-    of whole words each), then 16-bit row sums (rows of an odd number of words); for
-    the columns-first kernel see `vh_layout`."""
-    if vertical_first:
-        layout = vh_layout(channels, ksize, tile_w, tile_h)
-        return 4 * (layout["vs0"] + tile_h * layout["vs_words"])
-    kh, kw = ksize
-    in_words = ((tile_w + kw - 1) * channels + 3) // 4 | 1
-    in_rows = tile_h + kh - 1
-    hs0 = (in_rows * 4 * in_words // 2 + 3) // 4 * 4
-    hs_pitch = (tile_w * channels + 3) // 4 * 4 + 2
-    return 2 * (hs0 + in_rows * hs_pitch)
+def tiled_smem(channels: int, ksize: tuple, tile_w: int, tile_h: int) -> int:
+    """Bytes of shared memory `kernels.box_tiled` uses (`tiled_layout`)."""
+    layout = tiled_layout(channels, ksize, tile_w, tile_h)
+    return 4 * (layout["vs0"] + tile_h * layout["vs_words"])
 
 
 def tiled_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0,
                tile_w: int = 0, tile_h: int = 0, groups: int = 0,
-               smem_limit: int = TILED_SMEM_LIMIT, min_blocks: int = -1,
-               vertical_first: int = -1) -> dict | None:  # fmt: skip
+               smem_limit: int = TILED_SMEM_LIMIT,
+               min_blocks: int = -1) -> dict | None:  # fmt: skip
     """Launch geometry of `kernels.box_tiled`, or None where it does not apply.
 
-    It applies to uint8 images of fewer than 2**31 bytes and boxes of at most 257
-    columns (16-bit row sums) whose sums stay below 2**25, where a tile's input row
-    is at most 4 * threads bytes and its shared memory fits `smem_limit`. With
+    It applies to uint8 images of fewer than 2**31 bytes and boxes of at most 257 rows
+    and columns (16-bit column sums) whose sums stay below 2**25, where a tile's input
+    row is at most 4 * threads bytes and its shared memory fits `smem_limit`. With
     tile_h=0, a default tile too tall for that memory is halved while it is taller
     than TILED_MIN_H rows (below that the box rows re-read per tile cost more than the
     tile). Grids taller than CUDA's 65535 blocks are declined. Above 48 KiB of shared
     memory `kernels.box_tiled` (and the quick start's launch) opts in to it (H100: up
-    to 227 KiB per block). `min_blocks` > 0 caps the kernel's
-    registers so that many blocks fit an SM (launch bounds; 0: the compiler's
-    choice; -1: the default). `vertical_first` 1 runs the columns-first kernel
-    (`kernels.box_tiled_vh`, defaults VH_DEFAULTS or VH_WIDE_DEFAULTS), 0 the rows-first
-    one (defaults TILED_*), -1 `tiled_vertical_first`'s choice.
+    to 227 KiB per block). Defaults: TILED_DEFAULTS, or TILED_WIDE_DEFAULTS for boxes
+    over TILED_SMALL_BOX rows. `min_blocks` > 0 caps the kernel's registers so that
+    many blocks fit an SM (launch bounds; 0: the compiler's choice; -1: the default).
     """
     height, width, channels = shape
     kh, kw = ksize
-    vf = tiled_vertical_first(ksize) if vertical_first < 0 else bool(vertical_first)
-    vh = VH_DEFAULTS if kh <= VH_SMALL_BOX else VH_WIDE_DEFAULTS
-    d = vh if vf else dict(threads=TILED_THREADS, run=TILED_RUN, tile_w=TILED_W,
-                                    tile_h=TILED_H, groups=TILED_GROUPS,
-                                    min_blocks=TILED_MIN_BLOCKS)  # fmt: skip
+    d = TILED_DEFAULTS if kh <= TILED_SMALL_BOX else TILED_WIDE_DEFAULTS
     threads = threads or d["threads"]
     run = run or d["run"]
     tile_w = min(tile_w or d["tile_w"], width)
     h = min(tile_h or d["tile_h"], height)
-    if np.dtype(dtype) != np.uint8 or max(kw, kh if vf else 0) > PACKED_MAX_ROWS:
+    if np.dtype(dtype) != np.uint8 or max(kw, kh) > PACKED_MAX_ROWS:
         return None
     if height * width * channels >= 2**31 or 511 * kh * kw >= 2**MAGIC_BITS:
         return None
     while not tile_h and h > TILED_MIN_H:
-        if tiled_smem(channels, ksize, tile_w, h, vf) <= smem_limit:
+        if tiled_smem(channels, ksize, tile_w, h) <= smem_limit:
             break
         h //= 2
     tile_h = h
     n_q = cdiv((tile_w + kw - 1) * channels, 4)
-    smem = tiled_smem(channels, ksize, tile_w, tile_h, vf)
+    smem = tiled_smem(channels, ksize, tile_w, tile_h)
     if n_q > threads or smem > smem_limit:
         return None
     if cdiv(height, tile_h) > 65535:
         return None
-    n_o = n_q if vf else cdiv(tile_w * channels, 4)  # words a row group's threads own
-    groups = max(1, min(groups or d["groups"], threads // n_o, tile_h))
+    groups = max(1, min(groups or d["groups"], threads // n_q, tile_h))
     return {
         "threads": threads,
         "run": run,
@@ -362,7 +320,6 @@ def tiled_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0
         "groups": groups,
         "min_blocks": d["min_blocks"] if min_blocks < 0 else min_blocks,
         "even": (kh * kw) % 2 == 0,
-        "vertical_first": vf,
         "smem": smem,
         "grid": (cdiv(width, tile_w), cdiv(height, tile_h)),
     }

@@ -37,16 +37,17 @@ Calls (`softmax`): every launch goes through kernels.launch.launch on the caller
 stream (`stream=`, else the input's `__cuda_array_interface__` stream, else the legacy
 default stream); device inputs never wait for the device (outputs come from the
 stream-ordered pool of kernels.devarray). The plan of a call shape is computed once
-and kept (`_PLANS`), so a repeated call costs a dict lookup, the output's allocation
-and the launch.
+and kept (`_PLANS`), its launch recorded on a GPU (`_RECIPES`), and a repeated call on
+a device array without `out` is replayed from `_REPLAYS` without checking again: a
+dict lookup, the output's allocation and the launch. What the softmax and split
+kernels share (exponentials, pack loader, online normaliser, `Plan`) is in
+`kernels.softmax_math`.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import sys
-from dataclasses import dataclass
 
 import numpy as np
 from numba import config as _numba_config
@@ -65,18 +66,18 @@ from .arrays import (
 from .devarray import DeviceArray, c_array, cheap_view, empty_like, stream_handle
 from .launch import (
     SMEM_LIMIT,
-    Recording,
     active_blocks_per_sm,
     allow_dynamic_smem,
     cdiv,
     device_limits,
     largest_block_keeping_occupancy,
     launch,
+    launch_or_replay,
     under_compile_lock,
     wave_blocks,
 )
 from .launch import compile_lock as _COMPILE_LOCK
-from .packs import load_pack2, load_words2, store_pack2, unpack_word
+from .packs import load_pack2, store_pack2
 from .reduce import (
     block_allreduce_max,
     block_allreduce_sum,
@@ -84,6 +85,8 @@ from .reduce import (
     warp_allreduce_max,
     warp_allreduce_sum,
 )
+from .softmax_math import NEG_INF, Plan, exp32, exp_over, online_folder, pack_loader
+from .softmax_split import plan_split
 
 METHODS = ("auto", "warp", "block_smem", "block_uncached", "split")
 DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
@@ -95,77 +98,7 @@ WARP_PACK_BYTES = 16  # packs are loaded and stored through kernels.packs (128 b
 BLOCK_PACK_BYTES = 16
 UNROLLS = (1, 2, 4)
 UNCACHED_BLOCKS_PER_SM = None  # auto: no cap on block_uncached's grid (1 per SM measured no better)
-NEG_INF = float32(-math.inf)
-LOG2E = float32(1.4426950408889634)
 SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
-
-
-if SIMULATOR or sys.version_info < (3, 11):
-
-    @cuda.jit(device=True, inline="always")
-    def exp32(x):
-        """exp(x) in float32 (the simulator, and Pythons without math.exp2)."""
-        return math.exp(x)
-
-    @cuda.jit(device=True, inline="always")
-    def exp_over(v, log2_sum):
-        """exp(v) / 2**log2_sum in float32 (the simulator's)."""
-        return math.exp(v) / math.pow(2.0, log2_sum)
-
-else:
-    from llvmlite import ir
-    from numba.cuda import cgutils
-    from numba.cuda.extending import intrinsic
-
-    @intrinsic
-    def _ex2_ftz(typingctx, x):
-        """2**x by one `ex2.approx.ftz.f32` (float32 x)."""
-        if x != types.float32:
-            return None
-
-        def codegen(context, builder, sig, args):
-            fnty = ir.FunctionType(ir.FloatType(), [ir.FloatType()])
-            fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.nvvm.ex2.approx.ftz.f")
-            return builder.call(fn, args)
-
-        return types.float32(types.float32), codegen
-
-    @cuda.jit(device=True, inline="always")
-    def exp32(x):
-        """exp(x) as one ex2.approx.ftz.f32 of x * log2(e), OneFlow's fast-math Exp: two
-        instructions instead of libdevice expf's 13 (which made the float16 block
-        paths instruction-bound). Relative error <= ~3e-6 where the result is a normal
-        float32 (the rounding of x * log2(e) for |x| < 104, plus ex2's 2 ulp); results
-        below 2**-126 (float32 subnormals) are flushed to 0, which saves math.exp2's
-        three-instruction subnormal guard per call (softmax outputs that small are
-        within the float32 tolerance of 2**-126 absolute)."""
-        return _ex2_ftz(x * LOG2E)
-
-    @cuda.jit(device=True, inline="always")
-    def exp_over(v, log2_sum):
-        """exp(v) / 2**log2_sum (a softmax output: v = x - max, log2_sum = log2 of the
-        row's sum) as one fma and one ex2.approx.ftz, where exp32(v) * (1 / sum) takes
-        a multiply, the ex2 and another multiply. log2_sum's rounding
-        (|log2_sum| * 2**-24) adds < 1e-6 relative error for sums below 2**20."""
-        return _ex2_ftz(cuda.fma(v, LOG2E, -log2_sum))
-
-
-@dataclass(frozen=True)
-class Plan:
-    """How one call runs: the path and its launch geometry."""
-
-    method: str
-    pack: int
-    grid: int
-    block: tuple[int, int]
-    smem: int = 0  # dynamic shared memory bytes per block
-    width: int = 0  # warp path: lanes per row
-    cols_per_thread: int = 0  # warp path
-    rows_per_access: int = 1  # warp path
-    unroll: int = 1  # block paths: packs in flight per thread
-    online: bool = False  # block_smem: input cached in its dtype, online sum
-    chunks: int = 0  # split: blocks (chunks) per row
-    stages: int = 0  # split: buffers a block (kernels.softmax_split)
 
 
 # ------------------------------------------------------------------------------ kernels
@@ -236,62 +169,6 @@ def warp_kernel(in_dtype, out_dtype, pack, cols_per_thread, width, rows_per_acce
     return softmax_warp
 
 
-@functools.cache
-def _pack_loader(pack: int, nbytes: int, unroll: int, raw: bool = False):
-    """Device function `load_packs(x, row, p, stride, packs, a) -> n` of the block
-    kernels: loads packs p, p + stride, ... (up to `unroll`, those below `packs`) of
-    `pack` elements (`nbytes` bytes) of x's row into a[u, 0 .. pack - 1] (float32
-    values; raw: the packs' nbytes // 4 uint32 words into a[u, 0 .. nbytes // 4 - 1]),
-    all issued before any is used; n is how many it loaded."""
-    load = load_words2 if raw else load_pack2
-    count = nbytes // 4 if raw else pack
-
-    @cuda.jit(device=True, inline="always")
-    def load_packs(x, row, p, stride, packs, a):
-        n = uint32(0)
-        for u in range(unroll):
-            q = uint32(p + u * stride)
-            if q < packs:
-                pa = load(x, row, uint32(q * pack), nbytes)
-                for i in range(count):
-                    a[u, i] = pa[i]
-                n = uint32(u + 1)
-        return n
-
-    return load_packs
-
-
-@functools.cache
-def _online_folder(pack: int, unroll: int, raw_itemsize: int = 0):
-    """Device function `fold(a, n, cm, m, d) -> (m, d)` of the online normaliser:
-    with cm the max of m and the n loaded packs a[0 .. n - 1], rescale the running
-    sum d of exp(x - m) to the new max and add the packs' exp(x - max). raw_itemsize
-    given: a[u] holds pack u's raw uint32 words (elements of that many bytes),
-    unpacked here."""
-    words = max(1, pack * raw_itemsize // 4)
-    per_word = pack // words
-
-    @cuda.jit(device=True, inline="always")
-    def fold(a, n, cm, m, d):
-        if cm > m:
-            d *= exp32(m - cm)
-            m = cm
-        if m > NEG_INF:
-            for u in range(unroll):
-                if u < n:
-                    if raw_itemsize:
-                        for k in range(words):
-                            vals = unpack_word(a[u, k], raw_itemsize)
-                            for h in range(per_word):
-                                d += exp32(vals[h] - m)
-                    else:
-                        for i in range(pack):
-                            d += exp32(a[u, i] - m)
-        return m, d
-
-    return fold
-
-
 def block_smem_kernel(in_dtype, out_dtype, pack, unroll, log, online=False):
     """The block-per-row kernel with the row cached in dynamic shared memory.
 
@@ -310,8 +187,8 @@ def block_smem_kernel(in_dtype, out_dtype, pack, unroll, log, online=False):
     NBO = pack * out_dtype.itemsize
     U = unroll
     cache_t = in_t if online else float32
-    load_packs = _pack_loader(P, NBI, U)
-    fold = _online_folder(P, U)
+    load_packs = pack_loader(P, NBI, U)
+    fold = online_folder(P, U)
 
     @cuda.jit
     def softmax_block_smem(x, y, rows, cols):
@@ -398,8 +275,8 @@ def block_uncached_kernel(in_dtype, out_dtype, pack, unroll, log):
     NBI = pack * in_dtype.itemsize
     NBO = pack * out_dtype.itemsize
     U = unroll
-    load_packs = _pack_loader(P, NBI, U)
-    fold = _online_folder(P, U)
+    load_packs = pack_loader(P, NBI, U)
+    fold = online_folder(P, U)
 
     @cuda.jit
     def softmax_block_uncached(x, y, rows, cols):
@@ -626,7 +503,6 @@ def plan(
 
 
 def _plan_split(rows, cols, in_dtype, out_dtype, pack, log, block_size, unroll, chunks):
-    from .softmax_split import plan_split  # imports this module's device functions
 
     return plan_split(
         rows,
@@ -678,13 +554,14 @@ def _device_view(obj, name: str):
     return arr
 
 
-# Call shape -> (recipe, kernel, grid, block, smem, split launcher or None): the plan
-# as launch() takes it, and once launched on a GPU the recorded launch
-# (kernels.launch.Recipe: parameters packed once, the pointers patched per call).
-# Read without the lock (one dict lookup); filled and trimmed under kernels.launch's
-# compile lock, which plan() holds (Numba compiles there).
+# Call shape -> (kernel, grid, block, smem, split launcher or None): the plan as
+# launch() takes it; _RECIPES keeps, under the same key, its launch once recorded on a
+# GPU (kernels.launch.launch_or_replay: parameters packed once, the pointers patched
+# per call). Read without the lock (one dict lookup); filled and trimmed under
+# kernels.launch's compile lock, which plan() holds (Numba compiles there).
 _PLANS: dict[tuple, tuple] = {}
 _PLANS_KEEP = 256
+_RECIPES: dict = {}  # the same key -> the recorded launch (kernels.launch.launch_or_replay)
 
 
 def _entry(key: tuple, rows: int, cols: int, dx, dy, log: bool, method: str, block_size):
@@ -702,43 +579,11 @@ def _entry(key: tuple, rows: int, cols: int, dx, dy, log: bool, method: str, blo
             block_size=block_size,
             addresses=(start_address(dx), start_address(dy)),
         )
-        hit = (None, *_launch_entry(how, kernel))
+        hit = _launch_entry(how, kernel)
         if len(_PLANS) >= _PLANS_KEEP:
             _PLANS.pop(next(iter(_PLANS)))
         _PLANS[key] = hit
     return hit
-
-
-def _launch_and_record(key: tuple, hit: tuple, dx, dy, rows: int, cols: int, stream: int):
-    """Launch a plan through kernels.launch.launch; on a GPU, record the launch so
-    that the next calls of this shape replay it (kept in _PLANS)."""
-    _, kernel, grid, block, smem, split = hit
-    if split is None:
-        slots, args = (dx, dy), (dx, dy, rows, cols)
-    else:
-        if rows != split.rows:
-            raise ValueError(f"this split launcher is for {split.rows} rows, got {rows}")
-        counters, partials = split.scratch(stream)
-        kernel = split.kernel
-        slots, args = (dx, dy, counters, partials), (dx, dy, rows, cols, counters, partials)
-    if SIMULATOR:  # kernels run through Numba there: nothing to record
-        launch(kernel, grid, block, args, stream, smem)
-        return
-    recording = Recording(slots)
-    try:
-        recording.__enter__()
-    except RuntimeError:  # inside another recording, which records this launch
-        launch(kernel, grid, block, args, stream, smem)
-        return
-    try:
-        launch(kernel, grid, block, args, stream, smem)
-    finally:
-        recording.__exit__(None, None, None)
-    recipe = recording.recipe()
-    if recipe is not None:
-        with _COMPILE_LOCK:
-            if _PLANS.get(key) is hit:
-                _PLANS[key] = (recipe, *hit[1:])
 
 
 def _launch_entry(how: Plan, kernel) -> tuple:
@@ -900,16 +745,20 @@ def _softmax(x, log, method: str, out, block_size, stream):
         hit = _PLANS.get(key)
         if hit is None:
             hit = _entry(key, rows, cols, dx, dy, log, method, block_size)
-        recipe = hit[0]
-        if recipe is None:
-            _launch_and_record(key, hit, dx, dy, rows, cols, handle)
-        elif hit[5] is None:
-            recipe.replay([px, py], handle)
-            if out is None and host_x is None and type(dx) is DeviceArray and py & 511 == 0:
-                _keep_replay(dx, dy, log, method, block_size, recipe)
+        kernel, grid, block, smem, split = hit
+        if split is None:
+            slots, args = (dx, dy), (dx, dy, rows, cols)
         else:
-            counters, partials = hit[5].scratch(handle)
-            recipe.replay([px, py, counters.ptr, partials.ptr], handle)
+            if rows != split.rows:
+                raise ValueError(f"this split launcher is for {split.rows} rows, got {rows}")
+            counters, partials = split.scratch(handle)
+            kernel = split.kernel
+            slots, args = (dx, dy, counters, partials), (dx, dy, rows, cols, counters, partials)
+        launch_or_replay(_RECIPES, key, slots, kernel, grid, block, args, handle, smem, _PLANS_KEEP)
+        if split is None and out is None and host_x is None and py & 511 == 0:
+            recipe = _RECIPES.get(key)
+            if recipe is not None and type(dx) is DeviceArray:
+                _keep_replay(dx, dy, log, method, block_size, recipe)
 
     if out is None:
         return dy if host_x is None else to_host(dy, handle)

@@ -73,6 +73,7 @@ from .launch import (
     under_compile_lock,
 )
 from .packs import load_pack1, store_pack2, store_words1, unpack_word
+from .softmax_math import Plan, exp32, exp_over, online_folder, pack_loader
 
 SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
 NEG_INF = float32(-math.inf)
@@ -117,9 +118,6 @@ def split_kernel(
     writes an item's outputs before taking the next; 2, it loads the next item into
     a second buffer first, and only then waits for the previous item's row.
     """
-    # Imported here: kernels.softmax imports this module inside plan().
-    from .softmax import _online_folder, _pack_loader, exp32, exp_over
-
     in_t = from_dtype(np.dtype(in_dtype))
     P, U, C, S = pack, unroll, chunks, stages
     if S not in (1, 2):
@@ -130,10 +128,10 @@ def split_kernel(
     NW = max(1, NBI // 4)  # raw words per pack (packed)
     PW = P // NW  # elements per word
     ISZ = np.dtype(in_dtype).itemsize
-    load_packs = _pack_loader(P, NBI, U)
-    load_words = _pack_loader(P, NBI, U, raw=PACKED)  # called where PACKED only
-    fold = _online_folder(P, U)
-    fold_words = _online_folder(P, U, ISZ)  # called where PACKED only
+    load_packs = pack_loader(P, NBI, U)
+    load_words = pack_loader(P, NBI, U, raw=PACKED)  # called where PACKED only
+    fold = online_folder(P, U)
+    fold_words = online_folder(P, U, ISZ)  # called where PACKED only
 
     @cuda.jit(device=True, inline="always")
     def merge(m, d, om, od):
@@ -491,8 +489,6 @@ def plan_split(
     row's `chunks` blocks at once (the kernel could deadlock), or cannot launch it at
     all.
     """
-    from .softmax import Plan  # kernels.softmax imports this module inside plan()
-
     in_dtype, out_dtype = np.dtype(in_dtype), np.dtype(out_dtype)
     packed = in_dtype.itemsize == 2 if packed is None else packed
     if block_size is None and unroll is None and bounds is None:

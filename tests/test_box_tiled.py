@@ -29,16 +29,6 @@ from kernels import box_plan
 from kernels import box_tiled as ktiled
 
 
-@pytest.fixture(autouse=True, params=[False, True], ids=["rows-first", "columns-first"])
-def order(request, monkeypatch):
-    """Every test runs both kernels: rows first (box_tiled's own) and columns first
-    (`kernels.box_tiled_vh`), as the default geometry picks them."""
-    monkeypatch.setattr(box_plan, "TILED_VERTICAL_FIRST", request.param)
-    kbox._plans.cache_clear()  # box_auto's plans, made under the other order
-    yield request.param
-    kbox._plans.cache_clear()
-
-
 def _tiled(img, ksize, anchor, border, cval, **geometry):
     geo = box_plan.tiled_plan(img.shape, img.dtype, ksize, **geometry)
     assert geo is not None
@@ -99,20 +89,18 @@ def test_box_auto_sends_views_off_a_word_boundary_to_box_fused(monkeypatch):
         original(d_img, (3, 3), (1, 1), 0, 0)
 
 
-def test_box_auto_writes_outputs_off_a_word_boundary_exactly(order):
+def test_box_auto_writes_outputs_off_a_word_boundary_exactly():
     img = _image((8, 21, 3), seed=5)
     d_img = cuda.to_device(img)
     d_out = cuda.device_array((9, 21, 3), np.uint8)[1:]  # starts 63 bytes in
-    method = kbox.box_choice(d_img, (3, 3), d_out)[0]
-    assert method == ("fused" if order else "tiled")  # columns first writes words
+    assert kbox.box_choice(d_img, (3, 3), d_out)[0] == "fused"  # box_tiled writes words
     got = kbox.box_auto(d_img, (3, 3), (1, 1), BORDERS["reflect101"], 0, d_out).copy_to_host()
     np.testing.assert_array_equal(got, exact_box(img, (3, 3), (1, 1), "reflect101", 0))
-    if order:
-        with pytest.raises(ValueError, match="out must start on a 4-byte boundary"):
-            ktiled.box_tiled(d_img, (3, 3), (1, 1), 0, 0, d_out)
+    with pytest.raises(ValueError, match="out must start on a 4-byte boundary"):
+        ktiled.box_tiled(d_img, (3, 3), (1, 1), 0, 0, d_out)
 
 
-def test_widest_box_keeps_sixteen_bit_row_sums_exact():
+def test_widest_box_keeps_sixteen_bit_sums_exact():
     img = np.full((6, 262, 1), 255, np.uint8)
     img[:, ::7] = _image((6, 1, 1), seed=3)
     geometry = dict(threads=256, run=64, tile_w=262, tile_h=6)
@@ -127,39 +115,34 @@ def test_plan_declines_what_it_cannot_do():
     assert too_small is None  # a 48 KiB tile would be shorter than TILED_MIN_H rows
     assert box_plan.tiled_plan((4_200_000, 1, 1), np.uint8, (3, 3)) is None  # grid y > 65535
     seed = (2167, 2495, 3)
-    geo = box_plan.tiled_plan(seed, np.uint8, (21, 21), vertical_first=0)
+    geo = box_plan.tiled_plan(seed, np.uint8, (31, 31))
     assert box_plan.SMEM_LIMIT < geo["smem"] <= box_plan.TILED_SMEM_LIMIT  # opts in
-    assert (geo["tile_w"] + 20) * 3 <= 4 * geo["threads"]
-    small = box_plan.tiled_plan(seed, np.uint8, (31, 31), smem_limit=48 * 1024, vertical_first=0)
-    assert small["smem"] <= 48 * 1024 and small["tile_h"] == box_plan.TILED_H // 2
-    vh = box_plan.tiled_plan(seed, np.uint8, (61, 61), smem_limit=48 * 1024, vertical_first=1)
-    assert vh["smem"] <= 48 * 1024 and vh["tile_h"] < box_plan.VH_WIDE_DEFAULTS["tile_h"]
-    assert box_plan.tiled_plan((10, 4, 1), np.uint8, (258, 3), vertical_first=1) is None
+    assert (geo["tile_w"] + 30) * 3 <= 4 * geo["threads"]
+    small = box_plan.tiled_plan(seed, np.uint8, (61, 61), smem_limit=48 * 1024)
+    assert small["smem"] <= 48 * 1024 and small["tile_h"] < box_plan.TILED_WIDE_DEFAULTS["tile_h"]
+    assert box_plan.tiled_plan((10, 4, 1), np.uint8, (258, 3)) is None  # 16-bit column sums
     with pytest.raises(ValueError, match="box_tiled handles"):
         ktiled.box_tiled(cuda.to_device(np.ones((4, 4, 1), np.uint16)), (3, 3), (1, 1), 0, 0)
 
 
-def test_default_order_and_geometry_follow_the_box_height(monkeypatch):
-    monkeypatch.setattr(box_plan, "TILED_VERTICAL_FIRST", None)
+def test_default_geometry_follows_the_box_height():
     seed = (2167, 2495, 3)
-    geos = {k: box_plan.tiled_plan(seed, np.uint8, (k, k)) for k in (3, 21, 31, 41)}
-    assert [geos[k]["vertical_first"] for k in (3, 21, 31, 41)] == [True, True, True, False]
-    assert {key: geos[21][key] for key in box_plan.VH_DEFAULTS} == box_plan.VH_DEFAULTS
-    assert {key: geos[31][key] for key in box_plan.VH_WIDE_DEFAULTS} == box_plan.VH_WIDE_DEFAULTS
-    assert geos[41]["threads"] == box_plan.TILED_THREADS and geos[41]["min_blocks"] == 4
+    geos = {k: box_plan.tiled_plan(seed, np.uint8, (k, k)) for k in (3, 21, 31)}
+    assert {key: geos[21][key] for key in box_plan.TILED_DEFAULTS} == box_plan.TILED_DEFAULTS
+    wide = box_plan.TILED_WIDE_DEFAULTS
+    assert {key: geos[31][key] for key in wide} == wide
 
 
-def test_box_auto_runs_box_tiled_for_small_uint8_boxes(monkeypatch, order):
+def test_box_auto_runs_box_tiled_for_small_uint8_boxes(monkeypatch):
     ran = []
     real = ktiled.box_tiled
     monkeypatch.setitem(kbox._RUNNERS, "tiled", lambda *a: ran.append(a[-2]) or real(*a))
-    img = _image((70, 70, 3), seed=11)  # default geometry: 2 x 2 tiles (columns first 2 x 3)
+    img = _image((70, 70, 3), seed=11)  # default geometry: 2 x 3 tiles
     for ksize, anchor, border in [((5, 5), (2, 2), "reflect101"), ((3, 7), (0, 6), "constant")]:
         d_img = cuda.to_device(img)
         got = kbox.box_auto(d_img, ksize, anchor, BORDERS[border], 9).copy_to_host()
         np.testing.assert_array_equal(got, exact_box(img, ksize, anchor, border, 9))
-    grid = (2, 3) if order else (2, 2)
-    assert [(geo["grid"], geo["vertical_first"]) for geo in ran] == [(grid, order)] * 2
+    assert [geo["grid"] for geo in ran] == [(2, 3)] * 2
 
 
 @pytest.mark.gpu

@@ -244,8 +244,6 @@ def test_store_name_carries_the_specialisation():
     assert cubins.box_name(geo, 3, np.uint8) == "box_fused-uint8-uint16-c3-m1"
     tiled = {"threads": 256, "run": 16, "tile_w": 64, "tile_h": 32, "groups": 2}
     assert cubins.tiled_name(tiled, 3, (21, 5)) == "box_tiled-c3-k21x5-t256-r16-w64-h32-g2-b0"
-    vh = cubins.tiled_name(dict(tiled, vertical_first=True), 3, (21, 5))
-    assert vh == "box_tiled-c3-k21x5-t256-r16-w64-h32-g2-b0-vh"
     assert cubins.contour_name(4, np.uint16) == "contour-uint16-c4"
     assert cubins.blocked_name(21, 5, np.float32) == "blocked-float32-21x5"
 

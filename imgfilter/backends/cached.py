@@ -190,27 +190,26 @@ def _twopass_quick(img, ksize, anchor, border, value, geo) -> np.ndarray | None:
 def _packed_quick(img, ksize, anchor, border, value, geo) -> np.ndarray | None:
     args = box_plan.packed_args(img.shape, ksize, anchor, border, value, geo)
     name = cubins.packed_name(geo, img.shape[2])
-    return _word_kernel_quick(img, geo, args, name, out_words=True)
+    return _word_kernel_quick(img, geo, args, name)
 
 
 def _tiled_quick(img, ksize, anchor, border, value, geo) -> np.ndarray | None:
     args = box_plan.tiled_args(img.shape, ksize, anchor, border, value, geo)
     name = cubins.tiled_name(geo, img.shape[2], ksize)
-    return _word_kernel_quick(img, geo, args, name, out_words=bool(geo.get("vertical_first")))
+    return _word_kernel_quick(img, geo, args, name)
 
 
-def _word_kernel_quick(img, geo, args, name: str, out_words: bool) -> np.ndarray | None:
-    """Launch a cached uint8 box kernel that reads the image as bytes and as its whole
-    32-bit words (box_packed, box_tiled): (src8, src32, n_words, *args, out8[, out32]);
-    out32 for the kernels that write words (box_packed, box_tiled columns first)."""
+def _word_kernel_quick(img, geo, args, name: str) -> np.ndarray | None:
+    """Launch a cached uint8 box kernel that reads and writes the images as bytes and as
+    their whole 32-bit words (box_packed, box_tiled): (src8, src32, n_words, *args,
+    out8, out32)."""
     n = img.size
 
     def launch(drv, fn, d_img, d_out):
         params = array_params(d_img, (n,), np.uint8) + array_params(d_img, (n // 4,), np.uint32)
         params += [scalar_param(a) for a in (n // 4, *args)]
         params += array_params(d_out, (n,), np.uint8)
-        if out_words:
-            params += array_params(d_out, (n // 4,), np.uint32)
+        params += array_params(d_out, (n // 4,), np.uint32)
         drv.launch_params(fn, geo["grid"], (geo["threads"],), geo["smem"], _STREAM, params)
 
     return _run(name, img, img.shape, launch)

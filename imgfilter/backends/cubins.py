@@ -56,7 +56,6 @@ def tiled_name(geometry: dict, channels: int, ksize: tuple) -> str:
     return (
         f"box_tiled-c{channels}-k{kh}x{kw}-t{g['threads']}-r{g['run']}"
         f"-w{g['tile_w']}-h{g['tile_h']}-g{g['groups']}-b{g.get('min_blocks', 0)}"
-        + ("-vh" if g.get("vertical_first") else "")
     )
 
 
@@ -95,7 +94,7 @@ def _numba_cuda_version() -> str:
 _FAMILY_MODULES = {
     "box_fused": ("box_fused",),
     "box_packed": ("box_packed",),
-    "box_tiled": ("box_tiled", "box_tiled_vh"),
+    "box_tiled": ("box_tiled",),
     "box_twopass": ("box_twopass",),
     "contour": ("contour",),
     "blocked": ("conv_blocked",),

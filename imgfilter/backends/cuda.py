@@ -640,9 +640,8 @@ def _export_box(dimg, ksize: tuple) -> None:
     method, geo = _box.box_choice(dimg, ksize)
     if method == "tiled":
         kernel = _box_tiled.kernel_for(channels, ksize, geo)
-        words_out = (np.uint32,) if geo["vertical_first"] else ()
         name = cubins.tiled_name(geo, channels, ksize)
-        _export(kernel, name, (dtype, np.uint32, dtype, *words_out))
+        _export(kernel, name, (dtype, np.uint32, dtype, np.uint32))
     elif method == "packed":
         kernel = _box_packed.kernel_for(channels, geo["run"], geo["threads"], geo["even"])
         _export(kernel, cubins.packed_name(geo, channels), (dtype, np.uint32, dtype, np.uint32))
