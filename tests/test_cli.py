@@ -880,7 +880,8 @@ def test_spinner_on_a_terminal_only_for_long_work_and_not_with_quiet(tmp_path):
     import pty
     import select
 
-    src = imwrite(tmp_path / "in.png", random_image((2000, 2000, 3)))  # ~2 s on one core
+    # ~2 s on one core (the CPU backend's FFT tiles: ~0.5 s for 2000 x 2000)
+    src = imwrite(tmp_path / "in.bmp", random_image((4000, 4000, 3)))
     kern = np.random.default_rng(0).random((51, 51)).astype(np.float32)
     np.save(tmp_path / "k.npy", kern / kern.sum())
 
@@ -888,7 +889,7 @@ def test_spinner_on_a_terminal_only_for_long_work_and_not_with_quiet(tmp_path):
         master, slave = pty.openpty()
         proc = subprocess.Popen(
             [sys.executable, "-m", "imgfilter", "filter", str(src), "--kernel",
-             str(tmp_path / "k.npy"), "--backend", "cpu", "-f", "-o", str(tmp_path / "o.png"),
+             str(tmp_path / "k.npy"), "--backend", "cpu", "-f", "-o", str(tmp_path / "o.bmp"),
              *extra],
             stderr=slave, stdout=subprocess.DEVNULL,
             env=_env(NUMBA_NUM_THREADS="1", TERM="xterm", COLUMNS="100"),

@@ -7,8 +7,10 @@ order from 0 (multiply, then add): the "direct result" the backend promises for
 kernels from `direct_area_limit` taps, rounded half to even and saturated for integer
 outputs. Each test checks which path its cases take (`cpu.correlate_plan`), so every
 path is reached: cv2.filter2D / cv2.blur delegation, separable passes with the
-rounding check, FFT tiles (integer images) with the rounding check, float32 FMAs with
-the rounding check, float64 direct sums, the float32 box and the 2-pixel uint8 box.
+rounding check, FFT tiles (cv2.dft for integer images, numpy.fft for float32 ones)
+with the rounding check, float32 FMAs with the rounding check, float64 direct sums,
+the float32 box (sums that never subtract, checked against the reference and
+cv2.blur) and the 2-pixel uint8 box.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from imgfilter.backends import cpu
+from imgfilter.backends import cpu, cpu_fft
 from kernels import border_index as bi
+from kernels.saturate import output_limits
 
 BORDERS = {
     bi.REFLECT101: "reflect",
@@ -213,18 +216,20 @@ def fft_run(img, kernel, anchor, border, value, tile=None):
     plan = cpu.correlate_plan(img, k, value, fft=True)
     assert plan[0] == "fft", plan
     out = np.empty_like(img)
-    return cpu._fft_path(img, k, anchor, border, value, tile or plan[1], out)
+    lo, hi, _ = output_limits(img.dtype)
+    mag = cpu._magnitude(img, value)
+    return cpu_fft.correlate_fft(img, k, anchor, border, value, tile or plan[1], out, lo, hi, mag)
 
 
 FFT_SHAPES = ((37, 53, 3), (1, 45, 1), (41, 1, 4), (70, 33, 1))
 
 
 @pytest.mark.parametrize("border", list(BORDERS))
-@pytest.mark.parametrize("dtype", [np.uint8, np.uint16], ids=lambda d: d.__name__)
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.float32], ids=lambda d: d.__name__)
 def test_fft_path_equals_direct(border, dtype):
     """Full-rank kernels (13x13 .. 41x41; uint16 from 9x9) by FFT tiles: every output
-    equal to the direct float64 result, rounded and saturated, for odd sizes, one
-    row, one column, several tiles and edge tiles."""
+    equal to the direct float64 result, rounded and saturated (integers) or rounded to
+    float32, for odd sizes, one row, one column, several tiles and edge tiles."""
     value = value_for(border, dtype)
     sizes = ((9, (16, 18)), (13, (24, 20)), (21, None), (31, (40, 36)), (41, None))
     for n, (k, tile) in enumerate(sizes):
@@ -257,17 +262,46 @@ def test_fft_path_at_exact_ties_uint8(border):
         np.testing.assert_array_equal(got, stored(want, np.uint8))
 
 
+def _float32_tie(s):
+    """Where s (float64) lies exactly halfway between two adjacent float32 values."""
+    f = s.astype(np.float32)
+    other = np.nextafter(f, np.where(f > s, -np.inf, np.inf).astype(np.float32))
+    return (f != s) & (np.abs(f - s) == np.abs(other.astype(np.float64) - s))
+
+
+@pytest.mark.parametrize("border", list(BORDERS))
+def test_fft_path_at_float32_ties(border):
+    """float32 images of small integers and multiples of 2**-24 under a full-rank
+    kernel of +-1 taps: the direct sums are exact and many fall halfway between two
+    float32 values, where the FFT value cannot decide; the direct sum rounds half to
+    even. Zero regions and tiny magnitudes (small float32 steps) included."""
+    rng = np.random.default_rng(10 + border)
+    value = value_for(border, np.float32)
+    k = 13
+    kernel = rng.choice([-1.0, 1.0], (k, k)).astype(np.float32)
+    ints = rng.choice([-1.0, 1.0], (31, 47, 3)).astype(np.float32)
+    tiny = (rng.integers(-40, 41, (31, 47, 3)) * 2.0**-24).astype(np.float32)
+    img = np.where(rng.random((31, 47, 3)) < 0.2, ints, tiny).astype(np.float32)
+    img[img == 0] = np.float32(2.0**-24)
+    img[20:, 30:] = 0.0
+    want = reference(img, kernel, (6, 6), border, value)
+    assert _float32_tie(want).sum() > 100
+    got = fft_run(img, kernel, (6, 6), border, value, (24, 30))
+    np.testing.assert_array_equal(got, stored(want, np.float32))
+
+
 def test_fft_path_zero_tiles_and_constant_border():
     """A zero region (all-zero tiles store 0 without transforms) and a non-zero
     constant border: equal to the direct result."""
-    img = image((40, 50, 3), np.uint16, 12)
-    img[:, 20:] = 0
-    img[5, 40, 1] = 9
     kernel = full_rank(13, 4)
-    want = reference(img, kernel, (6, 6), bi.CONSTANT, 77.0)
-    got = fft_run(img, kernel, (6, 6), bi.CONSTANT, 77.0, (24, 24))
-    np.testing.assert_array_equal(got, stored(want, np.uint16))
-    assert (got == 0).mean() > 0.2
+    for dtype, value in ((np.uint16, 77.0), (np.float32, -7.5)):
+        img = image((40, 50, 3), dtype, 12)
+        img[:, 20:] = 0
+        img[5, 40, 1] = 9
+        want = reference(img, kernel, (6, 6), bi.CONSTANT, value)
+        got = fft_run(img, kernel, (6, 6), bi.CONSTANT, value, (24, 24))
+        np.testing.assert_array_equal(got, stored(want, dtype))
+        assert (got == 0).mean() > 0.2
 
 
 def test_fft_kernel_spectrum_and_bound():
@@ -280,29 +314,52 @@ def test_fft_kernel_spectrum_and_bound():
     for th, tw in ((48, 40), (64, 270), (30, 24)):
         kp = np.zeros((th, tw))
         kp[:21, :21] = kernel
-        spec, beta, kappa = cpu.kernel_spectrum(kernel, th, tw)
+        spec, beta, kappa = cpu_fft.kernel_spectrum(kernel, th, tw)
         assert np.abs(spec - np.fft.rfft2(kp)).max() <= beta
-        assert np.abs(cpu.ccs_packed(spec, th, tw) - cv2.dft(kp)).max() <= beta
+        assert np.abs(cpu_fft.ccs_packed(spec, th, tw) - cv2.dft(kp)).max() <= beta
         assert kappa >= np.abs(np.fft.fft2(kp)).max()
     x = image((64, 80), np.float32, 5).astype(np.float64)
     exact = sum(kernel[i, j] * x[i : i + 44, j : j + 60] for i in range(21) for j in range(21))
-    spec, beta, kappa = cpu.kernel_spectrum(kernel, 64, 80)
+    spec, beta, kappa = cpu_fft.kernel_spectrum(kernel, 64, 80)
     y = x.copy()
-    cpu._tile_transform(spec, 64, 80)(y)
-    mu = cpu.twiddle_error(64, 80)
-    bound = np.linalg.norm(x) * cpu.fft_error_factor(kappa, beta, 64 * 80, mu)
+    cpu_fft._tile_transform(spec, 64, 80)(y)
+    mu = cpu_fft.twiddle_error(64, 80)
+    bound = np.linalg.norm(x) * cpu_fft.fft_error_factor(kappa, beta, 64 * 80, mu)
     assert np.abs(y[:44, :60] - exact).max() < bound / 100
 
 
+def test_fft_float32_transform_and_bound():
+    """numpy.fft tiles: the transform is the correlation, and its observed error on
+    random data (a 1e30-scale tile too) is far below `F32Bound`, which the float32
+    check uses; the bound grows with the tile's and the spectrum's norms."""
+    k64 = full_rank(21, 2, np.float64)
+    for scale in (100.0, 1e30):
+        x = image((64, 80), np.float32, 6).astype(np.float64) / 100.0 * scale
+        exact = sum(k64[i, j] * x[i : i + 44, j : j + 60] for i in range(21) for j in range(21))
+        kc = np.conj(np.fft.rfft2(k64, s=(64, 80)))
+        y = x.copy()
+        z = np.empty((64, 41), np.complex128)
+        zsq = cpu_fft._np_transform(kc, 64, 80, 44)(y, z)
+        bound = cpu_fft.F32Bound(k64, 64, 80, 441, scale * 5)(float(np.square(x).sum()), zsq)
+        err = np.abs(y[:44, :60] - exact).max()
+        assert 0 < err < bound / 100
+        assert bound < 1e-12 * scale * np.abs(k64).sum() * 64 * 80
+
+
 def test_fft_plan_by_cost():
-    """The cost model sends large full-rank kernels on large integer images to FFT
-    tiles, and small images, low-rank kernels and float32 images to the others."""
+    """The cost model sends large full-rank kernels on large images to FFT tiles, and
+    small images and low-rank kernels to the others; float32 images with inf or NaN
+    take the direct sums."""
     big = np.zeros((2000, 2000, 1), np.uint8)
     assert cpu.correlate_plan(big, full_rank(21, 0), 0.0)[0] == "fft"
     assert cpu.correlate_plan(big, gaussian(21, 3.0).astype(np.float32), 0.0)[0] == "separable"
     small = np.zeros((5, 3, 1), np.uint8)
     assert cpu.correlate_plan(small, full_rank(21, 0), 0.0)[0] == "direct32"
-    f32 = np.ones((9, 9, 1), np.float32)
+    f32 = np.ones((2000, 2000, 1), np.float32)
+    assert cpu.correlate_plan(f32, full_rank(21, 0), 0.0)[0] == "fft"
+    assert cpu.correlate_plan(f32[:9, :9], full_rank(21, 0), 0.0)[0] == "direct64"
+    assert cpu.correlate_plan(f32[:9, :9], full_rank(21, 0), 0.0, fft=True)[0] == "fft"
+    f32[5, 5] = np.inf
     assert cpu.correlate_plan(f32, full_rank(21, 0), 0.0, fft=True)[0] == "direct64"
 
 
@@ -412,9 +469,9 @@ def test_two_pixel_uint8_box_saturates():
 
 @pytest.mark.parametrize("border", list(BORDERS))
 def test_float32_box_direct_sums(border):
-    """float32 boxes: direct float64 sums (within 1e-6 of the scale of the image) and
-    no running sums: a 1e30 pixel, an inf and a NaN reach only the boxes that hold
-    them, where cv2.blur's running sums carry them (or their rounding) further."""
+    """float32 boxes: float64 sums (within 1e-6 of the scale of the image) that never
+    subtract: a 1e30 pixel, an inf and a NaN reach only the boxes that hold them,
+    where cv2.blur's running sums carry them (or their rounding) further."""
     value = value_for(border, np.float32)
     for ksize, anchor in [((3, 3), (1, 1)), ((7, 4), (6, 0)), ((1, 9), (0, 4))]:
         for s, shape in enumerate(SHAPES):
@@ -436,3 +493,41 @@ def test_float32_box_direct_sums(border):
     assert np.isfinite(got[far]).all()
     np.testing.assert_array_equal(got[far], clean[far])
     assert np.isnan(got[4:7, 34:37]).all() and np.isinf(got[19:22, 29:32]).all()
+
+
+def cv2_blur_padded(img, ksize, anchor, border, value):
+    """cv2.blur of the image padded as `border` says (`np_pad`), cropped: cv2's own
+    arithmetic for every border, the constant one with a value included."""
+    import cv2
+
+    (kh, kw), (ay, ax) = ksize, anchor
+    h, w = img.shape[:2]
+    p = np_pad(img, ay, kh - 1 - ay, ax, kw - 1 - ax, border, value)
+    res = cv2.blur(p, (kw, kh), anchor=(ax, ay), borderType=cv2.BORDER_CONSTANT)
+    return res.reshape(p.shape)[ay : ay + h, ax : ax + w]
+
+
+@pytest.mark.parametrize("border", list(BORDERS))
+def test_float32_box_blocks_and_groups(border):
+    """float32 boxes over many blocks of kh rows (kh up to 70, more than a band),
+    groups of column sums (kw from 8 in groups of isqrt(kw), with a remainder) and
+    rows longer than one chunk of outputs: within 1e-6 of the scale of the float64
+    box means and of cv2.blur; an inf reaches only the boxes that hold it."""
+    value = value_for(border, np.float32)
+    img = image((61, 413, 3), np.float32, 130)  # 413 * 3 values: two chunks a row
+    tol = 1e-6 * max(np.abs(img).max(), abs(value))
+    cases = [((23, 11), (4, 10)), ((9, 19), (8, 0)), ((5, 40), (2, 20)), ((70, 8), (35, 3))]
+    for ksize, anchor in cases:
+        got = cpu.box(img, ksize, anchor, border, value, "auto")
+        mean = box_sums(img, ksize, anchor, border, value) / (ksize[0] * ksize[1])
+        assert np.abs(got - mean).max() <= tol, ksize
+        assert np.abs(got - cv2_blur_padded(img, ksize, anchor, border, value)).max() <= tol
+    (kh, kw), (ay, ax) = (23, 11), (11, 5)
+    spot = img.copy()
+    spot[30, 200, 1] = np.inf
+    got = cpu.box(spot, (kh, kw), (ay, ax), border, value, "auto")
+    clean = cpu.box(img, (kh, kw), (ay, ax), border, value, "auto")
+    holds = np.zeros(img.shape, bool)
+    holds[30 + ay - kh + 1 : 30 + ay + 1, 200 + ax - kw + 1 : 200 + ax + 1, 1] = True
+    assert np.isinf(got[holds]).all()
+    np.testing.assert_array_equal(got[~holds], clean[~holds])

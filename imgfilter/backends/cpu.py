@@ -25,9 +25,9 @@ correlate (`correlate_plan` says which path a call takes):
     to the direct path. float32 outputs are stored from the passes: within
     (|E|_1 + ~1e-15 |K|_1) * max|x| of the direct result (images with inf or NaN take
     the direct sums).
-  - fft (full rank, where a cost model expects it faster than the direct loops; on
-    a 2495x2167 image uint8 from 15x15, uint16 from 13x13, float32 from the limit;
-    float32 images finite): overlap-save tiles (`cpu_fft`), float64 cv2.dft tiles for
+  - fft (full rank, where a cost model expects it faster than the direct loops: on
+    a 2495x2167 image from about 13x13 (uint8 with direct32 from 15x15); float32
+    images finite): overlap-save tiles (`cpu_fft`), float64 cv2.dft tiles for
     integer images, numpy.fft tiles for float32 ones. Every output's distance from
     the direct sum is bounded (a normwise FFT error model, 16 u per radix-2 stage
     plus the twiddles' error, and the direct sum's own rounding, doubled); where a

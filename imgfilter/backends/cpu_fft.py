@@ -47,6 +47,7 @@ _FFT_SIDES = tuple(
         if n <= _FFT_MAX
     )
 )  # even sizes whose DFT has radix-2, 3 and 5 stages only
+_NP_SIDES = tuple(n for n in _FFT_SIDES if n % 5)  # numpy.fft's radix-5 passes cost ~15% more
 # single-thread cost model (seconds, measured on a 2-core Xeon; only ratios matter)
 _COST_FFT_LOG = 0.8e-9  # dft, idft and the product, per tile pixel and log2(tile size)
 _COST_FFT_PX = 3e-9  # loading, bound and store, per tile pixel
@@ -62,12 +63,14 @@ def fft_tile_shape(kh: int, kw: int, h: int, w: int, redo_taps: int = 0):
 
     A tile of th x tw padded pixels gives (th - kh + 1) x (tw - kw + 1) outputs; no
     tile side exceeds the smallest size that covers the padded image. redo_taps > 0
-    (float32 outputs): the bound leaves a share of the outputs open that grows with
-    the tile (~1.5% at 256 x 256 on random data), each recomputed at that many taps."""
+    (float32 outputs, numpy.fft tiles: sides from `_NP_SIDES`): the bound leaves a
+    share of the outputs open that grows with the tile (~1.5% at 256 x 256 on random
+    data), each recomputed at that many taps."""
     best = (0, 0, math.inf)
     hp, wp = h + kh - 1, w + kw - 1
-    rows = [t for t in _FFT_SIDES if t >= kh and (t < hp or t == _cover(hp))]
-    cols = [t for t in _FFT_SIDES if t >= kw and (t < wp or t == _cover(wp))]
+    sides = _NP_SIDES if redo_taps else _FFT_SIDES
+    rows = [t for t in sides if t >= kh and (t < hp or t == _cover(hp, sides))]
+    cols = [t for t in sides if t >= kw and (t < wp or t == _cover(wp, sides))]
     for th in rows:
         ny = -(-h // (th - kh + 1))
         for tw in cols:
@@ -81,19 +84,19 @@ def fft_tile_shape(kh: int, kw: int, h: int, w: int, redo_taps: int = 0):
     return best
 
 
-def _cover(n: int) -> int:
-    """The smallest tile side >= n (the largest one when none is)."""
-    return next((t for t in _FFT_SIDES if t >= n), _FFT_SIDES[-1])
+def _cover(n: int, sides: tuple) -> int:
+    """The smallest of `sides` >= n (the largest one when none is)."""
+    return next((t for t in sides if t >= n), sides[-1])
 
 
 # ---------------------------------------------------------- loads, recompute
 
 
 class Source:
-    """Channel `c` of an (H, W, C) image extended by a border, as a padded plane that
-    is never built: `rows` / `cols` (`cpu._axis_map`) give the source row / column of
-    each padded one (-1: the constant `value`, rounded to float32 as the direct path
-    pads it), `left` the padded column of the image's column 0."""
+    """An (H, W, C) image extended by a border, as padded planes that are never built:
+    `rows` / `cols` (`cpu._axis_map`) give the source row / column of each padded one
+    (-1: the constant `value`, rounded to float32 as the direct path pads it), `left`
+    the padded column of the image's column 0."""
 
     def __init__(self, img, top, bottom, left, right, border, value):
         h, w, _ = img.shape
@@ -103,47 +106,47 @@ class Source:
         self.left = left
         self.value = float(np.float32(value))
 
-    def load(self, c, oy, ox, buf, keep):
-        """`_tile_load` of this source's channel c from padded (oy, ox)."""
-        return _tile_load(self.img, c, self.rows, self.cols, self.left, self.value, oy, ox,
-                          buf, keep)  # fmt: skip
+    def load(self, oy, ox, keep, sumsq):
+        """`_tile_load` from padded (oy, ox) into keep (C, th, tw), sumsq (C,)."""
+        _tile_load(self.img, self.rows, self.cols, self.left, self.value, oy, ox, keep, sumsq)
 
 
 @njit(nogil=True, cache=True, fastmath={"reassoc"})
-def _tile_load(img, c, rows, cols, left, value, oy, ox, buf, keep):
-    """buf[r, q] = the padded channel c at (oy + r, ox + q) as float64 (`Source`),
-    zero beyond the padded image; keep = buf. Returns the sum of squares of buf:
-    non-negative terms in any order, within 1e-9 of exact for any tile (callers
-    scale it by 1.001). Finite images only."""
-    th, tw = buf.shape
+def _tile_load(img, rows, cols, left, value, oy, ox, keep, sumsq):
+    """keep[c, r, q] = the padded channel c at (oy + r, ox + q) as float64 (`Source`),
+    zero beyond the padded image; sumsq[c] = the sum of squares of keep[c]:
+    non-negative terms in any order, within 1e-9 of exact for any tile (callers scale
+    it by 1.001). One pass over the interleaved rows. Finite images only."""
+    nch, th, tw = keep.shape
     w = img.shape[1]
     nrow = min(th, rows.shape[0] - oy)
     ncol = min(tw, cols.shape[0] - ox)
     q0 = min(max(left - ox, 0), ncol)  # columns q0 .. q1 - 1 map to image columns
     q1 = max(min(left + w - ox, ncol), q0)  # ox + q - left
-    s = 0.0
+    keep[:, nrow:] = 0.0
+    keep[:, :nrow, ncol:] = 0.0
     for r in range(nrow):
-        dst = buf[r]
         sy = rows[oy + r]
         if sy < 0:
-            dst[:ncol] = value
-        else:
-            src = img[sy]
-            for q in range(q0, q1):
-                dst[q] = src[ox + q - left, c]
-            for q in range(q0):
-                sx = cols[ox + q]
-                dst[q] = value if sx < 0 else src[sx, c]
-            for q in range(q1, ncol):
-                sx = cols[ox + q]
-                dst[q] = value if sx < 0 else src[sx, c]
-        dst[ncol:] = 0.0
+            keep[:, r, :ncol] = value
+            continue
+        src = img[sy]
+        for q in range(q0, q1):
+            for c in range(nch):
+                keep[c, r, q] = src[ox + q - left, c]
         for q in range(ncol):
-            s += dst[q] * dst[q]
-        keep[r] = dst
-    buf[nrow:] = 0.0
-    keep[nrow:] = 0.0
-    return s
+            if q0 <= q < q1:
+                continue
+            sx = cols[ox + q]
+            for c in range(nch):
+                keep[c, r, q] = value if sx < 0 else src[sx, c]
+    for c in range(nch):
+        s = 0.0
+        for r in range(nrow):
+            row = keep[c, r]
+            for q in range(ncol):
+                s += row[q] * row[q]
+        sumsq[c] = s
 
 
 @njit(nogil=True, cache=True, fastmath={"contract"})
@@ -217,8 +220,8 @@ def _redo(dst, y0, x0, opened, m, plane, k64, lo, hi, is_int):
 
 
 def _each_tile(tasks, start):
-    """Run start() once per thread, giving tile(task), then tile(*task) for every
-    task, on numba.get_num_threads() threads (one: this one)."""
+    """Run start() once per thread, giving a function tile, then tile(*task) for
+    every task, on numba.get_num_threads() threads (one: this one)."""
     import numba
 
     lock = threading.Lock()
@@ -416,18 +419,22 @@ def _int_tiles(source, k64, tile, outs, lo, hi, ntaps, mag):
     transform = _tile_transform(spec, th, tw)
     factor = 1.001 * fft_error_factor(kappa, beta, th * tw, twiddle_error(th, tw))
     direct = (ntaps + 2) * _U64 * float(np.abs(k64).sum()) * mag
+    nch = len(outs)
 
     def start():
         buf = np.empty((th, tw))
-        keep = np.empty((th, tw))
+        keep = np.empty((nch, th, tw))
+        sumsq = np.empty(nch)
 
-        def tile(c, oy, ox):
-            sumsq = source.load(c, oy, ox, buf, keep)
-            bound = 0.0
-            if sumsq > 0.0:  # else an all-zero tile: direct sums 0, no transform
-                bound = 2.0 * (math.sqrt(1.001 * sumsq) * factor + direct)
-                transform(buf)
-            _fft_store(buf[:sh, :sw], outs[c], oy, ox, bound, lo, hi, keep, k64)
+        def tile(oy, ox):
+            source.load(oy, ox, keep, sumsq)
+            for c in range(nch):
+                bound = 0.0
+                buf[...] = keep[c]
+                if sumsq[c] > 0.0:  # else an all-zero tile: direct sums 0, no transform
+                    bound = 2.0 * (math.sqrt(1.001 * sumsq[c]) * factor + direct)
+                    transform(buf)
+                _fft_store(buf[:sh, :sw], outs[c], oy, ox, bound, lo, hi, keep[c], k64)
 
         return tile
 
@@ -547,20 +554,24 @@ def _f32_tiles(source, k64, tile, outs, ntaps, mag):
     kc = np.conj(np.fft.rfft2(k64, s=(th, tw)))
     transform = _np_transform(kc, th, tw, sh)
     bound_of = F32Bound(k64, th, tw, ntaps, mag)
+    nch = len(outs)
 
     def start():
         buf = np.empty((th, tw))
-        keep = np.empty((th, tw))
+        keep = np.empty((nch, th, tw))
+        sumsq = np.empty(nch)
         z = np.empty((th, tw // 2 + 1), np.complex128)
 
-        def tile(c, oy, ox):
-            sumsq = source.load(c, oy, ox, buf, keep)
-            if sumsq == 0.0:  # an all-zero tile: direct sums +0, no transform
-                buf[:] = 0.0
-                bound = 0.0
-            else:
-                bound = bound_of(sumsq, transform(buf, z))
-            _fft_store_f32(buf[:sh, :sw], outs[c], oy, ox, bound, keep, k64)
+        def tile(oy, ox):
+            source.load(oy, ox, keep, sumsq)
+            for c in range(nch):
+                if sumsq[c] == 0.0:  # an all-zero tile: direct sums +0, no transform
+                    buf[...] = 0.0
+                    bound = 0.0
+                else:
+                    buf[...] = keep[c]
+                    bound = bound_of(sumsq[c], transform(buf, z))
+                _fft_store_f32(buf[:sh, :sw], outs[c], oy, ox, bound, keep[c], k64)
 
         return tile
 
@@ -589,6 +600,6 @@ def correlate_fft(img, weights, anchor, border, value, tile, out, lo, hi, mag):
     else:
         start = _int_tiles(source, k64, tile, outs, lo, hi, ntaps, mag)
     sh, sw = tile[0] - kh + 1, tile[1] - kw + 1
-    tasks = [(i, oy, ox) for oy in range(0, h, sh) for ox in range(0, w, sw) for i in range(c)]
+    tasks = [(oy, ox) for oy in range(0, h, sh) for ox in range(0, w, sw)]
     _each_tile(tasks, start)
     return out
