@@ -86,10 +86,15 @@ class Driver:
             except OSError:
                 continue
         if lib is None:
-            raise CudaError("no CUDA driver library found")
+            raise CudaError(
+                "no NVIDIA driver found (libcuda): GPU work (device arrays, kernels.softmax, "
+                "kernels.gemv, the cuda backend) needs an NVIDIA GPU and its driver"
+            )
         self._lib = lib
         _signatures(lib)
-        self.call("cuInit", _uint(0))
+        status = lib.cuInit(_uint(0))
+        if status:
+            raise CudaError(f"no usable NVIDIA GPU (cuInit: {self.error_name(status)})", status)
         dev = _c.c_int()
         self.call("cuDeviceGet", _c.byref(dev), _c.c_int(0))
         self.device = dev

@@ -82,9 +82,10 @@ class Pool:
             with self._lock:
                 free = self._free.setdefault((stream, size), [])
         try:
-            return _Block(free.pop(), size, stream, free)
+            ptr = free.pop()
         except IndexError:
-            return _Block(self._new(size), size, stream, free)
+            ptr = 0  # device allocations are never at 0
+        return _Block(ptr or self._new(size), size, stream, free)
 
     def _new(self, size: int) -> int:
         """A fresh cuMemAlloc of `size` bytes; when the device is full, the cache is

@@ -243,3 +243,22 @@ def test_a_prepared_launch_patches_pointers_and_stream_into_its_packed_parameter
     assert (fn, stream, stream2, gx, bx) == (99, 11, 12, 3, 64)
     assert packer.unpack(first) == (-5, 7, (1 << 40) + 16, 300, 5 << 33)
     assert packer.unpack(second) == (-5, 7, (2 << 40) + 16, 300, 6 << 33)
+
+
+def test_no_driver_is_one_clear_error(monkeypatch):
+    """Without libcuda: one CudaError that says what is missing and what needs it, not
+    chained to the pool's empty free list."""
+    from kernels.cudadrv import CudaError, Driver
+
+    monkeypatch.setattr(cudadrv, "_LIBS", ("libcuda-that-is-not-here.so",))
+    with pytest.raises(CudaError, match="no NVIDIA driver found") as info:
+        Driver()
+    assert "kernels.softmax" in str(info.value)
+
+    def no_driver():
+        raise CudaError("no NVIDIA driver found (libcuda)")
+
+    monkeypatch.setattr(devarray, "driver", no_driver)
+    with pytest.raises(CudaError) as info:
+        Pool().allocate(64, 0)
+    assert info.value.__context__ is None
