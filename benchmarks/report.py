@@ -33,7 +33,11 @@ each area simply takes the newest file by name among those matching its patterns
   as text and were transcribed once into the .json beside each .txt);
 - cold start: `bash benchmarks/cold_start.sh` output, parsed from the text
   (`*-cold-start.txt`: lines `LABEL  SECONDS s`);
-- CPU backend: `benchmarks/cpu_bench.py --json` (`*-cpu-bench*.json`).
+- CPU backend: `benchmarks/cpu_bench.py --json` (`*-cpu-bench*.json`);
+- scale: `*-scale.json`, gathered from the results files of
+  `benchmarks/many_files_cv2.py`, `imgfilter ... --gpus N` and
+  `benchmarks/dask_scale.py` (each named in it): folders through the GPU pipeline
+  against decoding and encoding alone, folders over 1 and 2 GPUs, Dask arrays.
 
 tests/test_report.py regenerates the page and compares it with the committed file.
 """
@@ -62,6 +66,7 @@ AREAS = {
     "first_use": ["*-first-use*.json"],
     "cold_start": ["*-cold-start.txt"],
     "cpu": ["*-cpu-bench*.json", "*-cpu-fft*.json"],
+    "scale": ["*-scale.json"],
 }
 
 HEADER = """\
@@ -699,6 +704,88 @@ def section_many_files(results: Path) -> list[str]:
     return out
 
 
+def section_scale(results: Path) -> list[str]:
+    """Folders through the GPU pipeline, folders over GPUs, Dask arrays over GPUs
+    (`*-scale.json`: gathered from the runs' own results files, which it names)."""
+    files = _files("scale", results)
+    if not files:
+        return []
+    path = files[-1]
+    data = _load(path)
+    folder, gpus = data["folder_pipeline"], data["folder_on_gpus"]
+    rows = []
+    for threads, blocks in (("1", folder["one_filter_thread"]),
+                            ("4", folder["four_filter_threads"])):  # fmt: skip
+        for block in blocks:
+            ips = block["images_per_s"]
+            codecs, ours = (
+                ips["cv2 thread pool, decode + encode only"],
+                ips["imgfilter pipeline (its summary)"],
+            )
+            rows.append([block["op"], threads, f"{codecs:.1f}", f"{ips['cv2 thread pool']:.1f}",
+                         f"{ours:.1f}", f"{ours / codecs:.2f}"])  # fmt: skip
+    out = [
+        "## Scale: folders and several GPUs",
+        "",
+        f"Gathered in {_link(path)} from the runs' own files. {folder['setup']} "
+        f"([`{folder['source']}`](benchmarks/results/{folder['source']})), images/s; "
+        "the two filter-thread settings ran on two hosts of the same kind, so compare "
+        "within a row (issue 27 asks the pipeline for 0.9x of decoding and encoding alone):",
+        "",
+        *_table(
+            [
+                "filter",
+                "GPU filter threads",
+                "decode + encode only",
+                "cv2 pool",
+                "imgfilter pipeline",
+                "pipeline / codecs",
+            ],
+            ["---", "---:", "---:", "---:", "---:", "---:"],
+            rows,
+        ),  # fmt: skip
+        "",
+        f"{gpus['setup']} ([`{gpus['source']}`](benchmarks/results/{gpus['source']})), "
+        "images/s from the command's summary:",
+        "",
+    ]
+    body = [[r["setting"], ", ".join(f"{v:.1f}" for v in r["gpus_1"]),
+             ", ".join(f"{v:.1f}" for v in r["gpus_2"]),
+             f"{sum(r['gpus_2']) / sum(r['gpus_1']):.2f}"] for r in gpus["runs"]]  # fmt: skip
+    body.append(["no cluster (threaded pipeline, one GPU)",
+                 ", ".join(f"{v:.1f}" for v in gpus["no_cluster"]), "", ""])  # fmt: skip
+    out += _table(["--gpus workers", "1 GPU", "2 GPUs", "2 / 1"], ["---", "---", "---", "---:"],
+                  body) + [""]  # fmt: skip
+    dask_rows = []
+    for run in data["dask_arrays"]:
+        image = "x".join(str(n) for n in run["image"])
+        by = {(r["op"], str(r["gpus"])): r["median_s"] for r in run["results"]}
+        for op in dict.fromkeys(r["op"] for r in run["results"]):
+            whole, one, two = (by.get((op, g)) for g in ("1*", "1", "2"))
+            dask_rows.append([f"{image}, {run['rows_per_band']} rows", op,
+                              f"{whole * 1e3:.1f}", f"{one * 1e3:.1f}", f"{two * 1e3:.1f}",
+                              f"{one / two:.2f}"])  # fmt: skip
+    out += [
+        "`imgfilter.dask` over dask-cuda workers, one per GPU (`benchmarks/dask_scale.py`), "
+        "median ms:",
+        "",
+        *_table(
+            [
+                "image, bands",
+                "op",
+                "whole image, no Dask",
+                "Dask, 1 GPU",
+                "Dask, 2 GPUs",
+                "speedup",
+            ],
+            ["---", "---", "---:", "---:", "---:", "---:"],
+            dask_rows,
+        ),  # fmt: skip
+        "",
+    ]
+    return out
+
+
 # -- the page -----------------------------------------------------------------------------
 
 
@@ -714,6 +801,7 @@ def render(results: Path = RESULTS) -> str:
         section_cold_start,
         section_cpu,
         section_many_files,
+        section_scale,
     ):
         lines = section(results)
         if lines:
