@@ -448,21 +448,25 @@ def run_pipeline(
         feeder = threading.Thread(target=feed, args=(pool,), name="imgfilter-feed", daemon=True)
         feeder.start()
         with _filter_pool(filters) as filter_pool:
-            for _ in range(len(jobs)):
-                item = _next(ready, stop)
-                if item is None:  # a filter thread stopped the run
-                    break
-                job, loaded, error, skipped = item
-                if skipped:
-                    finish("skipped", job, None)
-                elif error is not None:
-                    finish("failed", job, error)
-                elif filter_pool is not None:
-                    if stop.is_set():
+            try:
+                for _ in range(len(jobs)):
+                    item = _next(ready, stop)
+                    if item is None:  # a filter thread stopped the run
                         break
-                    filter_pool.submit(filter_one, pool, job, loaded)
-                elif not filter_one(pool, job, loaded):
-                    break
+                    job, loaded, error, skipped = item
+                    if skipped:
+                        finish("skipped", job, None)
+                    elif error is not None:
+                        finish("failed", job, error)
+                    elif filter_pool is not None:
+                        if stop.is_set():
+                            break
+                        filter_pool.submit(filter_one, pool, job, loaded)
+                    elif not filter_one(pool, job, loaded):
+                        break
+            except BaseException:  # Ctrl-C: queued filter tasks return at once
+                stop.set()
+                raise
         feeder.join()
     return stats
 
