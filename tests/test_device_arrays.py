@@ -277,3 +277,25 @@ def test_api_replays_keep_calls_with_other_options_apart():
             np.testing.assert_array_equal(gray, ref.contour(host[:, :, 0]))
     names = [key[0][0] for key in replay._REPLAYS if key[1][:2] == (123, 457)]
     assert names.count("blur") >= 4 and names.count("filter2d") >= 2 and "contour" in names
+
+
+@pytest.mark.gpu
+def test_api_replays_of_torch_tensors_follow_torch_streams():
+    """Repeated calls on torch CUDA tensors take the replay path (`imgfilter.replay`),
+    each on torch's current stream: a side stream's work is ordered before the result
+    is read on that stream, with no synchronisation by the caller."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    hosts = [_image((211, 307, 3), seed=s) for s in (21, 22, 23)]
+    side = torch.cuda.Stream()
+    sums = []
+    with torch.cuda.stream(side):
+        for host in hosts:
+            x = torch.from_numpy(host).cuda(non_blocking=True)
+            y = imgfilter.blur(x, 5)
+            assert y.stream == side.cuda_stream
+            sums.append(torch.as_tensor(y, device="cuda").to(torch.int64).sum())
+    side.synchronize()
+    for host, total in zip(hosts, sums, strict=True):
+        assert int(total) == int(ref.blur(host, 5).astype(np.int64).sum())
