@@ -196,6 +196,18 @@ def _shaped(result: Any, shape: tuple) -> Any:
     return result if result.shape == shape else result.reshape(shape)
 
 
+def _finish(result: Any, out: Any, shape: tuple, call: tuple | None) -> Any:
+    """A filter's return value: `out` when given, else the result in the image's shape,
+    filed for replays (`replay.remember`) when `call` is the device call's (options,
+    img, stream)."""
+    if out is not None:
+        return out
+    result = _shaped(result, shape)
+    if call:
+        replay.remember(*call, result)
+    return result
+
+
 def _out_3d(out: Any) -> Any:
     return None if out is None else _as_3d(out)
 
@@ -348,12 +360,8 @@ def filter2d(
     if not device and (budget := _band_budget(be, arr, arr.nbytes, max_gpu_bytes)):
         return _in_bands(arr, out, arr.shape, reach, code, run, budget)
     result = run(_as_3d(arr), _out_3d(dout), stream)
-    if out is not None:
-        return out
-    result = _shaped(result, arr.shape)
-    if device:
-        replay.remember(options, img, stream, result)
-    return result
+    call = (options, img, stream) if device and out is None else None
+    return _finish(result, out, arr.shape, call)
 
 
 def blur(
@@ -427,12 +435,8 @@ def blur(
     if not device and (budget := _band_budget(be, arr, arr.nbytes, max_gpu_bytes)):
         return _in_bands(arr, out, arr.shape, reach, code, run, budget)
     result = run(_as_3d(arr), _out_3d(dout), stream)
-    if out is not None:
-        return out
-    result = _shaped(result, arr.shape)
-    if device:
-        replay.remember(options, img, stream, result)
-    return result
+    call = (options, img, stream) if device and out is None else None
+    return _finish(result, out, arr.shape, call)
 
 
 def _box_options(k, anchor, border, border_value, method, dtype) -> tuple:

@@ -388,14 +388,9 @@ def cheap_view(obj: Any) -> DeviceArray | None:
 def as_device_array(obj: Any) -> DeviceArray:
     """A DeviceArray view of a GPU array (ours, torch, or anything with
     `__cuda_array_interface__`: CuPy, Numba), without copying or waiting."""
-    kind = type(obj)
-    if kind is DeviceArray:
-        return obj
-    module = kind.__module__
-    if module == "cupy" or module.startswith("cupy._core"):
-        return _cupy_view(obj)
-    if module == "torch" and getattr(obj, "is_cuda", False):
-        return _torch_view(obj)
+    view = cheap_view(obj)
+    if view is not None:
+        return view
     cai = obj.__cuda_array_interface__
     dtype = np.dtype(cai["typestr"])
     if cai.get("mask") is not None:
