@@ -150,6 +150,39 @@ def _piece_cases(results: dict, measure, handle: int) -> None:
         results["kernels.softmax.softmax(cupy 1x1024)"] = measure(lambda: softmax(x))
         dx = as_device_array(x)
         results["kernels.softmax.softmax(DeviceArray 1x1024)"] = measure(lambda: softmax(dx))
+        _softmax_pieces(results, measure, cp, x, dx)
+
+
+def _softmax_pieces(results: dict, measure, cp, x, dx) -> None:
+    """The pieces of softmax's replay path on a CuPy input with a CuPy stream object
+    (the pipeline benchmark's call), each alone."""
+    from kernels import softmax as sm
+    from kernels.devarray import cheap_view, empty_like, stream_handle
+
+    s = cp.cuda.get_current_stream()
+    results["softmax(cupy 1x1024, stream=cupy stream)"] = measure(lambda: sm.softmax(x, stream=s))
+    results["  stream_handle(cupy stream)"] = measure(lambda: stream_handle(s))
+    results["  cheap_view(cupy array)"] = measure(lambda: cheap_view(x))
+    key = (dx.shape, dx._sig, dx.ptr & 15, False, "auto", None)
+    results["  replay key + dict lookup"] = measure(
+        lambda: sm._REPLAYS.get((dx.shape, dx._sig, dx.ptr & 15, False, "auto", None))
+    )
+    recipe, template = sm._REPLAYS[key]
+    handle = s.ptr
+    results["  empty_like(template)"] = measure(lambda: empty_like(template, handle))
+    dy = empty_like(template, handle)
+    pointers = [dx.ptr, dy.ptr]
+    results["  recipe.replay (one PreparedLaunch)"] = measure(
+        lambda: recipe.replay(pointers, handle)
+    )
+    step = recipe._prepared[0]
+    lib = step._drv._lib
+    vp = ctypes.c_void_p
+    args = (vp(step._config_address), vp(step._fn), None, vp(step._extra_address))
+    raw = lib.cuLaunchKernelEx
+    results["  ctypes cuLaunchKernelEx, pre-built c_void_p args"] = measure(lambda: raw(*args))
+    proto = ctypes.CFUNCTYPE(ctypes.c_int, vp, vp, vp, vp)(("cuLaunchKernelEx", lib))
+    results["  CFUNCTYPE cuLaunchKernelEx, pre-built args"] = measure(lambda: proto(*args))
 
 
 def _torch_cases(results: dict, measure) -> None:
@@ -164,6 +197,7 @@ def _torch_cases(results: dict, measure) -> None:
         results["torch.softmax (1x1024)"] = measure(lambda: torch.softmax(x, -1))
         results["torch.empty((1, 1024))"] = measure(lambda: torch.empty((1, 1024), device="cuda"))
         results["torch x * 2 (1x1024)"] = measure(lambda: x * 2)
+        results["torch.softmax(x, dim=1) (1x1024)"] = measure(lambda: torch.softmax(x, dim=1))
 
 
 def main() -> None:
