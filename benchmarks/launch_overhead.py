@@ -119,11 +119,84 @@ def _launch_cases(results: dict, measure, drv, handle: int) -> None:
         )
     except Exception as exc:  # noqa: BLE001 - reported
         print(f"cuda.bindings: {exc!r}")
+    kp = ctypes.c_void_p
+    results["ctypes cuLaunchKernelEx, kernelParams, no packing"] = measure(
+        lambda: ex(config_ptr, fn, params_ptr, None)
+    )
+    pylib = ctypes.PyDLL(lib._name)
+    pyex = pylib.cuLaunchKernelEx
+    pyex.argtypes = [kp, kp, kp, kp]
+    results["PyDLL cuLaunchKernelEx (GIL held), no packing"] = measure(
+        lambda: pyex(config_ptr, fn, None, extra_ptr)
+    )
+    _runtime_cases(results, measure, fn, handle, params_ptr)
     stream = cuda.external_stream(handle)
     d_out = cuda.device_array(1, np.int32)
     configured = _empty[1, 32, stream]
     results["Numba dispatch kernel[1, 32, stream](...)"] = measure(
         lambda: configured(d_out, 1 << 30)
+    )
+
+
+class _Dim3(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
+
+
+class _RuntimeConfig(ctypes.Structure):
+    """cudaLaunchConfig_t."""
+
+    _fields_ = [
+        ("gridDim", _Dim3), ("blockDim", _Dim3), ("dynamicSmemBytes", ctypes.c_size_t),
+        ("stream", ctypes.c_void_p), ("attrs", ctypes.c_void_p), ("numAttrs", ctypes.c_uint),
+    ]  # fmt: skip
+
+
+def _cudart():
+    """The CUDA runtime library of this environment (torch's or CuPy's wheels), or None."""
+    import glob
+    import sys
+
+    names = ["libcudart.so.13", "libcudart.so.12", "libcudart.so"]
+    for base in sys.path:
+        names += sorted(glob.glob(f"{base}/nvidia/**/libcudart.so*", recursive=True))
+    for name in names:
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+
+
+def _runtime_cases(results: dict, measure, fn: int, handle: int, params_ptr: int) -> None:
+    """The same kernel (a CUkernel, which the runtime takes as a cudaKernel_t) launched
+    through the CUDA runtime, as torch launches."""
+    rt = _cudart()
+    if rt is None:
+        print("cudart: not found")
+        return
+    vp = ctypes.c_void_p
+    rt.cudaFree(None)  # the runtime on the primary context
+    config = _RuntimeConfig(_Dim3(1, 1, 1), _Dim3(32, 1, 1), 0, handle, None, 0)
+    config_ptr = ctypes.addressof(config)
+    launch_ex = rt.cudaLaunchKernelExC
+    launch_ex.argtypes = [vp, vp, vp]
+    status = launch_ex(config_ptr, fn, params_ptr)
+    if status:
+        print(f"cudaLaunchKernelExC: error {status}")
+        return
+    results["cudart cudaLaunchKernelExC (ctypes)"] = measure(
+        lambda: launch_ex(config_ptr, fn, params_ptr)
+    )
+    launch = rt.cudaLaunchKernel
+    launch.argtypes = [vp, _Dim3, _Dim3, vp, ctypes.c_size_t, vp]
+    grid, block = _Dim3(1, 1, 1), _Dim3(32, 1, 1)
+    results["cudart cudaLaunchKernel (ctypes)"] = measure(
+        lambda: launch(fn, grid, block, params_ptr, 0, handle)
+    )
+    py_launch_ex = ctypes.PyDLL(rt._name).cudaLaunchKernelExC
+    py_launch_ex.argtypes = [vp, vp, vp]
+    results["cudart cudaLaunchKernelExC (PyDLL, GIL held)"] = measure(
+        lambda: py_launch_ex(config_ptr, fn, params_ptr)
     )
 
 

@@ -3,12 +3,12 @@
 A pipeline calls `blur`, `filter2d` or `contour` on device images of one shape, call
 after call. The first call of a shape checks everything, plans and records its
 launches (the CUDA backend's `kernels.launch.Recipe`, which it reports here with
-`note`); `remember` then files the recipe under everything the call's checks and
-plan depended on: the function and its options, the image's shape, dtype, layout and
-address mod 16, and the stream. A later call with the same key is `lookup`'s: a new
-output from the pool and the recorded launches patched with the new addresses, a few
-microseconds of Python. Host images, `out=`, unhashable options and anything the
-backend did not record go the general way.
+`note`); `remember` then files the recipe under everything the call's checks and plan
+depended on: the function and its options, the image's shape, strides and dtype
+(`kernels.devarray.peek`), its address mod 16, and the stream. A later call with the
+same key is `lookup`'s: a new output from the pool and the recorded launches patched
+with the new addresses, a few microseconds of Python. Host images, `out=`, unhashable
+options and anything the backend did not record go the general way.
 """
 
 from __future__ import annotations
@@ -17,18 +17,25 @@ import threading
 from typing import Any
 
 from kernels.cudadrv import CudaError, GpuOutOfMemory
-from kernels.devarray import DeviceArray, c_array, cheap_view, empty_like, stream_handle
+from kernels.devarray import DeviceArray, c_array, empty_like, peek, stream_handle
 
 from .errors import DeviceError, GpuMemoryError
 
 _REPLAYS: dict[tuple, tuple] = {}
 _KEEP = 256
-_last = threading.local()  # `seen`: (image address, output address, recipe) of this thread
 
 
-def _key(options: tuple, img: DeviceArray, stream: Any) -> tuple:
-    handle = img.stream if stream is None else stream_handle(stream)
-    return (options, img.shape, img._sig, img.ptr & 15, handle), handle
+class _Last(threading.local):
+    seen = None  # (image address, output address, recipe) of this thread's last launch
+
+
+_last = _Last()
+
+
+def _key(options: tuple, seen: tuple, stream: Any) -> tuple:
+    layout, ptr, own_stream = seen
+    handle = own_stream if stream is None else stream_handle(stream)
+    return (options, layout, ptr & 15, handle), handle
 
 
 def lookup(options: tuple, img: Any, stream: Any) -> DeviceArray | None:
@@ -38,11 +45,11 @@ def lookup(options: tuple, img: Any, stream: Any) -> DeviceArray | None:
     options: hashable, naming the function and every option that shapes its launches.
     img: the call's image, as given. stream: the call's `stream=`, as given."""
     _last.seen = None
-    view = cheap_view(img)
-    if view is None:
+    seen = peek(img)
+    if seen is None:
         return None
     try:
-        key, handle = _key(options, view, stream)
+        key, handle = _key(options, seen, stream)
         hit = _REPLAYS.get(key)
     except (TypeError, ValueError):  # an unhashable option or a bad stream: the general
         return None  # path says what is wrong
@@ -51,7 +58,7 @@ def lookup(options: tuple, img: Any, stream: Any) -> DeviceArray | None:
     recipe, template = hit
     try:
         out = empty_like(template, handle)
-        recipe.replay([view.ptr, out.ptr], handle)
+        recipe.replay([seen[1], out.ptr], handle)
     except GpuOutOfMemory as exc:
         raise GpuMemoryError(f"{exc}; try --backend cpu") from exc
     except CudaError as exc:
@@ -68,15 +75,15 @@ def note(img: DeviceArray, out: DeviceArray, recipe) -> None:
 def remember(options: tuple, img: Any, stream: Any, result: Any) -> None:
     """File the recipe the backend noted for this call, when it made the whole call:
     the noted addresses are the call's image and its (pool-allocated) result."""
-    seen = getattr(_last, "seen", None)
+    seen = _last.seen
     _last.seen = None
     if seen is None or type(result) is not DeviceArray:
         return
-    view = cheap_view(img)
-    if view is None or seen[0] != view.ptr or seen[1] != result.ptr or result.ptr & 511:
+    peeked = peek(img)
+    if peeked is None or seen[0] != peeked[1] or seen[1] != result.ptr or result.ptr & 511:
         return
     try:
-        key, _ = _key(options, view, stream)
+        key, _ = _key(options, peeked, stream)
         hash(key)
     except (TypeError, ValueError):
         return

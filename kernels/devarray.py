@@ -73,10 +73,11 @@ class Pool:
             size = ((nbytes + 511) >> 9) << 9 or 512
         else:
             size = -(-nbytes // (2 << 20)) * (2 << 20)
-        if stream == 1:
-            stream = LEGACY
-        elif stream == PER_THREAD:  # one handle, but each thread's own stream
-            stream = (PER_THREAD, threading.get_ident())
+        if stream <= PER_THREAD:  # the special handles 0, 1 and 2
+            if stream == 1:
+                stream = LEGACY
+            elif stream == PER_THREAD:  # one handle, but each thread's own stream
+                stream = (PER_THREAD, threading.get_ident())
         free = self._free.get((stream, size))
         if free is None:
             with self._lock:
@@ -127,8 +128,17 @@ class Pool:
 
 
 POOL = Pool()
-# `active`: the calling thread's launch recording, if any (kernels.launch.Recording).
-_recorder = threading.local()
+
+
+class _Recorder(threading.local):
+    """`active`: the calling thread's launch recording, if any (kernels.launch.Recording).
+    A class default, because reading an unset attribute of a threading.local raises
+    and catches AttributeError, which costs a third of a microsecond per call."""
+
+    active = None
+
+
+_recorder = _Recorder()
 
 
 def _c_strides(shape: tuple, itemsize: int) -> tuple:
@@ -288,7 +298,7 @@ def empty(shape: tuple, dtype, stream: int = LEGACY) -> DeviceArray:
         dtype = np.dtype(dtype)
     shape = tuple([int(n) for n in shape])
     block = POOL.allocate(math.prod(shape) * dtype.itemsize, stream)
-    recording = getattr(_recorder, "active", None)
+    recording = _recorder.active
     if recording is not None:
         recording.allocated(block)
     return c_array(block.ptr, shape, dtype, stream, block)
@@ -298,7 +308,7 @@ def empty_like(arr: DeviceArray, stream: int = LEGACY) -> DeviceArray:
     """An uninitialised C-contiguous array of a C-contiguous `arr`'s shape and dtype,
     from the pool on `stream` (`empty` without recomputing the layout)."""
     block = POOL.allocate(arr.nbytes, stream)
-    recording = getattr(_recorder, "active", None)
+    recording = _recorder.active
     if recording is not None:
         recording.allocated(block)
     a = object.__new__(DeviceArray)
@@ -311,7 +321,7 @@ def to_device(host: np.ndarray, stream: int = LEGACY) -> DeviceArray:
     """A device copy of a host array, queued on `stream` (the host array may change
     once this returns: the driver has staged it)."""
     host = np.ascontiguousarray(host)
-    recording = getattr(_recorder, "active", None)
+    recording = _recorder.active
     if recording is not None:
         recording.replayable = False  # the data would not be there on a replay
     arr = empty(host.shape, host.dtype, stream)
@@ -385,6 +395,66 @@ def cheap_view(obj: Any) -> DeviceArray | None:
     return None
 
 
+def peek(obj: Any) -> tuple | None:
+    """(layout, data pointer, stream) of a DeviceArray, CuPy array or torch CUDA tensor,
+    read from its attributes without building a view; None for anything else. For
+    the entry points' replay tables (keys of repeated calls): `layout` is hashable
+    and two arrays of one type have equal layouts exactly when their `cheap_view`s
+    have the same shape, strides and dtype; `stream` is the array's own, as
+    `cheap_view` reads it."""
+    kind = type(obj)
+    reader = _PEEKERS.get(kind)
+    if reader is None:
+        reader = _PEEKERS[kind] = _peeker(kind)
+    return reader(obj)
+
+
+def _peek_ours(a: DeviceArray) -> tuple:
+    return (a.shape, a.strides, a.dtype), a.ptr, a.stream
+
+
+def _peek_cupy(a) -> tuple:
+    if not _CUPY:
+        from cupy.cuda import get_current_stream
+
+        _CUPY.append(get_current_stream)
+    stream = _CUPY[0]().ptr
+    return (a.shape, a.strides, a.dtype), a.data.ptr, LEGACY if stream in (0, 1) else stream
+
+
+def _peek_torch(t) -> tuple | None:
+    device = t.get_device()
+    if device < 0:
+        return None
+    import torch
+
+    try:
+        stream = torch._C._cuda_getCurrentRawStream(device)
+    except AttributeError:  # a torch without the private call
+        stream = torch.cuda.current_stream(t.device).cuda_stream
+    stream = LEGACY if stream in (0, 1) else stream
+    return (t.shape, t.stride(), t.dtype, device), t.data_ptr(), stream
+
+
+def _peek_none(obj: Any) -> None:
+    return None
+
+
+def _peeker(kind: type):
+    """`peek`'s reader for arrays of type `kind`."""
+    if kind is DeviceArray:
+        return _peek_ours
+    module = kind.__module__
+    if module == "cupy" or module.startswith("cupy._core"):
+        return _peek_cupy
+    if module == "torch" and kind.__name__ == "Tensor":
+        return _peek_torch
+    return _peek_none
+
+
+_PEEKERS: dict = {}  # array type -> its `peek` reader
+
+
 def as_device_array(obj: Any) -> DeviceArray:
     """A DeviceArray view of a GPU array (ours, torch, or anything with
     `__cuda_array_interface__`: CuPy, Numba), without copying or waiting."""
@@ -428,9 +498,11 @@ _STREAM_GETTERS: dict = {}  # stream type -> its _stream_getter
 
 def stream_handle(stream: Any) -> int:
     """The CUstream handle of a stream object or int (see the module docstring)."""
+    kind = type(stream)
+    if kind is int:
+        return LEGACY if stream == 1 else stream
     if stream is None:
         return LEGACY
-    kind = type(stream)
     getter = _STREAM_GETTERS.get(kind)
     if getter is None:
         getter = _stream_getter(stream)

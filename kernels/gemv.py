@@ -63,7 +63,7 @@ from .arrays import (
     to_host,
 )
 from .cache import cache_dir
-from .devarray import DeviceArray, c_array, cheap_view, empty_like, stream_handle
+from .devarray import DeviceArray, c_array, cheap_view, empty_like, peek, stream_handle
 from .launch import cdiv, launch, launch_or_replay
 from .packs import load_pack1, load_pack2
 from .reduce import WARP, group_mask, warp_allreduce_sum
@@ -441,31 +441,33 @@ def gemv(A, x, *, method: str = "auto", config=None, out=None, stream=None):
     method: "auto" (tuned entry or default tree), "naive", "splitk", "vectorized",
     "tree". config: a Config (or dict of its fields) forcing the launch shape.
     """
+    replay_key = None
     if out is None and config is None:
-        dA = A if type(A) is DeviceArray else cheap_view(A)
-        dx = x if type(x) is DeviceArray else cheap_view(x)
-        if dA is not None and dx is not None:
-            fast = _REPLAYS.get((dA.shape, dA.strides, dA._sig, dx.shape, dx.strides, dx._sig,
-                                 dA.ptr & 15, dx.ptr & 15, method))  # fmt: skip
+        seen_A, seen_x = peek(A), peek(x)
+        if seen_A is not None and seen_x is not None:
+            replay_key = (seen_A[0], seen_x[0], seen_A[1] & 15, seen_x[1] & 15, method)
+            fast = _REPLAYS.get(replay_key)
             if fast is not None:
                 recipe, template = fast
-                handle = dA.stream if stream is None else stream_handle(stream)
+                handle = seen_A[2] if stream is None else stream_handle(stream)
                 dy = empty_like(template, handle)
-                recipe.replay([dA.ptr, dx.ptr, dy.ptr], handle)
+                recipe.replay([seen_A[1], seen_x[1], dy.ptr], handle)
                 return dy
-            A, x = dA, dx
-    return _gemv(A, x, method, config, out, stream)
+            A, x = cheap_view(A), cheap_view(x)
+    return _gemv(A, x, method, config, out, stream, replay_key)
 
 
-# (A's and x's shapes, strides, signatures and addresses mod 16, method) -> (recipe,
-# a template of the output): calls on device arrays with no `out` or `config` whose
-# launch is recorded, replayed without planning or checking again (the key holds
-# everything the checks looked at). Pool outputs are 512-byte aligned, as recorded.
+# (A's and x's layouts and addresses mod 16 as `kernels.devarray.peek` reads them,
+# method) -> (recipe, a template of the output): calls on device arrays with no `out`
+# or `config` whose launch is recorded, replayed without planning or checking again
+# (the key holds everything the checks looked at). Pool outputs are 512-byte aligned,
+# as recorded.
 _REPLAYS: dict[tuple, tuple] = {}
 
 
-def _gemv(A, x, method: str, config, out, stream):
-    """gemv's general path: checks, plans, records, replays."""
+def _gemv(A, x, method: str, config, out, stream, replay_key):
+    """gemv's general path: checks, plans, records, replays; a recorded call is filed
+    under `replay_key` (None: not filed)."""
     if method not in METHODS:
         raise ValueError(f"unknown gemv method {method!r}; choose one of {', '.join(METHODS)}")
     if type(A) is DeviceArray and type(x) is DeviceArray:  # the common case, first
@@ -531,8 +533,8 @@ def _gemv(A, x, method: str, config, out, stream):
         launch_or_replay(_RECIPES, replay_key, (dA, dx, dy), hit[1], hit[2], hit[3],
                          (dA, dx, dy), s)  # fmt: skip
         recipe = _RECIPES.get(replay_key)
-        if recipe is not None and out is None and config is None and on_device:
-            _keep_replay(dA, dx, dy, method, recipe)
+        if recipe is not None and replay_key is not None and not dy.ptr & 511:
+            _keep_replay(replay_key, dy, recipe)
     if out is None:
         return dy if on_device else to_host(dy, s)
     if dout is None:
@@ -543,15 +545,11 @@ def _gemv(A, x, method: str, config, out, stream):
 # ----------------------------------------------------------------------------- autotune
 
 
-def _keep_replay(dA, dx, dy, method: str, recipe) -> None:
+def _keep_replay(replay_key: tuple, dy, recipe) -> None:
     """Remember a recorded call's recipe for `gemv`'s replay path."""
-    if type(dA) is not DeviceArray or type(dx) is not DeviceArray or dy.ptr & 511:
-        return
     if len(_REPLAYS) >= _PLANS_KEEP:
         _REPLAYS.pop(next(iter(_REPLAYS)), None)
-    key = (dA.shape, dA.strides, dA._sig, dx.shape, dx.strides, dx._sig, dA.ptr & 15,
-           dx.ptr & 15, method)  # fmt: skip
-    _REPLAYS[key] = (recipe, c_array(0, dy.shape, dy.dtype, 0, None))
+    _REPLAYS[replay_key] = (recipe, c_array(0, dy.shape, dy.dtype, 0, None))
 
 
 def cache_path() -> Path:

@@ -47,7 +47,7 @@ def scratch(shape: tuple, dtype, stream: int = 0):
     pool (`kernels.devarray`), so dropping it after the launches that use it is safe
     and the next call on the stream reuses the memory without cuMemAlloc. While a
     `Batching` is active, a buffer for each image of the batch (the first returned)."""
-    batching = getattr(_batching, "active", None)
+    batching = _batching.active
     if batching is not None:
         return batching.scratch(shape, dtype, stream)
     return empty(shape, dtype, stream)
@@ -283,7 +283,7 @@ def launch(kernel, grid, block, args: tuple, stream: int = 0, smem: int = 0) -> 
     runs through Numba (args are the simulator's arrays; streams are ignored; one
     launch at a time, as the simulator is not thread-safe).
     """
-    batching = getattr(_batching, "active", None)
+    batching = _batching.active
     if batching is not None:
         batching.launch(kernel, grid, block, args, stream, smem)
     else:
@@ -306,7 +306,7 @@ def _launch(kernel, grid, block, args: tuple, stream: int, smem: int) -> None:
         drv.opt_in_smem(compiled.handle, smem, library_kernel=compiled.library_kernel)
     grid, block, values = _dims(grid), _dims(block), _flatten(args, [])
     drv.launch(compiled.handle, grid, block, smem, stream, compiled.packer, values)
-    recording = getattr(_recorder, "active", None)
+    recording = _recorder.active
     if recording is not None:
         recording.launched(compiled, grid, block, smem, args, values)
 
@@ -342,7 +342,7 @@ class Recording:
         self.replayable = True
 
     def __enter__(self) -> Recording:
-        if getattr(_recorder, "active", None) is not None:
+        if _recorder.active is not None:
             raise RuntimeError("launch recordings do not nest")
         _recorder.active = self
         return self
@@ -429,7 +429,7 @@ def launch_or_replay(recipes: dict, key, slots: tuple, kernel, grid, block, args
     if recipe is not None:
         recipe.replay([a.ptr for a in slots], stream)
         return
-    if SIMULATOR or getattr(_recorder, "active", None) is not None:
+    if SIMULATOR or _recorder.active is not None:
         launch(kernel, grid, block, args, stream, smem)  # nothing to record / recorded outside
         return
     with Recording(slots) as recording:
@@ -444,7 +444,12 @@ def launch_or_replay(recipes: dict, key, slots: tuple, kernel, grid, block, args
 
 # ------------------------------------------------------------ batches in one launch
 
-_batching = threading.local()
+
+class _Batching(threading.local):
+    active = None  # the calling thread's Batching, if any
+
+
+_batching = _Batching()
 _batched: dict = {}
 _TARGET_OPTIONS = ("launch_bounds", "max_registers", "fastmath", "lineinfo", "opt")
 
@@ -487,7 +492,7 @@ class Batching:
         self.ranges = [(*extent(a), step) for a, step in firsts]
 
     def __enter__(self) -> Batching:
-        if getattr(_batching, "active", None) is not None:
+        if _batching.active is not None:
             raise RuntimeError("batches do not nest")
         _batching.active = self
         return self
@@ -580,7 +585,7 @@ class Collecting:
         self.replayable = True
 
     def __enter__(self) -> Collecting:
-        if getattr(_batching, "active", None) is not None or getattr(_recorder, "active", None):
+        if _batching.active is not None or _recorder.active:
             raise RuntimeError("launch collections do not nest")
         _batching.active = self
         _recorder.active = self

@@ -63,7 +63,7 @@ from .arrays import (
     to_device,
     to_host,
 )
-from .devarray import DeviceArray, c_array, cheap_view, empty_like, stream_handle
+from .devarray import DeviceArray, c_array, cheap_view, empty_like, peek, stream_handle
 from .launch import (
     SMEM_LIMIT,
     active_blocks_per_sm,
@@ -637,37 +637,41 @@ def softmax(
     method: "auto", "warp", "block_smem", "block_uncached" or "split" (see the module
     docstring). block_size forces the block paths' threads per block. Thread-safe.
     """
+    replay_key = None
     if out is None:
-        dx = x if type(x) is DeviceArray else cheap_view(x)
-        if dx is not None:
-            fast = _REPLAYS.get((dx.shape, dx._sig, dx.ptr & 15, log, method, block_size))
+        seen = peek(x)
+        if seen is not None:
+            layout, ptr, own_stream = seen
+            replay_key = (layout, ptr & 15, log, method, block_size)
+            fast = _REPLAYS.get(replay_key)
             if fast is not None:
                 recipe, template = fast
-                handle = dx.stream if stream is None else stream_handle(stream)
+                handle = own_stream if stream is None else stream_handle(stream)
                 dy = empty_like(template, handle)
-                recipe.replay([dx.ptr, dy.ptr], handle)
+                recipe.replay([ptr, dy.ptr], handle)
                 return dy
-            x = dx
-    return _softmax(x, log, method, out, block_size, stream)
+            x = cheap_view(x)
+    return _softmax(x, log, method, out, block_size, stream, replay_key)
 
 
-# (shape, signature, address mod 16 of x, log, method, block_size) -> (recipe, a
-# template of the output): calls on a device x with no `out` whose launch is
-# recorded, replayed without planning or checking again (the key holds everything
-# the checks looked at). Pool outputs are 512-byte aligned, as when recorded.
+# (x's layout and address mod 16 as `kernels.devarray.peek` reads them, log, method,
+# block_size) -> (recipe, a template of the output): calls on a device x with no `out`
+# whose launch is recorded, replayed without planning or checking again (the key
+# holds everything the checks looked at). Pool outputs are 512-byte aligned, as when
+# recorded.
 _REPLAYS: dict[tuple, tuple] = {}
 
 
-def _keep_replay(dx, dy, log, method: str, block_size, recipe) -> None:
+def _keep_replay(replay_key: tuple, dy, recipe) -> None:
     """Remember a recorded call's recipe for `softmax`'s replay path."""
     if len(_REPLAYS) >= _PLANS_KEEP:
         _REPLAYS.pop(next(iter(_REPLAYS)), None)
-    template = c_array(0, dy.shape, dy.dtype, 0, None)
-    _REPLAYS[(dx.shape, dx._sig, dx.ptr & 15, log, method, block_size)] = (recipe, template)
+    _REPLAYS[replay_key] = (recipe, c_array(0, dy.shape, dy.dtype, 0, None))
 
 
-def _softmax(x, log, method: str, out, block_size, stream):
-    """softmax's general path: checks, plans, records, replays."""
+def _softmax(x, log, method: str, out, block_size, stream, replay_key):
+    """softmax's general path: checks, plans, records, replays; a recorded call is
+    filed under `replay_key` (None: not filed)."""
     if method not in METHODS:
         raise ValueError(f"unknown softmax method {method!r}; choose one of {', '.join(METHODS)}")
     if type(x) is DeviceArray:  # the common case on a GPU, checked inline
@@ -755,10 +759,10 @@ def _softmax(x, log, method: str, out, block_size, stream):
             kernel = split.kernel
             slots, args = (dx, dy, counters, partials), (dx, dy, rows, cols, counters, partials)
         launch_or_replay(_RECIPES, key, slots, kernel, grid, block, args, handle, smem, _PLANS_KEEP)
-        if split is None and out is None and host_x is None and py & 511 == 0:
+        if replay_key is not None and split is None and py & 511 == 0:
             recipe = _RECIPES.get(key)
-            if recipe is not None and type(dx) is DeviceArray:
-                _keep_replay(dx, dy, log, method, block_size, recipe)
+            if recipe is not None:
+                _keep_replay(replay_key, dy, recipe)
 
     if out is None:
         return dy if host_x is None else to_host(dy, handle)

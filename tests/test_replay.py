@@ -15,7 +15,7 @@ import imgfilter
 from imgfilter import api, replay
 from kernels import gemv, launch, softmax
 from kernels.cudadrv import CudaError
-from kernels.devarray import DeviceArray
+from kernels.devarray import DeviceArray, peek
 
 PACKER = struct.Struct("@" + "q" * 11 * 2)  # two 2-D arrays as Numba passes them
 
@@ -77,6 +77,17 @@ def test_anything_the_key_holds_misses(fake, clean, change):  # noqa: F811
         stream=change.get("stream", 7),
     )  # fmt: skip
     assert replay.lookup(change.get("options", options), img, None) is None
+
+
+def test_views_of_one_shape_with_other_strides_miss(fake, clean):  # noqa: F811
+    """A recipe holds the strides it was recorded with: a view with other strides
+    (columns of a wider image) must not replay it."""
+    options = ("blur", 3, None, "reflect101", 0.0, "auto", "auto", None)
+    narrow = DeviceArray(1 << 30, (3, 4), np.uint8, strides=(8, 1), stream=7)
+    _filed(fake[0], options, narrow, pool_array((3, 4), 7))
+    assert replay.lookup(options, DeviceArray(3 << 30, (3, 4), np.uint8, (8, 1), 7), None)
+    wider = DeviceArray(3 << 30, (3, 4), np.uint8, strides=(16, 1), stream=7)
+    assert replay.lookup(options, wider, None) is None
 
 
 def test_an_explicit_stream_is_part_of_the_key(fake, clean):  # noqa: F811
@@ -156,7 +167,7 @@ def test_kernel_entry_points_replay_recorded_calls(fake, module, monkeypatch):  
     if module is softmax:
         x = DeviceArray(1 << 30, (2, 6), np.float32, stream=3)
         dy = pool_array((2, 24), 3).view(np.float32).reshape(2, 6)
-        softmax._keep_replay(x, dy, False, "auto", None, _recipe())
+        softmax._keep_replay((peek(x)[0], x.ptr & 15, False, "auto", None), dy, _recipe())
         got = softmax.softmax(DeviceArray(6 << 30, (2, 6), np.float32, stream=3))
         assert got.shape == (2, 6) and got.dtype == np.float32
         assert drv.launches[-1][5][4] == 6 << 30 and drv.launches[-1][5][15] == got.ptr
@@ -166,7 +177,7 @@ def test_kernel_entry_points_replay_recorded_calls(fake, module, monkeypatch):  
         dy = pool_array((8,), 3).view(np.float16)
         three = launch.Recipe(((55, (1, 1, 1), (32, 1, 1), 0, PACKER, [0] * 22,
                                 ((4, 0, 0), (15, 2, 0))),), (), ())  # fmt: skip
-        gemv._keep_replay(A, x, dy, "auto", three)
+        gemv._keep_replay((peek(A)[0], peek(x)[0], A.ptr & 15, x.ptr & 15, "auto"), dy, three)
         got = gemv.gemv(DeviceArray(7 << 30, (4, 8), np.float16, stream=3), x)
         assert got.shape == (4,) and drv.launches[-1][5][4] == 7 << 30
         assert drv.launches[-1][5][15] == got.ptr
@@ -191,3 +202,68 @@ def test_softmax_and_gemv_replays_are_right_on_a_gpu():
         want = A.astype(np.float64) @ v.astype(np.float64)
         np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-2, atol=2e-2)
     assert softmax._REPLAYS and gemv._REPLAYS
+
+
+class _Stream:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
+class _CupyLike:
+    """What `peek` and `cheap_view` read of a CuPy array."""
+
+    def __init__(self, ptr, shape, dtype, strides=None):
+        self.data = _Stream(ptr)  # a MemoryPointer: .ptr
+        self.shape, self.dtype = shape, np.dtype(dtype)
+        self.strides = strides or DeviceArray(0, shape, dtype).strides
+        self._c_contiguous = self.strides == DeviceArray(0, shape, dtype).strides
+
+
+_CupyLike.__module__ = "cupy._core.core"
+
+
+def test_peek_of_a_cupy_array_matches_its_view(monkeypatch):
+    from kernels import devarray
+
+    monkeypatch.setattr(devarray, "_CUPY", [lambda: _Stream(77)])
+    for strides in (None, (16, 1)):
+        a = _CupyLike(5 << 30, (3, 4), np.uint8, strides)
+        layout, ptr, stream = peek(a)
+        view = devarray.cheap_view(a)
+        assert layout == peek(view)[0] and ptr == view.ptr == 5 << 30
+        assert stream == view.stream == 77
+    assert peek(_CupyLike(1, (3, 4), np.uint8))[0] != peek(_CupyLike(1, (3, 4), np.uint16))[0]
+    monkeypatch.setattr(devarray, "_CUPY", [lambda: _Stream(1)])
+    assert peek(_CupyLike(1, (3, 4), np.uint8))[2] == 0  # the legacy stream, as handle 0
+
+
+class _TorchLike:
+    def __init__(self, device, stride):
+        self.shape, self.dtype, self._device, self._stride = (3, 4), "torch.uint8", device, stride
+
+    def get_device(self):
+        return self._device
+
+    def stride(self):
+        return self._stride
+
+    def data_ptr(self):
+        return 9 << 30
+
+
+_TorchLike.__module__ = "torch"
+_TorchLike.__name__ = "Tensor"
+
+
+def test_peek_of_torch_tensors(monkeypatch):
+    import sys
+    import types
+
+    fake_torch = types.ModuleType("torch")
+    fake_torch._C = types.SimpleNamespace(_cuda_getCurrentRawStream=lambda device: 55)
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    layout, ptr, stream = peek(_TorchLike(0, (4, 1)))
+    assert (ptr, stream) == (9 << 30, 55)
+    assert layout == peek(_TorchLike(0, (4, 1)))[0] != peek(_TorchLike(0, (8, 1)))[0]
+    assert peek(_TorchLike(-1, (4, 1))) is None  # a CPU tensor
+    assert peek(np.zeros((3, 4))) is None and peek([1, 2]) is None

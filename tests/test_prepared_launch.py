@@ -1,0 +1,81 @@
+"""`kernels.cudadrv.PreparedLaunch` with a stand-in for libcuda: each launch hands the
+driver the recorded parameters with only the patched pointers changed, and the stream
+it was given, however the streams alternate."""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+
+import pytest
+
+from kernels import cudadrv
+
+
+class _Lib:
+    """Records what each cuLaunchKernelEx call would launch: (fn, stream, params)."""
+
+    def __init__(self):
+        self.launches = []
+        self.status = 0
+
+    def cuLaunchKernelEx(self, config_address, fn, kernel_params, extra_address):
+        assert kernel_params is None
+        config = cudadrv._LaunchConfig.from_address(config_address)
+        extra = (ctypes.c_void_p * 5).from_address(extra_address)
+        assert (extra[0], extra[2], extra[4]) == (1, 2, None)  # buffer, size, end markers
+        size = ctypes.c_size_t.from_address(extra[3]).value
+        params = ctypes.string_at(extra[1], size)
+        self.launches.append((fn, config.hStream or 0, params, config.gridDimX))
+        return self.status
+
+
+class _Driver:
+    def __init__(self):
+        self._lib = _Lib()
+        self._tls = cudadrv._ThreadState()
+        self.made_current = 0
+
+    def current(self):
+        self.made_current += 1
+        self._tls.ready = True
+
+    def check(self, status, name):
+        if status:
+            raise cudadrv.CudaError(f"{name} failed: {status}", status)
+
+
+PACKER = struct.Struct("@iqqfq")  # an int, two pointers, a float, a pointer
+
+
+def _prepared(drv):
+    values = [7, 0, 0, 2.5, 0]
+    # parameter 1 <- slot 0, parameter 2 <- slot 1 + 64, parameter 4 <- slot 0 + 8
+    patches = ((1, 0, 0), (2, 1, 64), (4, 0, 8))
+    return cudadrv.Driver.prepare(drv, 99, (3, 1, 1), (128, 1, 1), 0, PACKER, values, patches)
+
+
+def test_each_launch_packs_the_new_pointers_and_its_stream():
+    drv = _Driver()
+    step = _prepared(drv)
+    for stream, bases in [(5, [1 << 30, 2 << 30]), (5, [3 << 30, 4 << 30]), (0, [8, 16]),
+                          (6, [1 << 40, 1 << 41])]:  # fmt: skip
+        step.launch(stream, bases)
+        fn, got_stream, params, grid = drv._lib.launches[-1]
+        assert (fn, got_stream, grid) == (99, stream, 3)
+        assert PACKER.unpack(params) == (7, bases[0], bases[1] + 64, 2.5, bases[0] + 8)
+    assert drv.made_current == 1
+
+
+def test_a_failed_launch_raises_cuda_error():
+    drv = _Driver()
+    step = _prepared(drv)
+    drv._lib.status = 719
+    with pytest.raises(cudadrv.CudaError, match="cuLaunchKernelEx"):
+        step.launch(1, [1, 2])
+
+
+def test_pointer_parameters_must_be_word_aligned():
+    odd = struct.Struct("@iq")
+    with pytest.raises(ValueError, match="8-byte aligned"):
+        cudadrv.PreparedLaunch(_Driver(), 1, (1, 1, 1), (1, 1, 1), 0, odd, [0, 0], ((4, 0, 0),))
