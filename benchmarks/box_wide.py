@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         method = box_plan.choose(shape, np.uint8, (kh, kw))[0]
         geo = box_plan.packed_plan(shape, np.uint8, (kh, kw))
         img = rng.integers(0, 256, shape, dtype=np.uint8)
-        expected = cv2.blur(img, (kw, kh), borderType=cv2.BORDER_REFLECT_101)
+        expected = cv2.blur(img, (kw, kh), borderType=cv2.BORDER_REFLECT_101).reshape(shape)
         d_img = cuda.to_device(img)
         d_packed, d_running = cuda.device_array_like(d_img), cuda.device_array_like(d_img)
         anchor = (kh // 2, kw // 2)

@@ -529,10 +529,10 @@ def _gemv(A, x, method: str, config, out, stream, replay_key):
     else:
         dy = empty((n,), dtype if out is None else out.dtype, s)
     if n:
-        replay_key = (key, sA[1], sx[0], dy.strides[0], dy.dtype.char)
-        launch_or_replay(_RECIPES, replay_key, (dA, dx, dy), hit[1], hit[2], hit[3],
+        recipe_key = (key, sA[1], sx[0], dy.strides[0], dy.dtype.char)
+        launch_or_replay(_RECIPES, recipe_key, (dA, dx, dy), hit[1], hit[2], hit[3],
                          (dA, dx, dy), s)  # fmt: skip
-        recipe = _RECIPES.get(replay_key)
+        recipe = _RECIPES.get(recipe_key)
         if recipe is not None and replay_key is not None and not dy.ptr & 511:
             _keep_replay(replay_key, dy, recipe)
     if out is None:

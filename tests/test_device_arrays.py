@@ -275,7 +275,7 @@ def test_api_replays_keep_calls_with_other_options_apart():
                 np.testing.assert_array_equal(got.copy_to_host(), ref.filter2d(host, weights))
             gray = imgfilter.contour(cp.asarray(host[:, :, 0].copy())).copy_to_host()
             np.testing.assert_array_equal(gray, ref.contour(host[:, :, 0]))
-    names = [key[0][0] for key in replay._REPLAYS if key[1][:2] == (123, 457)]
+    names = [key[0][0] for key in replay._REPLAYS if key[1][0][:2] == (123, 457)]
     assert names.count("blur") >= 4 and names.count("filter2d") >= 2 and "contour" in names
 
 
@@ -299,3 +299,6 @@ def test_api_replays_of_torch_tensors_follow_torch_streams():
     side.synchronize()
     for host, total in zip(hosts, sums, strict=True):
         assert int(total) == int(ref.blur(host, 5).astype(np.int64).sum())
+    from imgfilter import replay
+
+    assert any(key[1][0] == (211, 307, 3) for key in replay._REPLAYS)  # filed for torch

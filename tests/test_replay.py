@@ -204,6 +204,31 @@ def test_softmax_and_gemv_replays_are_right_on_a_gpu():
     assert softmax._REPLAYS and gemv._REPLAYS
 
 
+@pytest.mark.gpu
+def test_repeated_softmax_and_gemv_calls_take_the_replay_path(monkeypatch):
+    """After one call of a layout, a call on new CuPy arrays of that layout is a
+    replay: the general path is never entered, and the result is right."""
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 777)).astype(np.float32)
+    A = rng.standard_normal((129, 300)).astype(np.float16)
+    v = rng.standard_normal(300).astype(np.float16)
+    softmax.softmax(cp.asarray(x))
+    gemv.gemv(cp.asarray(A), cp.asarray(v))
+
+    def general_path(*args):
+        raise AssertionError("the general path ran: the call was not replayed")
+
+    monkeypatch.setattr(softmax, "_softmax", general_path)
+    monkeypatch.setattr(gemv, "_gemv", general_path)
+    got = cp.asnumpy(cp.asarray(softmax.softmax(cp.asarray(x[::-1].copy()))))
+    e = np.exp(x[::-1].astype(np.float64) - x[::-1].max(axis=1, keepdims=True))
+    np.testing.assert_allclose(got, e / e.sum(axis=1, keepdims=True), rtol=2e-5, atol=1e-6)
+    got = cp.asnumpy(cp.asarray(gemv.gemv(cp.asarray(A[::-1].copy()), cp.asarray(v))))
+    want = A[::-1].astype(np.float64) @ v.astype(np.float64)
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-2, atol=2e-2)
+
+
 class _Stream:
     def __init__(self, ptr):
         self.ptr = ptr
