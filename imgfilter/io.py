@@ -1126,8 +1126,33 @@ def _fsync_directory(directory: Path) -> None:
             os.close(fd)
 
 
-def atomic_write(p: Path, data: bytes, *, overwrite: bool) -> None:
-    """Write `data` to `p` through a temp file in the same directory and a rename."""
+class DirectorySync:
+    """Directories whose renames `flush` makes durable, each once: a batch of atomic
+    writes into one folder fsyncs the folder once at the end instead of after every
+    file (each file's bytes are still fsynced before its rename, so a file is whole or
+    absent whatever happens). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._pending: set[Path] = set()
+        self._lock = threading.Lock()
+
+    def add(self, directory: Path) -> None:
+        with self._lock:
+            self._pending.add(directory)
+
+    def flush(self) -> None:
+        """fsync every directory added since the last flush."""
+        with self._lock:
+            pending, self._pending = self._pending, set()
+        for directory in sorted(pending):
+            _fsync_directory(directory)
+
+
+def atomic_write(
+    p: Path, data: bytes, *, overwrite: bool, directories: DirectorySync | None = None
+) -> None:
+    """Write `data` to `p` through a temp file in the same directory and a rename; the
+    directory is fsynced now, or left to `directories.flush()` when given."""
     target = _real_target(p)
     mode = None
     with contextlib.suppress(OSError):
@@ -1152,7 +1177,10 @@ def atomic_write(p: Path, data: bytes, *, overwrite: bool) -> None:
         raise
     finally:
         _forget_temp(tmp)
-    _fsync_directory(target.parent)
+    if directories is None:
+        _fsync_directory(target.parent)
+    else:
+        directories.add(target.parent)
 
 
 def write_image(
@@ -1162,6 +1190,7 @@ def write_image(
     overwrite: bool = False,
     quality: int | None = None,
     metadata: ImageMetadata | None = None,
+    directories: DirectorySync | None = None,
 ) -> Path:
     """Write an image to a file whose extension picks the format.
 
@@ -1179,6 +1208,8 @@ def write_image(
             that quality (default: lossless).
         metadata: From `read_metadata`: EXIF and ICC profile put into JPEG, PNG and WebP
             files (orientation reset to 1); TIFF and BMP files are written without them.
+        directories: A `DirectorySync` that makes the file's directory entry durable
+            later, once for a whole batch (default: fsync the directory now).
 
     Returns:
         The Path written.
@@ -1216,5 +1247,5 @@ def write_image(
     _check_holds(p, fmt, arr.dtype, channels)
     check_path(p, input_path=None, overwrite=overwrite)
     data = _with_metadata(fmt, _encode(p, fmt, np.ascontiguousarray(arr), q), metadata)
-    atomic_write(p, data, overwrite=overwrite)
+    atomic_write(p, data, overwrite=overwrite, directories=directories)
     return p

@@ -102,6 +102,38 @@ def test_tree_equals_the_single_file_command_and_mirrors_the_tree(tmp_path, op):
     assert no_temp_files(tmp_path)
 
 
+def test_each_output_folder_is_synced_once_after_its_files(tmp_path, monkeypatch):
+    """Many files: every file's bytes are fsynced before its rename, but each output
+    folder's entries once, after the last file (not once per file)."""
+    events = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(iio, "_fsync_directory", lambda d: events.append(("dir", Path(d))))
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(("file", fd)) or real_fsync(fd))
+    inputs = make_tree(tmp_path / "in")
+    result = run("blur", tmp_path / "in", "--recursive", "--k", "3", "--backend", "cpu",
+                 "--out-dir", tmp_path / "out", "-j", "3")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    dirs = [d for kind, d in events if kind == "dir"]
+    out = tmp_path / "out"
+    assert sorted(dirs) == sorted([out, out / "sub", out / "sub" / "deeper"])
+    first_dir = next(i for i, (kind, _) in enumerate(events) if kind == "dir")
+    assert sum(kind == "file" for kind, _ in events[:first_dir]) == len(inputs)
+
+
+def test_one_write_syncs_its_folder_at_once(tmp_path, monkeypatch):
+    synced = []
+    monkeypatch.setattr(iio, "_fsync_directory", synced.append)
+    iio.write_image(tmp_path / "a.png", random_image((5, 6, 3), 1))
+    assert synced == [tmp_path]
+    batch = iio.DirectorySync()
+    for name in ("b.png", "c.png"):
+        iio.write_image(tmp_path / name, random_image((5, 6), 2), directories=batch)
+    assert synced == [tmp_path]
+    batch.flush()
+    batch.flush()  # nothing new
+    assert synced == [tmp_path, tmp_path]
+
+
 def test_without_recursive_only_the_top_directory(tmp_path):
     make_tree(tmp_path / "in")
     result = run("blur", tmp_path / "in", "--k", "3", "--backend", "cpu", "--out-dir",

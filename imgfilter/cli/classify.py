@@ -532,21 +532,31 @@ def _classify_on(outs: many.Outputs, mdl: Any, template: str, extras: tuple, how
         except InputError as e:  # e.g. a gray image for a colour model: say which
             raise InputError(f"{shown(job.source)}: {e.cli_message or e}") from e
 
+    synced = io.DirectorySync() if client is None else None  # as the filter commands do
+
     def save(job: files.Job, loaded: Any, pred: Any) -> None:
         img, keep = loaded
         many.make_parent(job.target)
         if job.target not in keep:
-            io.write_image(job.target, np.asarray(pred.labels), overwrite=outs.force)
+            io.write_image(
+                job.target, np.asarray(pred.labels), overwrite=outs.force, directories=synced
+            )
         for kind, path in zip(kinds, job.extras, strict=True):
             if path in keep:
                 continue
             if kind == "proba":
-                io.atomic_write(path, _npy_bytes(pred.proba), overwrite=outs.force)
+                data = _npy_bytes(pred.proba)
+                io.atomic_write(path, data, overwrite=outs.force, directories=synced)
             else:
-                labels = np.asarray(pred.labels)
-                io.write_image(path, _classify.overlay(img, labels), overwrite=outs.force)
+                overlay = _classify.overlay(img, np.asarray(pred.labels))
+                io.write_image(path, overlay, overwrite=outs.force, directories=synced)
 
-    many.run_many(
-        "classify", plan, problems, jobs=outs.jobs, engine=engine(backend_name, how.method),
-        load=load, compute=compute, save=save, client=client,
-    )  # fmt: skip
+    try:
+        many.run_many(
+            "classify", plan, problems, jobs=outs.jobs,
+            engine=engine(backend_name, how.method), load=load, compute=compute, save=save,
+            client=client,
+        )  # fmt: skip
+    finally:
+        if synced is not None:
+            synced.flush()

@@ -386,17 +386,25 @@ def _run_many(
     def compute(job: files.Job, loaded: Any) -> Any:
         return many.on_device(lambda: apply(loaded[0], backend_name))
 
+    # Here, output folders are fsynced once at the end; on a Dask cluster the saves run
+    # in other processes and each write syncs its own folder.
+    synced = io.DirectorySync() if client is None else None
+
     def save(job: files.Job, loaded: Any, result: Any) -> None:
         many.make_parent(job.target)
         io.write_image(
             job.target, np.asarray(result), overwrite=outs.force, quality=outs.quality,
-            metadata=loaded[1],
+            metadata=loaded[1], directories=synced,
         )  # fmt: skip
 
-    many.run_many(
-        op, plan, problems, jobs=outs.jobs, engine=engine(backend_name, method), load=load,
-        compute=compute, save=save, client=client, parallel_filters=True,
-    )  # fmt: skip
+    try:
+        many.run_many(
+            op, plan, problems, jobs=outs.jobs, engine=engine(backend_name, method),
+            load=load, compute=compute, save=save, client=client, parallel_filters=True,
+        )  # fmt: skip
+    finally:
+        if synced is not None:
+            synced.flush()
 
 
 def _many_metadata(job: Any, noted: set[str]) -> Any:
