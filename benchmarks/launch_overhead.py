@@ -251,13 +251,9 @@ def _softmax_pieces(results: dict, measure, cp, x, dx) -> None:
         lambda: recipe.replay(pointers, handle)
     )
     step = recipe._prepared[0]
-    lib = step._drv._lib
-    vp = ctypes.c_void_p
-    args = (vp(step._config_address), vp(step._fn), None, vp(step._extra_address))
-    raw = lib.cuLaunchKernelEx
-    results["  ctypes cuLaunchKernelEx, pre-built c_void_p args"] = measure(lambda: raw(*args))
-    proto = ctypes.CFUNCTYPE(ctypes.c_int, vp, vp, vp, vp)(("cuLaunchKernelEx", lib))
-    results["  CFUNCTYPE cuLaunchKernelEx, pre-built args"] = measure(lambda: proto(*args))
+    results["  PreparedLaunch.launch"] = measure(lambda: step.launch(handle, pointers))
+    raw, args = step._call, step._args
+    results["  its cuLaunchKernelEx call alone"] = measure(lambda: raw(*args))
 
 
 def _torch_cases(results: dict, measure) -> None:
