@@ -45,7 +45,9 @@ def _cuda_problem() -> str | None:
 
     if not cuda.is_available():
         return "no usable NVIDIA GPU was found"
-    try:
+    if nvvm_file() is not None:
+        return None
+    try:  # not where the wheels and toolkits put it: let Numba search (slower) and load it
         from numba.cuda.cudadrv.nvvm import NVVM
 
         NVVM()
@@ -54,6 +56,34 @@ def _cuda_problem() -> str | None:
             "a GPU is present but the CUDA compiler libraries (NVVM) are missing; "
             "install them with: pip install 'imgfilter[cu12]' (or [cu13] for CUDA 13 drivers)"
         )
+    return None
+
+
+# Where NVIDIA's wheels (below a site-packages directory) and CUDA toolkits (below
+# their root) put libnvvm, as cuda.pathfinder looks for it.
+_NVVM_IN_SITE_PACKAGES = ("nvidia/cu13/lib", "nvidia/cuda_nvcc/nvvm/lib64")
+_NVVM_IN_TOOLKIT = ("nvvm/lib64",)
+_TOOLKIT_ROOTS = ("/usr/local/cuda", "/opt/cuda")
+_TOOLKIT_VERSIONS = "/usr/local/cuda-*"  # newest first
+
+
+def nvvm_file() -> str | None:
+    """The path of a libnvvm shared library found in the usual places (NVIDIA's pip
+    wheels on sys.path, $CUDA_HOME, $CUDA_PATH, $CONDA_PREFIX, /usr/local/cuda), or None.
+    A look at the file system only: loading NVVM to see whether it is there (what
+    Numba's own search does, which may start a subprocess) costs 0.6-1.3 s of every
+    process's start, and a process that runs only shipped kernels never needs it."""
+    import glob
+
+    dirs = [os.path.join(base, sub) for base in sys.path if base
+            for sub in _NVVM_IN_SITE_PACKAGES]  # fmt: skip
+    roots = [os.environ.get(v) for v in ("CUDA_HOME", "CUDA_PATH", "CONDA_PREFIX")]
+    roots += [*_TOOLKIT_ROOTS, *sorted(glob.glob(_TOOLKIT_VERSIONS), reverse=True)]
+    dirs += [os.path.join(root, sub) for root in roots if root for sub in _NVVM_IN_TOOLKIT]
+    for directory in dirs:
+        found = sorted(glob.glob(os.path.join(directory, "libnvvm.so*")))
+        if found:
+            return found[0]
     return None
 
 
