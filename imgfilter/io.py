@@ -82,6 +82,7 @@ from .errors import InputError, OutputError, UsageError
 
 __all__ = [
     "SUPPORTED_WRITE_EXTENSIONS",
+    "DirectorySync",
     "ImageMetadata",
     "MultiFrameWarning",
     "abandon_io",
@@ -1127,16 +1128,30 @@ def _fsync_directory(directory: Path) -> None:
 
 
 class DirectorySync:
-    """Directories whose renames `flush` makes durable, each once: a batch of atomic
-    writes into one folder fsyncs the folder once at the end instead of after every
-    file (each file's bytes are still fsynced before its rename, so a file is whole or
-    absent whatever happens). Thread-safe."""
+    """Directories whose new entries `flush` makes durable, each once.
+
+    A batch of `write_image` calls given one DirectorySync fsyncs each output folder
+    once, at `flush`, instead of after every file. Each file's bytes are still fsynced
+    before its rename, so a file is whole or absent whatever happens; until `flush`,
+    a power cut may lose renames (a process that dies loses nothing). Thread-safe.
+
+    Example:
+        >>> import numpy as np
+        >>> import imgfilter
+        >>> from imgfilter.io import DirectorySync
+        >>> synced = DirectorySync()
+        >>> for name in ("a.png", "b.png"):
+        ...     _ = imgfilter.write_image(name, np.zeros((8, 8), np.uint8), overwrite=True,
+        ...                               directories=synced)
+        >>> synced.flush()  # the folder, once
+    """
 
     def __init__(self) -> None:
         self._pending: set[Path] = set()
         self._lock = threading.Lock()
 
     def add(self, directory: Path) -> None:
+        """Sync `directory` at the next `flush`."""
         with self._lock:
             self._pending.add(directory)
 
