@@ -239,6 +239,55 @@ def test_cubin_store_round_trip_and_refusals(tmp_path, monkeypatch):
     assert cubins.load("contour-uint8-c1", (9, 0)) is None
 
 
+def test_a_later_process_finds_an_exported_cubin_without_parsing_sources(tmp_path, monkeypatch):
+    """The exporting process records the family's closure; a later process (the cache
+    of digests cleared) computes the digest from that record, reading the sources but
+    parsing none, and finds the cubin."""
+    monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cubins, "_saved", set())
+    monkeypatch.setattr(cubins.shipped, "manifest", lambda: {})
+    cubins._digest.cache_clear()
+    fake = _fake_dispatcher("uint8", b"\x7fELF...", "_Z7contour")
+    cubins.remember(fake, "contour-uint8-c1", (np.uint8,), (9, 0))
+    recorded = json.loads((tmp_path / "cubins" / "closures.json").read_text())
+    assert recorded["contour"] == list(cubins.shipped.closure(("contour",)))
+    cubins._digest.cache_clear()  # as in a new process
+
+    def no_parsing(*args):
+        raise AssertionError("sources parsed")
+
+    monkeypatch.setattr(cubins.shipped, "closure", no_parsing)
+    assert cubins.load("contour-uint8-c1", (9, 0)) == (b"\x7fELF...", "_Z7contour")
+    cubins._digest.cache_clear()
+
+
+def test_a_stale_closure_record_misses_or_falls_back_to_parsing(tmp_path, monkeypatch):
+    monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cubins, "_saved", set())
+    monkeypatch.setattr(cubins.shipped, "manifest", lambda: {})
+    cubins._digest.cache_clear()
+    cubins.remember(_fake_dispatcher("uint8", b"img", "_Zc"), "contour-uint8-c1", (np.uint8,),
+                    (9, 0))  # fmt: skip
+    record = tmp_path / "cubins" / "closures.json"
+    # A module that no longer exists: parse instead, and find the cubin.
+    record.write_text(json.dumps({"contour": ["contour", "no_such_module"]}))
+    cubins._digest.cache_clear()
+    assert cubins.load("contour-uint8-c1", (9, 0)) == (b"img", "_Zc")
+    # A record that leaves out a module the kernel imports now: a different digest,
+    # so the cubin is not found (compiled again), never a stale one used.
+    record.write_text(json.dumps({"contour": ["contour"]}))
+    cubins._digest.cache_clear()
+    assert cubins.shipped.closure(("contour",)) != ["contour"]  # it imports others
+    assert cubins.load("contour-uint8-c1", (9, 0)) is None
+    # The next export records the closure again.
+    monkeypatch.setattr(cubins, "_saved", set())
+    cubins.remember(_fake_dispatcher("uint8", b"img", "_Zc"), "contour-uint8-c1", (np.uint8,),
+                    (9, 0))  # fmt: skip
+    assert json.loads(record.read_text())["contour"] == cubins.shipped.closure(("contour",))
+    assert cubins.load("contour-uint8-c1", (9, 0)) == (b"img", "_Zc")
+    cubins._digest.cache_clear()
+
+
 def test_store_name_carries_the_specialisation():
     geo = {"sum_type": np.uint16, "magic_rounding": True}
     assert cubins.box_name(geo, 3, np.uint8) == "box_fused-uint8-uint16-c3-m1"

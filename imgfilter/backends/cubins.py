@@ -116,26 +116,70 @@ def family_modules(name: str) -> tuple[str, ...]:
     return modules
 
 
-@functools.cache
-def _digest(family_name: str) -> str:
-    """Digest of a family's sources and of the numba-cuda version that compiles them."""
-    sources = shipped.sources_digest(family_modules(family_name))
-    h = hashlib.sha256(sources.encode())
+def _digest_of(closure: tuple[str, ...]) -> str:
+    """Digest of these `kernels` modules' sources and of the numba-cuda version that
+    compiles them (raises OSError when a module is gone)."""
+    h = hashlib.sha256(shipped.files_digest(closure).encode())
     h.update(_numba_cuda_version().encode())
     return h.hexdigest()[:16]
+
+
+@functools.cache
+def _digest(family_name: str, directory: Path) -> str:
+    """The digest a reader looks for: of the closure that the process which exported
+    the family's kernels recorded in `directory` (no parsing of sources: a later
+    process pays only for reading them), else of the closure found by parsing them.
+    An edit that changes a module's imports changes that module's bytes too, so a
+    recorded closure never hides an edit: it only misses, and the export that follows
+    records the new closure."""
+    recorded = _recorded_closures(directory).get(family_name)
+    if isinstance(recorded, list) and all(isinstance(m, str) for m in recorded):
+        try:
+            return _digest_of(tuple(recorded))
+        except OSError:  # a module the record names is gone
+            pass
+    return _digest_of(_closure(family_name))
+
+
+def _closure(family_name: str) -> tuple[str, ...]:
+    return tuple(shipped.closure(family_modules(family_name)))
+
+
+def _closures_file(directory: Path) -> Path:
+    return directory / "closures.json"
+
+
+def _recorded_closures(directory: Path) -> dict:
+    """family -> closure, as the exporting processes recorded them ({} if unreadable)."""
+    try:
+        found = json.loads(_closures_file(directory).read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _record_closure(directory: Path, family_name: str, closure: tuple[str, ...]) -> None:
+    """Keep the family's closure for readers (last writer wins: a record lost to a
+    race only costs a reader one parse)."""
+    found = _recorded_closures(directory)
+    if found.get(family_name) != list(closure):
+        found[family_name] = list(closure)
+        write_atomically(_closures_file(directory), json.dumps(found, indent=1).encode())
+        _digest.cache_clear()
 
 
 def _directory() -> Path:
     return cache_dir() / "cubins"
 
 
-def _path(name: str, cc: tuple[int, int]) -> Path:
-    return _directory() / f"{name}-{_digest(family(name))}-sm{cc[0]}{cc[1]}.cubin"
+def _path(name: str, cc: tuple[int, int], digest: str | None = None) -> Path:
+    digest = digest or _digest(family(name), _directory())
+    return _directory() / f"{name}-{digest}-sm{cc[0]}{cc[1]}.cubin"
 
 
 def pending_marker(name: str) -> Path:
     """The file that says a process is compiling kernel `name` for the cache."""
-    return _directory() / f"{name}-{_digest(family(name))}.pending"
+    return _directory() / f"{name}-{_digest(family(name), _directory())}.pending"
 
 
 def any_for(cc: tuple[int, int]) -> bool:
@@ -206,13 +250,16 @@ def remember(dispatcher, name: str, array_dtypes: tuple, cc: tuple[int, int]) ->
         return
     _saved.add(key)
     try:
-        path = _path(name, cc)
+        closure = _closure(family(name))  # parsed: this process compiled, it may differ
+        path = _path(name, cc, _digest_of(closure))
         if path.exists() and path.with_suffix(".json").exists():
+            _record_closure(path.parent, family(name), closure)
             return
         image, entry = compiled_cubin(dispatcher, array_dtypes, cc)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(path, image)
         write_atomically(path.with_suffix(".json"), json.dumps({"entry": entry}).encode())
+        _record_closure(path.parent, family(name), closure)
     except Exception as exc:  # noqa: BLE001 - private Numba attributes may change; never fail
         if os.environ.get("IMGFILTER_DEBUG_CUBINS") == "1":
             print(f"imgfilter: cubin export of {name} failed: {exc!r}", file=sys.stderr)
