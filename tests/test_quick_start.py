@@ -261,6 +261,17 @@ def test_a_later_process_finds_an_exported_cubin_without_parsing_sources(tmp_pat
     cubins._digest.cache_clear()
 
 
+def test_a_kernel_never_exported_is_looked_up_without_a_digest(tmp_path, monkeypatch):
+    monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cubins.shipped, "load", lambda name, cc: (b"shipped", "_Z"))
+
+    def no_digest(*args):
+        raise AssertionError("digest computed")
+
+    monkeypatch.setattr(cubins, "_digest", no_digest)
+    assert cubins.load("contour-uint8-c1", (9, 0)) == (b"shipped", "_Z")
+
+
 def test_a_stale_closure_record_misses_or_falls_back_to_parsing(tmp_path, monkeypatch):
     monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(cubins, "_saved", set())

@@ -209,7 +209,9 @@ def _read(path: Path, entry: str | None) -> tuple[bytes, str] | None:
 def load(name: str, cc: tuple[int, int]) -> tuple[bytes, str] | None:
     """(cubin image, entry point name) for a kernel, or None when none is usable: the
     user's cache first, then the kernels shipped in the package."""
-    found = _read(_path(name, cc), None)
+    found = None
+    if any(_directory().glob(f"{name}-*-sm{cc[0]}{cc[1]}.cubin")):  # else no digest needed
+        found = _read(_path(name, cc), None)
     return found if found is not None else shipped.load(name, cc)
 
 
