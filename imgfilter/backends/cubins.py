@@ -178,8 +178,10 @@ def _path(name: str, cc: tuple[int, int], digest: str | None = None) -> Path:
 
 
 def pending_marker(name: str) -> Path:
-    """The file that says a process is compiling kernel `name` for the cache."""
-    return _directory() / f"{name}-{_digest(family(name), _directory())}.pending"
+    """The file that says a process is compiling kernel `name` for the cache (named
+    without the sources' digest, which the first use of a kernel would otherwise
+    parse the sources for)."""
+    return _directory() / f"{name}.pending"
 
 
 def any_for(cc: tuple[int, int]) -> bool:
