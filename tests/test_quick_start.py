@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from imgfilter.backends import cubins
-from kernels.cudadrv import array_params, scalar_param
+from kernels.common.cudadrv import array_params, scalar_param
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHONPATH = os.environ.get("PYTHONPATH", "")
@@ -44,7 +44,7 @@ def test_quick_start_modules_import_no_numba():
     done = _python(
         """
         import sys
-        import imgfilter.backends.cached, kernels.box_plan, kernels.contour_plan
+        import imgfilter.backends.cached, kernels.box.plan, kernels.contour.plan
         print(sorted(m for m in sys.modules if m.split(".")[0] in ("numba", "llvmlite")))
         """,
         {},
@@ -80,7 +80,7 @@ def test_command_line_starts_before_numpy_and_only_for_gpu_commands(tmp_path, mo
 
 def test_quick_box_looks_for_the_cubin_of_the_kernel_box_auto_runs(monkeypatch):
     from imgfilter.backends import cached
-    from kernels import box_plan
+    from kernels.box import plan as box_plan
 
     names = {
         "tiled": lambda geo, dtype, ksize: cubins.tiled_name(geo, 3, ksize),
@@ -107,7 +107,7 @@ def test_background_context_is_what_the_quick_start_uses(tmp_path, monkeypatch, 
     import threading
 
     from imgfilter.backends import cached, warmup
-    from kernels import cudadrv
+    from kernels.common import cudadrv
 
     opened = []
 
@@ -175,7 +175,7 @@ def test_parameters_are_packed_at_their_c_offsets():
 
     import threading
 
-    from kernels import cudadrv
+    from kernels.common import cudadrv
 
     drv = object.__new__(cudadrv.Driver)
     drv._lib, drv._tls, drv._smem_opted = Lib(), threading.local(), set()
@@ -191,7 +191,7 @@ def test_parameters_are_packed_at_their_c_offsets():
 def _ready(drv):
     import ctypes as c
 
-    from kernels import cudadrv
+    from kernels.common import cudadrv
 
     tls = drv._tls
     tls.ready = True
