@@ -37,8 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     from numba import cuda
 
     from imgfilter.bench import Timer
-    from kernels import box_plan
-    from kernels import box_tiled as ktiled
+    from kernels.box import plan as box_plan
+    from kernels.box import tiled as ktiled
 
     timer = Timer()
     sms = cuda.get_current_device().MULTIPROCESSOR_COUNT

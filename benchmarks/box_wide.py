@@ -1,6 +1,6 @@
-"""Wide uint8 boxes: `kernels.box_packed` against `kernels.box.box_running` (GPU only).
+"""Wide uint8 boxes: `kernels.box.packed` against `kernels.box.running` (GPU only).
 
-`kernels.box_plan.choose` sends a uint8 box to box_packed only when box_tiled,
+`kernels.box.plan.choose` sends a uint8 box to box_packed only when box_tiled,
 box_twopass and box_fused all decline: boxes wider than 257 columns (box_twopass's
 16-bit row sums) whose tile box_fused cannot hold. Without box_packed those boxes
 would run on box_running. This times both (kernel time, spin-queued events as in
@@ -38,8 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     from numba import cuda
 
     from imgfilter.bench import Timer, copy_bandwidth_gbs
-    from kernels import box_packed, box_plan
-    from kernels.box import box_running
+    from kernels.box import packed as box_packed
+    from kernels.box import plan as box_plan
+    from kernels.box.running import box_running
 
     timer = Timer()
     bandwidth = copy_bandwidth_gbs(timer)

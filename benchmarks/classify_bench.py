@@ -6,9 +6,9 @@ features) or, with --train, a model trained here. Stages, on the GPU:
 
 - upload: the uint8 image, host to device (synchronised wall time);
 - features: the (P, 20) float32 feature matrix from the image already on the device;
-- logits: 3 GEMVs (`kernels.gemv`, one per class) into a (P, 3) matrix, and what
+- logits: 3 GEMVs (`kernels.linalg.gemv`, one per class) into a (P, 3) matrix, and what
   `predict` runs: 2 GEMVs relative to the last class (softmax is shift-invariant) and a
-  zero column, also with `kernels.gemv.autotune`'s launch shape;
+  zero column, also with `kernels.linalg.gemv.autotune`'s launch shape;
 - softmax: `kernels.softmax` on the logits;
 - argmax: the label index per pixel;
 - fused: the alternative single kernel (logits, softmax and argmax per pixel);
@@ -95,7 +95,7 @@ def run(width: int, height: int, train: bool, calls: int) -> dict:
     from imgfilter.classify import cuda as ccuda
     from imgfilter.classify import pipeline
     from kernels import classify as kclassify
-    from kernels.gemv import gemv
+    from kernels.linalg.gemv import gemv
     from kernels.softmax import softmax
 
     timer = Timer(repeats=7)
@@ -181,8 +181,8 @@ def run(width: int, height: int, train: bool, calls: int) -> dict:
         note="what predict runs",
     )
     tuned_us = None
-    try:  # kernels.gemv.autotune for this shape (launch shapes, checked against NumPy)
-        from kernels import gemv as gemv_mod
+    try:  # kernels.linalg.gemv.autotune for this shape (launch shapes, checked against NumPy)
+        from kernels.linalg import gemv as gemv_mod
 
         best = gemv_mod.autotune(P, Fa, np.float32, store=False, data=(X.copy_to_host(), Wrows[0]))
         cfg = gemv_mod.Config(**best["config"])

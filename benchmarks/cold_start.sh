@@ -55,7 +55,7 @@ t = time.perf_counter(); import cv2; t_cv = time.perf_counter() - t
 t = time.perf_counter(); im = cv2.imread(sys.argv[1]); t_read = time.perf_counter() - t
 t = time.perf_counter(); cv2.imwrite(sys.argv[2] + "/w.jpg", im); t_write = time.perf_counter() - t
 t = time.perf_counter()
-from kernels.cudadrv import driver
+from kernels.common.cudadrv import driver
 d = driver(); t_ctx = time.perf_counter() - t
 print(f"numpy {t_np:.3f} s, cv2 {t_cv:.3f} s, decode {t_read:.3f} s, encode {t_write:.3f} s, driver+context {t_ctx:.3f} s")
 PY

@@ -37,7 +37,7 @@ def _call(op: str):
         x = rng.standard_normal((4096, 1024)).astype(np.float32)
         return lambda: softmax(x)
     if op == "gemv":
-        from kernels.gemv import gemv
+        from kernels.linalg.gemv import gemv
 
         a = rng.standard_normal((4096, 4096)).astype(np.float16)
         v = rng.standard_normal(4096).astype(np.float16)

@@ -1,16 +1,16 @@
-"""GEMV on the GPU: every kernels.gemv method, the autotuned one, and torch.mv (cuBLAS).
+"""GEMV on the GPU: every kernels.linalg.gemv method, the autotuned one, and torch.mv (cuBLAS).
 
-For each (N, K) and dtype: autotune (kernels.gemv.autotune, verified against float64
+For each (N, K) and dtype: autotune (kernels.linalg.gemv.autotune, verified against float64
 NumPy, cached) then, per method, the kernel time per launch from launches queued
 behind a spin kernel (imgfilter.bench's Timer, CUDA events; Numba's Python launch cost
 excluded), the effective bandwidth (bytes of A / kernel time) and its share of the
 device-to-device copy bandwidth measured in the same run. Per-call times (synchronised
 wall time of one Python call on device arrays) and enqueue times (Python cost of a
 call, no synchronisation) are reported for `gemv(method="auto", out=...)` on
-kernels.devarray.DeviceArray views of the device arrays, for a
+kernels.common.devarray.DeviceArray views of the device arrays, for a
 pre-built Numba launch of the same kernel, and for torch.mv. "queued" is issue 23's
 pipeline figure: the wall time of 1000 calls queued back to back on device inputs
-(`gemv(dA, dx)` on kernels.devarray.DeviceArray views, `torch.mv(tA, tx)`: each call
+(`gemv(dA, dx)` on kernels.common.devarray.DeviceArray views, `torch.mv(tA, tx)`: each call
 allocates its result), divided by 1000, the best of 3 runs: the host cost of a call
 where the kernel is shorter, the kernel time where it is longer.
 
@@ -32,8 +32,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from imgfilter.bench import Timer, copy_bandwidth_gbs  # noqa: E402
-from kernels import gemv as G  # noqa: E402
-from kernels.arrays import as_device_array  # noqa: E402
+from kernels.common.arrays import as_device_array  # noqa: E402
+from kernels.linalg import gemv as G  # noqa: E402
 
 SIZES = [(1024, 1024), (4096, 4096), (16384, 16384), (8192, 28672)]
 DTYPES = {"float16": np.float16, "float32": np.float32}

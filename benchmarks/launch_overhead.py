@@ -2,7 +2,7 @@
 to Python (GPU needed).
 
 An empty kernel compiled by Numba, launched on a non-default stream by:
-`kernels.launch.launch` (the whole layer), `kernels.cudadrv.Driver.launch` (ctypes
+`kernels.common.launch.launch` (the whole layer), `kernels.common.cudadrv.Driver.launch` (ctypes
 cuLaunchKernelEx, a config per thread and geometry, parameters packed in one buffer),
 ctypes cuLaunchKernelEx with a prepared config (with and without packing), ctypes
 cuLaunchKernel with a kernelParams array, cuda.bindings' cuLaunchKernel, and Numba's
@@ -65,8 +65,8 @@ def _offsets(packer: struct.Struct) -> list[int]:
 
 
 def _launch_cases(results: dict, measure, drv, handle: int) -> None:
-    from kernels.arrays import empty
-    from kernels.launch import _compiled, launch
+    from kernels.common.arrays import empty
+    from kernels.common.launch import _compiled, launch
 
     out = empty((1,), np.int32, handle)
     args = (out, 1 << 30)
@@ -74,7 +74,7 @@ def _launch_cases(results: dict, measure, drv, handle: int) -> None:
     compiled = next(c for (k, _), c in _compiled.items() if k is _empty)
     values = list(out.params()) + [1 << 30]
     packer, fn = compiled.packer, compiled.handle
-    results["kernels.launch.launch (whole layer)"] = measure(
+    results["kernels.common.launch.launch (whole layer)"] = measure(
         lambda: launch(_empty, 1, 32, args, handle)
     )
     results["Driver.launch (ctypes cuLaunchKernelEx)"] = measure(
@@ -201,7 +201,7 @@ def _runtime_cases(results: dict, measure, fn: int, handle: int, params_ptr: int
 
 
 def _piece_cases(results: dict, measure, handle: int) -> None:
-    from kernels.devarray import POOL, as_device_array, empty
+    from kernels.common.devarray import POOL, as_device_array, empty
 
     results["POOL.allocate + release (1 KiB)"] = measure(lambda: POOL.allocate(1024, handle))
     results["devarray.empty((1, 1024), float32)"] = measure(
@@ -229,8 +229,8 @@ def _piece_cases(results: dict, measure, handle: int) -> None:
 def _softmax_pieces(results: dict, measure, cp, x, dx) -> None:
     """The pieces of softmax's replay path on a CuPy input with a CuPy stream object
     (the pipeline benchmark's call), each alone."""
-    from kernels import softmax as sm
-    from kernels.devarray import cheap_view, empty_like, peek, stream_handle
+    from kernels.common.devarray import cheap_view, empty_like, peek, stream_handle
+    from kernels.softmax import dispatch as sm
 
     s = cp.cuda.get_current_stream()
     results["softmax(cupy 1x1024, stream=cupy stream)"] = measure(lambda: sm.softmax(x, stream=s))
@@ -277,7 +277,7 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=25)
     opts = ap.parse_args()
 
-    from kernels.cudadrv import CudaError, driver
+    from kernels.common.cudadrv import CudaError, driver
 
     try:
         drv = driver()

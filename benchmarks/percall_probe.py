@@ -35,7 +35,7 @@ def _operation(name: str, k: int):
 
         return softmax
     if name == "gemv":
-        from kernels.gemv import gemv
+        from kernels.linalg.gemv import gemv
 
         return lambda ax: gemv(*ax)
 

@@ -4,9 +4,9 @@
         python benchmarks/profile_once.py --op box --op contour
 
 --op picks what runs (repeatable): box (k=21 box through box_auto, uint8 RGB), packed
-(the same through kernels.box_packed), tiled (through kernels.box_tiled), twopass (through
-kernels.box_twopass; use --k 101), contour (gray),
-filter2d (a random full-rank 21x21 kernel through `kernels.conv_blocked`), fma (the
+(the same through kernels.box.packed), tiled (through kernels.box.tiled), twopass (through
+kernels.box.twopass; use --k 101), contour (gray),
+filter2d (a random full-rank 21x21 kernel through `kernels.conv.blocked`), fma (the
 FMA-rate probe of `imgfilter.bench`).
 """
 
@@ -32,28 +32,28 @@ def main() -> None:
     d_img = cuda.to_device(img)
     for _ in range(2):
         if "box" in ops:
-            from kernels import box as kbox
+            from kernels.box import dispatch as kbox
 
             kbox.box_auto(d_img, (k, k), (k // 2, k // 2), 0, 0)
         if "packed" in ops:
-            from kernels import box_packed
+            from kernels.box import packed as box_packed
 
             box_packed.box_packed(d_img, (k, k), (k // 2, k // 2), 0, 0)
         if "tiled" in ops:
-            from kernels import box_tiled
+            from kernels.box import tiled as box_tiled
 
             box_tiled.box_tiled(d_img, (k, k), (k // 2, k // 2), 0, 0)
         if "twopass" in ops:
-            from kernels import box_twopass
+            from kernels.box import twopass as box_twopass
 
             box_twopass.box_twopass(d_img, (k, k), (k // 2, k // 2), 0, 0)
         if "contour" in ops:
-            from kernels import contour as kcontour
+            from kernels.contour import kernel as kcontour
 
             d_gray = cuda.to_device(np.ascontiguousarray(img[:, :, 1:2]))
             kcontour.contour(d_gray, 0, 0)
         if "filter2d" in ops:
-            from kernels import conv_blocked
+            from kernels.conv import blocked as conv_blocked
 
             weights = cuda.to_device(rng.standard_normal((k, k)).astype(np.float32) / k)
             out = cuda.device_array_like(d_img)

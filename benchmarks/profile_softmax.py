@@ -19,9 +19,9 @@ from numba import cuda
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import arrays  # noqa: E402
-from kernels import softmax as sm  # noqa: E402
-from kernels import softmax_split as ss  # noqa: E402
+from kernels.common import arrays  # noqa: E402
+from kernels.softmax import dispatch as sm  # noqa: E402
+from kernels.softmax import split as ss  # noqa: E402
 
 
 def main(cases: list[str]) -> None:

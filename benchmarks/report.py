@@ -277,7 +277,7 @@ def section_low_rank(results: Path, path: Path | None) -> list[str]:
         "### Low-rank kernels (seed size)",
         "",
         "One 2-D pass (`blocked`) against r pairs of 1-D passes (`separable`), kernel us, "
-        f"from {_link(path)}; `auto` chooses by `kernels.conv_plan.separable_pays`.",
+        f"from {_link(path)}; `auto` chooses by `kernels.conv.plan.separable_pays`.",
         "",
         *_table(["kernel", "blocked", "separable", "faster"], ["---", "---:", "---:", "---"], rows),
         "",

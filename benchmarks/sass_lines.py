@@ -49,20 +49,20 @@ def _kernel(name: str, channels: int, box: int = 21, geometry: dict | None = Non
     u32 = types.Array(types.uint32, 1, "C")
     i64 = types.int64
     if name == "tiled":
-        from kernels import box_tiled as mod
-        from kernels.box_plan import tiled_plan
+        from kernels.box import tiled as mod
+        from kernels.box.plan import tiled_plan
 
         ksize = (box, box)
         geo = tiled_plan((2167, 2495, channels), "uint8", ksize, **(geometry or {}))
         k = mod.kernel_for(channels, ksize, geo)
         return k.py_func, (u8, u32, i64) + (i64,) * 14 + (u8, u32), mod.__file__
     if name == "packed":
-        from kernels import box_packed as mod
+        from kernels.box import packed as mod
 
         k = mod.kernel_for(channels, 128, 30, False)
         return k.py_func, (u8, u32, i64) + (i64,) * 14 + (u8, u32), mod.__file__
     if name in ("twopass-row", "twopass-col", "twopass-col-tiles"):
-        from kernels import box_twopass as mod
+        from kernels.box import twopass as mod
 
         if name == "twopass-row":
             sig = (u8, u32) + (i64,) * 7 + (u32,)
@@ -77,7 +77,7 @@ def _kernel(name: str, channels: int, box: int = 21, geometry: dict | None = Non
         return mod.box_column_means.py_func, sig, mod.__file__
     import numpy as np
 
-    from kernels import box_fused as mod
+    from kernels.box import fused as mod
 
     k = mod.kernel_for(np.uint16, channels, True)
     sig = (u8,) + (i64,) * 12 + (types.float32,) + (i64,) * 4 + (u8,)

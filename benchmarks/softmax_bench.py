@@ -33,8 +33,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from imgfilter.bench import Timer, copy_bandwidth_gbs  # noqa: E402
-from kernels import arrays  # noqa: E402
-from kernels import softmax as sm  # noqa: E402
+from kernels.common import arrays  # noqa: E402
+from kernels.softmax import dispatch as sm  # noqa: E402
 
 WIDTHS = [32, 128, 512, 1000, 1024, 2048, 4096, 8192, 32768, 131072]
 DTYPES = {"float32": np.float32, "float16": np.float16}

@@ -20,8 +20,8 @@ import numpy as np
 
 def _pcie_gbs(nbytes: int) -> tuple[float, float]:
     """(host->device, device->host) GB/s over `nbytes` with pinned host memory."""
-    from kernels.arrays import empty
-    from kernels.cudadrv import driver
+    from kernels.common.arrays import empty
+    from kernels.common.cudadrv import driver
 
     drv = driver()
     host = drv.host_alloc(nbytes)
@@ -58,7 +58,7 @@ def main() -> int:
     try:
         import imgfilter
         from imgfilter.cli.options import gpu_bytes
-        from kernels.cudadrv import driver
+        from kernels.common.cudadrv import driver
 
         driver()
     except Exception as exc:  # noqa: BLE001 - one line, not a traceback

@@ -1,8 +1,8 @@
 """Geometry sweep of the uint8 box kernel on a batch in one launch (GPU and CuPy needed).
 
-A batch of --n frames (default 32 720p RGB uint8), box --k: `kernels.box_tiled` at its
+A batch of --n frames (default 32 720p RGB uint8), box --k: `kernels.box.tiled` at its
 default geometry and at a few others, each run for the whole batch as one launch
-(`kernels.launch.Batching`); kernel time from spin-queued CUDA events (median of three
+(`kernels.common.launch.Batching`); kernel time from spin-queued CUDA events (median of three
 windows of 20 launches), every output compared with the default's, the default's
 first and last frames with cv2.blur. Then the single-image kernel against its batched
 form at N=1 (what the batched body costs). Prints one line per geometry; --json FILE
@@ -42,10 +42,11 @@ def main() -> None:
     import cv2
 
     from imgfilter.border import border_code
-    from kernels import box_plan, box_tiled
-    from kernels.devarray import as_device_array
-    from kernels.launch import Batching
-    from kernels.timing import busy
+    from kernels.box import plan as box_plan
+    from kernels.box import tiled as box_tiled
+    from kernels.common.devarray import as_device_array
+    from kernels.common.launch import Batching
+    from kernels.common.timing import busy
 
     n, k, shape = args.n, args.k, (720, 1280, 3)
     batch = cp.asarray(np.random.default_rng(0).integers(0, 256, (n, *shape), dtype=np.uint8))

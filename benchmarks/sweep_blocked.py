@@ -1,15 +1,16 @@
-"""Sweep the register-blocked filter2d kernel (`kernels.conv_blocked`) on the GPU.
+"""Sweep the register-blocked filter2d kernel (`kernels.conv.blocked`) on the GPU.
 
     python benchmarks/sweep_blocked.py --k 21 --ry 24,28,32,34,36 --sizes seed,4k,8k \
         [--old path/to/previous/conv_blocked.py] [--peers]
 
-A previous version comes from git, e.g. the one before the 2026-11-23 rewrite:
-    git show 8700dba:kernels/conv_blocked.py > /tmp/conv_blocked_old.py
+A previous version comes from git (one from before kernels/conv/ existed imports
+the old flat module names and does not load):
+    git show <commit>:kernels/conv/blocked.py > /tmp/conv_blocked_old.py
 
 (a size may also be HxW: an H x W x 3 image)
 
 For each rows-per-thread value (and, with --old, the generator of a previous version
-of kernels/conv_blocked.py, loaded as a module of the kernels package), the kernel is
+of kernels/conv/blocked.py, loaded as a module of the kernels.conv package), the kernel is
 generated and compiled outside the disk cache and timed with `imgfilter.bench.Timer`
 (launches queued behind a spin kernel): kernel us and TFMA/s per image size, with the
 registers and shared memory per block. At the seed size every variant's output is
@@ -29,13 +30,14 @@ import numpy as np
 from numba import cuda
 
 from imgfilter import bench
-from kernels import conv_blocked, conv_plan
-from kernels.launch import cdiv
+from kernels.common.launch import cdiv
+from kernels.conv import blocked as conv_blocked
+from kernels.conv import plan as conv_plan
 
 
 def _load_old(path: str):
-    """A previous conv_blocked.py as the module kernels._old_conv_blocked."""
-    spec = importlib.util.spec_from_file_location("kernels._old_conv_blocked", path)
+    """A previous kernels/conv/blocked.py as the module kernels.conv._old_blocked."""
+    spec = importlib.util.spec_from_file_location("kernels.conv._old_blocked", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -54,7 +56,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=21)
     parser.add_argument("--ry", default="24,28,32,34,36")
     parser.add_argument("--sizes", default="seed,4k,8k")
-    parser.add_argument("--old", help="a previous kernels/conv_blocked.py to time beside")
+    parser.add_argument("--old", help="a previous kernels/conv/blocked.py to time beside")
     parser.add_argument("--peers", action="store_true", help="also torch and CuPy")
     args = parser.parse_args()
     k = args.k

@@ -1,9 +1,9 @@
 """Geometry sweep for the one-pass box kernel and timing of the contour kernel (GPU only).
 
-For each box size it times `kernels.box_fused` over threads x run x strip x batch on
+For each box size it times `kernels.box.fused` over threads x run x strip x batch on
 a random uint8 image (kernel time, spin-queued events as in `imgfilter.bench`), next
 to the two-pass `box_running`, and prints the best geometry per k; then times
-`kernels.contour` on gray images. Writes everything as JSON with --json.
+`kernels.contour.kernel` on gray images. Writes everything as JSON with --json.
 
     python benchmarks/sweep_box.py --json sweep.json [--quick]
 """
@@ -28,9 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     from numba import cuda
 
     from imgfilter.bench import Timer, copy_bandwidth_gbs
-    from kernels import box as kbox
-    from kernels import box_fused as kfused
-    from kernels import contour as kcontour
+    from kernels.box import dispatch as kbox
+    from kernels.box import fused as kfused
+    from kernels.box import running as krunning
+    from kernels.contour import kernel as kcontour
 
     timer = Timer()
     bandwidth = copy_bandwidth_gbs(timer)
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     for k in (3, 21, 101):
         anchor = (k // 2, k // 2)
         two_pass = timer.kernel_us(
-            lambda k=k, a=anchor: kbox.box_running(d_img, (k, k), a, 0, 0, d_out)
+            lambda k=k, a=anchor: krunning.box_running(d_img, (k, k), a, 0, 0, d_out)
         )
         print(f"k={k} box_running {two_pass:.1f} us (floor {floor_us:.1f} us)")
         results["box"].append({"k": k, "impl": "box_running", "kernel_us": two_pass})

@@ -8,7 +8,7 @@ a random kernel of that rank (`imgfilter.bench.low_rank_launches`) is correlated
 the uint8 image through method separable and method blocked; the two outputs are
 compared (a row says MAX DIFF where they are more than 1 apart) and timed with
 `imgfilter.bench.Timer` (launches queued behind a spin kernel). The table gives the
-median kernel times and their ratio: what `kernels.conv_plan.separable_pays` is fitted to.
+median kernel times and their ratio: what `kernels.conv.plan.separable_pays` is fitted to.
 
 --once runs each launch twice and times nothing (for a profiler: ncu --clock-control none).
 """
@@ -22,7 +22,7 @@ import numpy as np
 from numba import cuda
 
 from imgfilter import bench
-from kernels.conv_plan import max_separable_rank
+from kernels.conv.plan import max_separable_rank
 
 
 def main() -> None:

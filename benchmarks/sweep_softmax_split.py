@@ -1,7 +1,7 @@
 """Sweep of the softmax `split` path's build options and geometry on the GPU.
 
 For (2**26 / cols, cols) arrays: kernel time per launch (launches queued behind a spin
-kernel, imgfilter.bench's Timer) of kernels.softmax_split over the GEOMETRIES below
+kernel, imgfilter.bench's Timer) of kernels.softmax.split over the GEOMETRIES below
 (and, with --grid-per-sm, on fewer blocks than fit): chunk counts, block sizes,
 unrolls, the piece cached as raw packs or element by element (`packed`), launch
 bounds asking for N blocks per SM, and one or two buffers a block (`stages`; auto's
@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from imgfilter.bench import Timer, copy_bandwidth_gbs  # noqa: E402
-from kernels import softmax_split  # noqa: E402
+from kernels.softmax import split as softmax_split  # noqa: E402
 
 ss = softmax_split  # the module measured; --module swaps it (A/B of a kernel edit)
 
@@ -151,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--first", type=int, help="only the first N geometries")
     ap.add_argument(
         "--module", action="append", default=[],
-        help="also measure this copy of kernels/softmax_split.py (e.g. "
-        "kernels.softmax_split_base), after the module itself",
+        help="also measure this copy of kernels/softmax/split.py (e.g. "
+        "kernels.softmax.split_base), after the module itself",
     )  # fmt: skip
     ap.add_argument(
         "--grid-per-sm", type=int, nargs="*", default=[0],
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     global ss
     result = None
-    for name in ["kernels.softmax_split", *args.module]:
+    for name in ["kernels.softmax.split", *args.module]:
         ss = importlib.import_module(name)
         print("module", name, flush=True)
         part = run(

@@ -1,9 +1,9 @@
 """Geometry sweep of a uint8 box kernel next to the one-pass box kernel (GPU only).
 
 For k in --ks (default 3, 21, 101) on a random uint8 RGB image of the seed's size,
-times `kernels.box_tiled` (--kernel tiled, the default), `kernels.box_packed`
-(--kernel packed) or `kernels.box_twopass` (--kernel twopass) over its geometry
-grid and `kernels.box_fused` at its default geometry (kernel time, spin-queued
+times `kernels.box.tiled` (--kernel tiled, the default), `kernels.box.packed`
+(--kernel packed) or `kernels.box.twopass` (--kernel twopass) over its geometry
+grid and `kernels.box.fused` at its default geometry (kernel time, spin-queued
 events as in `imgfilter.bench`), checks that both give identical images, and
 prints the best geometry per k; then times both defaults on the --sizes images
 (4K, 8K), and CuPy's uniform_filter where CuPy is installed. Registers and local
@@ -82,11 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     from numba import cuda
 
     from imgfilter.bench import Timer, copy_bandwidth_gbs
-    from kernels import box_fused as kfused
-    from kernels import box_packed as kpacked
-    from kernels import box_plan
-    from kernels import box_tiled as ktiled
-    from kernels import box_twopass as ktwopass
+    from kernels.box import fused as kfused
+    from kernels.box import packed as kpacked
+    from kernels.box import plan as box_plan
+    from kernels.box import tiled as ktiled
+    from kernels.box import twopass as ktwopass
 
     name = f"box_{args.kernel}"
     if args.kernel == "packed":

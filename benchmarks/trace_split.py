@@ -1,6 +1,6 @@
 """Timeline of the split softmax kernel on a GPU (a diagnostic, not a benchmark).
 
-Patches a copy of kernels/softmax_split.py's source (text replacements that fail
+Patches a copy of kernels/softmax/split.py's source (text replacements that fail
 loudly when the kernel changes shape) so that thread 0 of each block records
 %globaltimer at four points of every item: ticket taken, chunk loaded and reduced,
 row pair ready, own stores issued. Runs float16 512 x 131072 at auto's geometry and
@@ -23,9 +23,8 @@ from numba import cuda, types
 from numba.cuda.extending import intrinsic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import kernels  # noqa: E402
-from kernels import softmax as sm  # noqa: E402
-from kernels import softmax_split as ss  # noqa: E402
+from kernels.softmax import dispatch as sm  # noqa: E402
+from kernels.softmax import split as ss  # noqa: E402
 
 
 @intrinsic
@@ -38,7 +37,7 @@ def globaltimer(typingctx):
     return types.uint64(), codegen
 
 
-src = Path(kernels.__file__).with_name("softmax_split.py").read_text()
+src = Path(ss.__file__).read_text()
 
 
 def patch(old, new):
@@ -72,8 +71,8 @@ patch(
     "row_pair[0], row_pair[1], tout)\n"
     "                if tid == 0:\n                    trace[4 * due + 3] = globaltimer()\n",
 )
-mod = pytypes.ModuleType("kernels.softmax_split_traced")
-mod.__package__ = "kernels"
+mod = pytypes.ModuleType("kernels.softmax.split_traced")
+mod.__package__ = "kernels.softmax"
 mod.globaltimer = globaltimer
 sys.modules[mod.__name__] = mod
 exec(compile(src, "softmax_split_traced.py", "exec"), mod.__dict__)
@@ -107,7 +106,7 @@ counters = cuda.to_device(np.zeros(1 + rows, np.int32))
 partials = cuda.to_device(np.zeros(rows * how.chunks, np.int64))
 items = rows * how.chunks
 trace = cuda.to_device(np.zeros(4 * items, np.uint64))
-from kernels.launch import allow_dynamic_smem  # noqa: E402
+from kernels.common.launch import allow_dynamic_smem  # noqa: E402
 
 allow_dynamic_smem(
     kernel.compile(mod.signature(f16, f16) + (types.Array(types.uint64, 1, "C"),)),

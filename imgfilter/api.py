@@ -2,7 +2,7 @@
 
 NumPy in, NumPy out. GPU arrays (PyTorch CUDA tensors, anything with
 `__cuda_array_interface__`: CuPy, Numba) are filtered on the GPU without host copies
-or waiting: the work is queued on the call's stream and a `kernels.devarray.DeviceArray`
+or waiting: the work is queued on the call's stream and a `kernels.common.devarray.DeviceArray`
 comes back at once (`cupy.asarray` / `torch.as_tensor(a, device="cuda")` take it
 without a copy), or the caller's `out` is written.
 
@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from kernels.arrays import as_device_array, is_c_contiguous, is_device_array, overlaps
-from kernels.devarray import DeviceArray, stream_handle
+from kernels.common.arrays import as_device_array, is_c_contiguous, is_device_array, overlaps
+from kernels.common.devarray import DeviceArray, stream_handle
 
 from . import replay
 from .backends import get_backend
@@ -316,7 +316,7 @@ def filter2d(
     Returns:
         An array of img's shape and dtype; `out` when given. NumPy in, NumPy out. For a
         device image, the work is queued on the call's stream and a
-        `kernels.devarray.DeviceArray` comes back at once (`cupy.asarray` /
+        `kernels.common.devarray.DeviceArray` comes back at once (`cupy.asarray` /
         `torch.as_tensor(a, device="cuda")` take it without a copy).
 
     Raises:
@@ -400,7 +400,7 @@ def blur(
             filtered in row bands streamed through the GPU, with the same result.
 
     Returns:
-        An array of img's shape and dtype (a `kernels.devarray.DeviceArray`, queued on
+        An array of img's shape and dtype (a `kernels.common.devarray.DeviceArray`, queued on
         the stream, for a device image); `out` when given.
 
     Raises:
@@ -481,7 +481,7 @@ def contour(
         max_gpu_bytes: See `filter2d`.
 
     Returns:
-        (H, W) of img's dtype (a `kernels.devarray.DeviceArray`, queued on the stream,
+        (H, W) of img's dtype (a `kernels.common.devarray.DeviceArray`, queued on the stream,
         for a device image); `out` when given.
 
     Raises:
@@ -549,11 +549,11 @@ def _band_budget(be, arr: np.ndarray, out_bytes: int, max_gpu_bytes: int | None)
         return int(max_gpu_bytes) if need > max_gpu_bytes else 0
     if need < BANDS_CHECK_BYTES:
         return 0
-    from kernels.arrays import SIMULATOR
+    from kernels.common.arrays import SIMULATOR
 
     if SIMULATOR:
         return 0
-    from kernels.cudadrv import driver
+    from kernels.common.cudadrv import driver
 
     free = int(driver().free_and_total()[0] * 0.8)
     return free if need > free else 0
@@ -563,7 +563,7 @@ def _in_bands(arr: np.ndarray, out: Any, shape: tuple, reach: tuple, code: int, 
               budget: int) -> np.ndarray:  # fmt: skip
     """`run(src, dst, stream)` (a backend call) over host `arr` in row bands into `out`
     (or a new array of `shape`): `imgfilter.streamed.filter_in_bands`."""
-    from kernels.border_index import WRAP
+    from kernels.common.border_index import WRAP
 
     from .streamed import filter_in_bands
 

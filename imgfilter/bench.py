@@ -2,7 +2,7 @@
 
 Kernel time: a spin kernel keeps the GPU busy while Python queues N launches behind
 a start event, so (end - start) / N is the GPU time per launch, not Numba's ~30 us
-launch cost (`kernels.timing.kernel_us`); imgfilter's calls are the public API's on
+launch cost (`kernels.common.timing.kernel_us`); imgfilter's calls are the public API's on
 device arrays, into a pre-allocated `out`. Per-call time: wall time of the public API
 call on a device array (allocating its output), synchronised, as a user feels it.
 Peers: OpenCV on the host CPU (wall time), CuPy's cupyx.scipy.ndimage and PyTorch
@@ -45,7 +45,7 @@ class Row:
 
 
 class Timer:
-    """GPU and wall timers: kernel time through `kernels.timing.kernel_us` (the spin
+    """GPU and wall timers: kernel time through `kernels.common.timing.kernel_us` (the spin
     kernel, `repeats` windows), per-call wall time with a synchronisation."""
 
     def __init__(self, repeats: int = 7):
@@ -56,7 +56,7 @@ class Timer:
 
     def kernel_us(self, fn: Callable[[], object], launches: int = 20) -> float:
         """Median GPU microseconds per call of `fn` (which only enqueues work)."""
-        from kernels.timing import kernel_us
+        from kernels.common.timing import kernel_us
 
         return kernel_us(fn, launches, self.repeats)
 
@@ -100,7 +100,7 @@ def fma_rate_tfmas(timer: Timer) -> float:
     sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
     threads, blocks, n = 256, sms * 32, 4096
     out = cuda.device_array(threads * blocks, dtype=np.float32)
-    from kernels.timing import fma_kernel
+    from kernels.common.timing import fma_kernel
 
     us = timer.kernel_us(lambda: fma_kernel[blocks, threads](n, out), launches=5)
     return threads * blocks * n * 8 / (us * 1e-6) / 1e12
@@ -109,7 +109,7 @@ def fma_rate_tfmas(timer: Timer) -> float:
 def pure_python_correlate(img: np.ndarray, kernel: np.ndarray) -> np.ndarray:
     """cv2.filter2D (reflect101, float32 result) in plain Python loops: the seed's
     CPU baseline. Only for tiny images."""
-    from kernels.border_index import REFLECT101, border_index
+    from kernels.common.border_index import REFLECT101, border_index
 
     h, w, c = img.shape
     kh, kw = kernel.shape
@@ -213,7 +213,7 @@ def _bench_blur(ctx: _Context, size: str, img: np.ndarray, k: int) -> None:
     from numba import cuda
 
     import imgfilter
-    from kernels.box import box_method
+    from kernels.box.dispatch import box_method
 
     d_img = cuda.to_device(img)
     d_out = cuda.device_array_like(d_img)
@@ -347,7 +347,7 @@ def _bench_seed_comparison(ctx: _Context, img: np.ndarray) -> None:
 
 # (k, rank) of the low-rank k x k kernels timed at the seed size, separable passes
 # against one 2-D pass: either side of where `auto` takes them apart
-# (`kernels.conv_plan.separable_pays`: rank 1 from 16x16, rank 2 from 27x27).
+# (`kernels.conv.plan.separable_pays`: rank 1 from 16x16, rank 2 from 27x27).
 LOW_RANK_CASES = ((15, 1), (17, 1), (21, 1), (21, 2), (25, 2), (27, 2), (31, 2), (31, 3))
 # --quick: fewer kernel sizes (each a compile of its own on a fresh cache), every peer.
 QUICK_FILTER_KS = (3, 9, 21, 31)
@@ -363,8 +363,8 @@ def low_rank_launches(img: np.ndarray, k: int, rank: int) -> list[tuple[str, Cal
     from numba import cuda
 
     import imgfilter
-    from kernels import conv_blocked as kblocked
-    from kernels.conv_plan import low_rank_factors
+    from kernels.conv import blocked as kblocked
+    from kernels.conv.plan import low_rank_factors
 
     rng = np.random.default_rng(k * 100 + rank)
     kernel = sum(np.outer(rng.standard_normal(k), rng.standard_normal(k)) for _ in range(rank))

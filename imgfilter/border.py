@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels import border_index as _bi
+from kernels.common import border_index as _bi
 
 from .errors import UsageError
 

@@ -14,7 +14,7 @@ Per case and implementation:
 - per-call us: wall time of `calls` calls queued back to back (after warm-up), up to
   and including one final `s.synchronize()`, divided by `calls`. host us: the same
   loop's wall time before the synchronisation, divided by `calls`.
-- kernel us: a spin kernel keeps s busy (`kernels.timing.spin_window`, for
+- kernel us: a spin kernel keeps s busy (`kernels.common.timing.spin_window`, for
   1.5 * host_us * n / 1e6 + 0.01 s), a start event is recorded behind it, n calls
   are queued, then an end event; (end - start) / n. If the spin was over before the
   last call was queued and the calls ran faster than the host queued them (the GPU
@@ -168,10 +168,10 @@ def per_call_us(fn: Callable[[], object], stream, calls: int) -> tuple[float, fl
 
 
 def kernel_window(env: Env, fn: Callable[[], object], calls: int, spin_s: float):
-    """One spin-covered window on the bench stream (`kernels.timing.spin_window`):
+    """One spin-covered window on the bench stream (`kernels.common.timing.spin_window`):
     (kernel us per call, spin still running when the last call was queued, host us
     per call while queueing)."""
-    from kernels.timing import spin_window
+    from kernels.common.timing import spin_window
 
     return spin_window(fn, calls, spin_s, env.stream.ptr)
 
@@ -543,13 +543,13 @@ def softmax_case(env: Env, rows: int, cols: int) -> list[Impl]:
 
 
 def gemv_case(env: Env, n: int, k: int) -> list[Impl]:
-    from kernels.gemv import gemv
+    from kernels.linalg.gemv import gemv
 
     cp, s = env.cupy, env.stream
     a = cp.asarray((env.rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float16))
     x = cp.asarray(env.rng.standard_normal(k).astype(np.float16))
     return [
-        ours("kernels.gemv.gemv", lambda: gemv(a, x, stream=s), keep=(a, x)),
+        ours("kernels.linalg.gemv.gemv", lambda: gemv(a, x, stream=s), keep=(a, x)),
         torch_op(env, "mv", (a, x)),
     ]
 

@@ -2,13 +2,13 @@
 
 A pipeline calls `blur`, `filter2d` or `contour` on device images of one shape, call
 after call. The first call of a shape checks everything, plans and records its
-launches (the CUDA backend's `kernels.launch.Recipe`, which it reports here with
-`note`); `remember` then files the recipe under everything the call's checks and plan
-depended on: the function and its options, the image's shape, strides and dtype
-(`kernels.devarray.peek`), its address mod 16, and the stream. A later call with the
-same key is `lookup`'s: a new output from the pool and the recorded launches patched
-with the new addresses, a few microseconds of Python. Host images, `out=`, unhashable
-options and anything the backend did not record go the general way.
+launches (the CUDA backend's `kernels.common.launch.Recipe`, which it reports here
+with `note`); `remember` then files the recipe under everything the call's checks and
+plan depended on: the function and its options, the image's shape, strides and dtype
+(`kernels.common.devarray.peek`), its address mod 16, and the stream. A later call
+with the same key is `lookup`'s: a new output from the pool and the recorded launches
+patched with the new addresses, a few microseconds of Python. Host images, `out=`,
+unhashable options and anything the backend did not record go the general way.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from kernels.cudadrv import CudaError, GpuOutOfMemory
-from kernels.devarray import DeviceArray, c_array, empty_like, peek, stream_handle
+from kernels.common.cudadrv import CudaError, GpuOutOfMemory
+from kernels.common.devarray import DeviceArray, c_array, empty_like, peek, stream_handle
 
 from .errors import DeviceError, GpuMemoryError
 

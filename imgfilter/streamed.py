@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels.arrays import SIMULATOR, empty
+from kernels.common.arrays import SIMULATOR, empty
 
 SLOTS = 2
 COPY_THREADS = min(16, os.cpu_count() or 1)  # host copies: memory bandwidth, not cores
@@ -167,7 +167,7 @@ def filter_in_bands(img: np.ndarray, out: np.ndarray, reach: tuple[int, int], wr
     most = max(len(range(height)[s]) if isinstance(s, slice) else len(s) for _, _, s in plan)
     drv = None
     if not SIMULATOR:
-        from kernels.cudadrv import driver
+        from kernels.common.cudadrv import driver
 
         drv = driver()
     streams = _streams(drv)

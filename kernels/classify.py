@@ -6,7 +6,7 @@ the bias column and zero padding), `gather_rows` (training rows), `zero_column`,
 `argmax_rows` (class numbers through a lookup table), `fused_kernel` (logits,
 softmax and argmax per pixel in one pass) and `quantize_u8` (a float32 image's 8-bit
 contour source). One thread per element or row unless said. All are launched through
-kernels.launch.launch, on the caller's stream.
+kernels.common.launch.launch, on the caller's stream.
 """
 
 from __future__ import annotations

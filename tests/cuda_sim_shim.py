@@ -136,7 +136,7 @@ def all_sync(self, mask, predicate):
     return _vote(mask, predicate) == live
 
 
-# The fake device's attributes read by kernels.launch (a small, H100-like shape).
+# The fake device's attributes read by kernels.common.launch (a small, H100-like shape).
 FAKE_DEVICE_ATTRIBUTES = {"MULTIPROCESSOR_COUNT": 2, "MAX_THREADS_PER_MULTIPROCESSOR": 2048}
 
 
@@ -165,7 +165,7 @@ def install() -> None:
         if not hasattr(simulator_cuda, fn.__name__):
             setattr(simulator_cuda, fn.__name__, functools.partial(fn, None))
     # Old simulators: a kernel's body compiled as a device function (a batch in one
-    # launch, kernels.launch.batched_kernel) sees the simulator's `cuda`, which lacks
+    # launch, kernels.common.launch.batched_kernel) sees the simulator's `cuda`, which lacks
     # the fake module's fma.
     if not hasattr(simulator_cuda, "fma"):
         simulator_cuda.fma = functools.partial(fake.fma, None)

@@ -38,7 +38,7 @@ def test_api_reference_builds(tmp_path):
         "imgfilter.classify.train",
         "imgfilter.compare.agreement",
         "kernels.softmax.softmax",
-        "kernels.gemv.gemv",
-        "kernels.matmul.matmul",
+        "kernels.linalg.gemv.gemv",
+        "kernels.linalg.matmul.matmul",
     ):
         assert f'#{target}"' in everything, f"{target} is missing from the reference"

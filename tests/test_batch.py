@@ -64,7 +64,7 @@ def test_array_batch_equals_each_image_alone(dtype, channels, border, where):
 
 
 # (8, 16) images: every image's plane a multiple of 16 bytes, so a device batch
-# runs each kernel once for all its images (kernels.launch.Batching).
+# runs each kernel once for all its images (kernels.common.launch.Batching).
 ONE_LAUNCH_OPS = {
     "box (uint8: tiled)": (np.uint8, lambda b, **o: imgfilter.blur_batch(b, 3, **o),
                            lambda i, **o: imgfilter.blur(i, 3, **o)),
@@ -88,7 +88,7 @@ OUTER = np.outer([1, 2, 1], [0.25, 1, 2, -1]).astype(np.float32)
 
 
 def _count_launches(monkeypatch):
-    from kernels import launch
+    from kernels.common import launch
 
     counted = []
     real = launch._launch

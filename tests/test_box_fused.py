@@ -1,4 +1,4 @@
-"""The one-pass box kernel (`kernels.box_fused`) against an exact integral-image reference.
+"""The one-pass box kernel (`kernels.box.fused`) against an exact integral-image reference.
 
 On the simulator the geometry is shrunk (few threads, short runs, strips and batches)
 so that small images still span several blocks across and down, with strips, batches
@@ -14,10 +14,10 @@ from numba import cuda
 
 from imgfilter.backends import opencv as ref
 from imgfilter.border import BORDERS, pad
-from kernels import border_index as bi
-from kernels import box as kbox
-from kernels import box_fused as kfused
-from kernels import box_plan
+from kernels.box import dispatch as kbox
+from kernels.box import fused as kfused
+from kernels.box import plan as box_plan
+from kernels.common import border_index as bi
 
 
 def box_sums(img: np.ndarray, ksize, anchor, border: str, cval: int) -> np.ndarray:

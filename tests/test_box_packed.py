@@ -1,4 +1,4 @@
-"""The packed box kernel (`kernels.box_packed`) against an exact integral-image reference.
+"""The packed box kernel (`kernels.box.packed`) against an exact integral-image reference.
 
 On the simulator the geometry is shrunk (few threads, short runs, strips and batches)
 so that small images span several blocks across and down: border blocks, interior
@@ -16,9 +16,9 @@ from numba import cuda
 from test_box_fused import box_sums, exact_box
 
 from imgfilter.border import BORDERS
-from kernels import box as kbox
-from kernels import box_packed as kpacked
-from kernels import box_plan
+from kernels.box import dispatch as kbox
+from kernels.box import packed as kpacked
+from kernels.box import plan as box_plan
 
 
 def _image(shape, seed):

@@ -1,4 +1,4 @@
-"""The shared-memory tile box kernel (`kernels.box_tiled`) against an exact reference.
+"""The shared-memory tile box kernel (`kernels.box.tiled`) against an exact reference.
 
 On the simulator a shrunk geometry (few threads, small tiles, short runs) makes small
 images span several tiles across and down: border tiles, interior tiles (rows
@@ -24,9 +24,9 @@ from test_box_packed import (
 )
 
 from imgfilter.border import BORDERS
-from kernels import box as kbox
-from kernels import box_plan
-from kernels import box_tiled as ktiled
+from kernels.box import dispatch as kbox
+from kernels.box import plan as box_plan
+from kernels.box import tiled as ktiled
 
 
 def _tiled(img, ksize, anchor, border, cval, **geometry):

@@ -1,4 +1,4 @@
-"""The two-pass box kernel (`kernels.box_twopass`) against an exact integral-image reference.
+"""The two-pass box kernel (`kernels.box.twopass`) against an exact integral-image reference.
 
 On the simulator the geometry is shrunk (short runs and strips, few threads) so that
 small images span several row segments, column blocks and strips, with runs and
@@ -15,10 +15,10 @@ from test_box_fused import box_sums, exact_box
 from test_box_packed import _image
 
 from imgfilter.border import BORDERS
-from kernels import border_index as bi
-from kernels import box as kbox
-from kernels import box_plan
-from kernels import box_twopass as k2
+from kernels.box import dispatch as kbox
+from kernels.box import plan as box_plan
+from kernels.box import twopass as k2
+from kernels.common import border_index as bi
 
 # box_column_tiles sums whole 32-bit words modulo 2**32 on purpose; NumPy's scalars in
 # the simulator wrap the same way but warn.

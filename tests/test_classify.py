@@ -644,9 +644,9 @@ def test_gpu_predict_device_image_returns_while_the_stream_is_busy(astro_small, 
     argmax behind 0.3 s of spin on the caller's stream and returns at once; the results
     equal the host image's. Then on a torch side stream whose image is written behind
     a spin kernel, with no caller-side sync."""
-    from kernels import cudadrv, timing
-    from kernels.arrays import to_device, to_host
-    from kernels.devarray import stream_handle
+    from kernels.common import cudadrv, timing
+    from kernels.common.arrays import to_device, to_host
+    from kernels.common.devarray import stream_handle
 
     img, _ = astro_small
     model, _ = astro_model

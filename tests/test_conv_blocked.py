@@ -7,8 +7,9 @@ import pytest
 from numba import cuda
 
 from imgfilter.backends import opencv as ref
-from kernels import conv_blocked, conv_plan
-from kernels.saturate import saturate_f32, saturate_int
+from kernels.common.saturate import saturate_f32, saturate_int
+from kernels.conv import blocked as conv_blocked
+from kernels.conv import plan as conv_plan
 
 
 def test_saturate_f32_equals_saturate_int():

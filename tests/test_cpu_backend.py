@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from imgfilter.backends import cpu, cpu_fft
-from kernels import border_index as bi
-from kernels.saturate import output_limits
+from kernels.common import border_index as bi
+from kernels.common.saturate import output_limits
 
 BORDERS = {
     bi.REFLECT101: "reflect",

@@ -13,9 +13,10 @@ from numba import cuda
 
 from imgfilter.backends import opencv as ref
 from imgfilter.border import BORDERS
-from kernels import box as kbox
-from kernels import contour as kcontour
-from kernels import conv as kconv
+from kernels.box import running as kbox
+from kernels.contour import kernel as kcontour
+from kernels.conv import dispatch as kconv
+from kernels.conv import plan as kconv_plan
 
 METHODS = ("naive", "padded", "tiled", "blocked")
 
@@ -144,7 +145,7 @@ def test_contour_fused_matches_four_filter2d_and_or(shape, dtype):
 def test_full_size_filter(method, ksize):
     img = _image((2167, 2495, 3), np.uint8, seed=9)
     kernel = (np.random.default_rng(10).standard_normal(ksize) / ksize[0]).astype(np.float32)
-    if method == "tiled" and not kconv.tiled_fits(*ksize):
+    if method == "tiled" and not kconv_plan.tiled_fits(*ksize):
         pytest.skip("tile does not fit shared memory")
     got = _correlate(img, kernel, "reflect101", method)
     want = ref.filter2d(img, kernel)
@@ -172,7 +173,7 @@ def test_full_size_contour(border):
 
 
 def test_rank1_detection():
-    from kernels.conv_plan import rank1_factors
+    from kernels.conv.plan import rank1_factors
 
     gauss = np.outer([1, 4, 6, 4, 1], [1, 2, 1]) / 48.0
     col, row = rank1_factors(gauss)
@@ -184,7 +185,7 @@ def test_rank1_detection():
 
 
 def test_low_rank_factors_rebuild_the_kernel_and_count_its_rank():
-    from kernels.conv_plan import kernel_rank, low_rank_factors, max_separable_rank
+    from kernels.conv.plan import kernel_rank, low_rank_factors, max_separable_rank
 
     rng = np.random.default_rng(3)
     k3 = sum(np.outer(rng.random(6), rng.random(5)) for _ in range(3))

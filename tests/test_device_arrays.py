@@ -159,10 +159,10 @@ def test_a_stream_that_is_not_one_is_refused():
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(OPS))
 def test_device_call_returns_while_the_gpu_is_busy(name):
-    from kernels.cudadrv import driver
+    from kernels.common.cudadrv import driver
 
     cp = pytest.importorskip("cupy")
-    from kernels.timing import busy
+    from kernels.common.timing import busy
 
     host = _image((517, 1031, 3))
     d = cp.asarray(host)
@@ -218,8 +218,8 @@ def test_results_are_right_on_a_torch_stream(name):
 @pytest.mark.gpu
 def test_explicit_stream_argument_wins_over_the_arrays():
     cp = pytest.importorskip("cupy")
-    from kernels.cudadrv import driver
-    from kernels.timing import busy
+    from kernels.common.cudadrv import driver
+    from kernels.common.timing import busy
 
     host = _image((300, 400, 3), seed=8)
     d = cp.asarray(host)

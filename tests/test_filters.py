@@ -33,7 +33,7 @@ import imgfilter
 from imgfilter import UsageError
 from imgfilter.backends import opencv as ref
 from imgfilter.border import OPENCV_BORDER
-from kernels.conv_plan import auto_method
+from kernels.conv.plan import auto_method
 
 BORDERS = ("reflect101", "reflect", "replicate", "constant", "wrap")
 DTYPES = (np.uint8, np.uint16, np.float32)

@@ -50,7 +50,7 @@ def test_kernels_too_big_for_the_tiled_tile_wait_for_blocked(monkeypatch):
     monkeypatch.setattr(backend, "_BLOCKED_READY", set())
     monkeypatch.setattr(backend.cubins, "load", lambda name, cc: None)
     monkeypatch.setattr(backend, "driver", lambda: type("D", (), {"cc": (9, 0)})())
-    monkeypatch.setattr(backend._conv, "tiled_fits", lambda kh, kw: False)
+    monkeypatch.setattr(backend._conv_plan, "tiled_fits", lambda kh, kw: False)
     assert backend._blocked_or_tiled(31, 31, np.uint8) == "blocked"
 
 

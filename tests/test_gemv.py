@@ -1,4 +1,4 @@
-"""kernels.gemv against float64 NumPy, and its planning, validation and autotune cache.
+"""kernels.linalg.gemv against float64 NumPy, and its planning, validation and autotune cache.
 
 Error measure: |y - ref| <= rtol * (|A| @ |x|) per element (the scale of a dot
 product's rounding error; a plain relative error is meaningless where the sum cancels),
@@ -16,8 +16,8 @@ import pytest
 from numba import cuda
 from threaded import run_in_threads
 
-from kernels import gemv as G
-from kernels.gemv import Config, gemv, pack_bytes, plan
+from kernels.linalg import gemv as G
+from kernels.linalg.gemv import Config, gemv, pack_bytes, plan
 
 RTOL = {np.float32: 1e-5, np.float16: 2e-3}
 METHODS = ["naive", "splitk", "vectorized", "tree"]
@@ -449,7 +449,7 @@ def test_gpu_autotune_small_and_torch_input():
 
 
 def _stream_and_handle():
-    from kernels.devarray import stream_handle
+    from kernels.common.devarray import stream_handle
 
     st = cuda.stream()
     return st, stream_handle(st)
@@ -459,7 +459,7 @@ def _stream_and_handle():
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
 def test_gpu_repeated_calls_and_outputs(dtype):
     """Repeated calls: new outputs, views, out= of the other dtype and a strided out."""
-    from kernels.arrays import empty
+    from kernels.common.arrays import empty
 
     n, k = 1000, 4097
     A, x = random_problem(n, k, dtype)
@@ -487,8 +487,8 @@ def test_gpu_call_returns_while_the_stream_is_busy():
     """Issue 23: on device inputs gemv queues its kernel behind 0.3 s of spin on the
     caller's stream and returns at once (the stream still busy); then the result is
     right. With no stream=, the inputs' own stream (DeviceArray.stream) is used."""
-    from kernels import cudadrv, timing
-    from kernels.arrays import to_device, to_host
+    from kernels.common import cudadrv, timing
+    from kernels.common.arrays import to_device, to_host
 
     drv = cudadrv.driver()
     st, h = _stream_and_handle()
@@ -512,7 +512,7 @@ def test_gpu_call_returns_while_the_stream_is_busy():
 def test_gpu_threads_call_at_once():
     """Issue 28: 8 threads x 10 calls of new shapes (first use included), each on its
     own stream."""
-    from kernels.arrays import to_device, to_host
+    from kernels.common.arrays import to_device, to_host
 
     def work(i):
         st, h = _stream_and_handle()
@@ -530,7 +530,7 @@ def test_gpu_cupy_non_default_stream():
     """Inputs written on a non-blocking CuPy stream behind a spin kernel, then gemv with
     and without stream=, and the result used on that stream: no caller-side sync."""
     cp = pytest.importorskip("cupy")
-    from kernels import timing
+    from kernels.common import timing
 
     A, x = random_problem(2048, 1024, np.float32)
     st = cp.cuda.Stream(non_blocking=True)
@@ -551,7 +551,7 @@ def test_gpu_torch_non_default_stream():
     """As the CuPy test, on a torch side stream (torch's current stream is what a
     tensor's interface names), and out= a torch tensor."""
     torch = pytest.importorskip("torch")
-    from kernels import timing
+    from kernels.common import timing
 
     A, x = random_problem(2048, 1024, np.float16)
     tA = torch.from_numpy(A).cuda()
@@ -579,7 +579,7 @@ def test_gpu_torch_non_default_stream():
 def test_gpu_per_call_host_time():
     """Issue 23: host time per call of gemv 1024 x 1024 on device inputs (1000 calls
     queued, no sync). Printed; a loose bound guards against regressions."""
-    from kernels.arrays import to_device
+    from kernels.common.arrays import to_device
 
     A, x = random_problem(1024, 1024, np.float32)
     dA, dx = to_device(A), to_device(x)

@@ -1,4 +1,4 @@
-"""kernels.matmul (global-memory and 16x16 shared-memory tiles) against float64 NumPy.
+"""kernels.linalg.matmul (global-memory and 16x16 shared-memory tiles) against float64 NumPy.
 
 Error measure as for GEMV: |C - ref| <= rtol * (|A| @ |B|), rtol 1e-5 float32,
 2e-3 float16. Shapes are not multiples of the tile; `gpu` tests run larger ones.
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from kernels.matmul import matmul
+from kernels.linalg.matmul import matmul
 
 RTOL = {np.float32: 1e-5, np.float16: 2e-3}
 
@@ -147,9 +147,9 @@ def test_gpu_larger_shapes(method, dtype):
 def test_gpu_call_returns_while_the_stream_is_busy(method):
     """Issue 23: queued behind 0.3 s of spin on the caller's stream, matmul returns at
     once; the result is right once the stream is done. Also out= on the device."""
-    from kernels import cudadrv, timing
-    from kernels.arrays import empty, to_device, to_host
-    from kernels.devarray import stream_handle
+    from kernels.common import cudadrv, timing
+    from kernels.common.arrays import empty, to_device, to_host
+    from kernels.common.devarray import stream_handle
 
     drv = cudadrv.driver()
     h = stream_handle(cuda.stream())
@@ -176,7 +176,7 @@ def test_gpu_call_returns_while_the_stream_is_busy(method):
 def test_gpu_cupy_and_torch_non_default_streams():
     """Inputs changed on a non-blocking stream behind a spin kernel; matmul on that
     stream (named, or the one the inputs' interface names): no caller-side sync."""
-    from kernels import timing
+    from kernels.common import timing
 
     A, B = random_pair(256, 128, 64, np.float32)
     cp = None

@@ -138,7 +138,7 @@ def test_no_bands_without_the_memory_for_a_context(monkeypatch):
     """A GPU too full to open a CUDA context: one GpuMemoryError that says so, no
     band attempts (each would fail the same way)."""
     from imgfilter.backends import cuda as backend
-    from kernels.cudadrv import NoMemoryForContext
+    from kernels.common.cudadrv import NoMemoryForContext
 
     attempts = []
 

@@ -12,9 +12,9 @@ import threading
 import numpy as np
 import pytest
 
-from kernels import cudadrv, devarray, launch
-from kernels.cudadrv import GpuOutOfMemory
-from kernels.devarray import LEGACY, PER_THREAD, DeviceArray, Pool
+from kernels.common import cudadrv, devarray, launch
+from kernels.common.cudadrv import GpuOutOfMemory
+from kernels.common.devarray import LEGACY, PER_THREAD, DeviceArray, Pool
 
 
 class FakeDriver:
@@ -248,7 +248,7 @@ def test_a_prepared_launch_patches_pointers_and_stream_into_its_packed_parameter
 def test_no_driver_is_one_clear_error(monkeypatch):
     """Without libcuda: one CudaError that says what is missing and what needs it, not
     chained to the pool's empty free list."""
-    from kernels.cudadrv import CudaError, Driver
+    from kernels.common.cudadrv import CudaError, Driver
 
     monkeypatch.setattr(cudadrv, "_LIBS", ("libcuda-that-is-not-here.so",))
     with pytest.raises(CudaError, match="no NVIDIA driver found") as info:

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 from imgfilter.backends import background, cached, cubins
-from kernels import box_plan, shipped
+from kernels.box import plan as box_plan
+from kernels.common import shipped
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MANIFEST = json.loads((shipped.DIRECTORY / "manifest.json").read_text())
@@ -63,7 +64,9 @@ def test_the_first_use_kernels_ship():
 def _write_manifest(folder, digest: str, entry="_Zcontour") -> None:
     manifest = {
         "archs": ["sm90"],
-        "kernels": {"contour-uint8-c1": {"entry": entry, "modules": ["contour"], "digest": digest}},
+        "kernels": {
+            "contour-uint8-c1": {"entry": entry, "modules": ["contour.kernel"], "digest": digest}
+        },
     }
     (folder / "manifest.json").write_text(json.dumps(manifest))
     shipped.manifest.cache_clear()
@@ -78,7 +81,7 @@ def folder(tmp_path, monkeypatch):
     monkeypatch.setattr(shipped, "DIRECTORY", folder)
     monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("IMGFILTER_NO_PREBUILT", raising=False)
-    _write_manifest(folder, shipped.sources_digest(("contour",)))
+    _write_manifest(folder, shipped.sources_digest(("contour.kernel",)))
     yield folder
     shipped.manifest.cache_clear()
 
@@ -101,12 +104,12 @@ def test_the_users_cache_comes_first(folder):
 def test_stale_broken_or_switched_off_shipped_kernels_are_ignored(folder, monkeypatch):
     _write_manifest(folder, "0" * 16)  # built from other sources
     assert cubins.load("contour-uint8-c1", (9, 0)) is None
-    _write_manifest(folder, shipped.sources_digest(("contour",)), entry=3)
+    _write_manifest(folder, shipped.sources_digest(("contour.kernel",)), entry=3)
     assert cubins.load("contour-uint8-c1", (9, 0)) is None
     (folder / "manifest.json").write_text("{broken")
     shipped.manifest.cache_clear()
     assert cubins.load("contour-uint8-c1", (9, 0)) is None and not cubins.any_for((9, 0))
-    _write_manifest(folder, shipped.sources_digest(("contour",)))
+    _write_manifest(folder, shipped.sources_digest(("contour.kernel",)))
     monkeypatch.setenv("IMGFILTER_NO_PREBUILT", "1")
     shipped.manifest.cache_clear()
     assert shipped.manifest() == {} and cubins.load("contour-uint8-c1", (9, 0)) is None
@@ -122,13 +125,15 @@ def test_host_modules_do_not_change_a_kernels_digest(tmp_path, monkeypatch):
     monkeypatch.setattr(shipped, "_kernels_dir", lambda: copy)
     _clear_digests()
     try:
-        before = shipped.sources_digest(("contour",))
-        (copy / "launch.py").write_text((copy / "launch.py").read_text() + "\n# host\n")
+        before = shipped.sources_digest(("contour.kernel",))
+        launch = copy / "common" / "launch.py"
+        launch.write_text(launch.read_text() + "\n# host\n")
         _clear_digests()
-        assert shipped.sources_digest(("contour",)) == before
-        (copy / "border_index.py").write_text((copy / "border_index.py").read_text() + "\n#\n")
+        assert shipped.sources_digest(("contour.kernel",)) == before
+        border = copy / "common" / "border_index.py"
+        border.write_text(border.read_text() + "\n#\n")
         _clear_digests()
-        assert shipped.sources_digest(("contour",)) != before  # contour imports border_index
+        assert shipped.sources_digest(("contour.kernel",)) != before  # contour imports border_index
     finally:
         _clear_digests()
 
@@ -149,8 +154,8 @@ def test_a_recorded_closure_is_hashed_without_parsing(tmp_path, monkeypatch):
     shutil.copytree(os.path.dirname(kernels.__file__), copy)
     monkeypatch.setattr(shipped, "_kernels_dir", lambda: copy)
     _clear_digests()
-    listed = shipped.closure(("contour",))
-    entry = {"modules": ["contour"], "closure": listed}
+    listed = shipped.closure(("contour.kernel",))
+    entry = {"modules": ["contour.kernel"], "closure": listed}
     digest = shipped.files_digest(tuple(listed))
     _clear_digests()
 
@@ -160,10 +165,11 @@ def test_a_recorded_closure_is_hashed_without_parsing(tmp_path, monkeypatch):
     monkeypatch.setattr(shipped.ast, "parse", no_parsing)
     try:
         assert shipped._entry_digest(entry) == digest
-        (copy / "border_index.py").write_text((copy / "border_index.py").read_text() + "\n#\n")
+        border = copy / "common" / "border_index.py"
+        border.write_text(border.read_text() + "\n#\n")
         _clear_digests()
         assert shipped._entry_digest(entry) != digest
-        (copy / "border_index.py").unlink()
+        border.unlink()
         _clear_digests()
         assert shipped._entry_digest(entry) is None  # a module the build saw is gone
     finally:
@@ -238,7 +244,7 @@ def test_fresh_process_filters_from_shipped_kernels_without_numba(tmp_path):
         import sys
         import numpy as np
         import imgfilter
-        from kernels import box_plan
+        from kernels.box import plan as box_plan
         rng = np.random.default_rng(5)
         outs = {}
         kern = rng.standard_normal((21, 21)).astype(np.float32) / 21
@@ -285,7 +291,8 @@ def test_fresh_process_filters_from_shipped_kernels_without_numba(tmp_path):
 def test_signature_keys_tell_kernels_apart_and_last_across_processes():
     from numba import types
 
-    from kernels import box_fused, conv
+    from kernels.box import fused as box_fused
+    from kernels.conv import generic as conv
 
     f32, u8 = (types.float32,), (types.uint8,)
     keys = [
@@ -297,7 +304,8 @@ def test_signature_keys_tell_kernels_apart_and_last_across_processes():
     ]
     assert all(k and k.startswith("launch-") for k in keys) and len(set(keys)) == len(keys)
     code = (
-        "import numpy as np; from numba import types; from kernels import box_fused, shipped; "
+        "import numpy as np; from numba import types; from kernels.box import fused as box_fused; "
+        "from kernels.common import shipped; "
         "print(shipped.signature_key(box_fused.kernel_for(np.int32, 3, True), (types.float32,)))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -314,7 +322,7 @@ def test_kernels_outside_the_package_or_generated_have_no_key():
 
     assert shipped.signature_key(local, (types.float32,)) is None
     generated = type("D", (), {"py_func": staticmethod(lambda: None)})()
-    generated.py_func.__module__ = "kernels.launch"
+    generated.py_func.__module__ = "kernels.common.launch"
     assert shipped.signature_key(generated, ()) is None
 
 

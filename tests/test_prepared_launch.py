@@ -1,4 +1,4 @@
-"""`kernels.cudadrv.PreparedLaunch` with a stand-in for libcuda: each launch hands the
+"""`kernels.common.cudadrv.PreparedLaunch` with a stand-in for libcuda: each launch hands the
 driver the recorded parameters with only the patched pointers changed, and the stream
 it was given, however the streams alternate."""
 
@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from kernels import cudadrv
+from kernels.common import cudadrv
 
 
 class _Lib:

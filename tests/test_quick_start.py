@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from imgfilter.backends import cubins
-from kernels.cudadrv import array_params, scalar_param
+from kernels.common.cudadrv import array_params, scalar_param
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHONPATH = os.environ.get("PYTHONPATH", "")
@@ -44,7 +44,7 @@ def test_quick_start_modules_import_no_numba():
     done = _python(
         """
         import sys
-        import imgfilter.backends.cached, kernels.box_plan, kernels.contour_plan
+        import imgfilter.backends.cached, kernels.box.plan, kernels.contour.plan
         print(sorted(m for m in sys.modules if m.split(".")[0] in ("numba", "llvmlite")))
         """,
         {},
@@ -80,7 +80,7 @@ def test_command_line_starts_before_numpy_and_only_for_gpu_commands(tmp_path, mo
 
 def test_quick_box_looks_for_the_cubin_of_the_kernel_box_auto_runs(monkeypatch):
     from imgfilter.backends import cached
-    from kernels import box_plan
+    from kernels.box import plan as box_plan
 
     names = {
         "tiled": lambda geo, dtype, ksize: cubins.tiled_name(geo, 3, ksize),
@@ -107,7 +107,7 @@ def test_background_context_is_what_the_quick_start_uses(tmp_path, monkeypatch, 
     import threading
 
     from imgfilter.backends import cached, warmup
-    from kernels import cudadrv
+    from kernels.common import cudadrv
 
     opened = []
 
@@ -175,7 +175,7 @@ def test_parameters_are_packed_at_their_c_offsets():
 
     import threading
 
-    from kernels import cudadrv
+    from kernels.common import cudadrv
 
     drv = object.__new__(cudadrv.Driver)
     drv._lib, drv._tls, drv._smem_opted = Lib(), threading.local(), set()
@@ -191,7 +191,7 @@ def test_parameters_are_packed_at_their_c_offsets():
 def _ready(drv):
     import ctypes as c
 
-    from kernels import cudadrv
+    from kernels.common import cudadrv
 
     tls = drv._tls
     tls.ready = True
@@ -250,7 +250,7 @@ def test_a_later_process_finds_an_exported_cubin_without_parsing_sources(tmp_pat
     fake = _fake_dispatcher("uint8", b"\x7fELF...", "_Z7contour")
     cubins.remember(fake, "contour-uint8-c1", (np.uint8,), (9, 0))
     recorded = json.loads((tmp_path / "cubins" / "closures.json").read_text())
-    assert recorded["contour"] == list(cubins.shipped.closure(("contour",)))
+    assert recorded["contour"] == list(cubins.shipped.closure(("contour.kernel",)))
     cubins._digest.cache_clear()  # as in a new process
 
     def no_parsing(*args):
@@ -281,20 +281,20 @@ def test_a_stale_closure_record_misses_or_falls_back_to_parsing(tmp_path, monkey
                     (9, 0))  # fmt: skip
     record = tmp_path / "cubins" / "closures.json"
     # A module that no longer exists: parse instead, and find the cubin.
-    record.write_text(json.dumps({"contour": ["contour", "no_such_module"]}))
+    record.write_text(json.dumps({"contour": ["contour.kernel", "no_such_module"]}))
     cubins._digest.cache_clear()
     assert cubins.load("contour-uint8-c1", (9, 0)) == (b"img", "_Zc")
     # A record that leaves out a module the kernel imports now: a different digest,
     # so the cubin is not found (compiled again), never a stale one used.
-    record.write_text(json.dumps({"contour": ["contour"]}))
+    record.write_text(json.dumps({"contour": ["contour.kernel"]}))
     cubins._digest.cache_clear()
-    assert cubins.shipped.closure(("contour",)) != ["contour"]  # it imports others
+    assert cubins.shipped.closure(("contour.kernel",)) != ["contour.kernel"]  # it imports others
     assert cubins.load("contour-uint8-c1", (9, 0)) is None
     # The next export records the closure again.
     monkeypatch.setattr(cubins, "_saved", set())
     cubins.remember(_fake_dispatcher("uint8", b"img", "_Zc"), "contour-uint8-c1", (np.uint8,),
                     (9, 0))  # fmt: skip
-    assert json.loads(record.read_text())["contour"] == cubins.shipped.closure(("contour",))
+    assert json.loads(record.read_text())["contour"] == cubins.shipped.closure(("contour.kernel",))
     assert cubins.load("contour-uint8-c1", (9, 0)) == (b"img", "_Zc")
     cubins._digest.cache_clear()
 

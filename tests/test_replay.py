@@ -13,9 +13,11 @@ from test_pool import fake  # noqa: F401 - the fixture
 
 import imgfilter
 from imgfilter import api, replay
-from kernels import gemv, launch, softmax
-from kernels.cudadrv import CudaError
-from kernels.devarray import DeviceArray, peek
+from kernels.common import launch
+from kernels.common.cudadrv import CudaError
+from kernels.common.devarray import DeviceArray, peek
+from kernels.linalg import gemv
+from kernels.softmax import dispatch as softmax
 
 PACKER = struct.Struct("@" + "q" * 11 * 2)  # two 2-D arrays as Numba passes them
 
@@ -52,7 +54,7 @@ def test_a_filed_call_is_replayed_on_new_addresses(fake, clean):  # noqa: F811
 
 
 def pool_array(shape, stream):
-    from kernels.devarray import empty
+    from kernels.common.devarray import empty
 
     return empty(shape, np.uint8, stream)
 
@@ -248,7 +250,7 @@ _CupyLike.__module__ = "cupy._core.core"
 
 
 def test_peek_of_a_cupy_array_matches_its_view(monkeypatch):
-    from kernels import devarray
+    from kernels.common import devarray
 
     monkeypatch.setattr(devarray, "_CUPY", [lambda: _Stream(77)])
     for strides in (None, (16, 1)):

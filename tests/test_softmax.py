@@ -14,16 +14,17 @@ import pytest
 from numba import cuda, float32, int32, uint32
 from threaded import run_in_threads
 
-from kernels import arrays, launch
-from kernels import softmax as sm
-from kernels.reduce import (
+from kernels.common import arrays, launch
+from kernels.common.reduce import (
     block_allreduce_max,
     block_allreduce_sum,
     group_mask,
     warp_allreduce_max,
     warp_allreduce_sum,
 )
-from kernels.softmax import _pack_size, launch_plan, log_softmax, plan, softmax, warp_geometry
+from kernels.softmax import dispatch as sm
+from kernels.softmax import log_softmax, softmax
+from kernels.softmax.dispatch import _pack_size, launch_plan, plan, warp_geometry
 
 # Relative tolerance of probabilities; for log-softmax the same number is the absolute
 # tolerance (an absolute error e in log space is a relative error ~e in probability).
@@ -161,7 +162,7 @@ def test_pack_size_by_divisibility_word_size_and_alignment():
     assert _pack_size(1002, (f16, f16)) == 2
     assert _pack_size(1000, (f16, f32), (), 8) == 2
     assert _pack_size(1000, (f32, f32), (256, 260)) == 1  # misaligned output
-    # Loads and stores go up to 16 bytes (kernels.packs).
+    # Loads and stores go up to 16 bytes (kernels.common.packs).
     assert _pack_size(1000, (f32, f32), (), 16) == 4
     assert _pack_size(1000, (f16, f16), (), 16) == 8
     assert _pack_size(1000, (f16, f32), (), 16) == 4
@@ -291,7 +292,7 @@ def test_device_in_gives_a_device_array_on_the_call_stream():
     dy = softmax(cuda.to_device(x))
     assert not isinstance(dy, np.ndarray) and dy.shape == x.shape and dy.dtype == x.dtype
     if not arrays.SIMULATOR:
-        from kernels.devarray import DeviceArray
+        from kernels.common.devarray import DeviceArray
 
         assert type(dy) is DeviceArray and dy.stream == 0
     check(dy.copy_to_host(), x, False)
@@ -538,7 +539,7 @@ def test_gpu_block_variants(cols, dtype):
 
 def _new_stream() -> int:
     """A new non-blocking CUstream handle (destroy it with _destroy_stream)."""
-    from kernels.cudadrv import driver
+    from kernels.common.cudadrv import driver
 
     drv = driver()
     drv.current()
@@ -548,7 +549,7 @@ def _new_stream() -> int:
 
 
 def _destroy_stream(handle: int) -> None:
-    from kernels.cudadrv import driver
+    from kernels.common.cudadrv import driver
 
     driver().synchronize(handle)
     driver().call("cuStreamDestroy_v2", ctypes.c_void_p(handle))
@@ -572,9 +573,9 @@ def test_gpu_call_returns_while_the_stream_is_busy(rows, cols, dtype, method):
     and returns while the GPU is still busy; the results are right afterwards. The
     stream is new to the call (its output memory and the split path's scratch are
     made on it then)."""
-    from kernels import timing
-    from kernels.cudadrv import driver
-    from kernels.devarray import DeviceArray
+    from kernels.common import timing
+    from kernels.common.cudadrv import driver
+    from kernels.common.devarray import DeviceArray
 
     drv = driver()
     x = random_rows(rows, cols, dtype)
@@ -609,7 +610,7 @@ def test_gpu_cupy_stream(cols):
     softmax by stream=s and by the array's own (interface) stream, the result used
     there; no synchronisation by the caller before that."""
     cupy = pytest.importorskip("cupy")
-    from kernels import timing
+    from kernels.common import timing
 
     rows = max(8, (1 << 20) // cols)
     x = random_rows(rows, cols, np.float32)
@@ -643,7 +644,7 @@ def test_gpu_cupy_stream(cols):
 def test_gpu_torch_stream(cols):
     """The same on a torch side stream: softmax follows torch's current stream."""
     torch = pytest.importorskip("torch")
-    from kernels import timing
+    from kernels.common import timing
 
     rows = max(8, (1 << 20) // cols)
     x = random_rows(rows, cols, np.float32)

@@ -1,4 +1,4 @@
-"""kernels.softmax's `split` path (kernels.softmax_split) against float64 NumPy.
+"""kernels.softmax's `split` path (kernels.softmax.split) against float64 NumPy.
 
 The kernel's blocks wait for each other (a row's chunks combine through global
 memory), which Numba's simulator cannot run: it runs a grid's blocks one after
@@ -21,11 +21,12 @@ import pytest
 from numba import cuda
 from test_softmax import check, random_rows, reference, special_rows
 
-from kernels import arrays
-from kernels import softmax as sm
-from kernels import softmax_split as ss
-from kernels.launch import cdiv
-from kernels.softmax import plan, softmax
+from kernels.common import arrays
+from kernels.common.launch import cdiv
+from kernels.softmax import dispatch as sm
+from kernels.softmax import softmax
+from kernels.softmax import split as ss
+from kernels.softmax.dispatch import plan
 
 SLOT_TIMEOUT_S = 120.0  # a launch waiting this long for a block slot is deadlocked
 
@@ -394,7 +395,7 @@ def test_split_scratch_is_per_stream():
 
 def test_split_scratch_per_thread_on_the_per_thread_default_stream():
     """CU_STREAM_PER_THREAD (handle 2) is a different stream in every thread."""
-    from kernels.devarray import PER_THREAD
+    from kernels.common.devarray import PER_THREAD
 
     launcher = ss.SplitLauncher(kernel=None, rows=2, chunks=2)
     got: dict = {}
@@ -577,7 +578,7 @@ def test_gpu_split_on_two_streams_at_once(dtype):
     has its own scratch, so neither corrupts the other's tickets and pairs."""
     from test_softmax import _destroy_stream, _new_stream
 
-    from kernels.cudadrv import driver
+    from kernels.common.cudadrv import driver
 
     rows, cols = 64, 131072
     x1 = random_rows(rows, cols, dtype, seed=1)

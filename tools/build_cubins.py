@@ -1,11 +1,11 @@
-"""Build the kernels shipped in the package: kernels/prebuilt/ (`kernels.shipped`).
+"""Build the kernels shipped in the package: kernels/prebuilt/ (`kernels.common.shipped`).
 
 Two users, no compile on a first use:
 - the quick start (`imgfilter.backends.cached`, without Numba): the size-generic
   kernels that stand in for the size-specialised ones while those compile in the
   background (box_twopass for uint8 boxes, conv's tiled kernel for filters), and the
   kernels that are generic already (box_fused for uint16 boxes, contour);
-- the launch layer (`kernels.launch`, in a process that imported Numba): every kernel
+- the launch layer (`kernels.common.launch`, in a process that imported Numba): every kernel
   the workloads here compile: the ones above, softmax on common widths, GEMV on
   common shapes, and the classifier's training and prediction.
 Each is compiled by Numba exactly as imgfilter compiles it (by running the workloads
@@ -17,7 +17,7 @@ CUDA toolchain of the cu13 extra. Run from the repository root:
     python tools/build_cubins.py [--out kernels/prebuilt]
 
 It replaces the folder's contents: `<name>-sm<XY>.cubin` files and manifest.json (see
-`kernels.shipped`). Rebuild after editing a shipped kernel's sources: a kernel whose
+`kernels.common.shipped`). Rebuild after editing a shipped kernel's sources: a kernel whose
 sources' digest no longer matches is compiled instead, and tests/test_prebuilt.py
 fails until the kernels are rebuilt.
 """
@@ -48,7 +48,7 @@ def _random(shape: tuple, dtype, rng) -> np.ndarray:
 
 def _tall_box(channels: int) -> tuple[int, int]:
     """A box tall enough that box_twopass's column pass runs without shared tiles."""
-    from kernels import box_plan
+    from kernels.box import plan as box_plan
 
     for kh in range(33, 4096, 2):
         geo = box_plan.twopass_plan((64, 96, channels), np.uint8, (kh, 3))
@@ -60,7 +60,8 @@ def _tall_box(channels: int) -> tuple[int, int]:
 def _twopass(backend, rng):
     """(name, dispatcher, array dtypes) of box_twopass's row and column passes."""
     from imgfilter.backends import cubins
-    from kernels import box_plan, box_twopass
+    from kernels.box import plan as box_plan
+    from kernels.box import twopass as box_twopass
 
     for channels in CHANNELS:
         for ksize in ((33, 33), _tall_box(channels)):
@@ -77,7 +78,8 @@ def _twopass(backend, rng):
 def _fused(backend, rng):
     """box_fused for uint16 images: every (sum type, rounding) the plan can pick."""
     from imgfilter.backends import cubins
-    from kernels import box_fused, box_plan
+    from kernels.box import fused as box_fused
+    from kernels.box import plan as box_plan
 
     shape = (64, 96)
     for channels in CHANNELS:
@@ -99,7 +101,7 @@ def _fused(backend, rng):
 
 def _contour(backend, rng):
     from imgfilter.backends import cubins
-    from kernels import contour
+    from kernels.contour import kernel as contour
 
     for dtype in (np.uint8, np.uint16):  # contour takes integer images
         for channels in CHANNELS:
@@ -109,7 +111,7 @@ def _contour(backend, rng):
 
 def _conv_tiled(backend, rng):
     from imgfilter.backends import cubins
-    from kernels import conv
+    from kernels.conv import generic as conv
 
     kernel = rng.standard_normal((5, 5)).astype(np.float32)
     for dtype in (np.uint8, np.uint16, np.float32):
@@ -136,8 +138,8 @@ def _softmax(rng) -> None:
 
 
 def _gemv(rng) -> None:
-    """`kernels.gemv.gemv` on method auto's common shapes."""
-    from kernels.gemv import gemv
+    """`kernels.linalg.gemv.gemv` on method auto's common shapes."""
+    from kernels.linalg.gemv import gemv
 
     for dtype in (np.float32, np.float16):
         for n, k in ((1024, 1024), (4096, 4096), (999, 333)):
@@ -157,7 +159,7 @@ def _classify(rng) -> None:
 
 def _recording_compiles() -> list:
     """Note every (dispatcher, argument types) the launch layer compiles from now on."""
-    from kernels import launch
+    from kernels.common import launch
 
     noted: list = []
     compile_one = launch._compile
@@ -191,7 +193,7 @@ def build(out: Path) -> dict:
     os.environ["IMGFILTER_NO_PREBUILT"] = "1"
     from imgfilter.backends import cubins
     from imgfilter.backends import cuda as backend
-    from kernels import shipped
+    from kernels.common import shipped
 
     rng = np.random.default_rng(0)
     shutil.rmtree(out, ignore_errors=True)

@@ -14,7 +14,7 @@ Contract shared by every backend (the array API validates before calling):
 - `kernel` is a 2-D float32 host array (kh, kw); `ksize` is (kh, kw) for a box.
 - `anchor` is (ay, ax), the kernel cell placed on the output pixel (OpenCV's anchor,
   already resolved: (kh // 2, kw // 2) for the default).
-- `border` is a code from `kernels.border_index`; `value` the constant-border value.
+- `border` is a code from `kernels.common.border_index`; `value` the constant-border value.
 - `out` has the dtype and shape of `img` (contour: (H, W) of img's dtype, uint8 or
   uint16), rounded half-to-even and saturated for integer dtypes, as cv2.filter2D does.
 - `method` names a CUDA variant ("auto", "naive", "padded", "tiled", "separable");

@@ -5,13 +5,13 @@ far longer than filtering a photo. When cubins exported by the CUDA backend
 (`imgfilter.backends.cubins`) exist for this GPU, `get_backend` hands out this module
 instead: box blurs and contour maps of host images, and filters that method auto
 gives the register-blocked kernel, run from those cubins through the CUDA driver
-(`kernels.cudadrv`, the package's one launch layer, and its memory pool) with the very
+(`kernels.common.cudadrv`, the package's one launch layer, and its memory pool) with the very
 kernels and arguments the Numba path would launch, so results are identical. Anything
 else (other kernels, other methods, device arrays, a missing cubin, a driver error) is
 passed to `imgfilter.backends.cuda`, which imports Numba then. Same contract as every backend.
 Set IMGFILTER_NO_QUICK_START=1 to always use the Numba path.
 
-First use: the package ships size-generic kernels (`kernels.shipped`). Where the kernel
+First use: the package ships size-generic kernels (`kernels.common.shipped`). Where the kernel
 method auto picks is specialised for a size and not compiled yet (a box of a new size,
 a filter of a new kernel size), this module runs the shipped generic kernel, which gives
 the same results, and starts that compile in a detached process
@@ -27,11 +27,14 @@ import threading
 
 import numpy as np
 
-from kernels import box_plan, contour_plan, conv_plan, devarray
-from kernels.cudadrv import CudaError, Driver, array_params, scalar_param
-from kernels.cudadrv import driver as cuda_driver
-from kernels.launch import image_grid
-from kernels.saturate import output_limits
+from kernels.box import plan as box_plan
+from kernels.common import devarray
+from kernels.common.cudadrv import CudaError, Driver, array_params, scalar_param
+from kernels.common.cudadrv import driver as cuda_driver
+from kernels.common.launch import image_grid
+from kernels.common.saturate import output_limits
+from kernels.contour import plan as contour_plan
+from kernels.conv import plan as conv_plan
 
 from . import background, cubins, warmup
 
@@ -86,7 +89,7 @@ def _run(name: str, img: np.ndarray, out_shape: tuple, launch, extra=None,
     launch(driver, fn, d_img, d_out[, d_extra]) with their device addresses, copy the
     result back; None when the cubin is missing or the driver fails. With
     scratch_bytes, d_extra is that much uninitialised device memory instead. Device
-    memory comes from the pool (`kernels.devarray`), on the calling thread's default
+    memory comes from the pool (`kernels.common.devarray`), on the calling thread's default
     stream."""
     drv = _driver()
     if drv is None:
@@ -256,7 +259,7 @@ def _blocked_quick(img, kernel, anchor, border, value) -> np.ndarray | None:
 
 
 def _conv_tiled_quick(img, kernel, anchor, border, value) -> np.ndarray | None:
-    """`kernels.conv.correlate_tiled`, which takes any kernel size that fits its tile."""
+    """`kernels.conv.generic.correlate_tiled`, which takes any kernel size that fits its tile."""
     kh, kw = kernel.shape
     smem = conv_plan.tiled_smem_bytes(kh, kw)
     if smem > conv_plan.SMEM_LIMIT:

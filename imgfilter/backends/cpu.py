@@ -63,10 +63,10 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from kernels import border_index as _bi
-from kernels import gray as _gray
-from kernels import saturate as _sat
-from kernels.saturate import output_limits
+from kernels.common import border_index as _bi
+from kernels.common import gray as _gray
+from kernels.common import saturate as _sat
+from kernels.common.saturate import output_limits
 
 NAME = "cpu"
 

@@ -9,7 +9,7 @@ Two places hold them:
   modules aside) with the numba-cuda version, and the compute capability, so an
   upgrade or an edit of a kernel never picks up a stale binary. Writes are atomic;
   unreadable or foreign files are ignored.
-- the kernels shipped in the package (`kernels.shipped`, built by
+- the kernels shipped in the package (`kernels.common.shipped`, built by
   tools/build_cubins.py): size-generic kernels for the GPU generations its manifest
   lists, each valid while its sources are unchanged (the numba-cuda version does not
   matter: the launcher packs the arguments itself).
@@ -29,28 +29,27 @@ from pathlib import Path
 
 import numpy as np
 
-import kernels
-from kernels import shipped
-from kernels.cache import cache_dir
+from kernels.common import shipped
+from kernels.common.cache import cache_dir
 
 _saved: set = set()
 
 
 def box_name(geometry: dict, channels: int, dtype) -> str:
-    """Name of the box_fused specialisation that `kernels.box_plan.plan` chose."""
+    """Name of the box_fused specialisation that `kernels.box.plan.plan` chose."""
     sums = np.dtype(geometry["sum_type"]).name
     return f"box_fused-{np.dtype(dtype).name}-{sums}-c{channels}-m{int(geometry['magic_rounding'])}"
 
 
 def packed_name(geometry: dict, channels: int) -> str:
-    """Name of the box_packed specialisation that `kernels.box_plan.packed_plan` chose."""
+    """Name of the box_packed specialisation that `kernels.box.plan.packed_plan` chose."""
     g = geometry
     return f"box_packed-c{channels}-r{g['run']}-t{g['threads']}-e{int(g['even'])}"
 
 
 def tiled_name(geometry: dict, channels: int, ksize: tuple) -> str:
-    """Name of the box_tiled specialisation that `kernels.box_plan.tiled_plan` chose
-    (`kernels.box_tiled.kernel_for(channels, ksize, geometry)`)."""
+    """Name of the box_tiled specialisation that `kernels.box.plan.tiled_plan` chose
+    (`kernels.box.tiled.kernel_for(channels, ksize, geometry)`)."""
     g = geometry
     kh, kw = ksize
     return (
@@ -76,7 +75,7 @@ def blocked_name(kh: int, kw: int, dtype) -> str:
 
 
 def conv_tiled_name(dtype) -> str:
-    """Name of `kernels.conv.correlate_tiled` on `dtype` images (any kernel size)."""
+    """Name of `kernels.conv.generic.correlate_tiled` on `dtype` images (any kernel size)."""
     return f"conv_tiled-{np.dtype(dtype).name}"
 
 
@@ -92,13 +91,13 @@ def _numba_cuda_version() -> str:
 
 # The first word of a cubin's name -> the `kernels` modules its kernel is defined in.
 _FAMILY_MODULES = {
-    "box_fused": ("box_fused",),
-    "box_packed": ("box_packed",),
-    "box_tiled": ("box_tiled",),
-    "box_twopass": ("box_twopass",),
-    "contour": ("contour",),
-    "blocked": ("conv_blocked",),
-    "conv_tiled": ("conv",),
+    "box_fused": ("box.fused",),
+    "box_packed": ("box.packed",),
+    "box_tiled": ("box.tiled",),
+    "box_twopass": ("box.twopass",),
+    "contour": ("contour.kernel",),
+    "blocked": ("conv.blocked",),
+    "conv_tiled": ("conv.generic",),
 }
 
 
@@ -108,11 +107,11 @@ def family(name: str) -> str:
 
 
 def family_modules(name: str) -> tuple[str, ...]:
-    """The `kernels` modules the kernel of a cubin name is compiled from (all of them
-    for a family not in the table)."""
+    """The `kernels` modules (dotted names inside the package) the kernel of a cubin
+    name is compiled from (all of them for a family not in the table)."""
     modules = _FAMILY_MODULES.get(family(name))
     if modules is None:
-        modules = tuple(sorted(p.stem for p in Path(kernels.__file__).parent.glob("*.py")))
+        modules = shipped.all_modules()
     return modules
 
 

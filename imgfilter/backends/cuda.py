@@ -1,7 +1,7 @@
 """The CUDA backend: runs `kernels` on the GPU (or on Numba's simulator in tests).
 
 Host arrays are copied to the device and the result copied back (the call waits for
-it); device arrays (the API hands them over as `kernels.devarray.DeviceArray` views)
+it); device arrays (the API hands them over as `kernels.common.devarray.DeviceArray` views)
 stay on the device: the work is queued on the call's stream and a device array is
 returned at once, without waiting for the GPU. See `imgfilter.backends` for the
 shared contract.
@@ -16,16 +16,14 @@ import time
 import numpy as np
 from numba import config
 
-from kernels import box as _box
-from kernels import box_fused as _box_fused
-from kernels import box_packed as _box_packed
-from kernels import box_tiled as _box_tiled
-from kernels import box_twopass as _box_twopass
-from kernels import contour as _contour
-from kernels import conv as _conv
-from kernels import conv_blocked as _blocked
-from kernels import conv_plan as _conv_plan
-from kernels.arrays import (
+from kernels.box import dispatch as _box
+from kernels.box import fused as _box_fused
+from kernels.box import packed as _box_packed
+from kernels.box import plan as _box_plan
+from kernels.box import running as _box_running
+from kernels.box import tiled as _box_tiled
+from kernels.box import twopass as _box_twopass
+from kernels.common.arrays import (
     copy_rows,
     empty,
     empty_like,
@@ -34,11 +32,11 @@ from kernels.arrays import (
     to_device,
     to_host,
 )
-from kernels.border_index import WRAP
-from kernels.border_index import border_index as _border_index
-from kernels.conv_plan import low_rank_factors
-from kernels.cudadrv import CudaError, GpuOutOfMemory, NoMemoryForContext, driver
-from kernels.launch import (
+from kernels.common.border_index import WRAP
+from kernels.common.border_index import border_index as _border_index
+from kernels.common.cudadrv import CudaError, GpuOutOfMemory, NoMemoryForContext, driver
+from kernels.common.launch import (
+    SMEM_LIMIT,
     Batching,
     Collecting,
     Recording,
@@ -47,6 +45,11 @@ from kernels.launch import (
     run_var_shape,
     var_shape_plan,
 )
+from kernels.contour import kernel as _contour
+from kernels.conv import blocked as _blocked
+from kernels.conv import dispatch as _conv
+from kernels.conv import plan as _conv_plan
+from kernels.conv.plan import low_rank_factors
 
 from .. import replay
 from ..errors import DeviceError, GpuMemoryError, UsageError
@@ -90,7 +93,7 @@ class _Call:
 
 def begin(img, out, stream) -> _Call:
     """The device image (a host image is queued for upload), the stream the call runs
-    on (`kernels.arrays.resolve_stream`) and where the result goes: a device `out` is
+    on (`kernels.common.arrays.resolve_stream`) and where the result goes: a device `out` is
     written in place, a host `out` receives the copy."""
     if isinstance(img, np.ndarray):
         handle = resolve_stream(stream)
@@ -134,7 +137,7 @@ def _queue(key: tuple, call: _Call, out_shape: tuple, run, rows: tuple = (0, 0),
 
 def _queue_batch(key: tuple, batch, out, stream: int, run):
     """`_queue` for a batch: the launches of its first image made for every image
-    (`kernels.launch.Batching`: one launch per kernel where it can), recorded and
+    (`kernels.common.launch.Batching`: one launch per kernel where it can), recorded and
     replayed as one recipe; each image on its own where the images do not keep the
     first one's 16-byte alignment."""
     n = batch.shape[0]
@@ -179,10 +182,10 @@ def _replay_or_record(key: tuple, img, out, stream: int, run, batching=None):
 
 def _on_device(key: tuple, img, out, stream, out_shape: tuple, record, rows: tuple,
                border: int):  # fmt: skip
-    """A device image's call: queued on its stream (`kernels.arrays.resolve_stream`)
+    """A device image's call: queued on its stream (`kernels.common.arrays.resolve_stream`)
     into `out` (allocated there when None), which is returned at once. `record(src,
     dst, handle)` makes the launches: on a first call of its key, shapes, alignments
-    and stream, recorded (`kernels.launch.Recording`); later calls replay them, a few
+    and stream, recorded (`kernels.common.launch.Recording`); later calls replay them, a few
     microseconds of Python. `key` holds every option that shapes the launches
     besides the arrays (kernel size, anchor, border, value, method...). `rows` =
     (above, below): the rows of neighbours an output row reads, and `border` the
@@ -225,14 +228,14 @@ _VAR_RECIPES_KEEP = 64
 def _on_device_list(imgs: list, values: list, outs, stream, out_shapes: list, plan_for,
                     rows: tuple, border: int) -> list:  # fmt: skip
     """Device images of any sizes (a list of (H, W, C) arrays) filtered in a number of
-    launches that does not grow with their number (`kernels.launch.var_shape_plan`):
+    launches that does not grow with their number (`kernels.common.launch.var_shape_plan`):
     each image's launch function runs once under a `Collecting`, images of equal plans
     share each launch, blocks past an image's own grid return at once. Queued on the
     first image's stream (or `stream`); returns `outs` (allocated as views of one pool
     allocation when None). `plan_for(img, value)` (values[i]: image i's border value,
     cast to its dtype) gives (key, record): the options that shape the image's
     launches and `record(src, dst, handle)`. Later calls with the same shapes,
-    dtypes, keys, alignments and stream replay a `kernels.launch.VarShapeRecipe`.
+    dtypes, keys, alignments and stream replay a `kernels.common.launch.VarShapeRecipe`.
     Images taller than one grid go alone (`_in_row_bands`)."""
     handle = resolve_stream(stream, imgs[0])
     try:
@@ -366,16 +369,17 @@ def _resolve_correlation_method(method: str, kernel: np.ndarray) -> str:
             raise UsageError(f"method 'separable' handles kernels up to {_conv_plan.MAX_SIDE} wide")
         return method
     if method == "auto":
-        return _conv_plan.auto_method(kernel) or ("tiled" if _conv.tiled_fits(kh, kw) else "padded")
+        fallback = "tiled" if _conv_plan.tiled_fits(kh, kw) else "padded"
+        return _conv_plan.auto_method(kernel) or fallback
     if method == "blocked" and not _conv_plan.fits(kh, kw):
         raise UsageError(
             f"method 'blocked' handles kernels up to {_conv_plan.MAX_SIDE}x{_conv_plan.MAX_SIDE}; "
             "use tiled, padded or naive"
         )
-    if method == "tiled" and not _conv.tiled_fits(kh, kw):
+    if method == "tiled" and not _conv_plan.tiled_fits(kh, kw):
         raise UsageError(
-            f"method 'tiled' needs {_conv.tiled_smem_bytes(kh, kw)} bytes of shared memory "
-            f"for a {kh}x{kw} kernel (limit {_conv.SMEM_LIMIT}); use naive or padded"
+            f"method 'tiled' needs {_conv_plan.tiled_smem_bytes(kh, kw)} bytes of shared memory "
+            f"for a {kh}x{kw} kernel (limit {SMEM_LIMIT}); use naive or padded"
         )
     return method
 
@@ -471,7 +475,7 @@ def _blocked_or_tiled(kh: int, kw: int, dtype) -> str:
         if cubins.load(cubins.blocked_name(kh, kw, dtype), driver().cc) is not None:
             _BLOCKED_READY.add(key)
             return "blocked"
-        if not _conv.tiled_fits(kh, kw):
+        if not _conv_plan.tiled_fits(kh, kw):
             return "blocked"
         with _lock:
             start = key not in _BLOCKED_PENDING
@@ -588,15 +592,15 @@ def correlate(img, kernel, anchor, border, value, method, out=None, stream=None)
 def box(img, ksize, anchor, border, value, method, out=None, stream=None):
     """cv2.blur semantics on the GPU.
 
-    auto: one pass for uint8/uint16 (`kernels.box_tiled` for uint8 boxes up to 41,
-    else running sums in `kernels.box_fused` or `kernels.box_packed`), else a column
+    auto: one pass for uint8/uint16 (`kernels.box.tiled` for uint8 boxes up to 41,
+    else running sums in `kernels.box.fused` or `kernels.box.packed`), else a column
     running-sum pass then a row pass (cost ~ independent of k for running sums);
     separable: a row-sum pass and a column-sum pass; naive/padded/tiled/blocked: the
     general correlation kernels with a constant kernel of 1 / (kh * kw).
     """
     kh, kw = ksize
     if method in ("auto", "separable"):
-        run = _box.box_auto if method == "auto" else _box.box_separable
+        run = _box.box_auto if method == "auto" else _box_running.box_separable
         if not isinstance(img, np.ndarray):
             options = ("box", method, ksize, anchor, border, value)
             call = _CALLS.get(options)
@@ -710,7 +714,7 @@ def _memo_by_image(make):
 
 
 def _shared_tiles(imgs: list, ksize: tuple) -> dict:
-    """channels -> the `kernels.box_tiled` geometry that every uint8 image of the list
+    """channels -> the `kernels.box.tiled` geometry that every uint8 image of the list
     with that many channels runs when box_auto gives it box_tiled: the plan of their
     largest height and width, whose tiles any of them can take (a tile partly outside
     an image is the usual last tile of a row), so that one kernel serves them all
@@ -723,7 +727,7 @@ def _shared_tiles(imgs: list, ksize: tuple) -> dict:
             sizes[img.shape[2]] = (max(h, img.shape[0]), max(w, img.shape[1]))
     tiles = {}
     for channels, (h, w) in sizes.items():
-        method, geometry = _box.box_plan.choose((h, w, channels), np.dtype(np.uint8), ksize)
+        method, geometry = _box_plan.choose((h, w, channels), np.dtype(np.uint8), ksize)
         if method == "tiled":
             tiles[channels] = geometry
     return tiles
@@ -762,7 +766,7 @@ def box_list(imgs: list, ksize, anchor, border, values: list, method, outs=None,
     if method not in ("auto", "separable"):
         weights = np.full((kh, kw), 1.0 / (kh * kw), dtype=np.float32)
         return correlate_list(imgs, weights, anchor, border, values, method, outs, stream)
-    run = _box.box_auto if method == "auto" else _box.box_separable
+    run = _box.box_auto if method == "auto" else _box_running.box_separable
     tiles = functools.cache(lambda: _shared_tiles(imgs, ksize) if method == "auto" else {})
 
     def make(dtype, value):

@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 
 GPU_COMMANDS = ("blur", "filter", "contour")
-# kernels/prebuilt/manifest.json (`kernels.shipped`), found without importing `kernels`.
+# kernels/prebuilt/manifest.json (`kernels.common.shipped`), found without importing `kernels`.
 PREBUILT_MANIFEST = Path(__file__).parents[2] / "kernels" / "prebuilt" / "manifest.json"
 
 _thread: threading.Thread | None = None
@@ -42,7 +42,7 @@ def _cubins_cached() -> bool:
     if os.environ.get("IMGFILTER_NO_PREBUILT") != "1" and PREBUILT_MANIFEST.exists():
         return True
     # The folder `imgfilter.backends.cubins` keeps them in; that module imports NumPy.
-    from kernels.cache import cache_dir
+    from kernels.common.cache import cache_dir
 
     folder = Path(cache_dir()) / "cubins"
     try:
@@ -65,7 +65,7 @@ def wanted(argv: list[str]) -> bool:
 
 
 def _open() -> None:
-    from kernels.cudadrv import CudaError, driver  # ctypes only: no NumPy, no Numba
+    from kernels.common.cudadrv import CudaError, driver  # ctypes only: no NumPy, no Numba
 
     try:
         _result.append(driver())

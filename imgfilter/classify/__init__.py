@@ -111,7 +111,7 @@ def _device_image(img: Any):
     as _check_image checks host images; None for anything else."""
     if isinstance(img, np.ndarray):
         return None
-    from kernels.arrays import as_device_array, is_device_array
+    from kernels.common.arrays import as_device_array, is_device_array
 
     if not is_device_array(img):
         return None
@@ -161,7 +161,7 @@ def extract_features(img: Any, spec: dict | None = None, *, backend: str = "auto
     X = pipeline.compute(eng.FeatureEngine(), arr, spec)
     F = len(feature_names(spec, colour_channels(arr)))
     if eng.NAME == "cuda":
-        from kernels.arrays import to_host
+        from kernels.common.arrays import to_host
 
         return to_host(X)[:, :F]
     return X

@@ -6,7 +6,7 @@ matrix, P pixels by Fa = the F features, a column of ones (the bias) and zero co
 up to a multiple of 4 (so every row is 16-byte aligned for GEMV's 128-bit loads).
 
 Classification (`predict`), as issue 6 asks: the logits of class c are one GEMV,
-`kernels.gemv.gemv(X, [W_c - W_last, b_c - b_last, 0...])`, written into column c of a
+`kernels.linalg.gemv.gemv(X, [W_c - W_last, b_c - b_last, 0...])`, written into column c of a
 (P, C) logits matrix (through `column`, an O(1) strided view) whose last column is
 zero (softmax does not change when a row's logits all shift by the same amount, so
 C - 1 GEMVs suffice); `kernels.softmax.softmax` turns each row into probabilities; a
@@ -19,8 +19,8 @@ Streams (issue 23): every launch, filter, GEMV, softmax and copy of one feature
 computation or one prediction is queued on one stream (`FeatureEngine(stream)`,
 `predict_device(..., stream=)`: a stream object or CUstream handle, else the device
 image's or matrix's own stream, else the legacy default stream), through
-kernels.launch.launch, and nothing waits for the GPU until a result is copied to the
-host. Arrays come from kernels.devarray's stream-ordered pool, so the temporaries of
+kernels.common.launch.launch, and nothing waits for the GPU until a result is copied to the
+host. Arrays come from kernels.common.devarray's stream-ordered pool, so the temporaries of
 a call can be dropped as soon as their launches are queued.
 
 Training (`TrainEngine`): the labelled rows' standardised features Z (n, Fa) and Z^T
@@ -36,7 +36,7 @@ import numpy as np
 from numba import config
 
 from kernels import classify as kc
-from kernels.arrays import (
+from kernels.common.arrays import (
     SIMULATOR,
     as_device_array,
     empty,
@@ -45,10 +45,10 @@ from kernels.arrays import (
     to_device,
     to_host,
 )
-from kernels.conv import tiled_fits
-from kernels.devarray import DeviceArray
-from kernels.gemv import gemv
-from kernels.launch import launch
+from kernels.common.devarray import DeviceArray
+from kernels.common.launch import launch
+from kernels.conv.plan import tiled_fits
+from kernels.linalg.gemv import gemv
 from kernels.softmax import softmax
 
 from .. import api
@@ -196,7 +196,7 @@ def column(a, c: int):
     Not `a[:, c]`: for a non-contiguous view, numba-cuda's DeviceNDArray.__getitem__
     (0.30.4: `_do_getitem` -> dummyarray's `iter_contiguous_extent`) loops in Python over
     every element, one extent each: ~13 s for a column of 8.3 M rows (a 4K image), which
-    made predict take 26 s. On a GPU this is a kernels.devarray.DeviceArray of the
+    made predict take 26 s. On a GPU this is a kernels.common.devarray.DeviceArray of the
     column (the parent kept alive as its owner); on the simulator the array wraps a
     NumPy array, whose column slice is O(1); it is wrapped as the simulator's own
     __getitem__ wraps one."""

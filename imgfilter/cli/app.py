@@ -213,7 +213,7 @@ def _report(e: Exception, debug: bool) -> int:
 def gpu_failure(e: BaseException) -> bool:
     """A CUDA error that reached the command (the driver's or Numba's), or a GPU
     allocation that failed: a device problem (exit 5), not an unexpected one."""
-    from kernels.cudadrv import CudaError
+    from kernels.common.cudadrv import CudaError
 
     module = type(e).__module__
     return isinstance(e, CudaError) or module.startswith(("numba.cuda", "cuda."))

@@ -1,0 +1,99 @@
+"""Normalized box filters (cv2.blur semantics): the entry point, `box_auto`.
+
+Images are (H, W, C) device arrays of uint8, uint16 or float32; the output has the
+input's dtype. out[y, x, c] = (sum of the kh x kw box whose anchor (ay, ax) sits on
+(y, x)) / (kh * kw), borders by `kernels.common.border_index` code, `cval` the
+constant-border value (already cast to the image's dtype). Integer outputs are
+rounded half to even and saturated. Sums are exact for integer images (integer or
+float64 registers, stored narrower only where that is exact) and the division is
+correctly rounded, so the result is round(sum / area) exactly. cv2.blur equals that
+except where its 8-bit fixed-point path for boxes of at most 257 pixels rounds
+differently (it is off by one at some ties, e.g. a 2x1 box of zeros gives 1).
+
+Six implementations, and `box_auto` choosing among them (`box_method`, which asks
+`kernels.box.plan.choose`):
+- `box_tiled` (module `kernels.box.tiled`): uint8 images, one shared-memory tile per
+  block in three phases (load the tile and halo, horizontal row sums, vertical sums
+  written out). The fastest measured for boxes up to `kernels.box.plan.TILED_MAX_BOX`
+  (31) on a side; `box_auto` uses it there wherever its tile holds the box and the
+  image starts on a 4-byte boundary (`box_choice`).
+- `box_twopass` (module `kernels.box.twopass`): uint8 images, a row pass of sliding
+  sums into a 16-bit scratch, then a column pass of running sums and means. `box_auto`
+  uses it for larger uint8 boxes up to 257 columns (faster than box_fused there on
+  the H100) where the image starts on a 4-byte boundary.
+- `box_fused` (module `kernels.box.fused`): one pass for uint8/uint16 images,
+  vertical running sums in registers and horizontal sliding sums in shared memory.
+  `box_auto` uses it for uint16 images and for the uint8 cases the two above decline,
+  wherever its tile holds the box.
+- `box_packed` (module `kernels.box.packed`): box_fused's design for uint8 images
+  reading 32-bit words, two column sums per add; boxes up to 257 rows. Slower than
+  box_fused on the H100 so far; `box_auto` uses it for uint8 boxes that the others
+  decline.
+- `box_separable` and `box_running` (module `kernels.box.running`): a row pass and a
+  column pass through a scratch image (cost per pixel grows with k), and running
+  sums (a column pass, then a row pass; cost per pixel barely depends on k).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from ..common.arrays import start_address
+from . import plan
+from .fused import box_fused
+from .packed import box_packed
+from .running import box_running
+from .tiled import box_tiled
+from .twopass import box_twopass
+
+
+@lru_cache(maxsize=64)
+def _plans(shape: tuple, dtype: np.dtype, ksize: tuple) -> tuple[str, dict | None]:
+    return plan.choose(shape, dtype, ksize)
+
+
+def box_method(shape: tuple, dtype, ksize: tuple) -> str:
+    """The implementation `box_auto` takes (`kernels.box.plan.choose`): "tiled" (uint8
+    boxes up to TILED_MAX_BOX on a side that its tile holds), "twopass" (larger uint8
+    boxes up to 257 columns), "fused" (uint8/uint16 boxes that fit its tile), "packed"
+    (uint8 boxes up to 257 rows that the others decline) or "running"."""
+    return _plans(tuple(shape), np.dtype(dtype), tuple(ksize))[0]
+
+
+def box_choice(img, ksize: tuple, out=None) -> tuple[str, dict | None]:
+    """(method, geometry) `box_auto` runs for this device image (and output, if given):
+    `box_method`'s choice, except that an image whose first byte is not 4-byte aligned
+    (a view such as d[1:] of an odd-width uint8 image) goes to box_fused (or
+    box_running), because box_tiled, box_packed and box_twopass read it as 32-bit words; so does
+    such an output where the kernel writes words (box_packed, box_tiled columns
+    first)."""
+    method, geometry = _plans(tuple(img.shape), np.dtype(img.dtype), tuple(ksize))
+    writes_words = method in ("packed", "tiled")
+    misaligned = start_address(img) % 4 or (
+        out is not None and writes_words and start_address(out) % 4
+    )
+    if method in ("tiled", "packed", "twopass") and misaligned:
+        fused = plan.plan(tuple(img.shape), img.dtype, tuple(ksize))
+        return ("fused", fused) if fused is not None else ("running", None)
+    return method, geometry
+
+
+_RUNNERS = {
+    "tiled": box_tiled,
+    "packed": box_packed,
+    "fused": box_fused,
+    "twopass": box_twopass,
+}
+
+
+def box_auto(img, ksize, anchor, mode, cval, out=None, stream: int = 0):
+    """The fastest exact box filter for the case (see `box_choice`): `box_tiled`,
+    `box_twopass`, `box_fused`, `box_packed` or `box_running`, queued on `stream`.
+    Same contract as all."""
+    method, geometry = box_choice(img, ksize, out)
+    run = _RUNNERS.get(method)
+    if run is None:
+        return box_running(img, ksize, anchor, mode, cval, out, stream)
+    return run(img, ksize, anchor, mode, cval, out, geometry, stream)

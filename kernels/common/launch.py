@@ -1,0 +1,1018 @@
+"""Launch geometry shared by the image kernels."""
+
+from __future__ import annotations
+
+import functools
+import os
+import struct
+import threading
+
+import numpy as np
+
+from . import shipped
+from .arrays import (
+    SPACE_BASE,
+    address_space,
+    as_device_array,
+    batched_view,
+    empty,
+    extent,
+    is_c_contiguous,
+    is_device_array,
+    start_address,
+    to_device,
+)
+from .cudadrv import SMEM_DEFAULT, CudaError, driver
+from .devarray import POOL, DeviceArray, _recorder
+
+BLOCK_X = 32  # threads along a row: one warp reads 32 consecutive pixels
+BLOCK_Y = 8
+SMEM_LIMIT = 48 * 1024  # dynamic shared memory a block may use without opting in
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division for positive integers."""
+    return -(-a // b)
+
+
+def image_grid(height: int, width: int, channels: int) -> tuple[tuple, tuple]:
+    """(grid, block) covering an (H, W, C) image: x over columns, y over rows, z channels."""
+    block = (BLOCK_X, BLOCK_Y, 1)
+    grid = (cdiv(width, BLOCK_X), cdiv(height, BLOCK_Y), channels)
+    return grid, block
+
+
+def scratch(shape: tuple, dtype, stream: int = 0):
+    """A device work buffer for launches on `stream`: taken from the stream-ordered
+    pool (`kernels.common.devarray`), so dropping it after the launches that use it is safe
+    and the next call on the stream reuses the memory without cuMemAlloc. While a
+    `Batching` is active, a buffer for each image of the batch (the first returned)."""
+    batching = _batching.active
+    if batching is not None:
+        return batching.scratch(shape, dtype, stream)
+    return empty(shape, dtype, stream)
+
+
+# ------------------------------------------------------- row-wise kernels (softmax, GEMV)
+
+WAVES = 32  # OneFlow's GetNumBlocks: enough blocks for this many full waves
+
+
+def device_limits() -> tuple[int, int]:
+    """(SM count, max resident threads per SM) of the current device."""
+    from numba import cuda
+
+    dev = cuda.get_current_device()
+    return int(dev.MULTIPROCESSOR_COUNT), int(dev.MAX_THREADS_PER_MULTIPROCESSOR)
+
+
+def wave_blocks(block_size: int, work_blocks: int, waves: int = WAVES) -> int:
+    """Grid size for a grid-stride kernel, as OneFlow's GetNumBlocks.
+
+    As many blocks as the work needs (`work_blocks`), but no more than `waves` full
+    waves of resident blocks; kernels loop over the rest. At least one block.
+    """
+    sms, threads_per_sm = device_limits()
+    return max(1, min(work_blocks, sms * (threads_per_sm // block_size) * waves))
+
+
+def active_blocks_per_sm(kernel, block_size: int, smem_bytes: int) -> int:
+    """Resident blocks per SM of a compiled kernel (the CUDA occupancy calculator).
+
+    `kernel` is a specialized dispatcher (`dispatcher.specialize(*args)`) or a compiled
+    overload. max_cooperative_grid_blocks is cuOccupancyMaxActiveBlocksPerMultiprocessor
+    times the SM count.
+    """
+    overload = kernel
+    if hasattr(kernel, "overloads"):
+        overload = next(iter(kernel.overloads.values()))
+    sms, _ = device_limits()
+    return overload.max_cooperative_grid_blocks(block_size, smem_bytes) // sms
+
+
+def largest_block_keeping_occupancy(active, sizes: tuple[int, ...] = (128, 256, 512, 1024)) -> int:
+    """OneFlow's block-size choice for block-per-row kernels.
+
+    `active(block_size)` gives the resident blocks per SM. The smallest size sets the
+    most blocks that can be resident; the largest size that still reaches that many
+    wins (more threads per row at the same occupancy). Returns 0 when even the
+    smallest cannot launch (e.g. too much shared memory).
+    """
+    most = active(sizes[0])
+    if most <= 0:
+        return 0
+    best = sizes[0]
+    for size in sizes[1:]:
+        if active(size) == most:
+            best = size
+    return best
+
+
+def allow_dynamic_smem(kernel, nbytes: int) -> bool:
+    """Let a compiled kernel use `nbytes` of dynamic shared memory (opt-in above 48 KiB).
+
+    Numba has no public call for cudaFuncAttributeMaxDynamicSharedMemorySize; this
+    sets it the way numba-cuda sets the carve-out attribute. False when the device
+    cannot give that much or the attribute cannot be set.
+    """
+    if nbytes <= SMEM_LIMIT:
+        return True
+    try:
+        from numba.cuda.cudadrv import driver
+        from numba.cuda.cudadrv.driver import binding
+
+        overload = kernel
+        if hasattr(kernel, "overloads"):
+            overload = next(iter(kernel.overloads.values()))
+        cufunc = overload._codelibrary.get_cufunc()
+        dev = cufunc.device
+        if nbytes > dev.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN:
+            return False
+        attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        driver.driver.cuKernelSetAttribute(attr, nbytes, cufunc.handle, dev.id)
+        return True
+    except Exception:
+        return False
+
+
+# ------------------------------------------------------------ the launch layer
+
+SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+_INT_CODES = {8: "b", 16: "h", 32: "i", 64: "q"}
+
+
+class _Compiled:
+    """A kernel overload ready to launch: its driver handle and parameter layout.
+    library_kernel: the handle is a CUkernel (what Numba loads), not a CUfunction
+    (what a shipped cubin loads as)."""
+
+    __slots__ = ("handle", "packer", "library_kernel")
+
+    def __init__(self, handle: int, packer: struct.Struct, library_kernel: bool = True) -> None:
+        self.handle, self.packer, self.library_kernel = handle, packer, library_kernel
+
+
+_compiled: dict = {}
+# Held while Numba compiles, loads or exports a kernel: its caches are not thread-safe.
+compile_lock = threading.RLock()
+
+
+def under_compile_lock(fn):
+    """fn run holding `compile_lock` (re-entrant): for planning functions that compile
+    or query Numba kernels, which is not thread-safe."""
+
+    @functools.wraps(fn)
+    def locked(*args, **kwargs):
+        with compile_lock:
+            return fn(*args, **kwargs)
+
+    return locked
+
+
+def _arg_key(a):
+    t = type(a)
+    if t is DeviceArray:
+        return a._sig
+    if t is tuple:
+        return tuple(_arg_key(v) for v in a)
+    return t
+
+
+def _flatten(args, values: list) -> list:
+    for a in args:
+        t = type(a)
+        if t is DeviceArray:
+            values += a.params()
+        elif t is tuple:
+            _flatten(a, values)
+        else:
+            values.append(a)
+    return values
+
+
+def _numba_type(dispatcher, a):
+    from numba import from_dtype, types
+
+    if type(a) is DeviceArray:
+        num, ndim, layout = a._sig
+        return types.Array(from_dtype(a.dtype), ndim, layout)
+    if type(a) is tuple:
+        return types.Tuple([_numba_type(dispatcher, v) for v in a])
+    return dispatcher.typeof_pyval(a)
+
+
+def _format(ty) -> str:
+    """struct codes of one kernel parameter as Numba flattens it (see numba-cuda's
+    `_Kernel._prepare_args`): arrays as meminfo, parent, size, itemsize, data, shape,
+    strides; scalars by their type; tuples element by element."""
+    from numba import types
+
+    if isinstance(ty, types.Array):
+        return "qqqqq" + "q" * (2 * ty.ndim)
+    if isinstance(ty, types.Boolean):
+        return "?"
+    if isinstance(ty, types.Integer):
+        code = _INT_CODES[ty.bitwidth]
+        return code if ty.signed else code.upper()
+    if ty == types.float32:
+        return "f"
+    if ty == types.float64:
+        return "d"
+    if ty == types.float16:
+        return "e"
+    if isinstance(ty, types.BaseTuple):
+        return "".join(_format(t) for t in ty)
+    raise TypeError(f"kernel parameter type {ty} is not supported by kernels.common.launch")
+
+
+def _compile(dispatcher, args) -> _Compiled:
+    """The overload `args` select, ready to launch: shipped with the package
+    (`kernels.common.shipped`), else compiled (or loaded from Numba's cache) and loaded on
+    the device; its parameters laid out. Guarded: Numba's loading is not thread-safe."""
+    with compile_lock:
+        argtypes = tuple(_numba_type(dispatcher, a) for a in args)
+        found = _shipped(dispatcher, argtypes)
+        if found is not None:
+            return found
+        kernel = dispatcher.compile(argtypes)
+        if kernel.debug or kernel.cooperative or getattr(dispatcher, "extensions", None):
+            raise TypeError("debug, cooperative or extended kernels are not launched here")
+        handle = kernel._codelibrary.get_cufunc().handle
+        handle = int(getattr(handle, "value", None) or int(handle))
+        fmt = "@" + "".join(_format(t) for t in kernel.argument_types)
+        return _Compiled(handle, struct.Struct(fmt))
+
+
+def _shipped(dispatcher, argtypes: tuple) -> _Compiled | None:
+    """The overload loaded from a cubin shipped with the package, or None (none ships
+    for it, for this GPU or these sources, or the driver refuses it)."""
+    name = shipped.signature_key(dispatcher, argtypes)
+    if name is None:
+        return None
+    drv = driver()
+    found = shipped.load(name, drv.cc)
+    if found is None:
+        return None
+    try:
+        handle = drv.function(*found)
+    except CudaError:
+        return None
+    fmt = "@" + "".join(_format(t) for t in argtypes)
+    return _Compiled(handle, struct.Struct(fmt), library_kernel=False)
+
+
+def _dims(d) -> tuple:
+    if type(d) is tuple and len(d) == 3 and all([type(v) is int for v in d]):
+        return d
+    if not isinstance(d, tuple | list):
+        return (int(d), 1, 1)
+    d = tuple(int(v) for v in d)
+    return d + (1,) * (3 - len(d))
+
+
+def launch(kernel, grid, block, args: tuple, stream: int = 0, smem: int = 0) -> None:
+    """Enqueue `kernel` (a Numba CUDA dispatcher) on `stream` with `args` and return
+    without waiting: the one launch path of the package.
+
+    args: DeviceArray (`kernels.common.devarray`), Python or NumPy scalars, tuples of them;
+    each distinct combination of types compiles once (as Numba's dispatch would) and
+    is then launched through the driver with its parameters packed in one buffer,
+    a few microseconds of Python. grid and block: an int or a tuple of up to three.
+    stream: a CUstream handle (`kernels.common.devarray.resolve_stream`). smem: dynamic
+    shared memory in bytes (opted in above 48 KiB). On Numba's simulator the kernel
+    runs through Numba (args are the simulator's arrays; streams are ignored; one
+    launch at a time, as the simulator is not thread-safe).
+    """
+    batching = _batching.active
+    if batching is not None:
+        batching.launch(kernel, grid, block, args, stream, smem)
+    else:
+        _launch(kernel, grid, block, args, stream, smem)
+
+
+def _launch(kernel, grid, block, args: tuple, stream: int, smem: int) -> None:
+    if SIMULATOR:
+        with compile_lock:  # the simulator swaps module globals while a kernel runs
+            kernel[grid, block, 0, smem](*args)
+        return
+    if not all([type(a) in _PLAIN for a in args]):
+        args = tuple([as_device_array(a) if _is_array(a) else a for a in args])
+    key = (kernel, tuple([_arg_key(a) for a in args]))
+    compiled = _compiled.get(key)
+    if compiled is None:
+        compiled = _compiled[key] = _compile(kernel, args)
+    drv = driver()
+    if smem > SMEM_DEFAULT:
+        drv.opt_in_smem(compiled.handle, smem, library_kernel=compiled.library_kernel)
+    grid, block, values = _dims(grid), _dims(block), _flatten(args, [])
+    drv.launch(compiled.handle, grid, block, smem, stream, compiled.packer, values)
+    recording = _recorder.active
+    if recording is not None:
+        recording.launched(compiled, grid, block, smem, args, values)
+
+
+# Argument types launch passes as they are (anything else with an array interface is
+# viewed as a DeviceArray first).
+_PLAIN = frozenset({DeviceArray, int, float, bool, tuple, np.float32, np.float64, np.int32,
+                    np.int64, np.uint8, np.uint16, np.uint32, np.uint64, np.bool_})  # fmt: skip
+
+
+def _is_array(a) -> bool:
+    return hasattr(a, "__cuda_array_interface__")
+
+
+# ------------------------------------------------------------ recorded launch sequences
+
+
+class Recording:
+    """The launches a launch function makes, recorded so that later calls with the
+    same plan can repeat them on other arrays without running that function again
+    (`Recipe`). Arrays are placed by address: inside one of the call's own arrays
+    (its slots: the input, the output...), inside a pool allocation made while
+    recording (scratch, allocated afresh on each replay), or anywhere else (a
+    constant such as uploaded weights: kept alive by the recipe, passed as it is).
+    An upload of host data while recording makes it not replayable."""
+
+    def __init__(self, arrays: tuple) -> None:
+        self.ranges = [(a.ptr, a.ptr + a.nbytes, slot) for slot, a in enumerate(arrays)]
+        self.slots = len(arrays)
+        self.scratch: list[int] = []
+        self.steps: list[tuple] = []
+        self.constants: list = []
+        self.replayable = True
+
+    def __enter__(self) -> Recording:
+        if _recorder.active is not None:
+            raise RuntimeError("launch recordings do not nest")
+        _recorder.active = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _recorder.active = None
+
+    def allocated(self, block) -> None:
+        slot = self.slots + len(self.scratch)
+        self.scratch.append(block.size)
+        self.ranges.append((block.ptr, block.ptr + block.size, slot))
+
+    def _place(self, ptr: int) -> tuple[int, int] | None:
+        for lo, hi, slot in reversed(self.ranges):  # the latest allocation first
+            if lo <= ptr < hi or ptr == lo:
+                return slot, ptr - lo
+        return None
+
+    def launched(self, compiled, grid, block, smem, args, values) -> None:
+        patches, i = [], 0
+        for a in args:
+            if type(a) is DeviceArray:
+                place = self._place(a.ptr)
+                if place is None:
+                    self.constants.append(a)
+                else:
+                    patches.append((i + 4, *place))  # params()[4] is the data pointer
+                i += 5 + 2 * len(a.shape)
+            elif type(a) is tuple:
+                if any(type(v) is DeviceArray for v in a):
+                    self.replayable = False
+                i += len(_flatten(a, []))
+            else:
+                i += 1
+        step = (compiled.handle, grid, block, smem, compiled.packer, values, tuple(patches))
+        self.steps.append(step)
+
+    def recipe(self) -> Recipe | None:
+        if not self.replayable or not self.steps:
+            return None
+        return Recipe(tuple(self.steps), tuple(self.scratch), tuple(self.constants))
+
+
+class Recipe:
+    """Recorded launches (`Recording`), replayed on new arrays with `replay`."""
+
+    __slots__ = ("steps", "scratch", "constants", "_prepared")
+
+    def __init__(self, steps: tuple, scratch: tuple, constants: tuple) -> None:
+        self.steps, self.scratch, self.constants = steps, scratch, constants
+        self._prepared = None
+
+    def replay(self, pointers: list, stream: int) -> None:
+        """Queue the launches on `stream` with the recorded slots at `pointers` (in
+        the order the Recording was given its arrays) and fresh scratch."""
+        if self.scratch:
+            blocks = [POOL.allocate(n, stream) for n in self.scratch]
+            bases = pointers + [b.ptr for b in blocks]
+        else:
+            bases = pointers
+        prepared = self._prepared
+        if prepared is None:
+            prepared = self._prepared = prepare_steps(self.steps)
+        for step in prepared:
+            step.launch(stream, bases)
+
+
+def prepare_steps(steps: tuple) -> tuple:
+    """Recorded steps (handle, grid, block, smem, packer, values, patches; a patch is
+    (parameter index, slot, byte offset)) as the driver's prepared launches, which
+    patch only the pointers on each replay."""
+    drv = driver()
+    return tuple(drv.prepare(*step) for step in steps)
+
+
+def launch_or_replay(recipes: dict, key, slots: tuple, kernel, grid, block, args: tuple,
+                     stream: int, smem: int = 0, keep: int = 256) -> None:  # fmt: skip
+    """`launch`, recorded on a first call under `key` in `recipes` (`Recording` of the
+    arrays `slots`), replayed on later calls with the same key on the slots' new
+    pointers (a template copy and a driver call). `key` must hold everything but
+    the slots' data pointers that shapes the launch's parameters (shapes, strides,
+    dtypes, scalars). At most `keep` recipes are kept."""
+    recipe = recipes.get(key)
+    if recipe is not None:
+        recipe.replay([a.ptr for a in slots], stream)
+        return
+    if SIMULATOR or _recorder.active is not None:
+        launch(kernel, grid, block, args, stream, smem)  # nothing to record / recorded outside
+        return
+    with Recording(slots) as recording:
+        launch(kernel, grid, block, args, stream, smem)
+    recipe = recording.recipe()
+    if recipe is not None:
+        with compile_lock:
+            while len(recipes) >= keep:
+                recipes.pop(next(iter(recipes)))
+            recipes[key] = recipe
+
+
+# ------------------------------------------------------------ batches in one launch
+
+
+class _Batching(threading.local):
+    active = None  # the calling thread's Batching, if any
+
+
+_batching = _Batching()
+_batched: dict = {}
+_TARGET_OPTIONS = ("launch_bounds", "max_registers", "fastmath", "lineinfo", "opt")
+
+
+def batched_kernel(kernel, per_image: tuple):
+    """The kernel run once per image of a batch, in one launch: image b's blocks are
+    those with blockIdx.z == b, and array argument i (where per_image[i]) arrives as
+    the batch's arrays (N, ...) of which the kernel's body gets the b-th. The body is
+    the kernel's own Python source compiled as a device function: the same code as
+    the single-image kernel, for kernels that do not use blockIdx.z themselves."""
+    key = (kernel, per_image)
+    with compile_lock:
+        found = _batched.get(key)
+        if found is not None:
+            return found
+        from numba import cuda
+
+        names = [f"a{i}" for i in range(len(per_image))]
+        call = ", ".join(f"{n}[b]" if batch else n for n, batch in zip(names, per_image,
+                                                                        strict=True))  # fmt: skip
+        namespace = {"cuda": cuda, "body": _body(kernel)}
+        source = f"def batched({', '.join(names)}):\n    b = cuda.blockIdx.z\n    body({call})\n"
+        exec(compile(source, f"<batched {kernel.py_func.__name__}>", "exec"), namespace)
+        found = _batched[key] = _jit_like(kernel, namespace["batched"])
+        return found
+
+
+class Batching:
+    """While active in a thread, the launches that a launch function makes for the
+    first image of a batch are made for every image: as one launch of the kernel's
+    batched form (`batched_kernel`) where the kernel's grid leaves z free and every
+    per-image array repeats at a fixed step as a C-contiguous whole, else one launch
+    per image. An array argument is per-image when it lies inside one of the first
+    image's arrays (given with the byte step to the next image's) or inside a
+    `scratch` buffer taken meanwhile (one per image); any other array (weights) is
+    shared by all images."""
+
+    def __init__(self, n: int, firsts: tuple) -> None:
+        self.n = n
+        self.ranges = [(*extent(a), step) for a, step in firsts]
+
+    def __enter__(self) -> Batching:
+        if _batching.active is not None:
+            raise RuntimeError("batches do not nest")
+        _batching.active = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _batching.active = None
+
+    def scratch(self, shape: tuple, dtype, stream: int):
+        """The first image's buffer; the others follow at a step of its size
+        rounded up to 16 bytes (every image's buffer aligned as the first's)."""
+        dtype = np.dtype(dtype)
+        size = int(np.prod(shape))
+        step = cdiv(max(size * dtype.itemsize, 1), 16) * 16
+        whole = empty((self.n * step // dtype.itemsize,), dtype, stream)
+        first = whole[:size].reshape(shape)
+        lo = extent(first)[0]
+        self.ranges.append((lo, lo + step, step))
+        return first
+
+    def _step(self, a) -> int | None:
+        """The byte step from image to image of a per-image array, None if shared."""
+        if not is_device_array(a):
+            return None
+        lo, hi = extent(a)
+        for first, past, step in self.ranges:
+            if first <= lo < past:
+                if hi > past:
+                    raise ValueError("a launch argument reaches past the batch's first image")
+                return step
+        return None
+
+    def _one_launch(self, a, step) -> bool:
+        """Whether the per-image array `a` can be passed as one (N, ...) array."""
+        if isinstance(a, tuple):
+            return all(self._step(v) is None for v in a)
+        if step is None:
+            return True
+        lo, hi = extent(a)
+        return is_c_contiguous(a) and hi - lo == step
+
+    def launch(self, kernel, grid, block, args: tuple, stream: int, smem: int) -> None:
+        if not SIMULATOR:
+            args = tuple([as_device_array(a) if _is_array(a) else a for a in args])
+        steps = [None if isinstance(a, tuple) else self._step(a) for a in args]
+        grid = _dims(grid)
+        pairs = list(zip(args, steps, strict=True))
+        views = [a if s is None else batched_view(a, self.n, s) for a, s in pairs]
+        together = grid[2] == 1 and self.n <= 65535 and hasattr(kernel, "py_func")
+        per_image = tuple(s is not None for s in steps)
+        if not any(per_image):  # the same for every image: once
+            _launch(kernel, grid, block, args, stream, smem)
+            return
+        if together and all(self._one_launch(a, s) for a, s in pairs):
+            _launch(batched_kernel(kernel, per_image), (grid[0], grid[1], self.n), block,
+                    tuple(views), stream, smem)  # fmt: skip
+            return
+        for i in range(self.n):
+            one = [
+                self._shifted(v, i) if s is None else v[i]
+                for v, s in zip(views, steps, strict=True)
+            ]
+            _launch(kernel, grid, block, tuple(one), stream, smem)
+
+    def _shifted(self, a, i: int):
+        """Image i's version of a tuple argument (its per-image arrays moved)."""
+        if not isinstance(a, tuple):
+            return a
+        return tuple(v if (s := self._step(v)) is None else batched_view(v, self.n, s)[i]
+                     for v in a)  # fmt: skip
+
+
+# ------------------------------------------------------------ images of different sizes
+
+# Argument types passed to a var-shape launch per image through its table (the
+# others must be equal for every image that a launch merges).
+_INTS = frozenset({int, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+                   np.uint64})  # fmt: skip
+
+
+class Collecting:
+    """While active in a thread, `launch` notes each launch of the launch functions
+    run meanwhile as (kernel, grid, block, args, smem) instead of making it, and
+    `scratch` notes the buffers it gives (`buffers`): one image's launches, for
+    `var_shape_plan` to make for many images at once. An upload of host data
+    meanwhile (weights) clears `replayable`, as in a `Recording`."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple] = []
+        self.buffers: list = []
+        self.replayable = True
+
+    def __enter__(self) -> Collecting:
+        if _batching.active is not None or _recorder.active:
+            raise RuntimeError("launch collections do not nest")
+        _batching.active = self
+        _recorder.active = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _batching.active = None
+        _recorder.active = None
+
+    def allocated(self, block) -> None:
+        """The pool's hook for recorders: buffers are noted by `scratch`."""
+
+    def scratch(self, shape: tuple, dtype, stream: int):
+        buffer = empty(shape, dtype, stream)
+        self.buffers.append(buffer)
+        return buffer
+
+    def launch(self, kernel, grid, block, args: tuple, stream: int, smem: int) -> None:
+        if not SIMULATOR:
+            args = tuple([as_device_array(a) if _is_array(a) else a for a in args])
+        self.steps.append((kernel, _dims(grid), _dims(block), args, smem))
+
+
+def _device_arg_key(a) -> tuple:
+    """A device array's type as a kernel parameter: dtype number, rank, layout."""
+    if type(a) is DeviceArray:
+        return a._sig
+    return (np.dtype(a.dtype).num, len(a.shape), "C" if is_c_contiguous(a) else "A")
+
+
+def _var_arg_key(a):
+    """What must be equal in an argument for one launch to serve several images: an
+    integer's type (its value goes in the table), an array's type (its address and
+    shape too), a tuple's arrays by address, anything else by value."""
+    t = type(a)
+    if t in _INTS:
+        return t
+    if t is tuple:
+        return tuple([(start_address(v), v.shape) if _is_device(v) else (type(v), v) for v in a])
+    if t is DeviceArray or _is_device(a):
+        return _device_arg_key(a)
+    return (t, a)
+
+
+def _is_device(a) -> bool:
+    return type(a) is DeviceArray or (hasattr(a, "shape") and is_device_array(a))
+
+
+def _same_array(a, b) -> bool:
+    return (start_address(a) == start_address(b) and tuple(a.shape) == tuple(b.shape)
+            and tuple(a.strides) == tuple(b.strides))  # fmt: skip
+
+
+def _uses_grid_size(kernel) -> bool:
+    """Whether a kernel reads the grid's size (a merged launch's grid is the largest
+    image's, not its own)."""
+    names = kernel.py_func.__code__.co_names
+    return "gridDim" in names or "gridsize" in names
+
+
+def _kinds(steps: list) -> tuple | None:
+    """How each argument of one launch step, made for several images (`steps`, one per
+    image, equal by `_var_arg_key`), reaches a merged launch: ("shared",) as it is,
+    ("array", ndim) from the image's row of the table (per-image arrays, C-contiguous,
+    element-aligned), ("int", type) likewise; None where the step cannot be merged (one
+    image, a grid using z, a kernel without Python source or reading its grid size,
+    per-image arrays inside tuples or not C-contiguous)."""
+    kernel, grid, _, args, _ = steps[0]
+    if not 1 < len(steps) <= 65535 or not hasattr(kernel, "py_func") or _uses_grid_size(kernel):
+        return None
+    if any(s[1][2] != 1 for s in steps):
+        return None
+    kinds = []
+    for p, a in enumerate(args):
+        column = [s[3][p] for s in steps]
+        t = type(a)
+        if t in _INTS:
+            kinds.append(("int", int if t is int else t))
+        elif t is tuple or not _is_device(a):
+            kinds.append(("shared",))  # equal by the step key
+        elif all(_same_array(a, b) for b in column[1:]):
+            kinds.append(("shared",))
+        elif all(is_c_contiguous(b) and start_address(b) % b.dtype.itemsize == 0 for b in column):
+            kinds.append(("array", len(a.shape)))
+        else:
+            return None
+    return tuple(kinds)
+
+
+def var_shape_plan(collected: list) -> list:
+    """The launches that make every image's collected launches (`Collecting`; one list
+    per image), as few as the images allow: images whose launches are the same kernels
+    with the same blocks, argument types and non-integer scalars (equal plans: the
+    usual case for images of one dtype and channel count) form a group, and each of a
+    group's launch steps becomes one launch of the kernel's var-shape form
+    (`var_shape_kernel`: blockIdx.z picks the image) where `_kinds` allows, else one
+    launch per image. Items: ("many", image indices, steps, kinds) or ("one", image
+    index, step). The count depends on the groups and steps, not on the images."""
+    groups: dict = {}
+    for i, steps in enumerate(collected):
+        key = tuple([(s[0], s[2], s[1][2], tuple([_var_arg_key(a) for a in s[3]]))
+                     for s in steps])  # fmt: skip
+        groups.setdefault(key, []).append(i)
+    plan: list = []
+    for images in groups.values():
+        for j in range(len(collected[images[0]])):
+            steps = [collected[i][j] for i in images]
+            kinds = _kinds(steps)
+            if kinds is None:
+                plan.extend(("one", i, step) for i, step in zip(images, steps, strict=True))
+            else:
+                plan.append(("many", tuple(images), steps, kinds))
+    return plan
+
+
+_bodies: dict = {}
+_var_kernels: dict = {}
+
+
+def _body(kernel):
+    """The kernel's Python function compiled as a device function (shared by the
+    batched and var-shape forms)."""
+    body = _bodies.get(kernel)
+    if body is None:
+        from numba import cuda
+
+        body = _bodies[kernel] = cuda.jit(device=True)(kernel.py_func)
+    return body
+
+
+def _jit_like(kernel, function):
+    """`function` compiled as a kernel with `kernel`'s launch bounds and options."""
+    from numba import cuda
+
+    options = getattr(kernel, "targetoptions", {})
+    return cuda.jit(**{k: options[k] for k in _TARGET_OPTIONS if k in options})(function)
+
+
+def var_shape_kernel(kernel, kinds: tuple):
+    """The kernel run once per image of a list of images of different sizes, in one
+    launch: image b's blocks are those with blockIdx.z == b; those past the image's
+    own grid (x, y; the launch's grid is the largest image's) return at once. Its
+    first parameter is the table, one row per image: the image's grid x and y, then
+    for each argument of kind ("array", ndim) the element offset of the image's array
+    in the address space passed for it and its shape, for ("int", type) its value.
+    The body is the kernel's own Python source, compiled as a device function: the
+    same code, so the same results, as the single-image kernel."""
+    key = (kernel, kinds)
+    with compile_lock:
+        found = _var_kernels.get(key)
+        if found is not None:
+            return found
+        from numba import cuda
+
+        namespace = {"cuda": cuda, "body": _body(kernel)}
+        params, lines, call, col = ["t"], [], [], 2
+        for p, kind in enumerate(kinds):
+            if kind[0] == "shared":
+                params.append(f"a{p}")
+                call.append(f"a{p}")
+            elif kind[0] == "array":
+                dims = [f"r[{col + 1 + d}]" for d in range(kind[1])]
+                params.append(f"a{p}")
+                lines.append(f"o{p} = r[{col}]")
+                size, shape = " * ".join(dims), ", ".join(dims)
+                lines.append(f"v{p} = a{p}[o{p} : o{p} + {size}].reshape(({shape},))")
+                call.append(f"v{p}")
+                col += 1 + kind[1]
+            else:
+                namespace[f"T{p}"] = kind[1]
+                lines.append(f"s{p} = T{p}(r[{col}])")
+                call.append(f"s{p}")
+                col += 1
+        source = "\n    ".join([
+            f"def var_shape({', '.join(params)}):",
+            "b = cuda.blockIdx.z",
+            "r = t[b]",
+            "if cuda.blockIdx.x >= r[0] or cuda.blockIdx.y >= r[1]:",
+            "    return",
+            *lines,
+            f"body({', '.join(call)})",
+        ]) + "\n"  # fmt: skip
+        exec(compile(source, f"<var-shape {kernel.py_func.__name__}>", "exec"), namespace)
+        found = _var_kernels[key] = _jit_like(kernel, namespace["var_shape"])
+        return found
+
+
+def _table_columns(kinds: tuple) -> int:
+    return 2 + sum(1 + k[1] if k[0] == "array" else 1 if k[0] == "int" else 0 for k in kinds)
+
+
+def _fill_rows(rows: np.ndarray, steps: list, kinds: tuple, bases: list) -> None:
+    """Write a merged launch's table rows (one per image, see `var_shape_kernel`);
+    bases[p]: the address element 0 of argument p's address space stands at."""
+    for b, (_, grid, _, args, _) in enumerate(steps):
+        row = rows[b]
+        row[0], row[1] = grid[0], grid[1]
+        col = 2
+        for p, kind in enumerate(kinds):
+            a = args[p]
+            if kind[0] == "array":
+                row[col] = (start_address(a) - bases[p]) // a.dtype.itemsize
+                row[col + 1 : col + 1 + kind[1]] = a.shape
+                col += 1 + kind[1]
+            elif kind[0] == "int":
+                row[col] = int(a)
+                col += 1
+
+
+def run_var_shape(plan: list, stream: int) -> None:
+    """Queue a `var_shape_plan` on `stream` with the arrays it was collected with:
+    the merged launches' table uploaded once (one row block per merged launch), then
+    every launch in order."""
+    merged = [item for item in plan if item[0] == "many"]
+    widths = [_table_columns(item[3]) for item in merged]
+    table = np.zeros((sum(len(item[1]) for item in merged), max(widths, default=2)), np.int64)
+    launches, row0 = [], 0
+    for item, width in zip(merged, widths, strict=True):
+        _, images, steps, kinds = item
+        spaces = [_address_space(kinds, p, steps) for p in range(len(kinds))]
+        bases = [None if s is None else s[1] for s in spaces]
+        _fill_rows(table[row0 : row0 + len(images), :width], steps, kinds, bases)
+        launches.append((row0, len(images), [None if s is None else s[0] for s in spaces]))
+        row0 += len(images)
+    dtable = to_device(table, stream) if merged else None
+    made = iter(launches)
+    for item in plan:
+        if item[0] == "one":
+            kernel, grid, block, args, smem = item[2]
+            _launch(kernel, grid, block, args, stream, smem)
+            continue
+        _, images, steps, kinds = item
+        row0, n, spaces = next(made)
+        kernel, _, block, args, _ = steps[0]
+        grid = (max(s[1][0] for s in steps), max(s[1][1] for s in steps), n)
+        smem = max(s[4] for s in steps)
+        params = [dtable[row0 : row0 + n]]
+        for p, kind in enumerate(kinds):
+            if kind[0] == "shared":
+                params.append(args[p])
+            elif kind[0] == "array":
+                params.append(spaces[p])
+        _launch(var_shape_kernel(kernel, kinds), grid, block, tuple(params), stream, smem)
+
+
+def _address_space(kinds: tuple, p: int, steps: list):
+    """(array, base) for argument p of a merged launch when it is per-image: a 1-D
+    array of its dtype whose element 0 is at `base`, over every image's array."""
+    if kinds[p][0] != "array":
+        return None
+    column = [s[3][p] for s in steps]
+    return address_space(column[0].dtype, [extent(a) for a in column])
+
+
+def _prepared(kernel, args: tuple) -> tuple:
+    """(compiled overload, flat parameter values) of a launch, compiling it if new."""
+    key = (kernel, tuple([_arg_key(a) for a in args]))
+    compiled = _compiled.get(key)
+    if compiled is None:
+        compiled = _compiled[key] = _compile(kernel, args)
+    return compiled, _flatten(args, [])
+
+
+def _places(args: tuple, place) -> list | None:
+    """(parameter index of its data pointer, slot, byte offset) of each array argument
+    that `place(address)` puts in a slot ((slot, offset) or None); None when an array
+    inside a tuple lies in a slot or `place` refuses one (False)."""
+    patches, i = [], 0
+    for a in args:
+        if type(a) is DeviceArray:
+            found = place(a.ptr)
+            if found is False:
+                return None
+            if found is not None:
+                patches.append((i + 4, *found))  # params()[4] is the data pointer
+            i += 5 + 2 * len(a.shape)
+        elif type(a) is tuple:
+            if any(type(v) is DeviceArray and place(v.ptr) is not None for v in a):
+                return None
+            i += len(_flatten(a, []))
+        else:
+            i += 1
+    return patches
+
+
+class _Slots:
+    """The arrays of a var-shape call that change from call to call, by address:
+    slot 0 the table, then each image's input, output and scratch buffers."""
+
+    def __init__(self, images: list) -> None:
+        self.ranges: list = []  # (first, past, slot, image), sorted
+        self.given: list = []  # the slots of input 0, output 0, input 1, ...
+        self.scratch: list = []  # (slot, byte offset in one allocation)
+        self.scratch_bytes = 0
+        for i, (src, dst, buffers) in enumerate(images):
+            for j, a in enumerate((src, dst, *buffers)):
+                lo, hi = extent(a)
+                slot = 1 + len(self.ranges)
+                self.ranges.append((lo, hi, slot, i))
+                if j < 2:
+                    self.given.append(slot)
+                else:
+                    self.scratch.append((slot, self.scratch_bytes))
+                    self.scratch_bytes += -(-max(hi - lo, 1) // 256) * 256
+        self.count = 1 + len(self.ranges)
+        self.ranges.sort()
+
+    def disjoint(self) -> bool:
+        """No two slots share memory (an image given twice would be ambiguous)."""
+        r = self.ranges
+        return all(r[k][1] <= r[k + 1][0] for k in range(len(r) - 1))
+
+    def placer(self, image: int | None):
+        """place(address): (slot, offset) inside one of image's slots, None outside
+        every slot, False inside another image's (or, for image None, any slot)."""
+
+        def place(ptr: int):
+            for lo, hi, slot, owner in self.ranges:
+                if lo <= ptr < hi or ptr == lo:
+                    return (slot, ptr - lo) if owner == image else False
+            return None
+
+        return place
+
+
+class VarShapeRecipe:
+    """A `var_shape_plan`, replayed on other images of the same shapes, dtypes and
+    alignments (`replay`): new input and output addresses, fresh scratch (one pool
+    allocation), the table's address columns recomputed and uploaded, the recorded
+    launches patched and made. `build` gives None when the plan cannot be replayed
+    (an array lies in another image's memory, or images share memory)."""
+
+    __slots__ = ("slots", "table", "addresses", "steps", "constants", "_prepared")
+
+    @classmethod
+    def build(cls, plan: list, images: list) -> VarShapeRecipe | None:
+        """images[i]: (input, output, scratch buffers) of image i, as collected."""
+        self = cls()
+        self._prepared = None
+        self.slots = _Slots(images)
+        if not self.slots.disjoint():
+            return None
+        merged = [item for item in plan if item[0] == "many"]
+        widths = [_table_columns(item[3]) for item in merged]
+        self.table = np.zeros((sum(len(m[1]) for m in merged), max(widths, default=2)), np.int64)
+        self.steps, self.constants, addresses, row0 = [], [], [], 0
+        for item in plan:
+            if item[0] == "one":
+                step = self._one(item)
+            else:
+                step = self._many(item, row0, addresses)
+                row0 += len(item[1])
+            if step is None:
+                return None
+            self.steps.append(step)
+        self.addresses = tuple(np.array(c, np.int64) for c in zip(*addresses, strict=True))
+        return self
+
+    def _one(self, item: tuple) -> tuple | None:
+        """The recorded launch of one image's step (its arrays patched by slot)."""
+        _, image, (kernel, grid, block, args, smem) = item
+        return self._step(kernel, grid, block, args, smem, self.slots.placer(image), [])
+
+    def _many(self, item: tuple, row0: int, addresses: list) -> tuple | None:
+        """The recorded merged launch of a step: its table rows filled (addresses
+        noted for `replay`), the table view patched to the uploaded table."""
+        _, images, steps, kinds = item
+        n, width = len(images), self.table.shape[1]
+        _fill_rows(self.table[row0 : row0 + n], steps, kinds, [SPACE_BASE] * len(kinds))
+        for b, (image, step) in enumerate(zip(images, steps, strict=True)):
+            place, col = self.slots.placer(image), 2
+            for p, kind in enumerate(kinds):
+                if kind[0] == "array":
+                    found = place(start_address(step[3][p]))
+                    if not found:
+                        return None
+                    addresses.append((row0 + b, col, *found, step[3][p].dtype.itemsize))
+                    col += 1 + kind[1]
+                elif kind[0] == "int":
+                    col += 1
+        kernel, _, block, first, _ = steps[0]
+        grid = (max(s[1][0] for s in steps), max(s[1][1] for s in steps), n)
+        smem = max(s[4] for s in steps)
+        params = [DeviceArray(0, (n, width), np.int64)]  # patched to the table's rows
+        for p, kind in enumerate(kinds):
+            if kind[0] == "shared":
+                params.append(first[p])
+            elif kind[0] == "array":
+                params.append(address_space(first[p].dtype, [])[0])
+        table_rows = [(4, 0, row0 * width * 8)]
+        return self._step(var_shape_kernel(kernel, kinds), grid, block, tuple(params), smem,
+                          self.slots.placer(None), table_rows)  # fmt: skip
+
+    def _step(self, kernel, grid, block, args: tuple, smem: int, place, patches: list):
+        found = _places(args[len(patches) > 0 :], place)
+        if found is None:
+            return None
+        shift = 9 if patches else 0  # the table's parameters come first
+        patches = patches + [(index + shift, slot, at) for index, slot, at in found]
+        self.constants += [a for a in args if type(a) is DeviceArray and place(a.ptr) is None]
+        compiled, values = _prepared(kernel, args)
+        return (compiled.handle, _dims(grid), _dims(block), smem, compiled.packer, values,
+                tuple(patches))  # fmt: skip
+
+    def replay(self, given: list, stream: int) -> None:
+        """Queue the launches on `stream` for new images: `given` the addresses of
+        each image's input and output (input 0, output 0, input 1, ...)."""
+        slots = self.slots
+        bases = [0] * slots.count
+        for slot, ptr in zip(slots.given, given, strict=True):
+            bases[slot] = ptr
+        if slots.scratch_bytes:
+            block = POOL.allocate(slots.scratch_bytes, stream)
+            for slot, at in slots.scratch:
+                bases[slot] = block.ptr + at
+        drv = driver()
+        if self.table.size:
+            table = self.table.copy()
+            if self.addresses:
+                rows, cols, where, offsets, itemsizes = self.addresses
+                at = np.array(bases, dtype=np.int64)[where] + offsets - SPACE_BASE
+                table[rows, cols] = at // itemsizes
+            held = POOL.allocate(table.nbytes, stream)
+            drv.upload(held.ptr, table.ctypes.data, table.nbytes, stream)
+            bases[0] = held.ptr
+        prepared = self._prepared
+        if prepared is None:
+            prepared = self._prepared = prepare_steps(self.steps)
+        for step in prepared:
+            step.launch(stream, bases)

@@ -1,0 +1,233 @@
+"""Kernels shipped in the package, compiled ahead of time: kernels/prebuilt/.
+
+`tools/build_cubins.py` compiles them on a GPU machine for several GPU generations and
+writes, next to the cubins (`<name>-sm<XY>.cubin`), a manifest.json: `archs` (the
+generations) and `kernels`: name -> {"entry": the kernel's symbol, "modules": the
+`kernels` modules its code comes from, by dotted name inside the package (e.g.
+"box.fused"), "closure": those and every `kernels` module they import, "digest": the
+digest of the closure's sources when it was built, and "file": the name its cubins
+are stored under when another name's (the same kernel under two names)}. A shipped
+kernel is used only while that digest still matches the sources (`sources_digest`),
+so an edited kernel is compiled again instead of running stale code. Two kinds of
+names: the quick start's (`imgfilter.backends.cubins`, e.g. "contour-uint8-c1") and
+the launch layer's ("launch-" + `signature_key`, `kernels.common.launch`).
+IMGFILTER_NO_PREBUILT=1 ignores them all. Nothing here imports Numba.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import json
+import os
+from pathlib import Path
+
+KERNELS_DIR = Path(__file__).parent.parent
+DIRECTORY = KERNELS_DIR / "prebuilt"
+# Modules that hold no code a kernel is compiled from (launching, memory, caches,
+# timing): editing them keeps the shipped kernels valid.
+HOST_MODULES = frozenset(
+    "common." + m for m in ("launch", "arrays", "devarray", "cudadrv", "cache", "timing", "shipped")
+)
+
+
+def _kernels_dir() -> Path:
+    return KERNELS_DIR
+
+
+def source_file(module: str) -> Path:
+    """The source of `kernels` module `module` (a dotted name inside the package, such
+    as "box.fused"): kernels/box/fused.py, or the package's __init__.py."""
+    path = _kernels_dir().joinpath(*module.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+def all_modules() -> tuple[str, ...]:
+    """Every module of the `kernels` package, by dotted name, sorted."""
+    root = _kernels_dir()
+    names = set()
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        if parts:
+            names.add(".".join(parts))
+    return tuple(sorted(names))
+
+
+def _is_module(module: str) -> bool:
+    return bool(module) and source_file(module).is_file()
+
+
+@functools.cache
+def _imports(module: str) -> frozenset[str]:
+    """The `kernels` modules that `module` imports (absolute or relative), by dotted name."""
+    path = source_file(module)
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError):
+        return frozenset()
+    parts = module.split(".")
+    package = parts if path.name == "__init__.py" else parts[:-1]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            named = (node.module or "").split(".") if node.module else []
+            if node.level:
+                if node.level - 1 > len(package):
+                    continue
+                base = package[: len(package) - (node.level - 1)] + named
+            elif named[:1] == ["kernels"]:
+                base = named[1:]
+            else:
+                continue
+            stem = ".".join(base)
+            for alias in node.names:  # a submodule, else a name defined in `stem`
+                sub = f"{stem}.{alias.name}" if stem else alias.name
+                found.add(sub if _is_module(sub) else stem)
+        elif isinstance(node, ast.Import):
+            found.update(a.name[len("kernels.") :] for a in node.names
+                         if a.name.startswith("kernels."))  # fmt: skip
+    return frozenset(m for m in found if _is_module(m))
+
+
+def closure(modules: tuple[str, ...]) -> list[str]:
+    """`modules` and every `kernels` module they import, transitively, HOST_MODULES aside."""
+    seen: set[str] = set()
+    todo = list(modules)
+    while todo:
+        module = todo.pop()
+        if module in seen or module in HOST_MODULES:
+            continue
+        seen.add(module)
+        todo.extend(_imports(module))
+    return sorted(seen)
+
+
+def sources_digest(modules: tuple[str, ...]) -> str:
+    """Hash of the sources of `modules` and of what they import (`closure`)."""
+    return files_digest(tuple(closure(modules)))
+
+
+@functools.cache
+def files_digest(listed: tuple[str, ...]) -> str:
+    """Hash of the sources of the `kernels` modules `listed` (a closure, in order)."""
+    h = hashlib.sha256()
+    for module in listed:
+        h.update(module.encode())
+        h.update(source_file(module).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _entry_digest(entry: dict) -> str | None:
+    """The digest of a manifest entry's sources as they are now: of the closure the
+    build recorded (no parsing: an edit that changes a module's imports changes that
+    module's bytes too), else of the closure found from its modules."""
+    listed = entry.get("closure")
+    try:
+        if isinstance(listed, list) and all(isinstance(m, str) for m in listed):
+            return files_digest(tuple(listed))
+        modules = entry.get("modules")
+        if isinstance(modules, list) and all(isinstance(m, str) for m in modules):
+            return sources_digest(tuple(modules))
+    except OSError:  # a module the build saw is gone
+        return None
+    return None
+
+
+@functools.cache
+def manifest() -> dict:
+    """The manifest ({} when none ships, it is unreadable, or IMGFILTER_NO_PREBUILT=1)."""
+    if os.environ.get("IMGFILTER_NO_PREBUILT") == "1":
+        return {}
+    try:
+        found = json.loads((DIRECTORY / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def ships_for(cc: tuple[int, int]) -> bool:
+    """Whether kernels ship for GPUs of this compute capability."""
+    return f"sm{cc[0]}{cc[1]}" in manifest().get("archs", [])
+
+
+def find(name: str, cc: tuple[int, int]) -> tuple[Path, str] | None:
+    """(cubin path, entry point) of shipped kernel `name` for this compute capability,
+    or None when none ships or it was built from other sources."""
+    entry = manifest().get("kernels", {}).get(name)
+    if not isinstance(entry, dict) or not ships_for(cc):
+        return None
+    digest = _entry_digest(entry)
+    if digest is None or entry.get("digest") != digest:
+        return None
+    symbol, file = entry.get("entry"), entry.get("file", name)
+    if not isinstance(symbol, str) or not isinstance(file, str):
+        return None
+    return DIRECTORY / f"{file}-sm{cc[0]}{cc[1]}.cubin", symbol
+
+
+def load(name: str, cc: tuple[int, int]) -> tuple[bytes, str] | None:
+    """(cubin image, entry point) of shipped kernel `name`, or None (see `find`)."""
+    found = find(name, cc)
+    if found is None:
+        return None
+    try:
+        image = found[0].read_bytes()
+    except OSError:
+        return None
+    return (image, found[1]) if image else None
+
+
+def _stable(value) -> str | None:
+    """A text that names `value` the same in every process, or None when there is none
+    (then the kernel that holds it is not shipped)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return repr(value)
+    if isinstance(value, tuple):
+        parts = [_stable(v) for v in value]
+        return None if None in parts else "(" + ",".join(parts) + ")"
+    name = getattr(value, "__name__", None)
+    module = getattr(value, "__module__", None)
+    if isinstance(value, type) and module is not None and name is not None:
+        return f"{module}.{name}"  # a NumPy scalar type, a class
+    func = getattr(value, "py_func", value)  # a Numba dispatcher: its Python function
+    if callable(func) and hasattr(func, "__code__"):
+        return function_key(func)
+    text = str(value)  # a Numba type or a NumPy dtype: its name
+    return text if type(value).__module__.split(".")[0] in ("numba", "numpy") else None
+
+
+def function_key(func) -> str | None:
+    """Module, qualified name and closure values of a Python function (a kernel made by
+    a factory is told apart by what the factory closed over), or None."""
+    parts = [func.__module__, func.__qualname__]
+    for cell in func.__closure__ or ():
+        try:
+            parts.append(_stable(cell.cell_contents))
+        except ValueError:  # an empty cell
+            return None
+    return None if None in parts else "|".join(parts)
+
+
+def signature_key(dispatcher, argtypes: tuple) -> str | None:
+    """The launch layer's name for one compiled overload of a `kernels` dispatcher:
+    "launch-" and a hash of its function's key and its argument types; None for a
+    kernel outside the `kernels` package, one the launch layer generates, or one
+    whose closure has no stable name."""
+    func = getattr(dispatcher, "py_func", None)
+    module = getattr(func, "__module__", None) or ""
+    if not module.startswith("kernels.") or module[len("kernels.") :] in HOST_MODULES:
+        return None  # outside the package, or a wrapper the launch layer generates
+    key = function_key(func)
+    if key is None:
+        return None
+    text = key + "|" + ",".join(str(t) for t in argtypes)
+    return "launch-" + hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def module_of(dispatcher) -> str:
+    """The `kernels` module (its dotted name inside the package, such as "box.fused") a
+    dispatcher's function is defined in."""
+    return dispatcher.py_func.__module__[len("kernels.") :]

@@ -1,0 +1,57 @@
+"""2-D correlation (OpenCV's filter2D semantics) in Numba CUDA: the entry point, `correlate`.
+
+Images are (H, W, C) device arrays of uint8, uint16 or float32; outputs have the
+input's dtype and shape. Weights are a (kh, kw) float32 device array, not flipped.
+The anchor (ay, ax) is the weight placed on the output pixel. Borders use
+`kernels.common.border_index` codes; `cval` is the constant-border value, already cast
+to the image's dtype. Accumulation is float32; integer outputs are rounded half to
+even and saturated to [lo, hi] (`is_int`), as cv2.filter2D does.
+
+`correlate` runs one method, which the caller chose (`kernels.conv.plan.auto_method`
+for "auto"): the generic kernels of `kernels.conv.generic` ("naive", "padded",
+"tiled") or the register-blocked one of `kernels.conv.blocked` ("blocked"). Box
+filters live in `kernels.box`.
+"""
+
+from __future__ import annotations
+
+from ..common.arrays import empty
+from ..common.launch import SMEM_LIMIT, image_grid, launch, scratch
+from ..common.saturate import output_limits
+from .blocked import correlate_blocked
+from .generic import correlate_naive, correlate_tiled, correlate_valid, pad_image
+from .plan import tiled_smem_bytes
+
+
+def correlate(img, weights, anchor, mode, cval, method, out=None, stream: int = 0):
+    """Correlate a device image (H, W, C) with device weights (kh, kw); return `out`.
+
+    method: "naive", "padded", "tiled" or "blocked" (the caller resolves "auto").
+    Queued on `stream`.
+    """
+    height, width, channels = img.shape
+    kh, kw = weights.shape
+    ay, ax = anchor
+    lo, hi, is_int = output_limits(img.dtype)
+    if out is None:
+        out = empty(img.shape, img.dtype, stream)
+    grid, block = image_grid(height, width, channels)
+    if method == "naive":
+        args = (img, weights, ay, ax, mode, cval, lo, hi, is_int, out)
+        launch(correlate_naive, grid, block, args, stream)
+    elif method == "padded":
+        padded = scratch((height + kh - 1, width + kw - 1, channels), img.dtype, stream)
+        pgrid, _ = image_grid(padded.shape[0], padded.shape[1], channels)
+        launch(pad_image, pgrid, block, (img, ay, ax, mode, cval, padded), stream)
+        launch(correlate_valid, grid, block, (padded, weights, lo, hi, is_int, out), stream)
+    elif method == "blocked":
+        correlate_blocked(img, weights, anchor, mode, cval, out, stream=stream)
+    elif method == "tiled":
+        smem = tiled_smem_bytes(kh, kw)
+        if smem > SMEM_LIMIT:
+            raise ValueError(f"a {kh}x{kw} kernel needs {smem} bytes of shared memory")
+        args = (img, weights, ay, ax, mode, cval, lo, hi, is_int, out)
+        launch(correlate_tiled, grid, block, args, stream, smem)
+    else:
+        raise ValueError(f"unknown correlation method {method!r}")
+    return out
