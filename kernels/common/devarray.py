@@ -348,17 +348,23 @@ def _torch_view(t) -> DeviceArray:
     """A torch CUDA tensor, read without building its interface dict (which costs
     several microseconds in torch's Python); its stream is torch's current stream
     on its device, as the interface would say."""
-    import torch
 
     dtype = _torch_dtype(t.dtype)
     itemsize = dtype.itemsize
     strides = tuple(s * itemsize for s in t.stride())
-    try:
-        stream = torch._C._cuda_getCurrentRawStream(t.get_device())
-    except AttributeError:  # a torch without the private call
-        stream = torch.cuda.current_stream(t.device).cuda_stream
-    stream = LEGACY if stream in (0, 1) else stream
+    stream = _torch_stream(t.get_device())
     return DeviceArray(t.data_ptr(), tuple(t.shape), dtype, strides, stream, t)
+
+
+def _torch_stream(device: int) -> int:
+    """torch's current stream on `device`, as a CUstream handle (legacy as 0)."""
+    import torch
+
+    try:
+        stream = torch._C._cuda_getCurrentRawStream(device)
+    except AttributeError:  # a torch without the private call
+        stream = torch.cuda.current_stream(device).cuda_stream
+    return LEGACY if stream in (0, 1) else stream
 
 
 _CUPY: list = []  # cupy.cuda.get_current_stream, once imported
@@ -367,12 +373,7 @@ _CUPY: list = []  # cupy.cuda.get_current_stream, once imported
 def _cupy_view(a) -> DeviceArray:
     """A CuPy array, read from its attributes (its interface dict costs more); its
     stream is CuPy's current stream, as the interface would say."""
-    if not _CUPY:
-        from cupy.cuda import get_current_stream
-
-        _CUPY.append(get_current_stream)
-    stream = _CUPY[0]().ptr
-    stream = LEGACY if stream in (0, 1) else stream
+    stream = _cupy_stream()
     contiguous = getattr(a, "_c_contiguous", None)
     if contiguous is None:
         contiguous = a.flags.c_contiguous
@@ -414,27 +415,25 @@ def _peek_ours(a: DeviceArray) -> tuple:
     return (a.shape, a.strides, a.dtype), a.ptr, a.stream
 
 
-def _peek_cupy(a) -> tuple:
+def _cupy_stream() -> int:
+    """CuPy's current stream, as a CUstream handle (legacy as 0)."""
     if not _CUPY:
         from cupy.cuda import get_current_stream
 
         _CUPY.append(get_current_stream)
     stream = _CUPY[0]().ptr
-    return (a.shape, a.strides, a.dtype), a.data.ptr, LEGACY if stream in (0, 1) else stream
+    return LEGACY if stream in (0, 1) else stream
+
+
+def _peek_cupy(a) -> tuple:
+    return (a.shape, a.strides, a.dtype), a.data.ptr, _cupy_stream()
 
 
 def _peek_torch(t) -> tuple | None:
     device = t.get_device()
     if device < 0:
         return None
-    import torch
-
-    try:
-        stream = torch._C._cuda_getCurrentRawStream(device)
-    except AttributeError:  # a torch without the private call
-        stream = torch.cuda.current_stream(t.device).cuda_stream
-    stream = LEGACY if stream in (0, 1) else stream
-    return (t.shape, t.stride(), t.dtype, device), t.data_ptr(), stream
+    return (t.shape, t.stride(), t.dtype, device), t.data_ptr(), _torch_stream(device)
 
 
 def _peek_none(obj: Any) -> None:
