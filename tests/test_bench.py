@@ -54,7 +54,7 @@ def test_low_rank_case_runs_both_methods():
             return 100.0
 
     ctx = object.__new__(bench._Context)
-    ctx.timer, ctx.bandwidth, ctx.tfmas, ctx.rows = Timer(), 1000.0, 10.0, []
+    ctx.timer, ctx.bandwidth, ctx.tfmas, ctx.rows, ctx.ahead = Timer(), 1000.0, 10.0, [], {}
     img = np.random.default_rng(4).integers(0, 256, (9, 12, 3), dtype=np.uint8)
     bench._bench_low_rank(ctx, "tiny", img, 5, 2)
     assert [r.impl for r in ctx.rows] == ["imgfilter cuda blocked", "imgfilter cuda separable"]
@@ -71,3 +71,42 @@ def test_bench_run_measures_every_case():
     assert result["copy_bandwidth_GBps"] > 100 and result["fma_rate_TFMAps"] > 1
     for r in result["rows"]:
         assert (r["kernel_us"] or r["call_us"]) > 0, r
+
+
+def test_compile_ahead_starts_only_the_kernels_not_cached(monkeypatch):
+    from imgfilter.backends import background, cubins
+    from imgfilter.backends import cuda as backend
+
+    class _Driver:
+        cc = (9, 0)
+
+    started = []
+    cached = {cubins.blocked_name(9, 9, "uint8")}
+    monkeypatch.setattr(backend, "driver", lambda: _Driver())
+    monkeypatch.setattr(cubins, "load", lambda name, cc: b"cubin" if name in cached else None)
+    monkeypatch.setattr(
+        background, "compile_blocked", lambda kh, kw, dtype: started.append((kh, kw, dtype)) or True
+    )
+    ahead = bench.compile_ahead([3, 9, 21])
+    assert started == [(3, 3, "uint8"), (21, 21, "uint8")]
+    assert ahead == {(3, 3): cubins.blocked_name(3, 3, "uint8"),
+                     (21, 21): cubins.blocked_name(21, 21, "uint8")}  # fmt: skip
+    monkeypatch.setattr(background, "compile_blocked", lambda kh, kw, dtype: False)  # off
+    assert bench.compile_ahead([3]) == {}
+
+
+def test_await_compile_waits_for_the_marker_and_gives_up_after_the_timeout(monkeypatch, tmp_path):
+    import threading
+
+    from imgfilter.backends import cubins
+
+    marker = tmp_path / "k.pending"
+    monkeypatch.setattr(cubins, "pending_marker", lambda name: marker)
+    assert bench.await_compile("k", timeout_s=0.0)  # no marker: nothing to wait for
+    marker.write_text("1")
+    assert not bench.await_compile("k", timeout_s=0.2)
+    timer = threading.Timer(0.2, marker.unlink)
+    timer.start()
+    assert bench.await_compile("k", timeout_s=10.0)
+    assert not marker.exists()
+    timer.join()
