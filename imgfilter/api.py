@@ -565,9 +565,9 @@ def _in_bands(arr: np.ndarray, out: Any, shape: tuple, reach: tuple, code: int, 
     (or a new array of `shape`): `imgfilter.streamed.filter_in_bands`."""
     from kernels.common.border_index import WRAP
 
-    from .streamed import filter_in_bands
+    from .streamed import filter_in_bands, host_empty
 
-    result = np.empty(shape, arr.dtype) if out is None else out
+    result = host_empty(shape, arr.dtype) if out is None else out
     dst = result if len(shape) == 2 else _as_3d(result)
     filter_in_bands(_as_3d(arr), dst, reach, code == WRAP, run, budget)
     return result

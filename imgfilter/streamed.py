@@ -9,15 +9,21 @@ is the far side of the image, the first and last bands gather those rows explici
 Left and right borders are the image's own (bands are full width). So the result is
 bit-identical to filtering the whole image at once.
 
-On a GPU the bands go through two slots (pinned host buffers, device buffers, a
+On a GPU the bands go through SLOTS slots (pinned host buffers, device buffers, a
 stream each): while one slot's band is copied in, filtered and copied out, the host
-fills the other slot's pinned buffer and empties the finished one into the output,
-with a few threads (NumPy copies release the GIL). On Numba's simulator the same
+fills another slot's pinned buffer and empties a finished one into the output, with a
+few threads (NumPy copies release the GIL). Bands hold at most BAND_BYTES of input
+whatever the budget: page-locking host memory costs about as much as copying it
+several times over (an H100 host: 0.65 s for 1 GiB), so the pinned buffers stay small
+and are kept for the next call (`release_pinned` gives them back). A large result
+is allocated by `host_empty` (transparent huge pages where Linux offers them: a 4.8
+GB output's first writes took 0.2 s instead of 0.6). On Numba's simulator the same
 plan runs with plain copies.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 from collections.abc import Callable
@@ -28,7 +34,9 @@ import numpy as np
 
 from kernels.common.arrays import SIMULATOR, empty
 
-SLOTS = 2
+SLOTS = 3
+BAND_BYTES = 64 << 20  # input bytes a band holds at most (its halo aside)
+HUGE_PAGE_BYTES = 256 << 20  # results this large get huge pages (`host_empty`)
 COPY_THREADS = min(16, os.cpu_count() or 1)  # host copies: memory bandwidth, not cores
 # Device bytes a band takes besides its input and output rows, per input byte: the
 # box kernels' 16-bit row sums and similar scratch, with room to spare.
@@ -58,34 +66,59 @@ def band_plan(height: int, reach: tuple[int, int], rows: int, wrap: bool) -> lis
     return bands
 
 
-def band_rows(height: int, in_row: int, out_row: int, reach: tuple[int, int], budget: int) -> int:
+def band_rows(height: int, in_row: int, out_row: int, reach: tuple[int, int], budget: int,
+              band_bytes: int = BAND_BYTES) -> int:  # fmt: skip
     """Output rows per band so that SLOTS bands (input with halo, output, scratch) fit
-    `budget` bytes of device memory; at least enough rows that a band reaches past
-    the halo on both sides. `in_row`/`out_row`: bytes of one input/output row."""
+    `budget` bytes of device memory and a band's input rows stay within `band_bytes`;
+    at least enough rows that a band reaches past the halo on both sides.
+    `in_row`/`out_row`: bytes of one input/output row."""
     halo = reach[0] + reach[1]
     per_row = in_row * (1 + SCRATCH_PER_BYTE) + out_row
     rows = (budget // SLOTS - halo * in_row * (1 + SCRATCH_PER_BYTE)) // max(per_row, 1)
+    rows = min(rows, band_bytes // max(in_row, out_row, 1))
     return int(min(height, max(rows, max(reach) + 1, 1)))
 
 
-def _copy_rows(dst: np.ndarray, src: np.ndarray, pool: ThreadPoolExecutor) -> None:
-    """dst[...] = src, split over the pool's threads by rows."""
+def host_empty(shape: tuple, dtype) -> np.ndarray:
+    """An uninitialised C-contiguous host array, on transparent huge pages (Linux,
+    `madvise`) when it takes HUGE_PAGE_BYTES or more: its first writes then fault in
+    2 MiB pages instead of 4 KiB ones. Otherwise (or where mmap cannot) np.empty."""
+    dt = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if nbytes < HUGE_PAGE_BYTES or advice is None:
+        return np.empty(shape, dt)
+    try:
+        region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        region.madvise(advice)
+    except (OSError, ValueError):
+        return np.empty(shape, dt)
+    return np.frombuffer(region, dt).reshape(shape)
+
+
+def _copy_rows(dst: np.ndarray, src: np.ndarray, pool: ThreadPoolExecutor) -> list:
+    """Start dst[...] = src, split over the pool's threads by rows; returns the jobs
+    (none when the copy was small enough to make here)."""
     chunks = max(1, min(COPY_THREADS, src.nbytes >> 22))  # pieces of 4 MiB or more
     if chunks == 1:
         np.copyto(dst, src)
-        return
+        return []
     edges = np.linspace(0, len(src), chunks + 1).astype(int)
     spans = zip(edges[:-1], edges[1:], strict=True)
-    jobs = [pool.submit(np.copyto, dst[a:b], src[a:b]) for a, b in spans]
+    return [pool.submit(np.copyto, dst[a:b], src[a:b]) for a, b in spans]
+
+
+def _gather(dst: np.ndarray, img: np.ndarray, source, pool: ThreadPoolExecutor) -> list:
+    """Start copying a band's input rows (a slice, or wrap's index array) into dst."""
+    if isinstance(source, slice):
+        return _copy_rows(dst, img[source], pool)
+    np.take(img, source, axis=0, out=dst)
+    return []
+
+
+def _wait(jobs: list) -> None:
     for job in jobs:
         job.result()
-
-
-def _gather(dst: np.ndarray, img: np.ndarray, source, pool: ThreadPoolExecutor) -> None:
-    if isinstance(source, slice):
-        _copy_rows(dst, img[source], pool)
-    else:
-        np.take(img, source, axis=0, out=dst)
 
 
 class _Slot:
@@ -123,7 +156,7 @@ class _Slot:
         if self.drv is not None:
             self.drv.synchronize(self.stream)
             for _, address in (self.host_in, self.host_out):
-                self.drv.host_free(address)
+                _keep_pinned(address)
 
 
 _STREAMS: list = []  # the slots' streams, made once per process (the pool keeps
@@ -139,15 +172,50 @@ def _streams(drv) -> list:
     return _STREAMS
 
 
+# Page-locked host buffers kept between calls: address -> bytes, and which are free.
+_PINNED: dict[int, int] = {}
+_PINNED_FREE: list[int] = []
+
+
 def _host_buffer(shape: tuple, dtype, drv) -> tuple[np.ndarray, int]:
-    """(array, address): page-locked on a GPU, plain NumPy on the simulator."""
+    """(array, address): page-locked on a GPU (a kept buffer when one is large
+    enough, else a new one), plain NumPy on the simulator."""
     if drv is None:
         arr = np.empty(shape, dtype)
         return arr, arr.ctypes.data
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    address = drv.host_alloc(nbytes)
-    buffer = np.ctypeslib.as_array((np.ctypeslib.ctypes.c_ubyte * nbytes).from_address(address))
-    return buffer.view(dtype).reshape(shape), address
+    with _LOCK:
+        fits = [a for a in _PINNED_FREE if _PINNED[a] >= nbytes]
+        address = min(fits, key=_PINNED.__getitem__) if fits else None
+        if address is not None:
+            _PINNED_FREE.remove(address)
+    if address is None:
+        address = drv.host_alloc(nbytes)
+        with _LOCK:
+            _PINNED[address] = nbytes
+    size = _PINNED[address]
+    buffer = np.ctypeslib.as_array((np.ctypeslib.ctypes.c_ubyte * size).from_address(address))
+    return buffer[:nbytes].view(dtype).reshape(shape), address
+
+
+def _keep_pinned(address: int) -> None:
+    """Hand a page-locked buffer back for the next band or call."""
+    with _LOCK:
+        _PINNED_FREE.append(address)
+
+
+def release_pinned() -> int:
+    """Free the page-locked host buffers kept for later calls (those not in use);
+    returns the bytes freed. The next large call allocates them again."""
+    from kernels.common.cudadrv import driver
+
+    with _LOCK:
+        freed = [(a, _PINNED.pop(a)) for a in _PINNED_FREE]
+        _PINNED_FREE.clear()
+    drv = driver() if freed else None
+    for address, _ in freed:
+        drv.host_free(address)
+    return sum(n for _, n in freed)
 
 
 def filter_in_bands(img: np.ndarray, out: np.ndarray, reach: tuple[int, int], wrap: bool,
@@ -177,25 +245,27 @@ def filter_in_bands(img: np.ndarray, out: np.ndarray, reach: tuple[int, int], wr
         with ThreadPoolExecutor(COPY_THREADS) as pool:
             for i, (y0, y1, source) in enumerate(plan):
                 slot = slots[i % len(slots)]
-                _finish(slot, out, pool)
                 n = len(range(height)[source]) if isinstance(source, slice) else len(source)
-                _gather(slot.host_in[0][:n], img, source, pool)
+                # The slot's last band out and this band in, at once: separate buffers.
+                jobs = _finish(slot, out, pool)
+                _wait(jobs + _gather(slot.host_in[0][:n], img, source, pool))
                 offset = y0 - (source.start if isinstance(source, slice) else y0 - reach[0])
                 slot.run(n, n, apply)
                 slot.pending = (y0, y1, offset)
             for slot in slots:
-                _finish(slot, out, pool)
+                _wait(_finish(slot, out, pool))
     finally:
         for slot in slots:
             slot.close()
     return out
 
 
-def _finish(slot: _Slot, out: np.ndarray, pool: ThreadPoolExecutor) -> None:
-    """Wait for the slot's band in flight, if any, and copy its own rows into `out`."""
+def _finish(slot: _Slot, out: np.ndarray, pool: ThreadPoolExecutor) -> list:
+    """Wait for the slot's band in flight, if any, and start copying its own rows
+    into `out`; returns the copy's jobs."""
     if slot.pending is None:
-        return
+        return []
     slot.wait()
     y0, y1, offset = slot.pending
-    _copy_rows(out[y0:y1], slot.host_out[0][offset : offset + y1 - y0], pool)
     slot.pending = None
+    return _copy_rows(out[y0:y1], slot.host_out[0][offset : offset + y1 - y0], pool)
