@@ -16,6 +16,7 @@ def _fake_numba_cuda(monkeypatch, loads: list):
     """numba.cuda with a GPU, and an NVVM whose loading is recorded."""
     import numba
 
+    monkeypatch.setattr(backends, "_driver_problem", lambda: None)  # a driver and a GPU
     monkeypatch.setattr(numba.cuda, "is_available", lambda: True)
     nvvm = types.ModuleType("numba.cuda.cudadrv.nvvm")
     nvvm.NVVM = lambda: loads.append("loaded")
@@ -76,3 +77,26 @@ def test_found_nowhere_nvvm_is_loaded_to_decide(tmp_path, monkeypatch, real_gpu_
 
     sys.modules["numba.cuda.cudadrv.nvvm"].NVVM = missing
     assert "NVVM" in backends._cuda_problem()
+
+
+def test_without_a_gpu_numba_s_cuda_target_is_not_asked(monkeypatch, real_gpu_path):
+    import numba
+
+    from kernels.common import cudadrv
+
+    def no_driver():
+        raise cudadrv.CudaError("no NVIDIA driver found (libcuda)")
+
+    def must_not_be_asked():
+        raise AssertionError("Numba's CUDA target asked although the driver said no")
+
+    monkeypatch.setattr(cudadrv, "driver", no_driver)
+    monkeypatch.setattr(numba.cuda, "is_available", must_not_be_asked)
+    assert backends._cuda_problem() == "no usable NVIDIA GPU was found"
+    backends._cuda_problem.cache_clear()
+
+    def full():
+        raise cudadrv.NoMemoryForContext("GPU 0 has no memory left for a CUDA context")
+
+    monkeypatch.setattr(cudadrv, "driver", full)
+    assert backends._cuda_problem() == "GPU 0 has no memory left for a CUDA context"

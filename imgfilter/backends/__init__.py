@@ -41,6 +41,9 @@ def _cuda_problem() -> str | None:
     """Why the CUDA backend cannot run here, or None when it can (asked once)."""
     if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         return None
+    problem = _driver_problem()
+    if problem is not None:  # known without importing Numba's CUDA target (0.4 s)
+        return problem
     from numba import cuda
 
     if not cuda.is_available():
@@ -56,6 +59,20 @@ def _cuda_problem() -> str | None:
             "a GPU is present but the CUDA compiler libraries (NVVM) are missing; "
             "install them with: pip install 'imgfilter[cu12]' (or [cu13] for CUDA 13 drivers)"
         )
+    return None
+
+
+def _driver_problem() -> str | None:
+    """Why the NVIDIA driver gives no GPU (no libcuda, cuInit fails, no memory for a
+    context), asked through `kernels.common.cudadrv` alone; None when one answers."""
+    from kernels.common.cudadrv import CudaError, NoMemoryForContext, driver
+
+    try:
+        driver()
+    except NoMemoryForContext as exc:
+        return str(exc)
+    except CudaError:
+        return "no usable NVIDIA GPU was found"
     return None
 
 
