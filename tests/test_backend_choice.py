@@ -80,7 +80,7 @@ def test_found_nowhere_nvvm_is_loaded_to_decide(tmp_path, monkeypatch, real_gpu_
 
 
 def test_without_a_gpu_numba_s_cuda_target_is_not_asked(monkeypatch, real_gpu_path):
-    import numba
+    import numba.cuda
 
     from kernels.common import cudadrv
 
