@@ -20,6 +20,7 @@ import cv2
 import numpy as np
 import pytest
 from test_cli import REPO, SOBEL, imread, run
+from test_cli_signals import sigint_as_in_a_terminal
 
 from imgfilter import files
 from imgfilter import io as iio
@@ -476,6 +477,7 @@ def test_sigint_stops_many_files_leaving_whole_files_only(tmp_path):
         [sys.executable, "-m", "imgfilter", "filter", str(src), "--kernel",
          str(tmp_path / "k.npy"), "--backend", "cpu", "--out-dir", str(out), "-j", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
+        preexec_fn=sigint_as_in_a_terminal,
     )  # fmt: skip
     deadline = time.monotonic() + 240
     while proc.poll() is None and time.monotonic() < deadline:

@@ -41,6 +41,13 @@ def _env() -> dict[str, str]:
     return env
 
 
+def sigint_as_in_a_terminal() -> None:
+    """preexec_fn of a command these tests interrupt: SIGINT to its default, as at an
+    interactive shell. A test run in the background (a script's `cmd &`) hands its
+    children SIGINT ignored, and Python then leaves it ignored, as it should."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 SIDES = (6000, 6000)
 
 
@@ -65,6 +72,7 @@ def _start(tmp_path: Path, png: bytes) -> tuple[subprocess.Popen, Path]:
         [sys.executable, "-m", "imgfilter", "filter", str(src), "--kernel",
          str(tmp_path / "k.npy"), "--backend", "cpu", "-o", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
+        preexec_fn=sigint_as_in_a_terminal,
     )  # fmt: skip
     opened = threading.Event()
 
