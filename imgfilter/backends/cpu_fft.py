@@ -34,7 +34,8 @@ import threading
 import numpy as np
 from numba import njit
 
-from .cpu import _U64, _axis_map, _store_int
+from .cpu import _U64
+from .cpu_loops import _axis_map, _store_int
 
 _CHUNK = 512  # opened outputs per call of the direct recompute
 _FFT_STAGE = 16.0  # assumed normwise error of one radix-2 stage of an FFT, in u64
@@ -94,7 +95,7 @@ def _cover(n: int, sides: tuple) -> int:
 
 class Source:
     """An (H, W, C) image extended by a border, as padded planes that are never built:
-    `rows` / `cols` (`cpu._axis_map`) give the source row / column of each padded one
+    `rows` / `cols` (`cpu_loops._axis_map`) give the source row / column of each padded one
     (-1: the constant `value`, rounded to float32 as the direct path pads it), `left`
     the padded column of the image's column 0."""
 
