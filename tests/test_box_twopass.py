@@ -60,17 +60,21 @@ def test_every_border_is_exact(shape, ksize, geometry, groups):
 def test_inside_blocks_unrolled_rows_and_partial_strips():
     # Strips of 9 rows: the column pass takes eight rows at a time (first window and
     # slide), then the rest; blocks and strips wholly inside the image take the
-    # border-free paths; rows of 150 bytes start 0 or 2 bytes into a word.
-    img = _image((40, 50, 3), seed=7)
-    geo = dict(run=4, row_threads=12, col_threads=8, strip=9, col_groups=0)
+    # border-free paths (31 rows: a strip inside for the 11-row boxes too, and a last
+    # strip of 4 rows); rows of 150 bytes start 0 or 2 bytes into a word. Segments of
+    # 16 pixels (two runs of 8 a channel: 6 threads a block; the simulator's cost
+    # follows the thread count), four a row.
+    img = _image((31, 50, 3), seed=7)
+    geo = dict(run=8, row_threads=6, col_threads=8, strip=9, col_groups=0)
     for ksize, border in [((5, 5), "reflect101"), ((11, 5), "constant"), ((11, 3), "wrap")]:
         anchor = (ksize[0] // 2, ksize[1] // 2)
         got, _ = _twopass(img, ksize, anchor, border, 3, **geo)
         np.testing.assert_array_equal(got, exact_box(img, ksize, anchor, border, 3))
-    # Sixteen rows at a time: a 17-row box, strips of 20 rows (the second one inside).
-    tall = _image((60, 20, 1), seed=8)
+    # Sixteen rows at a time: a 17-row box, strips of 20 rows (the second one inside,
+    # the third 8 rows); one block of 16 threads for the row's 10 words.
+    tall = _image((48, 20, 1), seed=8)
     got, _ = _twopass(tall, (17, 3), (8, 1), "reflect", 0, run=4, row_threads=8, strip=20,
-                      col_groups=0)  # fmt: skip
+                      col_threads=16, col_groups=0)  # fmt: skip
     np.testing.assert_array_equal(got, exact_box(tall, (17, 3), (8, 1), "reflect", 0))
 
 
@@ -79,11 +83,12 @@ def test_column_tiles_inside_blocks_idle_threads_and_short_last_strip():
     # second). 100 rows in strips of 36: the middle strip's tile is wholly inside (direct
     # loads, eight in flight, then four for a 21-row box), the last one has 28 rows. Then
     # strips of 36 over 80 rows in threads of 12: the last strip has 8 rows, so two of
-    # its threads have none.
+    # its threads have none. The row pass runs two threads of 12-pixel runs a row (one
+    # block a row: the simulator's cost follows its thread count).
     img = _image((100, 24, 1), seed=10)
     for height, groups, kh in [(100, 2, 17), (100, 2, 21), (80, 3, 17)]:
         part = np.ascontiguousarray(img[:height])
-        geo = dict(run=4, row_threads=8, col_threads=8, col_groups=groups, strip=36)
+        geo = dict(run=12, row_threads=2, col_threads=8, col_groups=groups, strip=36)
         for border in ("reflect101", "constant"):
             got, plan = _twopass(part, (kh, 3), (8, 1), border, 5, **geo)
             np.testing.assert_array_equal(got, exact_box(part, (kh, 3), (8, 1), border, 5))
