@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import sys
 
 import pytest
 
@@ -41,11 +40,6 @@ if not ON_GPU:
     from cuda_sim_shim import install as _install_sim_shim
 
     _install_sim_shim()
-    # The simulator's BlockManager busy-polls its block's threads (one Python thread per
-    # CUDA thread) while they run and wait at barriers; at the default 5 ms GIL switch
-    # interval most of a block's time goes to that poll holding the GIL. 0.1 ms makes
-    # simulated launches 2-4x faster; it only changes how often threads take turns.
-    sys.setswitchinterval(1e-4)
 
 
 def pytest_collection_modifyitems(config, items):
