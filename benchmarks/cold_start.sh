@@ -7,13 +7,7 @@
 # (NUMBA_CACHE_DIR too). IMGFILTER_NO_PREBUILT=1 measures without the shipped kernels.
 set -uo pipefail
 out=${1:?usage: cold_start.sh OUTDIR}
-mkdir -p "$out"
-export IMGFILTER_CACHE_DIR=$(mktemp -d) NUMBA_CACHE_DIR=$(mktemp -d)
-# Bytecode for everything on the path, as `pip install` leaves it (a tree run from
-# source, or wheels installed with --no-compile, would compile every module each run).
-python3 -m compileall -q -j 0 imgfilter kernels ${PYTHONPATH//:/ } > /dev/null 2>&1
-img=$out/in.jpg
-python3 -c "import cv2; im = cv2.imread('samples/astronaut.jpg'); cv2.imwrite('$img', cv2.resize(im, (2495, 2167)))"
+source "$(dirname "$0")/cli_setup.sh"
 python3 -c "import numpy as np; np.save('$out/k21.npy', np.random.default_rng(0).standard_normal((21, 21)).astype('float32') / 21)"
 wall() {  # label, command...
     local label=$1; shift

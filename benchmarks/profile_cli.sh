@@ -5,13 +5,7 @@
 # one-liner. Usage: bash benchmarks/profile_cli.sh OUTDIR
 set -uo pipefail
 out=${1:?usage: profile_cli.sh OUTDIR}
-mkdir -p "$out"
-export IMGFILTER_CACHE_DIR=$(mktemp -d) NUMBA_CACHE_DIR=$(mktemp -d)
-# Bytecode for everything on the path, as `pip install` leaves it (a tree run from
-# source, or wheels installed with --no-compile, would compile every module each run).
-python3 -m compileall -q -j 0 imgfilter kernels ${PYTHONPATH//:/ } > /dev/null 2>&1
-img=$out/in.jpg
-python3 -c "import cv2; im = cv2.imread('samples/astronaut.jpg'); cv2.imwrite('$img', cv2.resize(im, (2495, 2167)))"
+source "$(dirname "$0")/cli_setup.sh"
 blur=(-m imgfilter blur "$img" --k 21 -o "$out/b.jpg" --force)
 classify=(-m imgfilter classify samples/astronaut.jpg --model samples/classify/astronaut.model.npz -o "$out/l.png" --force)
 wall() {  # label, command...
