@@ -564,15 +564,18 @@ def section_batch(results: Path) -> list[str]:
     if files:
         path = files[-1]
         d = _load(path)
-        default = next(r for r in d["results"] if r["geo"] == "default")
-        times = [r["batch_us"] for r in d["results"]]
+        rows = [r for r in d.get("rows", d.get("results", [])) if "batch_us" in r]
+        default = next(r for r in rows if r.get("geometry", r.get("geo")) == "default")
+        times = [r["batch_us"] for r in rows]
+        single = d.get("single_image_kernel_us", d.get("single_us"))
+        batched_n1 = d.get("batched_form_n1_us", d.get("batched_n1_us"))
         out[-1] += (
             f" Geometry sweep {_link(path)} (`benchmarks/sweep_batch.py`, run {_run_date(path)}): "
             f"{d['n']} 720p frames, box {d['k']}: the default geometry "
             f"{default['batch_us']:.1f} us "
             f"({default['per_image_us']:.2f} us an image), {len(times) - 1} geometries "
-            f"{min(times):.1f}-{max(times):.1f} us; one image alone {d['single_us']:.1f} us, the "
-            f"batched kernel at N=1 {d['batched_n1_us']:.1f} us."
+            f"{min(times):.1f}-{max(times):.1f} us; one image alone {single:.1f} us, the "
+            f"batched kernel at N=1 {batched_n1:.1f} us."
         )
     return out + [""]
 

@@ -65,6 +65,10 @@ def _grid(kernel: str) -> list[dict]:
         dict(threads=128, tile_h=16, groups=2),
         dict(threads=512, tile_w=128, tile_h=32),
         dict(threads=512, tile_h=64, min_blocks=4),
+        dict(min_blocks=2),
+        dict(min_blocks=6),
+        dict(groups=4, min_blocks=2),
+        dict(groups=4, min_blocks=6),
     ]
 
 

@@ -71,6 +71,24 @@ def test_interior_tiles_are_exact(shape, ksize, anchor, geometry):
     check_interior(_tiled, shape, ksize, anchor, geometry)
 
 
+# Tiles along the top and bottom edges whose columns lie inside the image: their rows
+# go through the border rule (boxes taller than the image too), their words funnel-shifted.
+EDGE_ROW_CASES = [
+    ((6, 100, 3), (9, 3), (4, 1), dict(threads=16, run=4, tile_w=12, tile_h=3, groups=2)),
+    ((11, 64, 1), (5, 5), (4, 0), dict(threads=8, run=4, tile_w=16, tile_h=4, groups=1)),
+    ((3, 90, 4), (7, 3), (3, 1), dict(threads=32, run=3, tile_w=9, tile_h=2, groups=2)),
+]
+
+
+@pytest.mark.parametrize(
+    "shape, ksize, anchor, geometry", EDGE_ROW_CASES, ids=[str(c[0]) for c in EDGE_ROW_CASES]
+)
+def test_edge_rows_of_inner_columns_every_border(shape, ksize, anchor, geometry):
+    geo = box_plan.tiled_plan(shape, np.uint8, ksize, **geometry)
+    assert geo["grid"][0] >= 3  # tiles away from the left and right edges
+    check_every_border(_tiled, shape, ksize, anchor, geometry)
+
+
 def test_extreme_values_and_ties_round_to_even():
     check_ties_round_to_even(_tiled, dict(threads=32, run=4, tile_w=10, tile_h=5))
 

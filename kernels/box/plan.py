@@ -234,9 +234,11 @@ TILED_MIN_H = 8  # the shortest tile the default geometry shrinks to
 # Default geometries (threads, run, tile_w, tile_h, groups, min_blocks): small tiles
 # for boxes up to TILED_SMALL_BOX rows, wide tiles of 512 threads above (the switch
 # between the measured 21 and 31 is a guess). H100 sweep
-# (`benchmarks/sweep_uint8_box.py`), seed size, at the best geometry: k=3 30.9 us,
-# k=21 39.2, k=31 48.8; 8K k=21 163.0, k=31 187.6.
-TILED_DEFAULTS = dict(threads=256, run=16, tile_w=64, tile_h=32, groups=2, min_blocks=0)
+# (`benchmarks/sweep_uint8_box.py`), seed size, at the best geometry: k=3 27.0 us,
+# k=5 27.6, k=21 33.6; 8K k=3 123.9. Six blocks per SM cost the single-image kernel
+# nothing (it needs 40 registers) and cap the batched form's registers at 40 too
+# (52 unbounded): 32 720p frames, box 5, 141 us against 150 (`benchmarks/sweep_batch.py`).
+TILED_DEFAULTS = dict(threads=256, run=16, tile_w=64, tile_h=32, groups=2, min_blocks=6)
 TILED_WIDE_DEFAULTS = dict(threads=512, run=16, tile_w=128, tile_h=32, groups=4, min_blocks=0)
 TILED_SMALL_BOX = 25
 # Shared memory a default geometry may use; above 48 KiB the launch opts in (an H100

@@ -5,10 +5,12 @@
 (tile_h + kh - 1) input rows of (tile_w + kw - 1) * C byte lanes from pixel `left`,
 row `top` on, as 32-bit words in shared memory (`in32`, rows of an odd number of
 words, `kernels.box.plan.tiled_layout`'s in_words). Thread (r, q) loads word q of rows
-r, r + T // nq, ...; every load of a thread is issued before any is used. Interior
-tiles read each word as two aligned loads and a funnel shift; tiles touching a border
-gather bytes through the border mapping (`cval` for the constant border). The caller
-synchronises afterwards.
+r, r + T // nq, ...; every load of a thread is issued before any is used. Tiles whose
+columns all lie inside the image (interior tiles, and the tiles along the top and
+bottom edges) read each word as two aligned loads and a funnel shift, rows outside
+the image mapped through the border rule (a row of `cval` for the constant border);
+tiles along the left and right edges gather bytes through the border mapping. The
+caller synchronises afterwards.
 
 Also the helpers the kernels share: `reciprocal` and `div` (division by a
 compile-time constant as one 32 x 32-bit multiply-high) and `byte_at`.
@@ -32,7 +34,7 @@ def byte_at(src8, row_off, col, cval):
     """The byte at mapped column `col` of the row at `row_off` (-1 either: `cval`)."""
     if row_off < 0 or col < 0:
         return uint32(cval)
-    return uint32(src8[row_off + col])
+    return uint32(src8[uint64(row_off + col)])  # unsigned: no negative-index wrap
 
 
 def reciprocal(d: int) -> np.uint64:
@@ -68,30 +70,47 @@ def make_loader(channels: int, ksize: tuple, tile_w: int, tile_h: int, threads: 
     BY_NQ = reciprocal(NQ)
 
     @cuda.jit(device=True, inline="always")
+    def funnel(src32, a):
+        """The 32-bit word at byte offset `a` (any alignment): two aligned loads."""
+        wi = uint32(a >> 2)
+        lo = uint64(src32[wi])
+        hi = uint64(src32[uint32(wi + 1)])
+        shift = uint64(uint32(a & 3) * uint32(8))
+        return uint32(((hi << U(32)) | lo) >> shift)
+
+    @cuda.jit(device=True, inline="always")
     def load(in32, src8, src32, n_words, height, width, left, top, mode, cval, tid):
         pitch = width * C
         r = div(tid, BY_NQ)
         q = tid - r * NQ_U
         word_end = left * C + 4 * NQ
-        interior = (
-            top >= 0 and top + IN_ROWS <= height and left >= 0 and word_end <= pitch
-            and ((top + IN_ROWS - 1) * pitch + word_end) // 4 < n_words
-        )  # fmt: skip
+        # Whole words of every row the tile reads, the word after each included.
+        columns_inside = (
+            left >= 0 and word_end <= pitch and ((height - 1) * pitch + word_end) // 4 < n_words
+        )
+        rows_inside = top >= 0 and top + IN_ROWS <= height
         if r < ROW_STEP_U:  # a partial sweep of rows would load words twice
-            if interior:
+            if columns_inside and rows_inside:
                 # 32-bit byte offsets (the image is < 2 GiB), one multiply-add per row.
                 a0 = uint32(uint32((top + int64(r)) * pitch + left * C) + uint32(FOUR_U * q))
                 step = uint32(STEP32 * uint32(pitch))
                 dst = r * IN_WORDS_U + q
                 for i in range(LOAD_ITERS):
                     if i < FULL_SWEEPS or r + U(i * ROW_STEP) < IN_ROWS_U:
-                        a = uint32(a0 + uint32(i) * step)
-                        wi = uint32(a >> 2)
-                        lo = uint64(src32[wi])
-                        hi = uint64(src32[uint32(wi + 1)])
-                        shift = uint64(uint32(a & 3) * uint32(8))
-                        word = uint32(((hi << U(32)) | lo) >> shift)
+                        word = funnel(src32, uint32(a0 + uint32(i) * step))
                         in32[dst + U(i * ROW_STEP * IN_WORDS)] = word
+            elif columns_inside:
+                # Rows through the border rule; a row outside is cval in every byte.
+                col = uint32(uint32(left * C) + uint32(FOUR_U * q))
+                fill = uint32(cval) * uint32(0x01010101)
+                rr = r
+                while rr < IN_ROWS_U:
+                    yy = border_index(top + int64(rr), height, mode)
+                    word = fill
+                    if yy >= 0:
+                        word = funnel(src32, uint32(uint32(yy) * uint32(pitch) + col))
+                    in32[rr * IN_WORDS_U + q] = word
+                    rr += ROW_STEP_U
             else:
                 lane = int64(FOUR_U * q)
                 c0 = lane_column(lane, IN_LANES, left, width, C, mode)

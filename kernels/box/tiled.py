@@ -20,7 +20,7 @@ columns first, in four phases between barriers, with no state carried between ti
    output row of column sums (32-bit sums), rounds each mean by a multiply-high and
    stages the byte in shared memory, at the byte offset the row has in the image
    modulo 4.
-4. Store: each thread copies whole 32-bit words of staged rows to the image's
+4. Store: each warp copies whole 32-bit words of a staged row to the image's
    aligned words (bytes one at a time at a row's ends and outside whole words).
 The image and the output must start on a 4-byte boundary; `kernels.box.dispatch.box_choice`
 sends other views to box_fused. Many small blocks are resident per SM, so one block's
@@ -88,13 +88,14 @@ def _make_kernel(channels: int, ksize: tuple, threads: int, run: int, tile_w: in
     ROW_SLOTS = T // SW
     STORE_ROWS = (TH + ROW_SLOTS - 1) // ROW_SLOTS
     STORE_WORDS = (OS_WORDS + SW - 1) // SW
+    RAGGED_ITERS = (8 + SW - 1) // SW
     U = np.uint64
     NQ_U, IN_WORDS_U = U(NQ), U(IN_WORDS)
     VS0_U, VS_WORDS_U, VS_PITCH_U = U(VS0), U(VS_WORDS), U(2 * VS_WORDS)
     OS_WORDS_U, OS_PITCH_U, TH_U = U(OS_WORDS), U(4 * OS_WORDS), U(TH)
     C_U, RUN_U, FULL_RUNS_U, N_ITEMS_U = U(C), U(RUN), U(FULL_RUNS), U(N_ITEMS)
     PER_GROUP_U, V_ITEMS_U, SW_U = U(PER_GROUP), U(V_ITEMS), U(SW)
-    ONE_U, TWO_U, FOUR_U = U(1), U(2), U(4)
+    ONE_U, TWO_U, FOUR_U, EIGHT_U = U(1), U(2), U(4), U(8)
     BY_NQ, BY_TH, BY_C = (reciprocal(d) for d in (NQ, TH, C))
     load = make_loader(C, ksize, TW, TH, T)
     bounds = {"launch_bounds": (T, min_blocks)} if min_blocks and not SIMULATOR else {}
@@ -175,9 +176,9 @@ def _make_kernel(channels: int, ksize: tuple, threads: int, run: int, tile_w: in
                         sh8[dst + U(k * C)] = round_div(acc, AREA_U, MAGIC_U, SHIFT_U, EVEN)
         cuda.syncthreads()
 
-        # 4. Store: SW threads per row copy its staged words to the image's aligned
-        # words; the words at the row's ends (and past the image's last whole word) go
-        # a byte at a time.
+        # 4. Store: SW threads per output row (one warp) copy the row's staged words to
+        # the image's whole words; the bytes outside them (at most three at each end of
+        # the row, and the image's last n % 4 bytes) go one at a time.
         out_h = uint64(min(TH, height - y0))
         n_bytes = uint32(min(TW, width - x0) * C)
         slot = tid // SW_U
@@ -188,19 +189,23 @@ def _make_kernel(channels: int, ksize: tuple, threads: int, run: int, tile_w: in
                 g0 = uint32(row0 + uint32(rr) * uint32(pitch))
                 end = uint32(g0 + n_bytes)
                 w0 = uint32(g0 >> 2)
+                whole_lo = uint32(uint32(g0 + 3) >> 2)  # first and past-last whole word
+                whole_hi = min(uint32(end >> 2), uint32(n_words))
+                staged = rr * OS_WORDS_U
                 for j in range(STORE_WORDS):
-                    wi = lane + U(j * SW)
-                    if wi < OS_WORDS_U:
-                        w = uint32(w0 + uint32(wi))
-                        lo = uint32(w * 4)
-                        if lo >= g0 and lo + 4 <= end and w < n_words:
-                            out32[w] = in32[rr * OS_WORDS_U + wi]
-                        elif lo < end:
-                            base = rr * OS_PITCH_U + FOUR_U * wi
-                            for b in range(4):
-                                at = uint32(lo + b)
-                                if at >= g0 and at < end:
-                                    out8[at] = sh8[base + U(b)]
+                    w = uint32(w0 + uint32(lane + U(j * SW)))
+                    if w >= whole_lo and w < whole_hi:
+                        out32[w] = in32[staged + U(w - w0)]
+                if g0 & 3 or end & 3 or whole_hi < end >> 2:
+                    head_end = uint32(min(whole_lo * 4, end))
+                    tail = uint32(max(whole_hi * 4, head_end))
+                    for j in range(RAGGED_ITERS):
+                        k = lane + U(j * SW)  # 0-3: the head's bytes, 4-7: the tail's
+                        at = uint32(g0 + uint32(k))
+                        if k >= FOUR_U:
+                            at = uint32(tail + uint32(k - FOUR_U))
+                        if k < EIGHT_U and (at < head_end or (k >= FOUR_U and at < end)):
+                            out8[at] = sh8[rr * OS_PITCH_U + U(at - uint32(w0 * 4))]
 
     return box_tiled
 
