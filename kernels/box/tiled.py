@@ -43,6 +43,7 @@ from .plan import packed_magic, tiled_args, tiled_layout, tiled_plan
 from .tile_load import div, make_loader, reciprocal
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
+HELD_MAX = 24  # column sums a horizontal item keeps in registers at most
 ZERO = np.uint32(0)
 LANES01 = np.uint32(0x4140)  # byte_perm selectors: bytes 0, 1 (2, 3) of x, each
 LANES23 = np.uint32(0x4342)  # followed by byte 4 (a zero y)
@@ -81,6 +82,9 @@ def _make_kernel(channels: int, ksize: tuple, threads: int, run: int, tile_w: in
     FULL_GROUPS = TH % G == 0  # every group has PER_GROUP rows: no row guard
     V_ITEMS = G * NQ
     FULL_RUNS = TW // RUN
+    # A full run's column sums held in registers where they are few (narrow boxes).
+    N_HELD = RUN + KW - 1
+    HELD = N_HELD <= HELD_MAX
     LAST_RUN = TW - FULL_RUNS * RUN
     N_ITEMS = TH * C * ((TW + RUN - 1) // RUN)
     ITEM_ITERS = (N_ITEMS + T - 1) // T
@@ -158,11 +162,25 @@ def _make_kernel(channels: int, ksize: tuple, threads: int, run: int, tile_w: in
                 c = rest - ri * C_U
                 xs = ri * RUN_U
                 leaving = TWO_U * VS0_U + rr * VS_PITCH_U + xs * C_U + c
+                align = U(uint32(row0 + uint32(rr) * uint32(pitch)) & uint32(3))
+                dst = rr * OS_PITCH_U + align + xs * C_U + c
+                if HELD and ri < FULL_RUNS_U:
+                    # Every column sum of the run read once, into registers, before the
+                    # byte stores (which the compiler must assume may overwrite them).
+                    held = cuda.local.array(N_HELD, uint32)
+                    for j in range(N_HELD):
+                        held[j] = uint32(vs16[leaving + U(j * C)])
+                    acc = uint32(0)
+                    for j in range(KW):
+                        acc = uint32(acc + held[j])
+                    sh8[dst] = round_div(acc, AREA_U, MAGIC_U, SHIFT_U, EVEN)
+                    for k in range(1, RUN):
+                        acc = uint32(acc + held[k - 1 + KW] - held[k - 1])
+                        sh8[dst + U(k * C)] = round_div(acc, AREA_U, MAGIC_U, SHIFT_U, EVEN)
+                    continue
                 acc = uint32(0)
                 for j in range(KW):
                     acc = uint32(acc + vs16[leaving + U(j * C)])
-                align = U(uint32(row0 + uint32(rr) * uint32(pitch)) & uint32(3))
-                dst = rr * OS_PITCH_U + align + xs * C_U + c
                 sh8[dst] = round_div(acc, AREA_U, MAGIC_U, SHIFT_U, EVEN)
                 if ri < FULL_RUNS_U:
                     for k in range(1, RUN):

@@ -465,13 +465,16 @@ def batched_kernel(kernel, per_image: tuple):
         found = _batched.get(key)
         if found is not None:
             return found
-        from numba import cuda
+        from numba import cuda, uint64
 
         names = [f"a{i}" for i in range(len(per_image))]
         call = ", ".join(f"{n}[b]" if batch else n for n, batch in zip(names, per_image,
                                                                         strict=True))  # fmt: skip
-        namespace = {"cuda": cuda, "body": _body(kernel)}
-        source = f"def batched({', '.join(names)}):\n    b = cuda.blockIdx.z\n    body({call})\n"
+        # b unsigned: Numba indexes with a signed integer through a negative-index wrap.
+        namespace = {"cuda": cuda, "uint64": uint64, "body": _body(kernel)}
+        source = (
+            f"def batched({', '.join(names)}):\n    b = uint64(cuda.blockIdx.z)\n    body({call})\n"
+        )
         exec(compile(source, f"<batched {kernel.py_func.__name__}>", "exec"), namespace)
         found = _batched[key] = _jit_like(kernel, namespace["batched"])
         return found
