@@ -21,7 +21,8 @@ columns first, in four phases between barriers, with no state carried between ti
    stages the byte in shared memory, at the byte offset the row has in the image
    modulo 4.
 4. Store: each warp copies whole 32-bit words of a staged row to the image's
-   aligned words (bytes one at a time at a row's ends and outside whole words).
+   aligned words (bytes one at a time at a row's ends and outside whole words; a
+   plain copy where every row of the tile starts on a word and fills whole words).
 The image and the output must start on a 4-byte boundary; `kernels.box.dispatch.box_choice`
 sends other views to box_fused. Many small blocks are resident per SM, so one block's
 loads overlap another's arithmetic. The halo is re-read per tile (from L2), so the
@@ -93,10 +94,14 @@ def _make_kernel(channels: int, ksize: tuple, threads: int, run: int, tile_w: in
     STORE_ROWS = (TH + ROW_SLOTS - 1) // ROW_SLOTS
     STORE_WORDS = (OS_WORDS + SW - 1) // SW
     RAGGED_ITERS = (8 + SW - 1) // SW
+    ROW_WORDS = TW * C // 4  # a full output row's words, when it has whole words only
+    WORD_ROWS = TW * C % 4 == 0
+    ROW_WORD_ITERS = (ROW_WORDS + SW - 1) // SW
     U = np.uint64
     NQ_U, IN_WORDS_U = U(NQ), U(IN_WORDS)
     VS0_U, VS_WORDS_U, VS_PITCH_U = U(VS0), U(VS_WORDS), U(2 * VS_WORDS)
     OS_WORDS_U, OS_PITCH_U, TH_U = U(OS_WORDS), U(4 * OS_WORDS), U(TH)
+    ROW_WORDS_U = U(ROW_WORDS)
     C_U, RUN_U, FULL_RUNS_U, N_ITEMS_U = U(C), U(RUN), U(FULL_RUNS), U(N_ITEMS)
     PER_GROUP_U, V_ITEMS_U, SW_U = U(PER_GROUP), U(V_ITEMS), U(SW)
     ONE_U, TWO_U, FOUR_U, EIGHT_U = U(1), U(2), U(4), U(8)
@@ -201,6 +206,23 @@ def _make_kernel(channels: int, ksize: tuple, threads: int, run: int, tile_w: in
         n_bytes = uint32(min(TW, width - x0) * C)
         slot = tid // SW_U
         lane = tid - slot * SW_U
+        if (
+            WORD_ROWS
+            and uint32(pitch) & uint32(3) == 0
+            and row0 & uint32(3) == 0
+            and (x0 + TW <= width)
+        ):
+            # Rows that start on a word and fill whole words (most images): a copy.
+            for i in range(STORE_ROWS):
+                rr = slot + U(i * ROW_SLOTS)
+                if rr < out_h:
+                    w0 = uint32(uint32(row0 + uint32(rr) * uint32(pitch)) >> 2)
+                    staged = rr * OS_WORDS_U
+                    for j in range(ROW_WORD_ITERS):
+                        wi = lane + U(j * SW)
+                        if ROW_WORDS % SW == 0 or wi < ROW_WORDS_U:
+                            out32[uint32(w0 + uint32(wi))] = in32[staged + wi]
+            return
         for i in range(STORE_ROWS):
             rr = slot + U(i * ROW_SLOTS)
             if rr < out_h:
