@@ -34,6 +34,8 @@ import numpy as np
 
 from kernels.common.arrays import SIMULATOR, empty
 
+from . import pinned
+
 SLOTS = 3
 BAND_BYTES = 64 << 20  # input bytes a band holds at most (its halo aside)
 HUGE_PAGE_BYTES = 256 << 20  # results this large get huge pages (`host_empty`)
@@ -156,7 +158,7 @@ class _Slot:
         if self.drv is not None:
             self.drv.synchronize(self.stream)
             for _, address in (self.host_in, self.host_out):
-                _keep_pinned(address)
+                pinned.keep(address)
 
 
 _STREAMS: list = []  # the slots' streams, made once per process (the pool keeps
@@ -172,50 +174,20 @@ def _streams(drv) -> list:
     return _STREAMS
 
 
-# Page-locked host buffers kept between calls: address -> bytes, and which are free.
-_PINNED: dict[int, int] = {}
-_PINNED_FREE: list[int] = []
-
-
 def _host_buffer(shape: tuple, dtype, drv) -> tuple[np.ndarray, int]:
-    """(array, address): page-locked on a GPU (a kept buffer when one is large
-    enough, else a new one), plain NumPy on the simulator."""
-    if drv is None:
+    """(array, address) of a slot's page-locked buffer (`imgfilter.pinned`), or of
+    plain NumPy memory on the simulator and past the pinned limit."""
+    got = pinned.take(shape, dtype, drv)
+    if got is None:
         arr = np.empty(shape, dtype)
         return arr, arr.ctypes.data
-    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    with _LOCK:
-        fits = [a for a in _PINNED_FREE if _PINNED[a] >= nbytes]
-        address = min(fits, key=_PINNED.__getitem__) if fits else None
-        if address is not None:
-            _PINNED_FREE.remove(address)
-    if address is None:
-        address = drv.host_alloc(nbytes)
-        with _LOCK:
-            _PINNED[address] = nbytes
-    size = _PINNED[address]
-    buffer = np.ctypeslib.as_array((np.ctypeslib.ctypes.c_ubyte * size).from_address(address))
-    return buffer[:nbytes].view(dtype).reshape(shape), address
-
-
-def _keep_pinned(address: int) -> None:
-    """Hand a page-locked buffer back for the next band or call."""
-    with _LOCK:
-        _PINNED_FREE.append(address)
+    return got
 
 
 def release_pinned() -> int:
     """Free the page-locked host buffers kept for later calls (those not in use);
     returns the bytes freed. The next large call allocates them again."""
-    from kernels.common.cudadrv import driver
-
-    with _LOCK:
-        freed = [(a, _PINNED.pop(a)) for a in _PINNED_FREE]
-        _PINNED_FREE.clear()
-    drv = driver() if freed else None
-    for address, _ in freed:
-        drv.host_free(address)
-    return sum(n for _, n in freed)
+    return pinned.release()
 
 
 def filter_in_bands(img: np.ndarray, out: np.ndarray, reach: tuple[int, int], wrap: bool,

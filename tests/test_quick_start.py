@@ -102,6 +102,32 @@ def test_quick_box_looks_for_the_cubin_of_the_kernel_box_auto_runs(monkeypatch):
     assert asked[0].startswith("box_tiled-c3")  # box_tiled: uint8 boxes up to TILED_MAX_BOX
 
 
+def test_quick_results_go_straight_into_a_fitting_out(monkeypatch):
+    from imgfilter.backends import cached
+
+    targets = []
+
+    def quick(img, *args):
+        target = cached._host_result(img.shape, img.dtype)
+        targets.append(target)
+        result = np.empty_like(img) if target is None else target
+        result[...] = 7
+        return result
+
+    monkeypatch.setattr(cached, "_box_quick", quick)
+    img = np.ones((4, 5, 3), np.uint8)
+    out = np.zeros_like(img)
+    assert cached.box(img, (3, 3), (1, 1), 0, 0, "auto", out) is out
+    assert targets[-1] is out and (out == 7).all()
+    strided = np.zeros((4, 10, 3), np.uint8)[:, ::2]  # not contiguous: filled by a copy
+    assert cached.box(img, (3, 3), (1, 1), 0, 0, "auto", strided) is strided
+    assert targets[-1] is None and (strided == 7).all()
+    other = np.zeros((4, 5, 3), np.uint16)  # another dtype: not a target either
+    cached.box(img, (3, 3), (1, 1), 0, 0, "auto", other)
+    assert targets[-1] is None
+    assert cached._host_result(img.shape, img.dtype) is None  # cleared after each call
+
+
 @pytest.mark.parametrize("fails", [False, True])
 def test_background_context_is_what_the_quick_start_uses(tmp_path, monkeypatch, fails):
     import threading
@@ -326,6 +352,9 @@ def test_second_process_filters_without_numba_and_matches(tmp_path):
                 outs[f"blur{k}{shape}"] = imgfilter.blur(img, k, border="constant", border_value=9)
             outs[f"contour{shape}"] = imgfilter.contour(img, border="wrap")
             outs[f"filter{shape}"] = imgfilter.filter2d(img, kern, border="reflect")
+            into = np.empty_like(img)  # out= takes the copy back directly
+            assert imgfilter.blur(img, 21, border="constant", border_value=9, out=into) is into
+            np.testing.assert_array_equal(into, outs[f"blur21{shape}"])
         img = rng.standard_normal((150, 211, 4)).astype(np.float32)
         outs["filter_float"] = imgfilter.filter2d(img, kern, border="constant", border_value=0.5)
         np.savez("{out}", **outs)

@@ -8,7 +8,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from imgfilter import streamed
+from imgfilter import pinned, streamed
 
 
 def test_band_rows_stay_within_the_band_bytes_whatever_the_budget():
@@ -65,27 +65,42 @@ def pool(monkeypatch):
     import kernels.common.cudadrv as cudadrv
 
     drv = _Driver()
-    monkeypatch.setattr(streamed, "_PINNED", {})
-    monkeypatch.setattr(streamed, "_PINNED_FREE", [])
+    monkeypatch.setattr(pinned, "_SIZES", {})
+    monkeypatch.setattr(pinned, "_FREE", [])
     monkeypatch.setattr(cudadrv, "driver", lambda: drv)
     return drv
 
 
 def test_pinned_buffers_are_kept_and_reused_by_later_calls(pool):
-    arr, a = streamed._host_buffer((10, 20, 3), np.uint8, pool)
+    arr, a = pinned.take((10, 20, 3), np.uint8, pool)
     assert arr.shape == (10, 20, 3) and arr.ctypes.data == a
     arr[...] = 7
-    streamed._keep_pinned(a)
-    again, b = streamed._host_buffer((5, 20, 3), np.uint8, pool)  # smaller: the same buffer
+    pinned.keep(a)
+    again, b = pinned.take((5, 20, 3), np.uint8, pool)  # smaller: the same buffer
     assert b == a and again.shape == (5, 20, 3) and pool.allocs == 1
-    other, c = streamed._host_buffer((5, 20, 3), np.uint8, pool)  # the first is in use
+    other, c = pinned.take((5, 20, 3), np.uint8, pool)  # the first is in use
     assert c != a and pool.allocs == 2
-    streamed._keep_pinned(b)
-    streamed._keep_pinned(c)
-    bigger, d = streamed._host_buffer((11, 20, 3), np.uint8, pool)  # neither is large enough
+    pinned.keep(b)
+    pinned.keep(c)
+    bigger, d = pinned.take((11, 20, 3), np.uint8, pool)  # neither is large enough
     assert d not in (a, c) and pool.allocs == 3
     assert streamed.release_pinned() == 600 + 300  # the two free ones; d is in use
     assert set(pool.live) == {d}
-    streamed._keep_pinned(d)
+    pinned.keep(d)
     assert streamed.release_pinned() == 660 and not pool.live
     assert streamed.release_pinned() == 0
+
+
+def test_pinned_buffers_stop_at_the_limit_and_slots_use_plain_memory_past_it(pool, monkeypatch):
+    monkeypatch.setattr(pinned, "LIMIT", 1000)
+    arr, a = pinned.take((10, 60), np.uint8, pool)
+    assert pinned.take((10, 41), np.uint8, pool) is None  # 600 + 410 > 1000
+    pinned.keep(a)
+    again, b = pinned.take((10, 41), np.uint8, pool)  # a kept one that fits: no new bytes
+    assert b == a and pool.allocs == 1
+    plain, address = streamed._host_buffer((10, 41), np.uint8, pool)
+    assert address not in pool.live and plain.shape == (10, 41)
+    pinned.keep(address)  # not a pinned buffer: ignored
+    pinned.keep(b)
+    pinned.keep(b)  # twice: kept once
+    assert pinned.release() == 600 and not pool.live

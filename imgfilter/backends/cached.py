@@ -21,6 +21,7 @@ off, such a call goes to the Numba path, which compiles at once.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
@@ -42,6 +43,30 @@ NAME = "cuda"
 # Each calling thread's own default stream: the calls here wait for their results, and
 # several threads (the many-files pipeline's filter threads) overlap their copies.
 _STREAM = devarray.PER_THREAD
+
+
+_CALLER = threading.local()  # the caller's out= while a quick call runs in this thread
+
+
+@contextlib.contextmanager
+def _results_into(out):
+    """While active, `_run` copies a result of out's shape and dtype straight into
+    `out` (a writable C-contiguous host array) instead of a new array: one host copy
+    fewer, and a bus-speed copy when `out` is page-locked (`imgfilter.pinned`)."""
+    usable = isinstance(out, np.ndarray) and out.flags.c_contiguous and out.flags.writeable
+    _CALLER.out = out if usable else None
+    try:
+        yield
+    finally:
+        _CALLER.out = None
+
+
+def _host_result(shape: tuple, dtype) -> np.ndarray | None:
+    """The caller's out= when a result of this shape and dtype can go straight into it."""
+    out = getattr(_CALLER, "out", None)
+    if out is not None and out.shape == tuple(shape) and out.dtype == dtype:
+        return out
+    return None
 
 
 @functools.cache
@@ -109,7 +134,7 @@ def _run(name: str, img: np.ndarray, out_shape: tuple, launch, extra=None,
             d_extra = devarray.empty((scratch_bytes,), np.uint8, stream)
             pointers.append(d_extra.ptr)
         launch(drv, fn, *pointers)
-        return d_out.copy_to_host()
+        return d_out.copy_to_host(_host_result(out_shape, img.dtype))
     except CudaError:
         return None
 
@@ -292,7 +317,7 @@ def _correlate_first_use(img, kernel, anchor, border, value) -> np.ndarray | Non
 
 
 def _into(result: np.ndarray, out):
-    if out is None:
+    if out is None or result is out:
         return result
     out[...] = result
     return out
@@ -303,7 +328,8 @@ def box(img, ksize, anchor, border, value, method, out=None, stream=None, fallba
     Host images without a stream only; anything else goes to `fallback()` (the
     backend `for_request` names; default the Numba path)."""
     if method == "auto" and isinstance(img, np.ndarray) and stream is None:
-        result = _box_quick(np.ascontiguousarray(img), ksize, anchor, border, value)
+        with _results_into(out):
+            result = _box_quick(np.ascontiguousarray(img), ksize, anchor, border, value)
         if result is not None:
             return _into(result, out)
     backend = (fallback or _numba_backend)()
@@ -313,7 +339,8 @@ def box(img, ksize, anchor, border, value, method, out=None, stream=None, fallba
 def contour(img, border, value, method, out=None, stream=None, fallback=None):
     """The fused contour map; see imgfilter.backends.cuda.contour."""
     if isinstance(img, np.ndarray) and stream is None:
-        result = _contour_quick(np.ascontiguousarray(img), border, value)
+        with _results_into(out):
+            result = _contour_quick(np.ascontiguousarray(img), border, value)
         if result is not None:
             return _into(result, out)
     return (fallback or _numba_backend)().contour(img, border, value, method, out, stream)
@@ -328,9 +355,10 @@ def correlate(img, kernel, anchor, border, value, method, out=None, stream=None,
     fits = conv_plan.fits(*kernel.shape) and conv_plan.offsets_fit(img.shape)
     if quick and fits and isinstance(img, np.ndarray) and stream is None:
         img = np.ascontiguousarray(img)
-        result = _blocked_quick(img, kernel, anchor, border, value)
-        if result is None and method == "auto":
-            result = _correlate_first_use(img, kernel, anchor, border, value)
+        with _results_into(out):
+            result = _blocked_quick(img, kernel, anchor, border, value)
+            if result is None and method == "auto":
+                result = _correlate_first_use(img, kernel, anchor, border, value)
         if result is not None:
             return _into(result, out)
     backend = (fallback or _numba_backend)()
