@@ -1,4 +1,4 @@
-"""Phase 1 of both `kernels.box.tiled` kernels: a tile's input rows into shared memory.
+"""Phase 1 of `kernels.box.tiled`: a tile's input rows into shared memory.
 
 `make_loader(channels, ksize, tile_w, tile_h, threads)` returns the device function
 `load(in32, src8, src32, n_words, height, width, left, top, mode, cval, tid)`: the
