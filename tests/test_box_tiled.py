@@ -74,9 +74,9 @@ def test_interior_tiles_are_exact(shape, ksize, anchor, geometry):
 # Tiles along the top and bottom edges whose columns lie inside the image: their rows
 # go through the border rule (boxes taller than the image too), their words funnel-shifted.
 EDGE_ROW_CASES = [
-    ((6, 100, 3), (9, 3), (4, 1), dict(threads=16, run=4, tile_w=12, tile_h=3, groups=2)),
-    ((11, 64, 1), (5, 5), (4, 0), dict(threads=8, run=4, tile_w=16, tile_h=4, groups=1)),
-    ((3, 90, 4), (7, 3), (3, 1), dict(threads=32, run=3, tile_w=9, tile_h=2, groups=2)),
+    ((6, 40, 3), (9, 3), (4, 1), dict(threads=16, run=4, tile_w=12, tile_h=3, groups=2)),
+    ((11, 48, 1), (5, 5), (4, 0), dict(threads=8, run=4, tile_w=16, tile_h=4, groups=1)),
+    ((3, 30, 4), (7, 3), (3, 1), dict(threads=32, run=3, tile_w=9, tile_h=2, groups=2)),
 ]
 
 
