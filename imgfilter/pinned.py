@@ -9,8 +9,8 @@ makes one), `keep` hands it back, `release` frees the free ones. At most LIMIT b
 are kept page-locked at once; past that `take` says no and the caller uses
 ordinary memory.
 
-Users: the row bands of `imgfilter.streamed` and the results of the many-files
-pipeline (`imgfilter.cli.filters`), which the GPU copies into and the encoder reads.
+Used by the row bands of `imgfilter.streamed`; a caller may also hand a buffer from
+`take` to a filter as its host `out=` (the quick start copies results straight in).
 """
 
 from __future__ import annotations
