@@ -564,11 +564,10 @@ def section_batch(results: Path) -> list[str]:
     if files:
         path = files[-1]
         d = _load(path)
-        rows = [r for r in d.get("rows", d.get("results", [])) if "batch_us" in r]
-        default = next(r for r in rows if r.get("geometry", r.get("geo")) == "default")
+        rows = [r for r in d["rows"] if "batch_us" in r]  # the newest sweep_batch.py format
+        default = next(r for r in rows if r["geometry"] == "default")
         times = [r["batch_us"] for r in rows]
-        single = d.get("single_image_kernel_us", d.get("single_us"))
-        batched_n1 = d.get("batched_form_n1_us", d.get("batched_n1_us"))
+        single, batched_n1 = d["single_image_kernel_us"], d["batched_form_n1_us"]
         out[-1] += (
             f" Geometry sweep {_link(path)} (`benchmarks/sweep_batch.py`, run {_run_date(path)}): "
             f"{d['n']} 720p frames, box {d['k']}: the default geometry "
