@@ -12,8 +12,11 @@ inside `torch.cuda.stream(torch.cuda.ExternalStream(s.ptr))`; CV-CUDA gets
 
 Per case and implementation:
 - per-call us: wall time of `calls` calls queued back to back (after warm-up), up to
-  and including one final `s.synchronize()`, divided by `calls`. host us: the same
-  loop's wall time before the synchronisation, divided by `calls`.
+  and including one final `s.synchronize()`, divided by `calls`; the median of
+  --loops such loops (a pause of the host, a garbage collection or another process,
+  lands in one loop, not in the figure). host us: the same loop's wall time before
+  the synchronisation, divided by `calls`, in the loop whose per-call time is the
+  median.
 - kernel us: a spin kernel keeps s busy (`kernels.common.timing.spin_window`, for
   1.5 * host_us * n / 1e6 + 0.01 s), a start event is recorded behind it, n calls
   are queued, then an end event; (end - start) / n. If the spin was over before the
@@ -27,8 +30,8 @@ Per case and implementation:
   read + written / time, best of 5).
 - ratio: peer per-call / imgfilter per-call (> 1: imgfilter is faster per call).
 
-`calls` is --calls (1000; 200 with --quick), fewer (at least 10) where that many would
-take more than --max-seconds. A peer that is not installed, or whose setup or call
+`calls` is --calls (1000; 200 with --quick), fewer (at least 10) where --loops loops of
+that many would take more than --max-seconds. A peer that is not installed, or whose setup or call
 fails, gives a row "skipped: <reason>" (the JSON keeps the error text). CuPy itself is
 required (the stream and the events).
 """
@@ -74,6 +77,7 @@ class Options:
     kernel_calls: int
     windows: int
     max_seconds: float
+    loops: int = 5
     min_calls: int = 10
 
 
@@ -126,6 +130,7 @@ class Timing:
     kernel_calls: int
     kernel_note: str = ""
     windows_us: list[float] = field(default_factory=list)
+    loops_us: list[float] = field(default_factory=list)  # per-call us of each loop
 
 
 def _err(exc: BaseException) -> str:
@@ -149,10 +154,12 @@ def _warm_up(fn: Callable[[], object], stream, warmups: int = 3) -> float:
 
 
 def _calls_for(est_s: float, opts: Options) -> int:
-    """opts.calls, or fewer where that many calls would exceed opts.max_seconds."""
-    if est_s * opts.calls <= opts.max_seconds:
+    """Calls per loop: opts.calls, or fewer where opts.loops loops of that many calls
+    would exceed opts.max_seconds."""
+    budget = opts.max_seconds / max(opts.loops, 1)
+    if est_s * opts.calls <= budget:
         return opts.calls
-    return max(min(opts.min_calls, opts.calls), int(opts.max_seconds / max(est_s, 1e-9)))
+    return max(min(opts.min_calls, opts.calls), int(budget / max(est_s, 1e-9)))
 
 
 def per_call_us(fn: Callable[[], object], stream, calls: int) -> tuple[float, float]:
@@ -165,6 +172,13 @@ def per_call_us(fn: Callable[[], object], stream, calls: int) -> tuple[float, fl
     stream.synchronize()
     t2 = time.perf_counter()
     return (t2 - t0) / calls * 1e6, (t1 - t0) / calls * 1e6
+
+
+def median_loop(loops: list[tuple[float, float]]) -> tuple[float, float]:
+    """The (per-call us, host us) of the loop whose per-call time is the median
+    (the lower middle one of an even count)."""
+    ranked = sorted(loops)
+    return ranked[(len(ranked) - 1) // 2]
 
 
 def kernel_window(env: Env, fn: Callable[[], object], calls: int, spin_s: float):
@@ -200,10 +214,11 @@ def time_calls(env: Env, fn: Callable[[], object], opts: Options) -> Timing:
     """Per-call, host and kernel time of fn (which queues one call on env.stream)."""
     est = _warm_up(fn, env.stream)
     calls = _calls_for(est, opts)
-    per_call, host = per_call_us(fn, env.stream, calls)
+    loops = [per_call_us(fn, env.stream, calls) for _ in range(max(opts.loops, 1))]
+    per_call, host = median_loop(loops)
     kcalls = min(calls, opts.kernel_calls)
     kern, note, windows = kernel_us(env, fn, kcalls, host, opts.windows)
-    return Timing(calls, per_call, host, kern, kcalls, note, windows)
+    return Timing(calls, per_call, host, kern, kcalls, note, windows, [p for p, _ in loops])
 
 
 def measure(env: Env, impl: Impl, opts: Options) -> dict:
@@ -747,7 +762,8 @@ def header_lines(head: dict) -> list[str]:
         f"versions: {vers}",
         f"peers skipped: {skipped or 'none'}",
         f"copy bandwidth: {head['copy_bandwidth_gbs']:.0f} GB/s (read + write); up to "
-        f"{opts['calls']} calls per loop ({opts['max_seconds']} s cap), kernel time: median of "
+        f"{opts['calls']} calls per loop, per call: median of {opts.get('loops', 1)} loops "
+        f"({opts['max_seconds']} s cap), kernel time: median of "
         f"{opts['windows']} windows of <= {opts['kernel_calls']} calls; times in us",
     ]
 
@@ -861,7 +877,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--json", metavar="FILE", help="write the header and the rows as JSON")
     add("--kernel-calls", type=int, default=200, help="calls per kernel-time window (200)")
     add("--windows", type=int, help="kernel-time windows, median (default 3; --quick: 2)")
-    add("--max-seconds", type=float, help="cap on one per-call loop (1.5 s; --quick: 0.25 s)")
+    add("--max-seconds", type=float,
+        help="cap on one implementation's per-call loops together (1.5 s; --quick: 0.25 s)")
+    add("--loops", type=int, help="per-call loops, median (default 5; --quick: 3)")
     add("--list", action="store_true", help="list the cases and exit (no GPU needed)")
     return ap.parse_args(argv)
 
@@ -880,6 +898,7 @@ def main(argv: list[str] | None = None) -> int:
         kernel_calls=args.kernel_calls,
         windows=args.windows or (2 if args.quick else 3),
         max_seconds=args.max_seconds or (0.25 if args.quick else 1.5),
+        loops=args.loops or (3 if args.quick else 5),
     )
     try:
         env = make_env()

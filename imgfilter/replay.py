@@ -45,7 +45,7 @@ def lookup(options: tuple, img: Any, stream: Any) -> DeviceArray | None:
     options: hashable, naming the function and every option that shapes its launches.
     img: the call's image, as given. stream: the call's `stream=`, as given."""
     _last.seen = None
-    seen = peek(img)
+    seen = peek(img, stream is None)
     if seen is None:
         return None
     try:
@@ -79,7 +79,7 @@ def remember(options: tuple, img: Any, stream: Any, result: Any) -> None:
     _last.seen = None
     if seen is None or type(result) is not DeviceArray:
         return
-    peeked = peek(img)
+    peeked = peek(img, stream is None)
     if peeked is None or seen[0] != peeked[1] or seen[1] != result.ptr or result.ptr & 511:
         return
     try:

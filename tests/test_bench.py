@@ -110,3 +110,15 @@ def test_await_compile_waits_for_the_marker_and_gives_up_after_the_timeout(monke
     assert bench.await_compile("k", timeout_s=10.0)
     assert not marker.exists()
     timer.join()
+
+
+def test_pipeline_per_call_is_the_median_loop_and_loops_share_the_time_cap():
+    from imgfilter import pipeline_bench as pb
+
+    # The median loop's own (per call, host) pair, not medians taken apart.
+    assert pb.median_loop([(30.0, 1.0), (10.0, 9.0), (20.0, 5.0)]) == (20.0, 5.0)
+    assert pb.median_loop([(12.0, 3.0), (11.0, 4.0)]) == (11.0, 4.0)
+    opts = pb.Options(calls=1000, kernel_calls=200, windows=3, max_seconds=1.5, loops=5)
+    assert pb._calls_for(1e-5, opts) == 1000  # 5 x 1000 x 10 us = 50 ms: all calls
+    assert pb._calls_for(1e-3, opts) == 300  # 1.5 s over 5 loops of 1 ms calls
+    assert pb._calls_for(1.0, opts) == 10  # never fewer than min_calls

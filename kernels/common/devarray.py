@@ -397,21 +397,22 @@ def cheap_view(obj: Any) -> DeviceArray | None:
     return None
 
 
-def peek(obj: Any) -> tuple | None:
+def peek(obj: Any, with_stream: bool = True) -> tuple | None:
     """(layout, data pointer, stream) of a DeviceArray, CuPy array or torch CUDA tensor,
     read from its attributes without building a view; None for anything else. For
     the entry points' replay tables (keys of repeated calls): `layout` is hashable
     and two arrays of one type have equal layouts exactly when their `cheap_view`s
     have the same shape, strides and dtype; `stream` is the array's own, as
-    `cheap_view` reads it."""
+    `cheap_view` reads it, or None without `with_stream` (a call given `stream=`
+    need not ask CuPy or torch for their current stream)."""
     kind = type(obj)
     reader = _PEEKERS.get(kind)
     if reader is None:
         reader = _PEEKERS[kind] = _peeker(kind)
-    return reader(obj)
+    return reader(obj, with_stream)
 
 
-def _peek_ours(a: DeviceArray) -> tuple:
+def _peek_ours(a: DeviceArray, with_stream: bool) -> tuple:
     return (a.shape, a.strides, a.dtype), a.ptr, a.stream
 
 
@@ -425,18 +426,19 @@ def _cupy_stream() -> int:
     return LEGACY if stream in (0, 1) else stream
 
 
-def _peek_cupy(a) -> tuple:
-    return (a.shape, a.strides, a.dtype), a.data.ptr, _cupy_stream()
+def _peek_cupy(a, with_stream: bool) -> tuple:
+    return (a.shape, a.strides, a.dtype), a.data.ptr, _cupy_stream() if with_stream else None
 
 
-def _peek_torch(t) -> tuple | None:
+def _peek_torch(t, with_stream: bool) -> tuple | None:
     device = t.get_device()
     if device < 0:
         return None
-    return (t.shape, t.stride(), t.dtype, device), t.data_ptr(), _torch_stream(device)
+    stream = _torch_stream(device) if with_stream else None
+    return (t.shape, t.stride(), t.dtype, device), t.data_ptr(), stream
 
 
-def _peek_none(obj: Any) -> None:
+def _peek_none(obj: Any, with_stream: bool) -> None:
     return None
 
 

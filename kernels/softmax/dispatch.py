@@ -410,7 +410,7 @@ def softmax(
     """
     replay_key = None
     if out is None:
-        seen = peek(x)
+        seen = peek(x, stream is None)
         if seen is not None:
             layout, ptr, own_stream = seen
             replay_key = (layout, ptr & 15, log, method, block_size)
