@@ -877,8 +877,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--json", metavar="FILE", help="write the header and the rows as JSON")
     add("--kernel-calls", type=int, default=200, help="calls per kernel-time window (200)")
     add("--windows", type=int, help="kernel-time windows, median (default 3; --quick: 2)")
-    add("--max-seconds", type=float,
-        help="cap on one implementation's per-call loops together (1.5 s; --quick: 0.25 s)")
+    add(
+        "--max-seconds",
+        type=float,
+        help="cap on one implementation's per-call loops together (1.5 s; --quick: 0.25 s)",
+    )
     add("--loops", type=int, help="per-call loops, median (default 5; --quick: 3)")
     add("--list", action="store_true", help="list the cases and exit (no GPU needed)")
     return ap.parse_args(argv)
