@@ -56,12 +56,22 @@ def connect(gpus: int | None, scheduler: str | None, jobs: int | None = None) ->
         from dask_cuda import LocalCUDACluster
     except ImportError:
         raise UsageError('--gpus needs dask-cuda: pip install "imgfilter[dask-cuda]"') from None
+    import dask
+
     threads = worker_threads(gpus, jobs)
     with (
+        dask.config.set({_MALLOC_TRIM: None}),
         LocalCUDACluster(n_workers=gpus, threads_per_worker=threads) as cluster,
         Client(cluster) as client,
     ):
         yield client
+
+
+# Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=65536, so that glibc hands freed
+# memory back to the OS at once. Setting it also stops glibc from raising its mmap
+# threshold, so every image-sized array (decoded, copied back, encoded) becomes a fresh
+# mmap whose pages fault in on first touch. None unsets it for our own workers.
+_MALLOC_TRIM = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
 
 
 def _one(job: Job, load: Callable, compute: Callable, save: Callable) -> tuple[str, Any]:

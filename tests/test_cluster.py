@@ -106,3 +106,43 @@ def test_local_gpu_workers_share_the_cpus_out(monkeypatch):
     assert cluster.worker_threads(2, 64) == 16
     monkeypatch.setattr(cluster.os, "cpu_count", lambda: None)
     assert cluster.worker_threads(4, None) == 1
+
+
+def _trim_threshold() -> str | None:
+    import os
+
+    return os.environ.get("MALLOC_TRIM_THRESHOLD_")
+
+
+def test_local_gpu_workers_keep_glibcs_own_malloc_thresholds(monkeypatch):
+    """Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_ set (every image-sized
+    array then a fresh mmap, its pages faulting in); `--gpus` workers start without it.
+    A process LocalCluster stands in for dask-cuda's LocalCUDACluster."""
+    import os
+    import sys
+    import types
+
+    from imgfilter import cluster
+
+    # Nannies set their variables (OMP_NUM_THREADS too) in the process that starts them:
+    # each is restored after the test (setenv records it) and starts as it was, but for
+    # MALLOC_TRIM_THRESHOLD_, unset.
+    for name in ("MALLOC_TRIM_THRESHOLD_", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                 "OPENBLAS_NUM_THREADS"):  # fmt: skip
+        was = os.environ.get(name)
+        monkeypatch.setenv(name, was or "1")
+        if was is None or name == "MALLOC_TRIM_THRESHOLD_":
+            monkeypatch.delenv(name)
+
+    def local_cluster(n_workers: int, threads_per_worker: int):
+        return distributed.LocalCluster(n_workers=n_workers, threads_per_worker=threads_per_worker,
+                                        processes=True, dashboard_address=None)  # fmt: skip
+
+    fake = types.ModuleType("dask_cuda")
+    fake.LocalCUDACluster = local_cluster
+    monkeypatch.setitem(sys.modules, "dask_cuda", fake)
+    with cluster.connect(1, None, jobs=1) as client:
+        assert set(client.run(_trim_threshold).values()) == {None}
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    with local_cluster(1, 1) as plain, distributed.Client(plain) as client:
+        assert set(client.run(_trim_threshold).values()) == {"65536"}  # Dask's default
