@@ -6,6 +6,12 @@ the many-files pipeline today. On a folder of JPEGs (made here with cv2 at quali
 - a cv2 thread pool decoding only, and decoding + encoding (quality 95);
 - nvImageCodec decoding batches of --batch files (bytes read on a thread pool), on each
   of its backends (hardware JPEG engine, CUDA, CPU), and decoding + encoding on the GPU;
+- decoding + encoding on a pool of T threads, each thread with its own decoder and
+  encoder, in batches of B files a call (--pool-threads, --pool-batches: B = 1 is what
+  a pipeline that hands one file at a time to each codec thread would do);
+- whether the codec calls release the GIL: a Python thread counting in a loop, its pace
+  while the main thread decodes (or encodes) one image a call, against its pace while
+  the main thread sleeps;
 and compares nvImageCodec's pixels with cv2.imread's (max and mean absolute
 difference, share of differing values), with fancy upsampling off (its default) and
 on (libjpeg-turbo's default). Prints a table and writes JSON.
@@ -101,6 +107,80 @@ def nv_rates(nv, paths: list[Path], threads: int, batch: int) -> tuple[dict, dic
     return rates, errors
 
 
+def pool_rates(nv, paths: list[Path], threads_list: list[int], batches: list[int]) -> dict:
+    """Decode + encode (BGR, fancy upsampling, quality Q, 4:2:0) on pools of threads,
+    each thread with its own decoder and encoder, `batch` files a call."""
+    import threading
+
+    data = [p.read_bytes() for p in paths]
+    dparams = nv.DecodeParams(apply_exif_orientation=False,
+                              sample_format=nv.SampleFormat.I_BGR)  # fmt: skip
+    eparams = nv.EncodeParams(quality_type=nv.QualityType.QUALITY, quality_value=Q,
+                              chroma_subsampling=nv.ChromaSubsampling.CSS_420)  # fmt: skip
+    rates = {}
+    for threads in threads_list:
+        for batch in batches:
+            local = threading.local()
+            chunks = [data[i : i + batch] for i in range(0, len(data), batch)]
+
+            def work(chunk, local=local):
+                pair = getattr(local, "pair", None)
+                if pair is None:
+                    decoder = nv.Decoder(options=":fancy_upsampling=1")
+                    pair = local.pair = (decoder, nv.Encoder())
+                images = pair[0].decode(chunk, params=dparams)
+                pair[1].encode(images, ".jpg", params=eparams)
+
+            with ThreadPoolExecutor(threads) as pool:
+                label = f"nvimgcodec decode + encode, {threads} threads x batches of {batch}"
+                run = lambda pool=pool, chunks=chunks: list(pool.map(work, chunks))  # noqa: E731
+                rates[label] = rate(len(paths), run)
+    return rates
+
+
+def gil_shares(nv, path: Path, seconds: float = 0.6) -> dict:
+    """{call: (share of a counting thread's idle pace kept during it, calls/s)} for one
+    image's decode, encode and cv2.imdecode on the main thread."""
+    import threading
+
+    data = path.read_bytes()
+    decoder = nv.Decoder(options=":fancy_upsampling=1")
+    encoder = nv.Encoder()
+    params = nv.EncodeParams(quality_type=nv.QualityType.QUALITY, quality_value=Q)
+    decoded = decoder.decode(data)
+    count, stop = [0], [False]
+
+    def spin():
+        while not stop[0]:
+            count[0] += 1
+
+    def pace(fn) -> tuple[float, float]:
+        c0, t0, n = count[0], time.perf_counter(), 0
+        while time.perf_counter() - t0 < seconds:
+            fn()
+            n += 1
+        dt = time.perf_counter() - t0
+        return (count[0] - c0) / dt, n / dt
+
+    thread = threading.Thread(target=spin)
+    thread.start()
+    try:
+        idle = pace(lambda: time.sleep(0.01))[0]
+        calls = {
+            "decode": lambda: decoder.decode(data),
+            "encode": lambda: encoder.encode(decoded, ".jpg", params=params),
+            "cv2.imdecode": lambda: cv2.imdecode(np.frombuffer(data, np.uint8), 1),
+        }
+        found = {}
+        for name, fn in calls.items():
+            spin_pace, rate_ = pace(fn)
+            found[name] = (spin_pace / idle, rate_)
+    finally:
+        stop[0] = True
+        thread.join()
+    return found
+
+
 def agreement(nv, paths: list[Path]) -> dict:
     """nvImageCodec's pixels against cv2.imread's, per upsampling option."""
     import cupy as cp
@@ -127,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--width", type=int, default=2495)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--pool-threads", default="1,8", help="comma-separated thread counts")
+    ap.add_argument("--pool-batches", default="1,8,32", help="comma-separated batch sizes")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     cv2.setNumThreads(1)  # one codec per thread, as the pipeline runs them
@@ -136,18 +218,24 @@ def main(argv: list[str] | None = None) -> int:
     results = cv2_rates(paths, args.threads)
     nv_found, errors = nv_rates(nv, paths, args.threads, args.batch)
     results.update(nv_found)
+    results.update(pool_rates(nv, paths, [int(t) for t in args.pool_threads.split(",")],
+                              [int(b) for b in args.pool_batches.split(",")]))  # fmt: skip
     agree = agreement(nv, paths)
+    gil = gil_shares(nv, paths[0])
     print(f"{args.count} JPEGs {args.height}x{args.width} q{Q}, {args.threads} threads, "
           f"batches of {args.batch}")  # fmt: skip
     for name, r in results.items():
         print(f"  {name:40s} {r:8.1f} images/s")
     for name, why in errors.items():
         print(f"  nvimgcodec {name}: not available ({why})")
+    for name, (share, calls) in gil.items():
+        print(f"  a counting Python thread during {name}: {100 * share:.0f}% of its idle pace "
+              f"({calls:.0f} calls/s, one image a call, one thread)")  # fmt: skip
     for options, d in agree.items():
         print(f"  nvimgcodec vs cv2.imread pixels {options}: max {d['max']}, "
               f"mean {d['mean']:.3f}, {100 * d['differing']:.1f}% differ")  # fmt: skip
     if args.json:
-        payload = {"rates": results, "errors": errors, "agreement": agree,
+        payload = {"rates": results, "errors": errors, "agreement": agree, "gil": gil,
                    "nvimgcodec": getattr(nv, "__version__", "?")}  # fmt: skip
         args.json.write_text(json.dumps(payload, indent=1))
     return 0
