@@ -60,18 +60,28 @@ def connect(gpus: int | None, scheduler: str | None, jobs: int | None = None) ->
 
     threads = worker_threads(gpus, jobs)
     with (
-        dask.config.set({_MALLOC_TRIM: None}),
+        dask.config.set(_without_malloc_trim(dask.config)),
         LocalCUDACluster(n_workers=gpus, threads_per_worker=threads) as cluster,
         Client(cluster) as client,
     ):
         yield client
 
 
-# Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=65536, so that glibc hands freed
-# memory back to the OS at once. Setting it also stops glibc from raising its mmap
-# threshold, so every image-sized array (decoded, copied back, encoded) becomes a fresh
-# mmap whose pages fault in on first touch. None unsets it for our own workers.
-_MALLOC_TRIM = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
+def _without_malloc_trim(config: Any) -> dict:
+    """Dask's settings for the variables its nanny sets before starting a worker, less
+    MALLOC_TRIM_THRESHOLD_ (for `config.set`).
+
+    The nanny sets it to 65536 so that glibc hands freed memory back to the OS at once.
+    Setting it also stops glibc from raising its mmap threshold, so every image-sized
+    array (decoded, copied back, encoded) becomes a fresh mapping whose pages fault in
+    on first touch. (Left out of the dict rather than set to None, which distributed
+    releases before 2024 would pass on as the string "None".)"""
+    environ = dict(config.get(_PRE_SPAWN, {}))
+    environ.pop("MALLOC_TRIM_THRESHOLD_", None)
+    return {_PRE_SPAWN: environ}
+
+
+_PRE_SPAWN = "distributed.nanny.pre-spawn-environ"
 
 
 def _one(job: Job, load: Callable, compute: Callable, save: Callable) -> tuple[str, Any]:
