@@ -294,3 +294,29 @@ def test_peek_of_torch_tensors(monkeypatch):
     assert layout == peek(_TorchLike(0, (4, 1)))[0] != peek(_TorchLike(0, (8, 1)))[0]
     assert peek(_TorchLike(-1, (4, 1))) is None  # a CPU tensor
     assert peek(np.zeros((3, 4))) is None and peek([1, 2]) is None
+
+
+def test_peek_without_the_stream_does_not_ask_cupy_or_torch(monkeypatch):
+    """A call given stream= peeks with with_stream=False: same layout and pointer, and
+    neither library's current stream is looked up."""
+    import sys
+    import types
+
+    from kernels.common import devarray
+
+    def no_lookup(*args):
+        raise AssertionError("the current stream was looked up")
+
+    monkeypatch.setattr(devarray, "_CUPY", [no_lookup])
+    fake_torch = types.ModuleType("torch")
+    fake_torch._C = types.SimpleNamespace(_cuda_getCurrentRawStream=no_lookup)
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    a, t = _CupyLike(5 << 30, (3, 4), np.uint8), _TorchLike(0, (4, 1))
+    for arr, ptr in ((a, 5 << 30), (t, 9 << 30)):
+        layout, got_ptr, stream = peek(arr, with_stream=False)
+        assert (got_ptr, stream) == (ptr, None)
+        monkeypatch.setattr(devarray, "_CUPY", [lambda: _Stream(77)])
+        fake_torch._C._cuda_getCurrentRawStream = lambda device: 55
+        assert peek(arr)[0] == layout  # the same key part as with the stream
+        monkeypatch.setattr(devarray, "_CUPY", [no_lookup])
+        fake_torch._C._cuda_getCurrentRawStream = no_lookup
