@@ -11,18 +11,12 @@ pipeline's rate without them.
 
     PYTHONPATH=$PWD python benchmarks/many_files_cv2.py --make /tmp/mf --count 200 --size 512
     PYTHONPATH=$PWD python benchmarks/many_files_cv2.py /tmp/mf --k 5 --backend cpu
-    PYTHONPATH=$PWD python benchmarks/many_files_cv2.py /tmp/mf --k 21 --backend cuda --gpu-codecs
-
-With --gpu-codecs imgfilter runs with that flag (JPEGs decoded and encoded on the GPU),
-and its own decode + encode alone is timed too: the same command with a 1x1 box (the
-pipeline with nothing to filter), the baseline issue 27 compares the filter against.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -72,27 +66,19 @@ def cv2_pool(files: list[Path], out: Path, k: int, jobs: int, kernel: np.ndarray
 
 
 def imgfilter_cli(src: Path, out: Path, k: int, jobs: int, backend: str,
-                  kernel_file: Path | None = None, extra: tuple[str, ...] = ()
-                  ) -> tuple[float, str]:  # fmt: skip
-    """(wall seconds, summary line) of `imgfilter blur` (or `filter --kernel`) on src,
-    with the options `extra`."""
+                  kernel_file: Path | None = None) -> tuple[float, str]:  # fmt: skip
+    """(wall seconds, summary line) of `imgfilter blur` (or `filter --kernel`) on src."""
     op = ["blur", str(src), "--k", str(k)]
     if kernel_file is not None:
         op = ["filter", str(src), "--kernel", str(kernel_file)]
     cmd = [sys.executable, "-m", "imgfilter", *op, "--backend", backend, "--out-dir", str(out),
-           "-j", str(jobs), "-f", *extra]  # fmt: skip
+           "-j", str(jobs), "-f"]  # fmt: skip
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"imgfilter failed ({proc.returncode}): {proc.stderr.strip()}")
-    summary = [line for line in proc.stderr.splitlines() if " written, " in line]
-    return seconds, summary[-1] if summary else proc.stderr.strip().splitlines()[-1]
-
-
-def _rate(summary: str) -> float:
-    """images/s from imgfilter's summary line ("... 12.3 img/s ...")."""
-    return float(re.search(r"([0-9.]+) img/s", summary).group(1))
+    return seconds, proc.stderr.strip().splitlines()[-1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,10 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1))
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--gpu-codecs", action="store_true",
-                    help="imgfilter with --gpu-codecs, and its decode + encode alone")  # fmt: skip
     args = ap.parse_args(argv)
-    extra = ("--gpu-codecs",) if args.gpu_codecs else ()
     if args.make is not None:
         make(args.make, args.count, args.size, args.height)
         print(f"wrote {args.count} {args.height or args.size}x{args.size} JPEGs to {args.make}")
@@ -132,21 +115,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cv2_pool(files, work, args.k, args.jobs, kernel)  # warm
         ours_warm = imgfilter_cli(args.src, work / "ours", args.k, args.jobs, args.backend,
-                                  kernel_file, extra)  # fmt: skip
+                                  kernel_file)  # fmt: skip
         cv_times, codec_times, our_times, summaries = [], [], [], [ours_warm[1]]
-        alone_times, alone_summaries = [], []
         for _ in range(args.reps):
             cv_times.append(cv2_pool(files, work, args.k, args.jobs, kernel))
             codec_times.append(cv2_pool(files, work, args.k, args.jobs, codec_only=True))
             seconds, summary = imgfilter_cli(args.src, work / "ours", args.k, args.jobs,
-                                             args.backend, kernel_file, extra)  # fmt: skip
+                                             args.backend, kernel_file)  # fmt: skip
             our_times.append(seconds)
             summaries.append(summary)
-            if args.gpu_codecs:
-                seconds, summary = imgfilter_cli(args.src, work / "alone", 1, args.jobs,
-                                                 args.backend, None, extra)  # fmt: skip
-                alone_times.append(seconds)
-                alone_summaries.append(summary)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     cv_s, codec_s = statistics.median(cv_times), statistics.median(codec_times)
@@ -159,15 +136,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  imgfilter ({args.backend}, command) {n / our_s:8.1f} images/s  ({our_s:.2f} s, "
           "incl. Python start and imports)")  # fmt: skip
     print(f"  imgfilter's own summary: {summaries[-1]}")
-    if alone_times:
-        alone_s = statistics.median(alone_times)
-        rate = statistics.median(_rate(line) for line in summaries[1:])
-        alone_rate = statistics.median(_rate(line) for line in alone_summaries)
-        print(f"  imgfilter --gpu-codecs, box 1 (decode + encode alone) {n / alone_s:8.1f} "
-              f"images/s  ({alone_s:.2f} s)")  # fmt: skip
-        print(f"  its own summary: {alone_summaries[-1]}")
-        print(f"  pipeline rates (summaries, median): filtered {rate:.1f}, decode + encode "
-              f"alone {alone_rate:.1f} images/s: {rate / alone_rate:.2f}x")  # fmt: skip
     return 0
 
 

@@ -28,7 +28,6 @@ from .options import (
     BoxSideOpt,
     DebugOpt,
     ForceOpt,
-    GpuCodecsOpt,
     GpusOpt,
     InPaths,
     JobsOpt,
@@ -149,7 +148,6 @@ _COMMON = (
     ("scheduler", SchedulerOpt, None),
     ("quality", QualityOpt, None),
     ("keep_metadata", KeepMetadataOpt, False),
-    ("gpu_codecs", GpuCodecsOpt, False),
     ("force", ForceOpt, False),
     ("skip_existing", SkipExistingOpt, False),
     ("quiet", QuietOpt, False),
@@ -234,8 +232,6 @@ def filter_files(
         return
     if cluster != (None, None):
         note("one input is filtered here; --gpus and --scheduler apply to several")
-    if outs.gpu_codecs:
-        note("--gpu-codecs applies to several inputs; one file uses the CPU codecs")
     image, output = outs.images[0], outs.output
     if outs.out_dir is not None or outs.name is not None:
         entry = files.Entry(image)
@@ -370,6 +366,7 @@ def _run_many(
     client: Any,
 ) -> None:
     """`_filter_many` once the files' runner is known: threads here, or a Dask client."""
+    import numpy as np
 
     from .. import files, io
 
@@ -377,23 +374,17 @@ def _run_many(
     backend_name = resolve_backend(backend) if plan.jobs else backend.value
     if plan.jobs:
         note_unused_method(backend_name, method)
-    codecs = _gpu_codecs(outs, backend_name) if plan.jobs and outs.gpu_codecs else None
     noted: set[str] = set()  # output formats whose loss of metadata was noted
 
     def load(job: files.Job) -> Any:
         many.refuse_existing(job.targets, force=outs.force, skip_existing=outs.skip_existing)
-        img = _gpu_decode(codecs, job.source) if codecs is not None else None
-        if img is None:
-            img = io.read_image(job.source)
+        img = io.read_image(job.source)
         channels = _result_channels(op, img, job.source, InputError)
         io.check_format(job.target, dtype=img.dtype, channels=channels, quality=outs.quality)
         return img, _many_metadata(job, noted) if outs.keep_metadata else None
 
     def compute(job: files.Job, loaded: Any) -> Any:
-        result = many.on_device(lambda: apply(loaded[0], backend_name))
-        if codecs is not None:
-            codecs.wait(result)
-        return result
+        return many.on_device(lambda: apply(loaded[0], backend_name))
 
     # Here, output folders are fsynced once at the end; on a Dask cluster the saves run
     # in other processes and each write syncs its own folder.
@@ -401,12 +392,8 @@ def _run_many(
 
     def save(job: files.Job, loaded: Any, result: Any) -> None:
         many.make_parent(job.target)
-        if codecs is not None and loaded[1] is None and codecs.encodable(job.target, result):
-            data = codecs.encode(result)
-            io.atomic_write(job.target, data, overwrite=outs.force, directories=synced)
-            return
         io.write_image(
-            job.target, _on_host(result), overwrite=outs.force, quality=outs.quality,
+            job.target, np.asarray(result), overwrite=outs.force, quality=outs.quality,
             metadata=loaded[1], directories=synced,
         )  # fmt: skip
 
@@ -418,43 +405,6 @@ def _run_many(
     finally:
         if synced is not None:
             synced.flush()
-    if codecs is not None and client is None:
-        decoded, encoded, cpu = codecs.counts()
-        note(f"--gpu-codecs: {decoded} file(s) decoded and {encoded} encoded on the GPU, "
-             f"{cpu} read with the CPU codecs")  # fmt: skip
-
-
-def _gpu_codecs(outs: many.Outputs, backend_name: str) -> Any:
-    """--gpu-codecs' codecs; UsageError without the CUDA backend or nvImageCodec."""
-    from .. import gpu_codecs
-
-    if backend_name != "cuda":
-        raise UsageError("--gpu-codecs needs the CUDA backend (an NVIDIA GPU)")
-    why = gpu_codecs.unavailable()
-    if why is not None:
-        raise UsageError(why)
-    return gpu_codecs.GpuJpeg(outs.quality)
-
-
-def _gpu_decode(codecs: Any, source: Path) -> Any:
-    """`source` decoded on the GPU, or None where the CPU codecs read it (not a JPEG the
-    GPU reads as OpenCV would, or one its decoder refuses: read_image then says what
-    is wrong with it, if anything)."""
-    from .. import io
-
-    try:
-        return codecs.decode(io._read_bytes(source))
-    except Exception:  # noqa: BLE001 - read_image then reports the file's problem
-        return None
-
-
-def _on_host(result: Any) -> Any:
-    """A filtered image as a NumPy array (a device result is copied back)."""
-    import numpy as np
-
-    if hasattr(result, "copy_to_host"):
-        return result.copy_to_host()
-    return np.asarray(result)
 
 
 def _many_metadata(job: Any, noted: set[str]) -> Any:

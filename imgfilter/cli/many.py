@@ -42,7 +42,6 @@ class Outputs:
     force: bool = False
     quality: int | None = None
     keep_metadata: bool = False
-    gpu_codecs: bool = False
 
 
 def single(images: list[Path]) -> bool:

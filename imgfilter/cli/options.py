@@ -176,15 +176,6 @@ MaxGpuMemoryOpt = Annotated[
         "streamed through it in row bands (the same result). Default: what is free.",
     ),
 ]
-GpuCodecsOpt = Annotated[
-    bool,
-    typer.Option(
-        "--gpu-codecs",
-        metavar="",
-        help="Several inputs: decode and encode JPEGs on the GPU (NVIDIA nvImageCodec, "
-        "imgfilter's nvimgcodec extra); other files use the CPU codecs.",
-    ),
-]
 KeepMetadataOpt = Annotated[
     bool,
     typer.Option(
