@@ -79,3 +79,18 @@ def test_pointer_parameters_must_be_word_aligned():
     odd = struct.Struct("@iq")
     with pytest.raises(ValueError, match="8-byte aligned"):
         cudadrv.PreparedLaunch(_Driver(), 1, (1, 1, 1), (1, 1, 1), 0, odd, [0, 0], ((4, 0, 0),))
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 6])
+def test_every_patched_pointer_is_written_however_many_there_are(count):
+    """Each patched pointer lands at its own parameter, from its own slot and
+    offset, and the other parameters stay, whatever the number of pointers."""
+    drv = _Driver()
+    packer = struct.Struct("@i" + "q" * count)
+    values = [-3] + [0] * count
+    patches = tuple((1 + j, j % 2, 8 * j) for j in range(count))
+    step = cudadrv.Driver.prepare(drv, 5, (1, 1, 1), (32, 1, 1), 0, packer, values, patches)
+    for bases in ([1 << 30, 1 << 31], [7 << 32, 9 << 32]):
+        step.launch(3, bases)
+        got = packer.unpack(drv._lib.launches[-1][2])
+        assert got == (-3, *(bases[j % 2] + 8 * j for j in range(count)))
