@@ -620,7 +620,7 @@ def test_gpu_cupy_stream(cols):
     softmax(cx, out=cupy.empty_like(cx), log=True)
     cupy.cuda.Device().synchronize()
     with cupy.cuda.Stream(non_blocking=True) as s:
-        busy = timing.busy(0.2, stream=s.ptr)
+        busy = timing.busy(1.0, stream=s.ptr)
         cx[...] = src  # queued on s behind the spin: a call on another stream sees zeros
         y1 = softmax(cx, stream=s)
         y2 = softmax(cx)  # cx's interface names s (the current stream)
@@ -655,7 +655,7 @@ def test_gpu_torch_stream(cols):
     torch.cuda.synchronize()
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
-        busy = timing.busy(0.2, stream=s.cuda_stream)
+        busy = timing.busy(1.0, stream=s.cuda_stream)
         tx.copy_(src)
         y = softmax(tx)
         out = torch.empty_like(tx)
