@@ -78,6 +78,24 @@ def test_command_line_starts_before_numpy_and_only_for_gpu_commands(tmp_path, mo
     assert not warmup.wanted(["blur", "in.jpg"])
 
 
+def test_classify_and_train_open_the_gpu_early_whatever_is_cached(tmp_path, monkeypatch):
+    """They import Numba's CUDA target, which takes longer than making the context:
+    the context is made meanwhile, with or without cached kernels."""
+    from imgfilter.backends import warmup
+
+    monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
+    monkeypatch.setenv("IMGFILTER_NO_QUICK_START", "1")
+    monkeypatch.setattr(warmup, "PREBUILT_MANIFEST", tmp_path / "none.json")
+    assert warmup.wanted(["classify", "in.jpg", "-m", "model.npz"])
+    assert warmup.wanted(["train", "in.jpg", "labels.png", "--backend", "cuda"])
+    assert not warmup.wanted(["classify", "in.jpg", "-m", "m.npz", "--backend", "cpu"])
+    assert not warmup.wanted(["train", "--help"])
+    assert not warmup.wanted(["blur", "in.jpg", "--k", "3"])  # no cubins: Numba compiles
+    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")
+    assert not warmup.wanted(["classify", "in.jpg", "-m", "model.npz"])
+
+
 def test_quick_box_looks_for_the_cubin_of_the_kernel_box_auto_runs(monkeypatch):
     from imgfilter.backends import cached
     from kernels.box import plan as box_plan

@@ -1,12 +1,15 @@
 """Start the GPU early: the CUDA context is created while the CLI is still importing.
 
 Creating the CUDA context takes a quarter of a second on an H100 machine, about as
-long as importing NumPy and Typer. A command that will filter on the GPU through the
-quick start (`imgfilter.backends.cached`) calls `start(argv)` first thing; a
-background thread then loads the driver and retains the primary context (the driver
-releases the GIL meanwhile), and `cached` takes that driver instead of making its
-own. Commands that will not use it (help, the CPU backend, no cached kernels) start
-nothing. Only the standard library is imported here.
+long as importing NumPy and Typer. The command line calls `start(argv)` first thing;
+for a command that will use the GPU, a background thread then loads the driver and
+retains the primary context (`kernels.common.cudadrv.driver`, which releases the GIL
+meanwhile) while the main thread imports. The filters (QUICK_COMMANDS) go through the
+quick start (`imgfilter.backends.cached`) where kernels are cached or shipped, and
+`cached` takes that driver instead of making its own; `classify` and `train`
+(NUMBA_COMMANDS) import Numba's CUDA target, which then finds the context open.
+Commands that will not use it (help, the CPU backend, filters without cached
+kernels) start nothing. Only the standard library is imported here.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import os
 import threading
 from pathlib import Path
 
-GPU_COMMANDS = ("blur", "filter", "contour")
+QUICK_COMMANDS = ("blur", "filter", "contour")
+NUMBA_COMMANDS = ("classify", "train")
 # kernels/prebuilt/manifest.json (`kernels.common.shipped`), found without importing `kernels`.
 PREBUILT_MANIFEST = Path(__file__).parents[2] / "kernels" / "prebuilt" / "manifest.json"
 
@@ -52,14 +56,18 @@ def _cubins_cached() -> bool:
 
 
 def wanted(argv: list[str]) -> bool:
-    """Whether this command line will filter on the GPU through cached cubins."""
-    if _command(argv) not in GPU_COMMANDS or "--help" in argv or "-h" in argv:
+    """Whether this command line will use the GPU: a filter through cached cubins, or
+    classify / train."""
+    command = _command(argv)
+    if command not in QUICK_COMMANDS + NUMBA_COMMANDS or "--help" in argv or "-h" in argv:
         return False
     if _backend(argv) == "cpu":
         return False
-    if os.environ.get("IMGFILTER_NO_QUICK_START") == "1":
-        return False
     if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        return False
+    if command in NUMBA_COMMANDS:
+        return True
+    if os.environ.get("IMGFILTER_NO_QUICK_START") == "1":
         return False
     return _cubins_cached()
 
