@@ -17,8 +17,7 @@ whatever the budget: page-locking host memory costs about as much as copying it
 several times over (an H100 host: 0.65 s for 1 GiB), so the pinned buffers stay small
 and are kept for the next call (`release_pinned` gives them back). A large result
 is allocated by `host_empty` (transparent huge pages where Linux offers them: a 4.8
-GB output's first writes took 0.2 s instead of 0.6), whose memory is kept for the next
-result of its size once the arrays over it are gone. On Numba's simulator the same
+GB output's first writes took 0.2 s instead of 0.6). On Numba's simulator the same
 plan runs with plain copies.
 """
 
@@ -85,64 +84,18 @@ def band_rows(height: int, in_row: int, out_row: int, reach: tuple[int, int], bu
 def host_empty(shape: tuple, dtype) -> np.ndarray:
     """An uninitialised C-contiguous host array, on transparent huge pages (Linux,
     `madvise`) when it takes HUGE_PAGE_BYTES or more: its first writes then fault in
-    2 MiB pages instead of 4 KiB ones. Otherwise (or where mmap cannot) np.empty.
-
-    Such a large array's memory is lent, not given: when the last array over it is
-    collected, the mapping is kept for the next large result of the same size (at most
-    one mapping is kept; `release_pinned` frees it), whose writes then find its pages
-    in place instead of faulting in fresh zeroed ones (a 4.8 GB result: ~0.07 s)."""
+    2 MiB pages instead of 4 KiB ones. Otherwise (or where mmap cannot) np.empty."""
     dt = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
     if nbytes < HUGE_PAGE_BYTES or advice is None:
         return np.empty(shape, dt)
-    region = _spare_region(nbytes)
-    if region is None:
-        try:
-            region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            region.madvise(advice)
-        except (OSError, ValueError):
-            return np.empty(shape, dt)
-    return np.asarray(_HostBlock(region, tuple(int(n) for n in shape), dt))
-
-
-class _HostBlock:
-    """One mapping lent to the arrays of one result (`host_empty`): they reach it
-    through its `__array_interface__`, so it lives exactly as long as the last of them;
-    then it hands the mapping back (`_keep_spare`) instead of unmapping it."""
-
-    def __init__(self, region: mmap.mmap, shape: tuple, dtype: np.dtype) -> None:
-        self._region = region
-        self._view = np.frombuffer(region, np.uint8)  # holds the buffer's export
-        self.__array_interface__ = {
-            "data": (self._view.ctypes.data, False),
-            "shape": shape,
-            "typestr": dtype.str,
-            "descr": dtype.descr,
-            "version": 3,
-        }
-
-    def __del__(self) -> None:
-        try:
-            _keep_spare(self._region)
-        except Exception:  # noqa: BLE001 - interpreter shutdown: the mapping just goes
-            pass
-
-
-_SPARE: list = []  # at most one mapping kept for the next large result (`host_empty`)
-
-
-def _keep_spare(region: mmap.mmap) -> None:
-    with _LOCK:
-        _SPARE[:] = [region]  # the one kept before, if any, is unmapped when dropped
-
-
-def _spare_region(nbytes: int) -> mmap.mmap | None:
-    """The kept mapping when it has exactly `nbytes`, taken out of the keep, else None."""
-    with _LOCK:
-        if _SPARE and len(_SPARE[0]) == nbytes:
-            return _SPARE.pop()
-    return None
+    try:
+        region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        region.madvise(advice)
+    except (OSError, ValueError):
+        return np.empty(shape, dt)
+    return np.frombuffer(region, dt).reshape(shape)
 
 
 def _copy_rows(dst: np.ndarray, src: np.ndarray, pool: ThreadPoolExecutor) -> list:
@@ -232,13 +185,9 @@ def _host_buffer(shape: tuple, dtype, drv) -> tuple[np.ndarray, int]:
 
 
 def release_pinned() -> int:
-    """Free the page-locked host buffers kept for later calls (those not in use) and
-    the result mapping kept by `host_empty`; returns the bytes freed. The next large
-    call allocates them again."""
-    with _LOCK:
-        kept = sum(len(region) for region in _SPARE)
-        _SPARE.clear()
-    return pinned.release() + kept
+    """Free the page-locked host buffers kept for later calls (those not in use);
+    returns the bytes freed. The next large call allocates them again."""
+    return pinned.release()
 
 
 def filter_in_bands(img: np.ndarray, out: np.ndarray, reach: tuple[int, int], wrap: bool,
