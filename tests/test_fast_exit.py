@@ -1,0 +1,97 @@
+"""The console entry ends the process without the interpreter's teardown
+(`imgfilter.__main__._exit`): same exit codes and stream contents as sys.exit, atexit
+handlers run, and the normal exit whenever another non-daemon thread still runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from imgfilter import __main__ as entry
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class _Exited(Exception):
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+@pytest.fixture
+def exits(monkeypatch):
+    """os._exit recorded instead of taken; atexit handlers counted."""
+    ran = []
+    monkeypatch.setattr(entry.os, "_exit", lambda code: (_ for _ in ()).throw(_Exited(code)))
+    monkeypatch.setattr(entry.atexit, "_run_exitfuncs", lambda: ran.append(True))
+    return ran
+
+
+@pytest.mark.parametrize(("status", "code"), [(None, 0), (0, 0), (2, 2), (130, 130)])
+def test_exit_codes_as_sys_exit(exits, status, code) -> None:
+    with pytest.raises(_Exited) as done:
+        entry._exit(status)
+    assert done.value.code == code
+    assert exits == [True]
+
+
+def test_message_status_is_printed_and_exits_1(exits, capsys) -> None:
+    with pytest.raises(_Exited) as done:
+        entry._exit("imgfilter: something went wrong")
+    assert done.value.code == 1
+    assert capsys.readouterr().err == "imgfilter: something went wrong\n"
+
+
+def test_another_live_thread_keeps_the_normal_exit(exits) -> None:
+    release = threading.Event()
+    worker = threading.Thread(target=release.wait, daemon=False)
+    worker.start()
+    try:
+        entry._exit(0)  # returns: the interpreter's exit will wait for the worker
+    finally:
+        release.set()
+        worker.join()
+    assert exits == []
+
+
+def test_daemon_threads_do_not_hold_it(exits) -> None:
+    release = threading.Event()
+    worker = threading.Thread(target=release.wait, daemon=True)
+    worker.start()
+    try:
+        with pytest.raises(_Exited):
+            entry._exit(0)
+    finally:
+        release.set()
+        worker.join()
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=120)  # fmt: skip
+
+
+def test_atexit_handlers_and_buffered_output_survive() -> None:
+    """A real process: buffered stdout and an atexit handler's output both arrive, the
+    exit status is the command's, and the interpreter's teardown (which would finalize
+    a module-level object) is skipped."""
+    done = _run(
+        "import atexit, sys\n"
+        "class Finalized:\n"
+        "    def __del__(self):\n"
+        "        sys.stdout.write('torn down\\n')\n"
+        "kept = Finalized()\n"
+        "atexit.register(lambda: print('handler ran', flush=True))\n"
+        "sys.stdout.write('buffered line\\n')\n"
+        "sys.argv = ['imgfilter', 'blur', 'no-such-file.png', '--k', '3', '-o', 'x.png']\n"
+        "from imgfilter.__main__ import main\n"
+        "main()\n"
+    )
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == "buffered line\nhandler ran\n"
+    assert "no-such-file.png" in done.stderr
