@@ -1,7 +1,9 @@
 """imgfilter.dask over 1, 2, 4 GPUs: dask-cuda's LocalCUDACluster, one worker per GPU.
 
 A --size x --size x 3 uint8 image of random CuPy row bands (--rows rows each) is made
-on the workers and persisted there, so each band lives on one GPU; then blur 21 and
+on the workers and persisted there, so each band lives on one GPU (--host: NumPy bands
+in the workers' host memory, as a raster read from disk would be, so that every task
+copies its band to its GPU and the result back); then blur 21 and
 filter2d 21x21 (a random kernel) run as `op(x).persist()` + `wait`, one warm-up
 (kernel compiles on every worker) and the median of --reps. Halo rows of neighbouring
 bands on other GPUs travel over the cluster's protocol (--protocol, tcp by default).
@@ -71,13 +73,21 @@ def random_band(seed: int, block_info=None):
     return rng.randint(0, 256, size=info["chunk-shape"], dtype=cupy.uint8)
 
 
-def make_image(cupy, size: int, rows: int):
+def random_host_band(seed: int, block_info=None) -> np.ndarray:
+    """One row band of random uint8 pixels, made in the worker's host memory."""
+    info = block_info[None]
+    start = info["array-location"][0][0]
+    rng = np.random.default_rng(seed + start)
+    return rng.integers(0, 256, size=info["chunk-shape"], dtype=np.uint8)
+
+
+def make_image(cupy, size: int, rows: int, host: bool = False):
     import dask.array as da
 
     bands = tuple([rows] * (size // rows) + ([size % rows] if size % rows else []))
-    meta = cupy.empty((0, 0, 0), cupy.uint8)
-    return da.map_blocks(random_band, 1, dtype=np.uint8, chunks=(bands, (size,), (3,)),
-                         meta=meta)  # fmt: skip
+    meta = np.empty((0, 0, 0), np.uint8) if host else cupy.empty((0, 0, 0), cupy.uint8)
+    make = random_host_band if host else random_band
+    return da.map_blocks(make, 1, dtype=np.uint8, chunks=(bands, (size,), (3,)), meta=meta)
 
 
 def operations(seed: int = 0) -> dict:
@@ -90,14 +100,21 @@ def operations(seed: int = 0) -> dict:
     }
 
 
+def _same(band, rep: int):
+    return band
+
+
 def time_dask(op, x, wait, reps: int) -> list[float]:
     """Seconds of op(x).persist() until every band is done: warm-up, then reps."""
     import imgfilter.dask as ifd
 
     times = []
     for i in range(reps + 1):
+        # A new identity step per rep gives every task of the op a new key: a persist
+        # of the same keys would find the last rep's results (released asynchronously).
+        fresh = x.map_blocks(_same, rep=i, dtype=x.dtype, meta=x._meta)
         t0 = time.perf_counter()
-        y = op(x, ifd).persist()
+        y = op(fresh, ifd).persist()
         wait(y)
         if i:
             times.append(time.perf_counter() - t0)
@@ -105,11 +122,15 @@ def time_dask(op, x, wait, reps: int) -> list[float]:
     return times
 
 
-def time_whole(cupy, op, size: int, reps: int) -> list[float]:
-    """Seconds of op on the whole image on this process's GPU, no Dask."""
+def time_whole(cupy, op, size: int, reps: int, host: bool = False) -> list[float]:
+    """Seconds of op on the whole image on this process's GPU, no Dask (host: a NumPy
+    image in, a NumPy result out)."""
     import imgfilter
 
-    img = cupy.random.RandomState(1).randint(0, 256, size=(size, size, 3), dtype=cupy.uint8)
+    if host:
+        img = np.random.default_rng(1).integers(0, 256, size=(size, size, 3), dtype=np.uint8)
+    else:
+        img = cupy.random.RandomState(1).randint(0, 256, size=(size, size, 3), dtype=cupy.uint8)
     times = []
     for i in range(reps + 1):
         cupy.cuda.runtime.deviceSynchronize()
@@ -126,7 +147,7 @@ def run_cluster(n: int, gpus: list[str], args, cupy, cluster_cls, client_cls, wa
     medians = {}
     with cluster_cls(CUDA_VISIBLE_DEVICES=",".join(gpus[:n]), protocol=args.protocol) as cluster:
         with client_cls(cluster) as client:
-            x = make_image(cupy, args.size, args.rows).persist()
+            x = make_image(cupy, args.size, args.rows, args.host).persist()
             wait(x)
             placed = client.who_has(x)
             workers = {w for holders in placed.values() for w in holders}
@@ -155,6 +176,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1024, help="rows per band (chunk)")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--protocol", default="tcp", help="tcp, or ucx where installed")
+    parser.add_argument("--host", action="store_true", help="NumPy bands in host memory")
     args = parser.parse_args()
     cupy, cluster_cls, client_cls, wait = requirements()
     os.environ.setdefault("IMGFILTER_BACKGROUND_COMPILE", "0")  # workers compile at once
@@ -164,7 +186,7 @@ def main() -> None:
         fail(f"none of --gpus {args.gpus} fits the {len(gpus)} visible GPU(s)")
     rows, base = [], {}
     for name, op in operations().items():
-        whole = statistics.median(time_whole(cupy, op, args.size, args.reps))
+        whole = statistics.median(time_whole(cupy, op, args.size, args.reps, args.host))
         rows.append({"op": name, "gpus": "1*", "median_s": whole, "dask": False})
     for n in counts:
         medians = run_cluster(n, gpus, args, cupy, cluster_cls, client_cls, wait)
@@ -174,7 +196,8 @@ def main() -> None:
             rows.append({"op": name, "gpus": n, "median_s": medians[name], "dask": True,
                          "speedup": speedup,
                          "workers_holding_bands": medians["workers holding bands"]})  # fmt: skip
-    print(f"{args.size}x{args.size}x3 uint8, bands of {args.rows} rows, {args.protocol}; "
+    where = "NumPy bands in host memory" if args.host else "CuPy bands on the GPUs"
+    print(f"{args.size}x{args.size}x3 uint8, {where}, bands of {args.rows} rows, {args.protocol}; "
           f"1* = whole image on one GPU without Dask")  # fmt: skip
     print(table(rows, args.size))
     if args.json:
@@ -186,6 +209,7 @@ def main() -> None:
             "image": [args.size, args.size, 3],
             "dtype": "uint8",
             "rows_per_band": args.rows,
+            "bands_in": "host" if args.host else "gpu",
             "reps": args.reps,
             "protocol": args.protocol,
             "python": platform.python_version(),

@@ -764,12 +764,16 @@ def section_scale(results: Path) -> list[str]:
         by = {(r["op"], str(r["gpus"])): r["median_s"] for r in run["results"]}
         for op in dict.fromkeys(r["op"] for r in run["results"]):
             whole, one, two = (by.get((op, g)) for g in ("1*", "1", "2"))
-            dask_rows.append([f"{image}, {run['rows_per_band']} rows", op,
+            where = {"host": ", NumPy bands", "gpu": ", CuPy bands"}.get(run.get("bands_in"), "")
+            dask_rows.append([f"{image}, {run['rows_per_band']} rows{where}", op,
                               f"{whole * 1e3:.1f}", f"{one * 1e3:.1f}", f"{two * 1e3:.1f}",
                               f"{one / two:.2f}"])  # fmt: skip
+    cards = sorted({run["gpu"] for run in data["dask_arrays"] if run.get("gpu")})
+    on = f"; GPUs: {', '.join(cards)}" if cards else ""
     out += [
-        "`imgfilter.dask` over dask-cuda workers, one per GPU (`benchmarks/dask_scale.py`), "
-        "median ms:",
+        "`imgfilter.dask` over dask-cuda workers, one per GPU (`benchmarks/dask_scale.py`"
+        f"{on}), median ms (NumPy bands: in the workers' host memory, each task copies its band "
+        "to its GPU and back; CuPy bands: already on the GPUs):",
         "",
         *_table(
             [
