@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import types
 from pathlib import Path
 
 import pytest
@@ -24,11 +25,16 @@ class _Exited(Exception):
 
 @pytest.fixture
 def exits(monkeypatch):
-    """os._exit recorded instead of taken; atexit handlers counted."""
+    """os._exit recorded instead of taken; atexit handlers counted; `_exit` sees only
+    this thread and the test's own threads (`threads`), not those earlier tests left."""
     ran = []
     monkeypatch.setattr(entry.os, "_exit", lambda code: (_ for _ in ()).throw(_Exited(code)))
     monkeypatch.setattr(entry.atexit, "_run_exitfuncs", lambda: ran.append(True))
-    return ran
+    here = threading.current_thread()
+    view = types.SimpleNamespace(current_thread=lambda: here, threads=[])
+    view.enumerate = lambda: [here, *view.threads]
+    monkeypatch.setattr(entry, "threading", view)
+    return ran, view.threads
 
 
 @pytest.mark.parametrize(("status", "code"), [(None, 0), (0, 0), (2, 2), (130, 130)])
@@ -36,7 +42,7 @@ def test_exit_codes_as_sys_exit(exits, status, code) -> None:
     with pytest.raises(_Exited) as done:
         entry._exit(status)
     assert done.value.code == code
-    assert exits == [True]
+    assert exits[0] == [True]
 
 
 def test_message_status_is_printed_and_exits_1(exits, capsys) -> None:
@@ -50,18 +56,20 @@ def test_another_live_thread_keeps_the_normal_exit(exits) -> None:
     release = threading.Event()
     worker = threading.Thread(target=release.wait, daemon=False)
     worker.start()
+    exits[1].append(worker)
     try:
         entry._exit(0)  # returns: the interpreter's exit will wait for the worker
     finally:
         release.set()
         worker.join()
-    assert exits == []
+    assert exits[0] == []
 
 
 def test_daemon_threads_do_not_hold_it(exits) -> None:
     release = threading.Event()
     worker = threading.Thread(target=release.wait, daemon=True)
     worker.start()
+    exits[1].append(worker)
     try:
         with pytest.raises(_Exited):
             entry._exit(0)
