@@ -67,6 +67,8 @@ AREAS = {
     "cold_start": ["*-cold-start.txt"],
     "cpu": ["*-cpu-bench*.json", "*-cpu-fft*.json"],
     "scale": ["*-scale.json"],
+    "streamed": ["*-streamed.json"],
+    "host_bands": ["*-host-bands.txt"],
 }
 
 HEADER = """\
@@ -706,6 +708,47 @@ def section_many_files(results: Path) -> list[str]:
     return out
 
 
+def section_large_images(results: Path) -> list[str]:
+    """Large host images in row bands (`*-streamed.json` from benchmarks/streamed_bench.py;
+    the newest `*-host-bands.txt` is linked)."""
+    files = _files("streamed", results)
+    if not files:
+        return []
+    path = files[-1]
+    data = _load(path)
+    head = data["header"]
+    n = head["size"]
+    body = [[r["case"], f"{r['whole_s']:.3f}", f"{r['streamed_s']:.3f}",
+             f"{r['streamed_x_floor']:.2f}", "yes" if r["identical"] else "NO"]
+            for r in data["rows"]]  # fmt: skip
+    out = [
+        "## Large host images",
+        "",
+        f"`benchmarks/streamed_bench.py` ({_link(path)}): a {n}x{n}x3 uint8 host image "
+        f"({n * n * 3 / 1e9:.2f} GB), the call's default path against row bands through "
+        f"a {head['budget']} budget; the PCIe floor is the image's bytes in and out at "
+        f"the pinned rates measured in the run ({head['h2d_gbs']:.1f} and "
+        f"{head['d2h_gbs']:.1f} GB/s): {head['floor_s']:.3f} s. Seconds, median of 3:",
+        "",
+        *_table(
+            [
+                "case",
+                "default path",
+                f"bands, {head['budget']} budget",
+                "bands / floor",
+                "identical",
+            ],
+            ["---", "---:", "---:", "---:", "---"],
+            body,
+        ),  # fmt: skip
+        "",
+    ]
+    bands = _files("host_bands", results)
+    if bands:
+        out += [f"One piece against bands by image size: {_link(bands[-1])}.", ""]
+    return out
+
+
 def section_scale(results: Path) -> list[str]:
     """Folders through the GPU pipeline, folders over GPUs, Dask arrays over GPUs
     (`*-scale.json`: gathered from the runs' own results files, which it names)."""
@@ -807,6 +850,7 @@ def render(results: Path = RESULTS) -> str:
         section_cold_start,
         section_cpu,
         section_many_files,
+        section_large_images,
         section_scale,
     ):
         lines = section(results)

@@ -126,7 +126,7 @@ def test_quick_results_go_straight_into_a_fitting_out(monkeypatch):
     targets = []
 
     def quick(img, *args):
-        target = cached._host_result(img.shape, img.dtype)
+        target = cached._caller_out(img.shape, img.dtype, np.ndarray)
         targets.append(target)
         result = np.empty_like(img) if target is None else target
         result[...] = 7
@@ -143,7 +143,7 @@ def test_quick_results_go_straight_into_a_fitting_out(monkeypatch):
     other = np.zeros((4, 5, 3), np.uint16)  # another dtype: not a target either
     cached.box(img, (3, 3), (1, 1), 0, 0, "auto", other)
     assert targets[-1] is None
-    assert cached._host_result(img.shape, img.dtype) is None  # cleared after each call
+    assert cached._caller_out(img.shape, img.dtype, np.ndarray) is None  # cleared after each call
 
 
 @pytest.mark.parametrize("fails", [False, True])
@@ -394,6 +394,40 @@ def test_second_process_filters_without_numba_and_matches(tmp_path):
 
 
 @pytest.mark.gpu
+def test_large_host_images_go_in_bands_through_the_quick_start(tmp_path):
+    """Host images of BANDS_MIN_BYTES or more go through the GPU in row bands by
+    default; in a fresh process with only the shipped kernels, the bands run from
+    them (kernels specialised for a size compile in the background meanwhile), without
+    Numba, and equal the whole image."""
+    env = {"IMGFILTER_CACHE_DIR": str(tmp_path), "NUMBA_ENABLE_CUDASIM": "0"}
+    done = _python(
+        """
+        import sys
+        import numpy as np
+        import imgfilter
+        from imgfilter import api
+        rng = np.random.default_rng(2)
+        kern = rng.standard_normal((9, 7)).astype(np.float32) / 20
+        for shape, dtype in [((2900, 4001, 3), np.uint8), ((2100, 4003, 3), np.uint16)]:
+            img = rng.integers(0, np.iinfo(dtype).max, shape, endpoint=True).astype(dtype)
+            assert img.nbytes >= api.BANDS_MIN_BYTES
+            for name, call in (
+                ("blur21", lambda **kw: imgfilter.blur(img, 21, border="constant", **kw)),
+                ("blur5", lambda **kw: imgfilter.blur(img, 5, border="wrap", **kw)),
+                ("contour", lambda **kw: imgfilter.contour(img, border="reflect", **kw)),
+                ("filter", lambda **kw: imgfilter.filter2d(img, kern, **kw)),
+            ):
+                whole = call(max_gpu_bytes=1 << 62)
+                np.testing.assert_array_equal(call(), whole, err_msg=name)
+        print("numba" in sys.modules)
+        """,
+        env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"  # bands and whole images ran from the shipped cubins
+
+
+@pytest.mark.gpu
 def test_command_line_quick_start_gives_the_numba_result(tmp_path):
     import cv2
 
@@ -414,3 +448,66 @@ def test_command_line_quick_start_gives_the_numba_result(tmp_path):
         outs.append(cv2.imread(str(out), cv2.IMREAD_UNCHANGED))
     assert any((tmp_path / "cache" / "cubins").glob("box_tiled-*.cubin"))  # k=21, uint8
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_device_bands_run_quick_only_inside_bands(monkeypatch):
+    """The row bands of a streamed host image (device arrays with their stream handle)
+    go through the quick start while `bands` is active, their results into the band's
+    device out on that stream; other device arrays, and host images given a stream, go
+    to the fallback (the Numba path)."""
+    from imgfilter.backends import cached
+    from kernels.common.devarray import DeviceArray
+
+    seen = []
+
+    def quick(img, *args):
+        seen.append(
+            (img, cached._caller_out(img.shape, img.dtype, DeviceArray), cached._CALLER.stream)
+        )
+        return seen[-1][1]
+
+    class Fallback:
+        calls = []
+
+        def box(self, img, *args):
+            self.calls.append(img)
+            return "fallback"
+
+    fallback = Fallback()
+    monkeypatch.setattr(cached, "_box_quick", quick)
+    band = DeviceArray(1 << 20, (4, 5, 3), np.uint8)
+    dst = DeviceArray(1 << 21, (4, 5, 3), np.uint8)
+    args = ((3, 3), (1, 1), 0, 0, "auto", dst)
+    assert cached.box(band, *args, 7, fallback=lambda: fallback) == "fallback"
+    with cached.bands():
+        assert cached.box(band, *args, 7, fallback=lambda: fallback) is dst
+        assert seen[-1] == (band, dst, 7)
+        strided = DeviceArray(1 << 20, (4, 5, 3), np.uint8, strides=(30, 6, 1))
+        assert cached.box(strided, *args, 7, fallback=lambda: fallback) == "fallback"
+        host = np.ones((4, 5, 3), np.uint8)
+        assert cached.box(host, (3, 3), (1, 1), 0, 0, "auto", None, 7,
+                          fallback=lambda: fallback) == "fallback"  # fmt: skip
+    assert cached.box(band, *args, 7, fallback=lambda: fallback) == "fallback"  # bands ended
+    assert cached._CALLER.stream == cached._STREAM and cached._CALLER.out is None
+    assert len(seen) == 1 and len(fallback.calls) == 4
+
+
+def test_a_device_band_without_its_out_is_not_run_quick(monkeypatch):
+    """`_run` on a device band needs the band's device out to write into: without one
+    it declines (None) and the caller falls back."""
+    from imgfilter.backends import cached
+    from kernels.common.devarray import DeviceArray
+
+    class Driver:
+        cc = (9, 0)
+
+    monkeypatch.setattr(cached, "_driver", lambda: Driver())
+    monkeypatch.setattr(cached, "_function", lambda drv, name: 1)
+    launched = []
+    band = DeviceArray(1 << 20, (4, 5, 3), np.uint8)
+    with cached.bands(), cached._results_into(None, 9):
+        assert cached._run("k", band, band.shape, lambda *a: launched.append(a)) is None
+    dst = DeviceArray(1 << 21, (4, 5, 3), np.uint8)
+    with cached.bands(), cached._results_into(dst, 9):
+        assert cached._run("k", band, band.shape, lambda *a: launched.append(a)) is dst
+    assert launched == [(launched[0][0], 1, 9, band.ptr, dst.ptr)]

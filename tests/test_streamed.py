@@ -124,6 +124,33 @@ def test_api_max_gpu_bytes_streams_with_the_same_result(border):
             np.testing.assert_array_equal(out, want)
 
 
+def test_large_host_images_go_in_bands_by_default(monkeypatch):
+    """On the CUDA backend a host image of BANDS_MIN_BYTES or more goes in bands
+    (budget: 80% of the free device memory) even where it fits; a smaller one, or one
+    whose max_gpu_bytes covers its need, goes whole; the CPU backend never bands."""
+    import types
+
+    import kernels.common.arrays
+    import kernels.common.cudadrv
+    from imgfilter import api
+
+    class Driver:
+        def free_and_total(self):
+            return 10_000_000_000, 80_000_000_000
+
+    monkeypatch.setattr(kernels.common.arrays, "SIMULATOR", False)
+    monkeypatch.setattr(kernels.common.cudadrv, "driver", Driver)
+    cuda, cpu = types.SimpleNamespace(NAME="cuda"), types.SimpleNamespace(NAME="cpu")
+    big = np.empty(api.BANDS_MIN_BYTES, np.uint8)
+    small = np.empty(api.BANDS_MIN_BYTES - 1, np.uint8)
+    assert api._band_budget(cuda, big, big.nbytes, None) == 8_000_000_000
+    assert api._band_budget(cuda, small, small.nbytes, None) == 0
+    assert api._band_budget(cpu, big, big.nbytes, None) == 0
+    need = big.nbytes * (1 + streamed.SCRATCH_PER_BYTE) + big.nbytes
+    assert api._band_budget(cuda, big, big.nbytes, need) == 0
+    assert api._band_budget(cuda, small, small.nbytes, need // 8) == need // 8
+
+
 def test_api_max_gpu_bytes_is_checked():
     img = _image((8, 8, 1), np.uint8)
     for bad in (0, -5, True):

@@ -45,28 +45,67 @@ NAME = "cuda"
 _STREAM = devarray.PER_THREAD
 
 
-_CALLER = threading.local()  # the caller's out= while a quick call runs in this thread
+class _Caller(threading.local):
+    """What a quick call running in this thread was given: its out= (`_results_into`),
+    the stream of a device band's work, and whether device bands are taken (`bands`)."""
+
+    out = None
+    stream = _STREAM
+    bands = False
+
+
+_CALLER = _Caller()
 
 
 @contextlib.contextmanager
-def _results_into(out):
-    """While active, `_run` copies a result of out's shape and dtype straight into
-    `out` (a writable C-contiguous host array) instead of a new array: one host copy
-    fewer, and a bus-speed copy when `out` is page-locked (`imgfilter.pinned`)."""
-    usable = isinstance(out, np.ndarray) and out.flags.c_contiguous and out.flags.writeable
-    _CALLER.out = out if usable else None
+def _results_into(out, stream: int | None = None):
+    """While active, `_run` writes a result of out's shape and dtype straight into
+    `out` instead of a new array: a writable C-contiguous host array (one host copy
+    fewer, and a bus-speed copy when `out` is page-locked, `imgfilter.pinned`), or a
+    device band's C-contiguous device out. `stream`: where a device band's work goes."""
+    host = isinstance(out, np.ndarray) and out.flags.c_contiguous and out.flags.writeable
+    device = isinstance(out, devarray.DeviceArray) and out.is_c_contiguous
+    _CALLER.out = out if host or device else None
+    _CALLER.stream = _STREAM if stream is None else stream
     try:
         yield
     finally:
-        _CALLER.out = None
+        _CALLER.out, _CALLER.stream = None, _STREAM
 
 
-def _host_result(shape: tuple, dtype) -> np.ndarray | None:
-    """The caller's out= when a result of this shape and dtype can go straight into it."""
-    out = getattr(_CALLER, "out", None)
-    if out is not None and out.shape == tuple(shape) and out.dtype == dtype:
+def _caller_out(shape: tuple, dtype, kind: type):
+    """The caller's out= when it is a `kind` (np.ndarray or DeviceArray) a result of
+    this shape and dtype can go straight into, else None."""
+    out = _CALLER.out
+    if isinstance(out, kind) and tuple(out.shape) == tuple(shape) and out.dtype == dtype:
         return out
     return None
+
+
+@contextlib.contextmanager
+def bands():
+    """While active in this thread, device arrays given with a stream handle (the row
+    bands of a host image streamed through the GPU, `imgfilter.streamed`) run through
+    the quick start too, their results written into the band's device out. Other
+    device arrays go to the Numba path, whose launch layer records them for replay."""
+    _CALLER.bands = True
+    try:
+        yield
+    finally:
+        _CALLER.bands = False
+
+
+def _quick_input(img, stream) -> bool:
+    """Whether a call on `img` may run here: a host image without a stream, or, inside
+    `bands`, a C-contiguous device band with its stream handle."""
+    if isinstance(img, np.ndarray):
+        return stream is None
+    return (_CALLER.bands and isinstance(img, devarray.DeviceArray) and img.is_c_contiguous
+            and type(stream) is int)  # fmt: skip
+
+
+def _contiguous(img):
+    return np.ascontiguousarray(img) if isinstance(img, np.ndarray) else img
 
 
 @functools.cache
@@ -108,24 +147,30 @@ def _function(drv: Driver, name: str):
         return _functions[name]
 
 
-def _run(name: str, img: np.ndarray, out_shape: tuple, launch, extra=None,
-         scratch_bytes: int = 0) -> np.ndarray | None:  # fmt: skip
-    """Copy img (and the host array `extra`, if given) to the device, call
-    launch(driver, fn, d_img, d_out[, d_extra]) with their device addresses, copy the
-    result back; None when the cubin is missing or the driver fails. With
+def _run(name: str, img, out_shape: tuple, launch, extra=None, scratch_bytes: int = 0):
+    """Copy host image img (and the host array `extra`, if given) to the device, call
+    launch(driver, fn, stream, d_img, d_out[, d_extra]) with their device addresses,
+    copy the result back; None when the cubin is missing or the driver fails. With
     scratch_bytes, d_extra is that much uninitialised device memory instead. Device
-    memory comes from the pool (`kernels.common.devarray`), on the calling thread's default
-    stream."""
+    memory comes from the pool (`kernels.common.devarray`), on the calling thread's
+    default stream. A device band (`bands`) is used in place, on the caller's stream,
+    and its result goes into the caller's device out (returned; None without one)."""
     drv = _driver()
     if drv is None:
         return None
-    stream = _STREAM
+    device = isinstance(img, devarray.DeviceArray)
+    stream = _CALLER.stream if device else _STREAM
     try:
         fn = _function(drv, name)
         if fn is None:
             return None
-        d_img = devarray.to_device(img, stream)
-        d_out = devarray.empty(out_shape, img.dtype, stream)
+        if device:
+            d_img, d_out = img, _caller_out(out_shape, img.dtype, devarray.DeviceArray)
+            if d_out is None:
+                return None
+        else:
+            d_img = devarray.to_device(img, stream)
+            d_out = devarray.empty(out_shape, img.dtype, stream)
         pointers = [d_img.ptr, d_out.ptr]
         if extra is not None:
             d_extra = devarray.to_device(extra, stream)
@@ -133,8 +178,10 @@ def _run(name: str, img: np.ndarray, out_shape: tuple, launch, extra=None,
         elif scratch_bytes:
             d_extra = devarray.empty((scratch_bytes,), np.uint8, stream)
             pointers.append(d_extra.ptr)
-        launch(drv, fn, *pointers)
-        return d_out.copy_to_host(_host_result(out_shape, img.dtype))
+        launch(drv, fn, stream, *pointers)
+        if device:
+            return d_out
+        return d_out.copy_to_host(_caller_out(out_shape, img.dtype, np.ndarray))
     except CudaError:
         return None
 
@@ -180,11 +227,11 @@ def _fused_quick(img, ksize, anchor, border, value, geo) -> np.ndarray | None:
     flat = (img.size,)
     args = box_plan.scalar_args(img.shape, ksize, anchor, border, value, geo)
 
-    def launch(drv, fn, d_img, d_out):
+    def launch(drv, fn, stream, d_img, d_out):
         params = array_params(d_img, flat, img.dtype)
         params += [scalar_param(a) for a in args]
         params += array_params(d_out, flat, img.dtype)
-        drv.launch_params(fn, geo["grid"], (geo["threads"],), geo["smem"], _STREAM, params)
+        drv.launch_params(fn, geo["grid"], (geo["threads"],), geo["smem"], stream, params)
 
     return _run(cubins.box_name(geo, channels, img.dtype), img, img.shape, launch)
 
@@ -195,7 +242,7 @@ def _twopass_quick(img, ksize, anchor, border, value, geo) -> np.ndarray | None:
     row_args, col_args = box_plan.twopass_args(img.shape, ksize, anchor, border, value, geo)
     n, n_sums = img.size, img.shape[0] * geo["pitch16"] // 2
 
-    def launch(drv, fn, d_img, d_out, d_sums):
+    def launch(drv, fn, stream, d_img, d_out, d_sums):
         column_fn = _function(drv, columns)
         if column_fn is None:
             raise CudaError(f"no cached cubin for {columns}")
@@ -203,13 +250,13 @@ def _twopass_quick(img, ksize, anchor, border, value, geo) -> np.ndarray | None:
         params += [scalar_param(a) for a in row_args]
         params += array_params(d_sums, (n_sums,), np.uint32)
         drv.launch_params(
-            fn, geo["row_grid"], (geo["row_threads"],), geo["row_smem"], _STREAM, params
+            fn, geo["row_grid"], (geo["row_threads"],), geo["row_smem"], stream, params
         )
         params = array_params(d_sums, (n_sums,), np.uint32)
         params += [scalar_param(a) for a in col_args]
         params += array_params(d_out, (n,), np.uint8)
         drv.launch_params(
-            column_fn, geo["col_grid"], geo["col_block"], geo["col_smem"], _STREAM, params
+            column_fn, geo["col_grid"], geo["col_block"], geo["col_smem"], stream, params
         )
 
     return _run(rows, img, img.shape, launch, scratch_bytes=4 * n_sums)
@@ -233,12 +280,12 @@ def _word_kernel_quick(img, geo, args, name: str) -> np.ndarray | None:
     out8, out32)."""
     n = img.size
 
-    def launch(drv, fn, d_img, d_out):
+    def launch(drv, fn, stream, d_img, d_out):
         params = array_params(d_img, (n,), np.uint8) + array_params(d_img, (n // 4,), np.uint32)
         params += [scalar_param(a) for a in (n // 4, *args)]
         params += array_params(d_out, (n,), np.uint8)
         params += array_params(d_out, (n // 4,), np.uint32)
-        drv.launch_params(fn, geo["grid"], (geo["threads"],), geo["smem"], _STREAM, params)
+        drv.launch_params(fn, geo["grid"], (geo["threads"],), geo["smem"], stream, params)
 
     return _run(name, img, img.shape, launch)
 
@@ -247,14 +294,14 @@ def _contour_quick(img, border, value) -> np.ndarray | None:
     height, width, channels = img.shape
     args = contour_plan.scalar_args(img.dtype, border, int(value))
 
-    def launch(drv, fn, d_img, d_out):
+    def launch(drv, fn, stream, d_img, d_out):
         params = array_params(d_img, img.shape, img.dtype)
         params += array_params(d_img, (img.size,), img.dtype)
         params += [scalar_param(a) for a in args]
         params += array_params(d_out, (height, width), img.dtype)
         params += array_params(d_out, (height * width,), img.dtype)
         grid = contour_plan.grid(height, width)
-        drv.launch_params(fn, grid, (contour_plan.THREADS,), 0, _STREAM, params)
+        drv.launch_params(fn, grid, (contour_plan.THREADS,), 0, stream, params)
 
     return _run(cubins.contour_name(channels, img.dtype), img, (height, width), launch)
 
@@ -265,7 +312,7 @@ def _blocked_quick(img, kernel, anchor, border, value) -> np.ndarray | None:
     cval = np.dtype(img.dtype).type(value)
     args = conv_plan.scalar_args(img.dtype, anchor, border, cval)
 
-    def launch(drv, fn, d_img, d_out, d_weights):
+    def launch(drv, fn, stream, d_img, d_out, d_weights):
         params = array_params(d_img, img.shape, img.dtype)
         params += array_params(d_weights, weights.shape, np.float32)
         params += [scalar_param(a) for a in args]
@@ -275,7 +322,7 @@ def _blocked_quick(img, kernel, anchor, border, value) -> np.ndarray | None:
             conv_plan.grid(img.shape, kh),
             (conv_plan.TX, conv_plan.TY),
             0,
-            _STREAM,
+            stream,
             params,
         )
 
@@ -295,12 +342,12 @@ def _conv_tiled_quick(img, kernel, anchor, border, value) -> np.ndarray | None:
     args = (anchor[0], anchor[1], border, cval, lo, hi, is_int)
     grid, block = image_grid(*img.shape)
 
-    def launch(drv, fn, d_img, d_out, d_weights):
+    def launch(drv, fn, stream, d_img, d_out, d_weights):
         params = array_params(d_img, img.shape, img.dtype)
         params += array_params(d_weights, weights.shape, np.float32)
         params += [scalar_param(a) for a in args]
         params += array_params(d_out, img.shape, img.dtype)
-        drv.launch_params(fn, grid, block, smem, _STREAM, params)
+        drv.launch_params(fn, grid, block, smem, stream, params)
 
     return _run(cubins.conv_tiled_name(img.dtype), img, img.shape, launch, extra=weights)
 
@@ -327,9 +374,9 @@ def box(img, ksize, anchor, border, value, method, out=None, stream=None, fallba
     """cv2.blur semantics; see imgfilter.backends and imgfilter.backends.cuda.box.
     Host images without a stream only; anything else goes to `fallback()` (the
     backend `for_request` names; default the Numba path)."""
-    if method == "auto" and isinstance(img, np.ndarray) and stream is None:
-        with _results_into(out):
-            result = _box_quick(np.ascontiguousarray(img), ksize, anchor, border, value)
+    if method == "auto" and _quick_input(img, stream):
+        with _results_into(out, stream):
+            result = _box_quick(_contiguous(img), ksize, anchor, border, value)
         if result is not None:
             return _into(result, out)
     backend = (fallback or _numba_backend)()
@@ -338,9 +385,9 @@ def box(img, ksize, anchor, border, value, method, out=None, stream=None, fallba
 
 def contour(img, border, value, method, out=None, stream=None, fallback=None):
     """The fused contour map; see imgfilter.backends.cuda.contour."""
-    if isinstance(img, np.ndarray) and stream is None:
-        with _results_into(out):
-            result = _contour_quick(np.ascontiguousarray(img), border, value)
+    if _quick_input(img, stream):
+        with _results_into(out, stream):
+            result = _contour_quick(_contiguous(img), border, value)
         if result is not None:
             return _into(result, out)
     return (fallback or _numba_backend)().contour(img, border, value, method, out, stream)
@@ -353,9 +400,9 @@ def correlate(img, kernel, anchor, border, value, method, out=None, stream=None,
     quick = method == "blocked" or (method == "auto" and conv_plan.auto_method(kernel) == "blocked")
     # The exported cubin is the 32-bit-offset variant: larger images go through Numba.
     fits = conv_plan.fits(*kernel.shape) and conv_plan.offsets_fit(img.shape)
-    if quick and fits and isinstance(img, np.ndarray) and stream is None:
-        img = np.ascontiguousarray(img)
-        with _results_into(out):
+    if quick and fits and _quick_input(img, stream):
+        img = _contiguous(img)
+        with _results_into(out, stream):
             result = _blocked_quick(img, kernel, anchor, border, value)
             if result is None and method == "auto":
                 result = _correlate_first_use(img, kernel, anchor, border, value)
@@ -383,6 +430,8 @@ class Quick:
 
     def correlate(self, *args):
         return correlate(*args, fallback=self._fallback)
+
+    bands = staticmethod(bands)
 
 
 _QUICK: dict = {}
