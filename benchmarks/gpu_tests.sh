@@ -13,6 +13,11 @@ parts=$(mktemp -d)
 ids="$parts/ids"
 python3 -m pytest --collect-only -q -m gpu "$@" 2>/dev/null | grep "::" > "$ids"
 echo "$(wc -l < "$ids") gpu tests in $n processes" | tee "$out/summary.txt"
+if [[ ! -s "$ids" ]]; then  # a part without ids would run every gpu test of the suite
+    echo "gpu_tests: no gpu tests collected from: $* (a missing file? see pytest --collect-only)" |
+        tee -a "$out/summary.txt" >&2
+    exit 2
+fi
 split -n "r/$n" "$ids" "$parts/part_"
 for f in "$parts"/part_*; do
   mapfile -t tests < "$f"  # one argument per test id (ids may hold spaces)
