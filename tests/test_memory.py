@@ -80,6 +80,14 @@ def test_api_under_a_memory_hog(leave):
 
 
 # ------------------------------------------------ host images in bands (any machine)
+# These exercise the Numba backend's retry in bands (`cuda._queue` failing); on a GPU
+# host images would otherwise run on the quick start (`backends.cached`), which never
+# calls it, so the quick start is off for them.
+
+
+@pytest.fixture
+def numba_path(monkeypatch):
+    monkeypatch.setenv("IMGFILTER_NO_QUICK_START", "1")
 
 
 def _ops(border):
@@ -97,7 +105,8 @@ def _ops(border):
     "border,dtype",
     [("reflect101", np.uint8), ("constant", np.uint8), ("wrap", np.uint8), ("reflect", np.uint16)],
 )
-def test_a_host_image_the_gpu_cannot_hold_is_filtered_in_bands(monkeypatch, border, dtype):
+def test_a_host_image_the_gpu_cannot_hold_is_filtered_in_bands(monkeypatch, numba_path, border,
+                                                                dtype):  # fmt: skip
     """When the GPU cannot hold more than a few rows, host images go through in
     bands with a halo of real rows: the same result as the whole image."""
     from imgfilter.backends import cuda as backend
@@ -122,7 +131,7 @@ def test_a_host_image_the_gpu_cannot_hold_is_filtered_in_bands(monkeypatch, bord
         np.testing.assert_array_equal(got, whole[name], err_msg=name)
 
 
-def test_bands_give_up_when_a_band_would_be_no_smaller(monkeypatch):
+def test_bands_give_up_when_a_band_would_be_no_smaller(monkeypatch, numba_path):
     from imgfilter.backends import cuda as backend
     from imgfilter.errors import GpuMemoryError
 
@@ -134,7 +143,7 @@ def test_bands_give_up_when_a_band_would_be_no_smaller(monkeypatch):
         imgfilter.blur(np.ones((40, 8), np.uint8), 3, backend="cuda")
 
 
-def test_no_bands_without_the_memory_for_a_context(monkeypatch):
+def test_no_bands_without_the_memory_for_a_context(monkeypatch, numba_path):
     """A GPU too full to open a CUDA context: one GpuMemoryError that says so, no
     band attempts (each would fail the same way)."""
     from imgfilter.backends import cuda as backend
