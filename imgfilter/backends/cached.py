@@ -9,6 +9,8 @@ gives the register-blocked kernel, run from those cubins through the CUDA driver
 kernels and arguments the Numba path would launch, so results are identical. Anything
 else (other kernels, other methods, device arrays, a missing cubin, a driver error) is
 passed to `imgfilter.backends.cuda`, which imports Numba then. Same contract as every backend.
+The row bands of a large host image (`imgfilter.streamed`) are device arrays run here too,
+inside `bands()`.
 Set IMGFILTER_NO_QUICK_START=1 to always use the Numba path.
 
 First use: the package ships size-generic kernels (`kernels.common.shipped`). Where the kernel
@@ -372,8 +374,9 @@ def _into(result: np.ndarray, out):
 
 def box(img, ksize, anchor, border, value, method, out=None, stream=None, fallback=None):
     """cv2.blur semantics; see imgfilter.backends and imgfilter.backends.cuda.box.
-    Host images without a stream only; anything else goes to `fallback()` (the
-    backend `for_request` names; default the Numba path)."""
+    Host images without a stream (and, inside `bands`, device bands with their stream)
+    only; anything else goes to `fallback()` (the backend `for_request` names; default
+    the Numba path)."""
     if method == "auto" and _quick_input(img, stream):
         with _results_into(out, stream):
             result = _box_quick(_contiguous(img), ksize, anchor, border, value)
