@@ -535,8 +535,8 @@ def contour(
 
 # Host images of this many bytes or more go through the GPU in row bands by default
 # (`imgfilter.streamed`: page-locked copies overlapping the filtering) even where they
-# fit whole: an H100 filtered 50 MB of uint8 in half the time that way, 0.2-0.8 GB in
-# a fifth. Smaller images go whole, where pageable copies are quicker to set up.
+# fit whole: an H100 blurred 50 MB of uint8 in under half the time that way, 0.2-0.8 GB
+# in a quarter. Smaller images go whole, where pageable copies are quicker to set up.
 BANDS_MIN_BYTES = 32 << 20
 
 
