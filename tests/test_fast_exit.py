@@ -52,30 +52,24 @@ def test_message_status_is_printed_and_exits_1(exits, capsys) -> None:
     assert capsys.readouterr().err == "imgfilter: something went wrong\n"
 
 
-def test_another_live_thread_keeps_the_normal_exit(exits) -> None:
+@pytest.mark.parametrize("daemon", [False, True])
+def test_only_a_live_non_daemon_thread_keeps_the_normal_exit(exits, daemon) -> None:
+    """A non-daemon thread still running: `_exit` returns (the interpreter's exit will
+    wait for it); a daemon thread does not hold it."""
     release = threading.Event()
-    worker = threading.Thread(target=release.wait, daemon=False)
+    worker = threading.Thread(target=release.wait, daemon=daemon)
     worker.start()
     exits[1].append(worker)
     try:
-        entry._exit(0)  # returns: the interpreter's exit will wait for the worker
-    finally:
-        release.set()
-        worker.join()
-    assert exits[0] == []
-
-
-def test_daemon_threads_do_not_hold_it(exits) -> None:
-    release = threading.Event()
-    worker = threading.Thread(target=release.wait, daemon=True)
-    worker.start()
-    exits[1].append(worker)
-    try:
-        with pytest.raises(_Exited):
+        if daemon:
+            with pytest.raises(_Exited):
+                entry._exit(0)
+        else:
             entry._exit(0)
     finally:
         release.set()
         worker.join()
+    assert exits[0] == ([True] if daemon else [])
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
