@@ -569,7 +569,7 @@ def _in_bands(be, arr: np.ndarray, out: Any, shape: tuple, reach: tuple, code: i
               budget: int) -> np.ndarray:  # fmt: skip
     """`run(src, dst, stream)` (a call of backend `be`) over host `arr` in row bands
     into `out` (or a new array of `shape`): `imgfilter.streamed.filter_in_bands`. A
-    backend with `bands()` (the quick start) is told that device bands are coming."""
+    backend with `device_arrays()` (the quick start) is told that device bands are coming."""
     import contextlib
 
     from kernels.common.border_index import WRAP
@@ -578,7 +578,7 @@ def _in_bands(be, arr: np.ndarray, out: Any, shape: tuple, reach: tuple, code: i
 
     result = host_empty(shape, arr.dtype) if out is None else out
     dst = result if len(shape) == 2 else _as_3d(result)
-    with getattr(be, "bands", contextlib.nullcontext)():
+    with getattr(be, "device_arrays", contextlib.nullcontext)():
         filter_in_bands(_as_3d(arr), dst, reach, code == WRAP, run, budget)
     return result
 

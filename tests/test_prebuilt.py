@@ -244,7 +244,6 @@ def test_fresh_process_filters_from_shipped_kernels_without_numba(tmp_path):
         import sys
         import numpy as np
         import imgfilter
-        from kernels.box import plan as box_plan
         rng = np.random.default_rng(5)
         outs = {}
         kern = rng.standard_normal((21, 21)).astype(np.float32) / 21
@@ -260,11 +259,8 @@ def test_fresh_process_filters_from_shipped_kernels_without_numba(tmp_path):
                     outs["contour" + key] = imgfilter.contour(img, border="reflect")
                 outs["filter" + key] = imgfilter.filter2d(img, kern, border="constant",
                                                           border_value=7)
-                for k in ((3, 3), (21, 21), (5, 17)):
-                    # box_running (float32, and uint16 boxes box_fused cannot take)
-                    # is neither shipped nor cached: it always runs through Numba.
-                    if box_plan.choose(shape, dtype, k)[0] != "running":
-                        outs[f"blur{k}{key}"] = imgfilter.blur(img, k, border="wrap")
+                for k in ((3, 3), (21, 21), (5, 17)):  # float32: box_running
+                    outs[f"blur{k}{key}"] = imgfilter.blur(img, k, border="wrap")
         np.savez(sys.argv[1], **outs)
         print("numba" in sys.modules)
         """
@@ -285,6 +281,44 @@ def test_fresh_process_filters_from_shipped_kernels_without_numba(tmp_path):
     a, b = results["shipped"][1], results["numba"][1]
     assert sorted(a.files) == sorted(b.files)
     for name in a.files:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+@pytest.mark.gpu
+def test_fresh_process_classifies_from_shipped_kernels_without_numba(tmp_path):
+    """The classifier's features, GEMVs, softmax and argmax run from the shipped cubins
+    (`kernels.common.refs`) in a process that never imports Numba, with the results of
+    the Numba path (every kernel compiled) bit for bit."""
+    code = """
+        import sys
+        import numpy as np
+        from imgfilter import classify, io
+        img = io.read_image("samples/astronaut.jpg")
+        model = classify.load("samples/classify/astronaut.model.npz")
+        out = classify.predict(img, model, backend="cuda")
+        gray = np.ascontiguousarray(img[::2, ::3, 1])
+        feats = classify.extract_features(gray, {"gauss": [1.5], "box": [7, 40], "edges": [2.0],
+                                                 "contour": True}, backend="cuda")
+        np.savez(sys.argv[1], labels=out.labels, proba=out.proba, feats=feats)
+        print("numba" in sys.modules)
+        """
+    results = {}
+    for run, extra in (
+        ("shipped", {}),
+        ("numba", {"IMGFILTER_NO_PREBUILT": "1", "IMGFILTER_NO_QUICK_START": "1"}),
+    ):
+        env = {**os.environ, "IMGFILTER_CACHE_DIR": str(tmp_path / run), **extra}
+        env["PYTHONPATH"] = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
+        env["NUMBA_ENABLE_CUDASIM"] = "0"
+        out = tmp_path / f"{run}.npz"
+        done = subprocess.run([sys.executable, "-c", textwrap.dedent(code), str(out)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        results[run] = (done.stdout.strip(), np.load(out))
+    assert results["shipped"][0] == "False", "the classifier imported Numba"
+    assert results["numba"][0] == "True"
+    a, b = results["shipped"][1], results["numba"][1]
+    for name in ("labels", "proba", "feats"):
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 

@@ -479,7 +479,7 @@ def test_device_bands_run_quick_only_inside_bands(monkeypatch):
     dst = DeviceArray(1 << 21, (4, 5, 3), np.uint8)
     args = ((3, 3), (1, 1), 0, 0, "auto", dst)
     assert cached.box(band, *args, 7, fallback=lambda: fallback) == "fallback"
-    with cached.bands():
+    with cached.device_arrays():
         assert cached.box(band, *args, 7, fallback=lambda: fallback) is dst
         assert seen[-1] == (band, dst, 7)
         strided = DeviceArray(1 << 20, (4, 5, 3), np.uint8, strides=(30, 6, 1))
@@ -492,9 +492,9 @@ def test_device_bands_run_quick_only_inside_bands(monkeypatch):
     assert len(seen) == 1 and len(fallback.calls) == 4
 
 
-def test_a_device_band_without_its_out_is_not_run_quick(monkeypatch):
-    """`_run` on a device band needs the band's device out to write into: without one
-    it declines (None) and the caller falls back."""
+def test_a_device_array_without_an_out_gets_a_pool_array_on_its_stream(monkeypatch):
+    """`_run` on a device array writes into the caller's device out, or (none given)
+    into a new pool array of the result's shape allocated on the caller's stream."""
     from imgfilter.backends import cached
     from kernels.common.devarray import DeviceArray
 
@@ -503,11 +503,21 @@ def test_a_device_band_without_its_out_is_not_run_quick(monkeypatch):
 
     monkeypatch.setattr(cached, "_driver", lambda: Driver())
     monkeypatch.setattr(cached, "_function", lambda drv, name: 1)
+    made = []
+
+    def empty(shape, dtype, stream):
+        made.append((shape, np.dtype(dtype), stream))
+        return DeviceArray(1 << 22, shape, dtype)
+
+    monkeypatch.setattr(cached.devarray, "empty", empty)
     launched = []
     band = DeviceArray(1 << 20, (4, 5, 3), np.uint8)
-    with cached.bands(), cached._results_into(None, 9):
-        assert cached._run("k", band, band.shape, lambda *a: launched.append(a)) is None
+    with cached.device_arrays(), cached._results_into(None, 9):
+        new = cached._run("k", band, (4, 5), lambda *a: launched.append(a))
+    assert made == [((4, 5), np.dtype(np.uint8), 9)]
+    assert new.ptr == 1 << 22 and new.shape == (4, 5)
     dst = DeviceArray(1 << 21, (4, 5, 3), np.uint8)
-    with cached.bands(), cached._results_into(dst, 9):
+    with cached.device_arrays(), cached._results_into(dst, 9):
         assert cached._run("k", band, band.shape, lambda *a: launched.append(a)) is dst
-    assert launched == [(launched[0][0], 1, 9, band.ptr, dst.ptr)]
+    assert len(made) == 1
+    assert [a[1:] for a in launched] == [(1, 9, band.ptr, 1 << 22), (1, 9, band.ptr, dst.ptr)]

@@ -5,9 +5,10 @@ Two users, no compile on a first use:
   kernels that stand in for the size-specialised ones while those compile in the
   background (box_twopass for uint8 boxes, conv's tiled kernel for filters), and the
   kernels that are generic already (box_fused for uint16 boxes, contour);
-- the launch layer (`kernels.common.launch`, in a process that imported Numba): every kernel
-  the workloads here compile: the ones above, softmax on common widths, GEMV on
-  common shapes, and the classifier's training and prediction.
+- the launch layer (`kernels.common.launch`; without Numba for the kernels it names by
+  `kernels.common.refs.KernelRef`): every kernel the workloads here compile: the ones
+  above, box_running, softmax on common widths, GEMV on common shapes, and the
+  classifier's training and prediction.
 Each is compiled by Numba exactly as imgfilter compiles it (by running the workloads
 once) and then built for every GPU generation in ARCHS from the same NVVM IR.
 
@@ -119,6 +120,19 @@ def _conv_tiled(backend, rng):
         yield cubins.conv_tiled_name(dtype), conv.correlate_tiled, (dtype, np.float32, dtype)
 
 
+def _running(rng) -> None:
+    """box_running (`kernels.box.running`), which takes any box: the box of float32
+    images and of the boxes the one-pass kernels decline, for every dtype and both
+    staging types of its row pass."""
+    from kernels.box.running import box_running
+    from kernels.common import devarray
+
+    for dtype in (np.uint8, np.uint16, np.float32):
+        for ksize in ((3, 3), (257, 257)):
+            img = devarray.to_device(_random((40, 56, 3), dtype, rng), 0)
+            box_running(img, ksize, (ksize[0] // 2, ksize[1] // 2), 0, 0.0, None, 0)
+
+
 def _softmax(rng) -> None:
     """Softmax as `kernels.softmax.softmax` runs it on a few common widths (each width
     and pack size is a kernel of its own: shipping them all would weigh megabytes), and
@@ -147,7 +161,8 @@ def _gemv(rng) -> None:
 
 
 def _classify(rng) -> None:
-    """Training and classifying the sample photo as README's commands do."""
+    """Training and classifying the sample photo as README's commands do, and the
+    features of gray, 16-bit and float images."""
     from imgfilter import classify, io
 
     img = io.read_image(ROOT / "samples/astronaut.jpg")
@@ -155,6 +170,10 @@ def _classify(rng) -> None:
     model, _ = classify.train(img, labels, backend="cuda")
     for method in ("auto", "fused"):
         classify.predict(img, model, backend="cuda", method=method)
+    # The features of gray, 16-bit and float images (their own preparing kernels).
+    gray = np.ascontiguousarray(img[:, :, 1])
+    for image in (gray, img.astype(np.uint16) * 257, img.astype(np.float32) / 255):
+        classify.extract_features(image, backend="cuda")
 
 
 def _recording_compiles() -> list:
@@ -164,8 +183,9 @@ def _recording_compiles() -> list:
     noted: list = []
     compile_one = launch._compile
 
-    def compile_and_note(dispatcher, args):
-        compiled = compile_one(dispatcher, args)
+    def compile_and_note(kernel, args):
+        compiled = compile_one(kernel, args)
+        dispatcher = launch.dispatcher_of(kernel)
         argtypes = tuple(launch._numba_type(dispatcher, a) for a in args)
         noted.append((dispatcher, argtypes))
         return compiled
@@ -201,7 +221,7 @@ def build(out: Path) -> dict:
     noted = _recording_compiles()
     named = [spec for specs in (_twopass, _fused, _contour, _conv_tiled)
              for spec in specs(backend, rng)]  # fmt: skip
-    for workload in (_softmax, _gemv, _classify):
+    for workload in (_running, _softmax, _gemv, _classify):
         workload(rng)
     kernels: dict[str, dict] = {}
     keys: dict = {}  # (dispatcher, argtypes) -> launch name

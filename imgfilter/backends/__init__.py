@@ -113,10 +113,15 @@ def get_backend(name: str = "auto", *, device_input: bool = False, quick: bool =
     "cuda" without a usable GPU raises DeviceError. With `quick` (for the filters),
     host images may run on the quick start (`cached`: kernels shipped with the package
     or compiled by an earlier run, no Numba import); callers that need Numba's CUDA
-    target itself (the classifier) pass quick=False.
+    target itself pass quick=False. Device arrays go to the quick start only inside its
+    `device_arrays()` (the classifier's features, the row bands of a host image).
     """
-    if device_input and name in ("auto", "cuda") and _device_backend:
-        return _device_backend[0]
+    if device_input and name in ("auto", "cuda"):
+        cached = sys.modules.get("imgfilter.backends.cached")
+        if cached is not None and cached.taking_device_arrays():
+            return cached.for_request(name, lambda: _numba_or_fallback(name, device_input))
+        if _device_backend:
+            return _device_backend[0]
     name = str(name).lower()
     if name not in BACKENDS:
         raise UsageError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")

@@ -3,14 +3,16 @@
 Importing Numba's CUDA target and loading its kernel cache take about two seconds,
 far longer than filtering a photo. When cubins exported by the CUDA backend
 (`imgfilter.backends.cubins`) exist for this GPU, `get_backend` hands out this module
-instead: box blurs and contour maps of host images, and filters that method auto
-gives the register-blocked kernel, run from those cubins through the CUDA driver
-(`kernels.common.cudadrv`, the package's one launch layer, and its memory pool) with the very
-kernels and arguments the Numba path would launch, so results are identical. Anything
-else (other kernels, other methods, device arrays, a missing cubin, a driver error) is
-passed to `imgfilter.backends.cuda`, which imports Numba then. Same contract as every backend.
-The row bands of a large host image (`imgfilter.streamed`) are device arrays run here too,
-inside `bands()`.
+instead: box blurs and contour maps of host images, filters that method auto gives the
+register-blocked kernel and filters with method tiled, run from those cubins through the
+CUDA driver (`kernels.common.cudadrv`, the package's one launch layer, and its memory
+pool) with the very kernels and arguments the Numba path would launch, so results are
+identical; box_running (float32 boxes) runs through `kernels.common.launch`, which finds
+its shipped cubins by name (`kernels.common.refs`). Anything else (other kernels, other
+methods, device arrays, a missing cubin, a driver error) is passed to
+`imgfilter.backends.cuda`, which imports Numba then. Same contract as every backend.
+Device arrays run here too inside `device_arrays()`: the row bands of a large host image
+(`imgfilter.streamed`) and the pixel classifier's feature planes (`imgfilter.classify.cuda`).
 Set IMGFILTER_NO_QUICK_START=1 to always use the Numba path.
 
 First use: the package ships size-generic kernels (`kernels.common.shipped`). Where the kernel
@@ -49,11 +51,12 @@ _STREAM = devarray.PER_THREAD
 
 class _Caller(threading.local):
     """What a quick call running in this thread was given: its out= (`_results_into`),
-    the stream of a device band's work, and whether device bands are taken (`bands`)."""
+    the stream of a device array's work, and whether device arrays are taken
+    (`device_arrays`)."""
 
     out = None
     stream = _STREAM
-    bands = False
+    device = False
 
 
 _CALLER = _Caller()
@@ -64,7 +67,7 @@ def _results_into(out, stream: int | None = None):
     """While active, `_run` writes a result of out's shape and dtype straight into
     `out` instead of a new array: a writable C-contiguous host array (one host copy
     fewer, and a bus-speed copy when `out` is page-locked, `imgfilter.pinned`), or a
-    device band's C-contiguous device out. `stream`: where a device band's work goes."""
+    C-contiguous device out. `stream`: where a device array's work goes."""
     host = isinstance(out, np.ndarray) and out.flags.c_contiguous and out.flags.writeable
     device = isinstance(out, devarray.DeviceArray) and out.is_c_contiguous
     _CALLER.out = out if host or device else None
@@ -85,24 +88,32 @@ def _caller_out(shape: tuple, dtype, kind: type):
 
 
 @contextlib.contextmanager
-def bands():
-    """While active in this thread, device arrays given with a stream handle (the row
-    bands of a host image streamed through the GPU, `imgfilter.streamed`) run through
-    the quick start too, their results written into the band's device out. Other
-    device arrays go to the Numba path, whose launch layer records them for replay."""
-    _CALLER.bands = True
+def device_arrays():
+    """While active in this thread, C-contiguous DeviceArrays given with a stream handle
+    (the row bands of a host image streamed through the GPU, `imgfilter.streamed`; the
+    classifier's feature planes) run through the quick start too, on that stream, their
+    results written into the caller's device out or a new pool array, and
+    `imgfilter.backends.get_backend` hands out this module for device arrays. Outside
+    it, device arrays go to the Numba path, whose launch layer records them for replay."""
+    before = _CALLER.device
+    _CALLER.device = True
     try:
         yield
     finally:
-        _CALLER.bands = False
+        _CALLER.device = before
+
+
+def taking_device_arrays() -> bool:
+    """Whether this thread is inside `device_arrays`."""
+    return _CALLER.device
 
 
 def _quick_input(img, stream) -> bool:
     """Whether a call on `img` may run here: a host image without a stream, or, inside
-    `bands`, a C-contiguous device band with its stream handle."""
+    `device_arrays`, a C-contiguous DeviceArray with its stream handle."""
     if isinstance(img, np.ndarray):
         return stream is None
-    return (_CALLER.bands and isinstance(img, devarray.DeviceArray) and img.is_c_contiguous
+    return (_CALLER.device and isinstance(img, devarray.DeviceArray) and img.is_c_contiguous
             and type(stream) is int)  # fmt: skip
 
 
@@ -149,41 +160,67 @@ def _function(drv: Driver, name: str):
         return _functions[name]
 
 
+def _on_device(img, out_shape: tuple, work):
+    """work(stream, d_img, d_out) on host image img copied to the device (result copied
+    back) or on a device array in place (`device_arrays`: the caller's stream; the
+    result, returned, in the caller's device out, else in a new pool array on that
+    stream). Device memory comes from the pool (`kernels.common.devarray`); host images
+    go on the calling thread's default stream."""
+    device = isinstance(img, devarray.DeviceArray)
+    stream = _CALLER.stream if device else _STREAM
+    if device:
+        d_img, d_out = img, _caller_out(out_shape, img.dtype, devarray.DeviceArray)
+        if d_out is None:
+            d_out = devarray.empty(out_shape, img.dtype, stream)
+    else:
+        d_img = devarray.to_device(img, stream)
+        d_out = devarray.empty(out_shape, img.dtype, stream)
+    work(stream, d_img, d_out)
+    if device:
+        return d_out
+    return d_out.copy_to_host(_caller_out(out_shape, img.dtype, np.ndarray))
+
+
 def _run(name: str, img, out_shape: tuple, launch, extra=None, scratch_bytes: int = 0):
-    """Copy host image img (and the host array `extra`, if given) to the device, call
-    launch(driver, fn, stream, d_img, d_out[, d_extra]) with their device addresses,
-    copy the result back; None when the cubin is missing or the driver fails. With
-    scratch_bytes, d_extra is that much uninitialised device memory instead. Device
-    memory comes from the pool (`kernels.common.devarray`), on the calling thread's
-    default stream. A device band (`bands`) is used in place, on the caller's stream,
-    and its result goes into the caller's device out (returned; None without one)."""
+    """launch(driver, fn, stream, d_img, d_out[, d_extra]) of cubin `name` on img
+    (`_on_device`), with the host array `extra` copied to the device, or scratch_bytes
+    of uninitialised device memory, as d_extra; None when the cubin is missing or the
+    driver fails."""
     drv = _driver()
     if drv is None:
         return None
-    device = isinstance(img, devarray.DeviceArray)
-    stream = _CALLER.stream if device else _STREAM
     try:
         fn = _function(drv, name)
         if fn is None:
             return None
-        if device:
-            d_img, d_out = img, _caller_out(out_shape, img.dtype, devarray.DeviceArray)
-            if d_out is None:
-                return None
-        else:
-            d_img = devarray.to_device(img, stream)
-            d_out = devarray.empty(out_shape, img.dtype, stream)
-        pointers = [d_img.ptr, d_out.ptr]
-        if extra is not None:
-            d_extra = devarray.to_device(extra, stream)
-            pointers.append(d_extra.ptr)
-        elif scratch_bytes:
-            d_extra = devarray.empty((scratch_bytes,), np.uint8, stream)
-            pointers.append(d_extra.ptr)
-        launch(drv, fn, stream, *pointers)
-        if device:
-            return d_out
-        return d_out.copy_to_host(_caller_out(out_shape, img.dtype, np.ndarray))
+
+        def work(stream, d_img, d_out):
+            pointers = [d_img.ptr, d_out.ptr]
+            if extra is not None:
+                pointers.append(devarray.to_device(extra, stream).ptr)
+            elif scratch_bytes:
+                pointers.append(devarray.empty((scratch_bytes,), np.uint8, stream).ptr)
+            launch(drv, fn, stream, *pointers)
+
+        return _on_device(img, out_shape, work)
+    except CudaError:
+        return None
+
+
+def _running_quick(img, ksize, anchor, border, value):
+    """`kernels.box.running.box_running` (float32 images, and boxes the one-pass kernels
+    decline) through the launch layer, which runs the shipped cubins of its kernels
+    without Numba (`kernels.common.refs`; one that does not ship is compiled); None
+    when the driver fails."""
+    if _driver() is None:
+        return None
+    from kernels.box.running import box_running
+
+    def work(stream, d_img, d_out):
+        box_running(d_img, ksize, anchor, border, value, d_out, stream)
+
+    try:
+        return _on_device(img, img.shape, work)
     except CudaError:
         return None
 
@@ -197,7 +234,8 @@ def _box_quick(img, ksize, anchor, border, value) -> np.ndarray | None:
 
 
 def _box_method(method, geo, img, ksize, anchor, border, value) -> np.ndarray | None:
-    """Run box kernel `method` with geometry `geo` from its cubin; None if it has none."""
+    """Run box kernel `method` with geometry `geo` from its cubin ("running": from the
+    launch layer); None if it has none."""
     if method == "tiled":
         return _tiled_quick(img, ksize, anchor, border, value, geo)
     if method == "packed":
@@ -206,7 +244,7 @@ def _box_method(method, geo, img, ksize, anchor, border, value) -> np.ndarray | 
         return _twopass_quick(img, ksize, anchor, border, value, geo)
     if method == "fused":
         return _fused_quick(img, ksize, anchor, border, value, geo)
-    return None
+    return _running_quick(img, ksize, anchor, border, value)
 
 
 def _box_first_use(method, geo, img, ksize, anchor, border, value) -> np.ndarray | None:
@@ -374,7 +412,7 @@ def _into(result: np.ndarray, out):
 
 def box(img, ksize, anchor, border, value, method, out=None, stream=None, fallback=None):
     """cv2.blur semantics; see imgfilter.backends and imgfilter.backends.cuda.box.
-    Host images without a stream (and, inside `bands`, device bands with their stream)
+    Host images without a stream (and, inside `device_arrays`, device arrays with their stream)
     only; anything else goes to `fallback()` (the backend `for_request` names; default
     the Numba path)."""
     if method == "auto" and _quick_input(img, stream):
@@ -399,7 +437,14 @@ def contour(img, border, value, method, out=None, stream=None, fallback=None):
 def correlate(img, kernel, anchor, border, value, method, out=None, stream=None,
               fallback=None):  # fmt: skip
     """cv2.filter2D semantics; the register-blocked kernel runs from its cubin where
-    method auto (or blocked) picks it, anything else through Numba."""
+    method auto (or blocked) picks it, the shared-memory tiled kernel where method
+    tiled is asked for, anything else through Numba."""
+    if method == "tiled" and _quick_input(img, stream):
+        img = _contiguous(img)
+        with _results_into(out, stream):
+            result = _conv_tiled_quick(img, kernel, anchor, border, value)
+        if result is not None:
+            return _into(result, out)
     quick = method == "blocked" or (method == "auto" and conv_plan.auto_method(kernel) == "blocked")
     # The exported cubin is the 32-bit-offset variant: larger images go through Numba.
     fits = conv_plan.fits(*kernel.shape) and conv_plan.offsets_fit(img.shape)
@@ -434,7 +479,7 @@ class Quick:
     def correlate(self, *args):
         return correlate(*args, fallback=self._fallback)
 
-    bands = staticmethod(bands)
+    device_arrays = staticmethod(device_arrays)
 
 
 _QUICK: dict = {}

@@ -85,7 +85,7 @@ def engine(backend: str = "auto", *, device_input: bool = False) -> ModuleType:
     """
     from ..backends import get_backend
 
-    name = get_backend(backend, device_input=device_input, quick=False).NAME
+    name = get_backend(backend, device_input=device_input).NAME
     if name == "cuda":
         from . import cuda
 

@@ -30,12 +30,13 @@ kernel, and C GEMVs of Z^T with the residual columns for the gradient.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import os
 from typing import Any
 
 import numpy as np
-from numba import config
 
-from kernels import classify as kc
 from kernels.common.arrays import (
     SIMULATOR,
     as_device_array,
@@ -47,6 +48,7 @@ from kernels.common.arrays import (
 )
 from kernels.common.devarray import DeviceArray
 from kernels.common.launch import launch
+from kernels.common.refs import KernelRef
 from kernels.conv.plan import tiled_fits
 from kernels.linalg.gemv import gemv
 from kernels.softmax import softmax
@@ -57,7 +59,8 @@ from .features import GRAY_WEIGHTS, contour_source, scale_of
 NAME = "cuda"
 BLOCK = 256
 MAX_FUSED_CLASSES = 16
-config.CUDA_LOW_OCCUPANCY_WARNINGS = False
+# Small images make small grids; Numba warns of them where it launches (the simulator).
+os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")
 
 _WB, _WG, _WR = GRAY_WEIGHTS  # float32 scalars: the gray plane's weights
 
@@ -65,6 +68,23 @@ _WB, _WG, _WR = GRAY_WEIGHTS  # float32 scalars: the gray plane's weights
 def padded_width(features: int) -> int:
     """Columns of the device feature matrix: features, the bias column, zero padding."""
     return (features + 1 + 3) // 4 * 4
+
+
+@functools.cache
+def _kernel(name: str) -> KernelRef:
+    """Kernel `name` of `kernels.classify`, by name: launched from its shipped cubin
+    without importing Numba where one ships (`kernels.common.refs`)."""
+    return KernelRef("kernels.classify", name)
+
+
+def _shipped_filters():
+    """Where the quick start runs (`imgfilter.backends.cached`: its kernels ship for this
+    GPU), a context in which the filters take device arrays from it, without Numba."""
+    if SIMULATOR:
+        return contextlib.nullcontext()
+    from ..backends import cached
+
+    return cached.device_arrays() if cached.available() else contextlib.nullcontext()
 
 
 def _grid(n: int) -> int:
@@ -106,9 +126,10 @@ class FeatureEngine:
         scale = scale_of(dimg.dtype)
         if ch == 3:
             gray = empty((h, w, 1), np.float32, s)
-            launch(kc.prepare3, _grid(h * w), BLOCK, (dimg, scale, _WB, _WG, _WR, planes, gray), s)
+            args = (dimg, scale, _WB, _WG, _WR, planes, gray)
+            launch(_kernel("prepare3"), _grid(h * w), BLOCK, args, s)
         else:
-            launch(kc.prepare1, _grid(h * w), BLOCK, (dimg, scale, planes), s)
+            launch(_kernel("prepare1"), _grid(h * w), BLOCK, (dimg, scale, planes), s)
             gray = planes
         return planes, gray
 
@@ -118,10 +139,12 @@ class FeatureEngine:
         # where `auto`'s register-blocked kernel is generated and compiled per size
         # (~8 s each, most of a first `train`), for no gain at these sizes.
         method = "tiled" if tiled_fits(*kernel.shape) else "auto"
-        return api.filter2d(a, kernel, backend="cuda", method=method, stream=self.stream)
+        with _shipped_filters():
+            return api.filter2d(a, kernel, backend="cuda", method=method, stream=self.stream)
 
     def blur(self, a, k: int):
-        return api.blur(a, k, backend="cuda", stream=self.stream)
+        with _shipped_filters():
+            return api.blur(a, k, backend="cuda", stream=self.stream)
 
     def contour_source(self, img):
         """(the integer image the contour feature is computed from, its scale): the
@@ -134,7 +157,8 @@ class FeatureEngine:
             return dimg, scale_of(dimg.dtype)
         q = empty(dimg.shape, np.uint8, self.stream)
         n = int(dimg.size)
-        launch(kc.quantize_u8, _grid(n), BLOCK, (dimg.reshape(n), q.reshape(n)), self.stream)
+        args = (dimg.reshape(n), q.reshape(n))
+        launch(_kernel("quantize_u8"), _grid(n), BLOCK, args, self.stream)
         return q, scale_of(np.uint8)
 
     def contour(self, u):
@@ -143,7 +167,8 @@ class FeatureEngine:
             dimg = u
         elif dimg is None or np.dtype(dimg.dtype) != u.dtype:
             dimg = to_device(np.ascontiguousarray(u), self.stream)
-        return api.contour(dimg, backend="cuda", stream=self.stream)
+        with _shipped_filters():
+            return api.contour(dimg, backend="cuda", stream=self.stream)
 
     def matrix(self, pixels: int, features: int):
         self.features = features
@@ -154,15 +179,15 @@ class FeatureEngine:
         n = X.shape[0]
         k = 1 if a.ndim == 2 else a.shape[2]
         src = a.reshape(n, k)
-        launch(kc.put, _grid(n * k), BLOCK, (src, X, col, np.float32(scale)), self.stream)
+        launch(_kernel("put"), _grid(n * k), BLOCK, (src, X, col, np.float32(scale)), self.stream)
 
     def put_hypot(self, X, col: int, gx, gy) -> None:
         n = X.shape[0]
         gx, gy = as_device_array(gx).reshape(n), as_device_array(gy).reshape(n)
-        launch(kc.put_hypot, _grid(n), BLOCK, (gx, gy, X, col), self.stream)
+        launch(_kernel("put_hypot"), _grid(n), BLOCK, (gx, gy, X, col), self.stream)
 
     def finish(self, X):
-        launch(kc.put_tail, _grid(X.shape[0]), BLOCK, (X, self.features), self.stream)
+        launch(_kernel("put_tail"), _grid(X.shape[0]), BLOCK, (X, self.features), self.stream)
         self.device_image = None
         return X
 
@@ -174,7 +199,7 @@ def gather(X, index: np.ndarray, features: int, stream: Any = None) -> np.ndarra
     out = empty((n, features), np.float32, s)
     if n:
         dindex = to_device(index.astype(np.int64), s)
-        launch(kc.gather_rows, _grid(n * features), BLOCK, (X, dindex, out), s)
+        launch(_kernel("gather_rows"), _grid(n * features), BLOCK, (X, dindex, out), s)
     return to_host(out, s)
 
 
@@ -242,7 +267,7 @@ def logits_relative(X, dWrel, stream: Any = None):
     out = empty((n, Cm1 + 1), np.float32, s)
     for c in range(Cm1):
         gemv(X, row(dWrel, c), out=column(out, c), stream=s)
-    launch(kc.zero_column, _grid(n), BLOCK, (out, Cm1), s)
+    launch(_kernel("zero_column"), _grid(n), BLOCK, (out, Cm1), s)
     return out
 
 
@@ -261,7 +286,7 @@ def argmax(dprobs, lut=None, stream: Any = None):
     s = resolve_stream(stream, dprobs)
     n = dprobs.shape[0]
     out = empty((n,), np.uint8, s)
-    launch(kc.argmax_rows, _grid(n), BLOCK, (dprobs, _lut(dprobs.shape[1], lut, s), out), s)
+    launch(_kernel("argmax_rows"), _grid(n), BLOCK, (dprobs, _lut(dprobs.shape[1], lut, s), out), s)
     return out
 
 
@@ -272,6 +297,8 @@ def fused(X, dW, lut=None, stream: Any = None):
     n, width = X.shape
     if C > MAX_FUSED_CLASSES or width > 64:
         raise ValueError("method 'fused' handles up to 16 classes and 63 features")
+    from kernels import classify as kc  # Numba
+
     probs = empty((n, C), np.float32, s)
     index = empty((n,), np.uint8, s)
     blocks = max(1, (n + kc.FUSED_ROWS - 1) // kc.FUSED_ROWS)

@@ -23,6 +23,12 @@ STRIP_TALL = 64  # rows per block for taller boxes
 BATCH = 8  # rows between block barriers
 
 MAGIC_BITS = 26
+# box_running (`kernels.box.running`): the column pass walks RUNNING_STRIP_ROWS rows per
+# thread; the row pass gives each block RUNNING_ROW_TILE pixels of a row and each
+# thread RUNNING_RUN of them.
+RUNNING_STRIP_ROWS = 128
+RUNNING_ROW_TILE = 512
+RUNNING_RUN = 16
 
 
 def magic(area: int) -> tuple[int, int]:

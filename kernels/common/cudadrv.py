@@ -126,6 +126,18 @@ class Driver:
         self.current()
 
     # ------------------------------------------------------------------ basics
+    def attribute(self, code: int) -> int:
+        """cuDeviceGetAttribute of the device (a CUdevice_attribute code)."""
+        value = _c.c_int()
+        self.call("cuDeviceGetAttribute", _c.byref(value), _c.c_int(code), self.device)
+        return value.value
+
+    def name(self) -> str:
+        """The device's name, as cuDeviceGetName gives it (e.g. "NVIDIA H100 80GB HBM3")."""
+        buf = _c.create_string_buffer(256)
+        self.call("cuDeviceGetName", buf, _c.c_int(len(buf)), self.device)
+        return buf.value.decode(errors="replace")
+
     def error_name(self, status: int) -> str:
         text = _c.c_char_p()
         self._lib.cuGetErrorName(status, _c.byref(text))

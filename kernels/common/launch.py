@@ -24,6 +24,7 @@ from .arrays import (
 )
 from .cudadrv import SMEM_DEFAULT, CudaError, driver
 from .devarray import POOL, DeviceArray, _recorder
+from .refs import KernelRef, dispatcher_of
 
 BLOCK_X = 32  # threads along a row: one warp reads 32 consecutive pixels
 BLOCK_Y = 8
@@ -58,12 +59,20 @@ def scratch(shape: tuple, dtype, stream: int = 0):
 WAVES = 32  # OneFlow's GetNumBlocks: enough blocks for this many full waves
 
 
-def device_limits() -> tuple[int, int]:
-    """(SM count, max resident threads per SM) of the current device."""
-    from numba import cuda
+_ATTR_SM_COUNT = 16  # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+_ATTR_THREADS_PER_SM = 39  # CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR
 
-    dev = cuda.get_current_device()
-    return int(dev.MULTIPROCESSOR_COUNT), int(dev.MAX_THREADS_PER_MULTIPROCESSOR)
+
+@functools.cache
+def device_limits() -> tuple[int, int]:
+    """(SM count, max resident threads per SM) of the device."""
+    if SIMULATOR:
+        from numba import cuda
+
+        dev = cuda.get_current_device()
+        return int(dev.MULTIPROCESSOR_COUNT), int(dev.MAX_THREADS_PER_MULTIPROCESSOR)
+    drv = driver()
+    return drv.attribute(_ATTR_SM_COUNT), drv.attribute(_ATTR_THREADS_PER_SM)
 
 
 def wave_blocks(block_size: int, work_blocks: int, waves: int = WAVES) -> int:
@@ -225,39 +234,81 @@ def _format(ty) -> str:
     raise TypeError(f"kernel parameter type {ty} is not supported by kernels.common.launch")
 
 
-def _compile(dispatcher, args) -> _Compiled:
+# Numba's names of the scalar argument types, and their struct codes (Numba's typeof of
+# a Python int is int64, of a float float64).
+_SCALARS = {bool: ("bool", "?"), int: ("int64", "q"), float: ("float64", "d"),
+            np.bool_: ("bool", "?"), np.float16: ("float16", "e"), np.float32: ("float32", "f"),
+            np.float64: ("float64", "d")}  # fmt: skip
+for _t in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64):
+    _bits = np.dtype(_t).itemsize * 8
+    _code = _INT_CODES[_bits]
+    _SCALARS[_t] = (np.dtype(_t).name, _code if np.dtype(_t).kind == "i" else _code.upper())
+
+
+def type_name(a) -> str | None:
+    """Numba's name of the type of kernel argument `a` (a DeviceArray, a scalar, a
+    tuple of them), as `shipped.launch_name` hashes it, without importing Numba; None
+    for anything else."""
+    t = type(a)
+    if t is DeviceArray:
+        return f"array({a.dtype.name}, {len(a.shape)}d, {a._sig[2]})"
+    if t is tuple:
+        names = [type_name(v) for v in a]
+        if not names or None in names:
+            return None
+        if all(n == names[0] for n in names):
+            return f"UniTuple({names[0]} x {len(names)})"
+        return f"Tuple({', '.join(names)})"
+    found = _SCALARS.get(t)
+    return None if found is None else found[0]
+
+
+def type_code(a) -> str:
+    """struct codes of kernel argument `a` as Numba flattens it (see `_format`)."""
+    t = type(a)
+    if t is DeviceArray:
+        return "qqqqq" + "q" * (2 * len(a.shape))
+    if t is tuple:
+        return "".join(type_code(v) for v in a)
+    return _SCALARS[t][1]
+
+
+def _compile(kernel, args) -> _Compiled:
     """The overload `args` select, ready to launch: shipped with the package
-    (`kernels.common.shipped`), else compiled (or loaded from Numba's cache) and loaded on
-    the device; its parameters laid out. Guarded: Numba's loading is not thread-safe."""
+    (`kernels.common.shipped`; a KernelRef's without importing Numba), else compiled (or
+    loaded from Numba's cache) and loaded on the device; its parameters laid out.
+    Guarded: Numba's loading is not thread-safe."""
     with compile_lock:
-        argtypes = tuple(_numba_type(dispatcher, a) for a in args)
-        found = _shipped(dispatcher, argtypes)
+        found = _shipped(kernel, args)
         if found is not None:
             return found
-        kernel = dispatcher.compile(argtypes)
-        if kernel.debug or kernel.cooperative or getattr(dispatcher, "extensions", None):
+        dispatcher = dispatcher_of(kernel)
+        argtypes = tuple(_numba_type(dispatcher, a) for a in args)
+        compiled = dispatcher.compile(argtypes)
+        if compiled.debug or compiled.cooperative or getattr(dispatcher, "extensions", None):
             raise TypeError("debug, cooperative or extended kernels are not launched here")
-        handle = kernel._codelibrary.get_cufunc().handle
+        handle = compiled._codelibrary.get_cufunc().handle
         handle = int(getattr(handle, "value", None) or int(handle))
-        fmt = "@" + "".join(_format(t) for t in kernel.argument_types)
+        fmt = "@" + "".join(_format(t) for t in compiled.argument_types)
         return _Compiled(handle, struct.Struct(fmt))
 
 
-def _shipped(dispatcher, argtypes: tuple) -> _Compiled | None:
+def _shipped(kernel, args: tuple) -> _Compiled | None:
     """The overload loaded from a cubin shipped with the package, or None (none ships
     for it, for this GPU or these sources, or the driver refuses it)."""
-    name = shipped.signature_key(dispatcher, argtypes)
-    if name is None:
+    key = kernel.function_key if type(kernel) is KernelRef else shipped.dispatcher_key(kernel)
+    names = tuple(type_name(a) for a in args)
+    if key is None or None in names:
         return None
     drv = driver()
-    found = shipped.load(name, drv.cc)
+    found = shipped.load(shipped.launch_name(key, names), drv.cc)
     if found is None:
         return None
     try:
         handle = drv.function(*found)
     except CudaError:
         return None
-    fmt = "@" + "".join(_format(t) for t in argtypes)
+    fmt = "@" + "".join(type_code(a) for a in args)
     return _Compiled(handle, struct.Struct(fmt), library_kernel=False)
 
 
@@ -271,8 +322,9 @@ def _dims(d) -> tuple:
 
 
 def launch(kernel, grid, block, args: tuple, stream: int = 0, smem: int = 0) -> None:
-    """Enqueue `kernel` (a Numba CUDA dispatcher) on `stream` with `args` and return
-    without waiting: the one launch path of the package.
+    """Enqueue `kernel` (a Numba CUDA dispatcher, or a `kernels.common.refs.KernelRef`,
+    which imports Numba only where its kernel does not ship) on `stream` with `args`
+    and return without waiting: the one launch path of the package.
 
     args: DeviceArray (`kernels.common.devarray`), Python or NumPy scalars, tuples of them;
     each distinct combination of types compiles once (as Numba's dispatch would) and
@@ -285,7 +337,7 @@ def launch(kernel, grid, block, args: tuple, stream: int = 0, smem: int = 0) -> 
     """
     batching = _batching.active
     if batching is not None:
-        batching.launch(kernel, grid, block, args, stream, smem)
+        batching.launch(dispatcher_of(kernel), grid, block, args, stream, smem)
     else:
         _launch(kernel, grid, block, args, stream, smem)
 
@@ -293,7 +345,7 @@ def launch(kernel, grid, block, args: tuple, stream: int = 0, smem: int = 0) -> 
 def _launch(kernel, grid, block, args: tuple, stream: int, smem: int) -> None:
     if SIMULATOR:
         with compile_lock:  # the simulator swaps module globals while a kernel runs
-            kernel[grid, block, 0, smem](*args)
+            dispatcher_of(kernel)[grid, block, 0, smem](*args)
         return
     if not all([type(a) in _PLAIN for a in args]):
         args = tuple([as_device_array(a) if _is_array(a) else a for a in args])

@@ -28,7 +28,8 @@ DIRECTORY = KERNELS_DIR / "prebuilt"
 # Modules that hold no code a kernel is compiled from (launching, memory, caches,
 # timing): editing them keeps the shipped kernels valid.
 HOST_MODULES = frozenset(
-    "common." + m for m in ("launch", "arrays", "devarray", "cudadrv", "cache", "timing", "shipped")
+    "common." + m
+    for m in ("launch", "arrays", "devarray", "cudadrv", "cache", "timing", "shipped", "refs")
 )
 
 
@@ -180,13 +181,13 @@ def load(name: str, cc: tuple[int, int]) -> tuple[bytes, str] | None:
     return (image, found[1]) if image else None
 
 
-def _stable(value) -> str | None:
+def stable_text(value) -> str | None:
     """A text that names `value` the same in every process, or None when there is none
     (then the kernel that holds it is not shipped)."""
     if value is None or isinstance(value, bool | int | float | str):
         return repr(value)
     if isinstance(value, tuple):
-        parts = [_stable(v) for v in value]
+        parts = [stable_text(v) for v in value]
         return None if None in parts else "(" + ",".join(parts) + ")"
     name = getattr(value, "__name__", None)
     module = getattr(value, "__module__", None)
@@ -205,26 +206,35 @@ def function_key(func) -> str | None:
     parts = [func.__module__, func.__qualname__]
     for cell in func.__closure__ or ():
         try:
-            parts.append(_stable(cell.cell_contents))
+            parts.append(stable_text(cell.cell_contents))
         except ValueError:  # an empty cell
             return None
     return None if None in parts else "|".join(parts)
 
 
-def signature_key(dispatcher, argtypes: tuple) -> str | None:
-    """The launch layer's name for one compiled overload of a `kernels` dispatcher:
-    "launch-" and a hash of its function's key and its argument types; None for a
-    kernel outside the `kernels` package, one the launch layer generates, or one
-    whose closure has no stable name."""
+def dispatcher_key(dispatcher) -> str | None:
+    """`function_key` of a `kernels` dispatcher's function; None for a kernel outside
+    the `kernels` package, one the launch layer generates, or one whose closure has no
+    stable name."""
     func = getattr(dispatcher, "py_func", None)
     module = getattr(func, "__module__", None) or ""
     if not module.startswith("kernels.") or module[len("kernels.") :] in HOST_MODULES:
         return None  # outside the package, or a wrapper the launch layer generates
-    key = function_key(func)
-    if key is None:
-        return None
-    text = key + "|" + ",".join(str(t) for t in argtypes)
+    return function_key(func)
+
+
+def launch_name(key: str, type_names: tuple[str, ...]) -> str:
+    """The launch layer's name for one overload: "launch-" and a hash of the kernel
+    function's key and its argument types as Numba names them ("array(float32, 2d, C)")."""
+    text = key + "|" + ",".join(type_names)
     return "launch-" + hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def signature_key(dispatcher, argtypes: tuple) -> str | None:
+    """The launch layer's name for one compiled overload of a `kernels` dispatcher
+    (Numba argument types), or None (see `dispatcher_key`)."""
+    key = dispatcher_key(dispatcher)
+    return None if key is None else launch_name(key, tuple(str(t) for t in argtypes))
 
 
 def module_of(dispatcher) -> str:

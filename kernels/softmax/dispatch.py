@@ -48,9 +48,10 @@ kernels share (exponentials, pack loader, online normaliser, `Plan`) is in
 
 from __future__ import annotations
 
+import functools
+import os
+
 import numpy as np
-from numba import config as _numba_config
-from numba import from_dtype, types
 
 from ..common.arrays import (
     as_device_array,
@@ -76,9 +77,8 @@ from ..common.launch import (
     wave_blocks,
 )
 from ..common.launch import compile_lock as _COMPILE_LOCK
-from .kernels import block_smem_kernel, block_uncached_kernel, warp_kernel
-from .numerics import Plan
-from .split import plan_split
+from ..common.refs import KernelRef
+from .plan import Plan
 
 METHODS = ("auto", "warp", "block_smem", "block_uncached", "split")
 DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
@@ -90,7 +90,37 @@ WARP_PACK_BYTES = 16  # packs are loaded and stored through kernels.common.packs
 BLOCK_PACK_BYTES = 16
 UNROLLS = (1, 2, 4)
 UNCACHED_BLOCKS_PER_SM = None  # auto: no cap on block_uncached's grid (1 per SM measured no better)
-SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
+SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+_KERNELS = "kernels.softmax.kernels"
+
+
+def _kernels():
+    from . import kernels  # Numba: only where a kernel does not ship
+
+    return kernels
+
+
+@functools.cache
+def warp_kernel(in_dtype, out_dtype, pack, cols_per_thread, width, rows_per_access, padding,
+                log) -> KernelRef:  # fmt: skip
+    """`kernels.softmax.kernels.warp_kernel` by name (its closure's values, as that
+    factory binds them): a classifier's softmax runs from its shipped cubin without
+    importing Numba."""
+    in_dtype, out_dtype = np.dtype(in_dtype), np.dtype(out_dtype)
+    cells = {
+        "NBI": pack * in_dtype.itemsize,
+        "NBO": pack * out_dtype.itemsize,
+        "cols_per_thread": cols_per_thread,
+        "log": log,
+        "num_packs": cols_per_thread // pack,
+        "pack": pack,
+        "padding": padding,
+        "rows_per_access": rows_per_access,
+        "width": width,
+    }
+    args = (in_dtype, out_dtype, pack, cols_per_thread, width, rows_per_access, padding, log)
+    return KernelRef(_KERNELS, "warp_kernel.<locals>.softmax_warp", cells,
+                     lambda: _kernels().warp_kernel(*args))  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- planning
@@ -131,6 +161,8 @@ def warp_geometry(rows: int, cols: int, pack: int) -> tuple[int, int, int]:
 
 
 def _block_signature(in_dtype, out_dtype):
+    from numba import from_dtype, types
+
     arr = types.Array
     return (
         arr(from_dtype(np.dtype(in_dtype)), 2, "C"),
@@ -234,7 +266,7 @@ def plan(
         online = default_online if online is None else bool(online)
         unroll = unroll or default_unroll
         smem = cols * (in_dtype.itemsize if online else 4)
-        kernel = block_smem_kernel(in_dtype, out_dtype, pack, unroll, log, online)
+        kernel = _kernels().block_smem_kernel(in_dtype, out_dtype, pack, unroll, log, online)
         size = block_size
         if SIMULATOR and smem > SMEM_LIMIT:
             size = 0  # the simulator cannot be asked for more (no opt-in attribute)
@@ -264,7 +296,7 @@ def plan(
 
     size = block_size or UNCACHED_BLOCK
     unroll = unroll or uncached_unroll(cols, pack, size)
-    kernel = block_uncached_kernel(in_dtype, out_dtype, pack, unroll, log)
+    kernel = _kernels().block_uncached_kernel(in_dtype, out_dtype, pack, unroll, log)
     grid = wave_blocks(size, rows)
     if blocks_per_sm is None and method == "auto":
         blocks_per_sm = UNCACHED_BLOCKS_PER_SM
@@ -274,6 +306,7 @@ def plan(
 
 
 def _plan_split(rows, cols, in_dtype, out_dtype, pack, log, block_size, unroll, chunks):
+    from .split import plan_split
 
     return plan_split(
         rows,

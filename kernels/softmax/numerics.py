@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import math
 import sys
-from dataclasses import dataclass
 
 from numba import config as _numba_config
 from numba import cuda, float32, types, uint32
@@ -67,24 +66,6 @@ else:
         a multiply, the ex2 and another multiply. log2_sum's rounding
         (|log2_sum| * 2**-24) adds < 1e-6 relative error for sums below 2**20."""
         return _ex2_ftz(cuda.fma(v, LOG2E, -log2_sum))
-
-
-@dataclass(frozen=True)
-class Plan:
-    """How one call runs: the path and its launch geometry."""
-
-    method: str
-    pack: int
-    grid: int
-    block: tuple[int, int]
-    smem: int = 0  # dynamic shared memory bytes per block
-    width: int = 0  # warp path: lanes per row
-    cols_per_thread: int = 0  # warp path
-    rows_per_access: int = 1  # warp path
-    unroll: int = 1  # block paths: packs in flight per thread
-    online: bool = False  # block_smem: input cached in its dtype, online sum
-    chunks: int = 0  # split: blocks (chunks) per row
-    stages: int = 0  # split: buffers a block (kernels.softmax.split)
 
 
 @functools.cache

@@ -73,7 +73,8 @@ from ..common.launch import (
     under_compile_lock,
 )
 from ..common.packs import load_pack1, store_pack2, store_words1, unpack_word
-from .numerics import Plan, exp32, exp_over, online_folder, pack_loader
+from .numerics import exp32, exp_over, online_folder, pack_loader
+from .plan import Plan
 
 SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
 NEG_INF = float32(-math.inf)
