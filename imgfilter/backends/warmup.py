@@ -7,7 +7,9 @@ retains the primary context (`kernels.common.cudadrv.driver`, which releases the
 meanwhile) while the main thread imports. The filters (QUICK_COMMANDS) go through the
 quick start (`imgfilter.backends.cached`) where kernels are cached or shipped, and
 `cached` takes that driver instead of making its own; `classify` and `train`
-(NUMBA_COMMANDS) import Numba's CUDA target, which then finds the context open.
+(CLASSIFIER_COMMANDS) use the GPU with or without cached kernels (from the shipped
+cubins through `cached` and the launch layer, else through Numba's CUDA target, which
+then finds the context open).
 Commands that will not use it (help, the CPU backend, filters without cached
 kernels) start nothing. Only the standard library is imported here.
 """
@@ -19,7 +21,7 @@ import threading
 from pathlib import Path
 
 QUICK_COMMANDS = ("blur", "filter", "contour")
-NUMBA_COMMANDS = ("classify", "train")
+CLASSIFIER_COMMANDS = ("classify", "train")
 # kernels/prebuilt/manifest.json (`kernels.common.shipped`), found without importing `kernels`.
 PREBUILT_MANIFEST = Path(__file__).parents[2] / "kernels" / "prebuilt" / "manifest.json"
 
@@ -59,13 +61,13 @@ def wanted(argv: list[str]) -> bool:
     """Whether this command line will use the GPU: a filter through cached cubins, or
     classify / train."""
     command = _command(argv)
-    if command not in QUICK_COMMANDS + NUMBA_COMMANDS or "--help" in argv or "-h" in argv:
+    if command not in QUICK_COMMANDS + CLASSIFIER_COMMANDS or "--help" in argv or "-h" in argv:
         return False
     if _backend(argv) == "cpu":
         return False
     if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         return False
-    if command in NUMBA_COMMANDS:
+    if command in CLASSIFIER_COMMANDS:
         return True
     if os.environ.get("IMGFILTER_NO_QUICK_START") == "1":
         return False
