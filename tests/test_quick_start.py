@@ -521,3 +521,40 @@ def test_a_device_array_without_an_out_gets_a_pool_array_on_its_stream(monkeypat
         assert cached._run("k", band, band.shape, lambda *a: launched.append(a)) is dst
     assert len(made) == 1
     assert [a[1:] for a in launched] == [(1, 9, band.ptr, 1 << 22), (1, 9, band.ptr, dst.ptr)]
+
+
+def test_scratch_and_weights_live_until_their_launch_is_queued(monkeypatch):
+    """A pool block dropped before its launch is queued could be handed to another
+    thread's allocation on the same stream first (both then use it): `_run` holds the
+    uploaded weights and the scratch until `launch` returns."""
+    import weakref
+
+    from imgfilter.backends import cached
+    from kernels.common.devarray import DeviceArray
+
+    class Driver:
+        cc = (9, 0)
+
+    monkeypatch.setattr(cached, "_driver", lambda: Driver())
+    monkeypatch.setattr(cached, "_function", lambda drv, name: 1)
+    refs = []
+
+    def empty(shape, dtype, stream):
+        arr = DeviceArray(1 << (22 + len(refs)), shape, dtype)
+        refs.append(weakref.ref(arr))
+        return arr  # the caller holds the only reference
+
+    monkeypatch.setattr(cached.devarray, "empty", empty)
+    monkeypatch.setattr(cached.devarray, "to_device",
+                        lambda host, stream: empty(host.shape, host.dtype, stream))  # fmt: skip
+    alive = []
+
+    def launch(drv, fn, stream, *pointers):
+        alive.append([ref() is not None for ref in refs])
+
+    band = DeviceArray(1 << 20, (4, 5, 3), np.uint8)
+    for kwargs in ({"extra": np.ones(9, np.float32)}, {"scratch_bytes": 64}):
+        refs.clear()
+        with cached.device_arrays(), cached._results_into(None, 9):
+            cached._run("k", band, band.shape, launch, **kwargs)
+    assert alive == [[True, True], [True, True]]  # the new output and the extra block

@@ -190,3 +190,34 @@ def test_gpu_bands_through_pinned_buffers_and_two_streams(border):
     ):
         want = call(backend="cuda")
         np.testing.assert_array_equal(call(backend="cuda", max_gpu_bytes=3 << 20), want)
+
+
+@pytest.mark.gpu
+def test_gpu_banded_calls_from_several_threads_at_once():
+    """Threads filtering large host images at once (a many-files pipeline of big frames,
+    a Dask worker with threads) share the band streams: each result is still the one a
+    call alone gives, for forced small budgets and for the default bands (32 MiB up)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    small = [_image((3001, 1237, 3), np.uint8, seed=s) for s in range(4)]
+    large = [_image((4096, 3072, 3), np.uint8, seed=10 + s) for s in range(2)]
+    assert large[0].nbytes >= imgfilter.api.BANDS_MIN_BYTES
+    kernel = np.random.default_rng(5).standard_normal((21, 17)).astype(np.float32) / 20
+
+    def calls(img, budget):
+        return (
+            lambda: imgfilter.blur(img, 21, border="wrap", max_gpu_bytes=budget),
+            lambda: imgfilter.filter2d(img, kernel, border="reflect101", max_gpu_bytes=budget),
+            lambda: imgfilter.contour(img, border="constant", max_gpu_bytes=budget),
+        )
+
+    jobs = [c for img in small for c in calls(img, 3 << 20)]
+    jobs += [c for img in large for c in calls(img, None)]
+    want = [imgfilter.blur(img, 21, border="wrap", max_gpu_bytes=1 << 62) for img in small[:1]]
+    alone = [job() for job in jobs]
+    np.testing.assert_array_equal(alone[0], want[0])  # bands alone == one piece
+    with ThreadPoolExecutor(6) as pool:
+        for _ in range(2):
+            together = list(pool.map(lambda job: job(), jobs))
+            for a, b in zip(alone, together, strict=True):
+                np.testing.assert_array_equal(a, b)

@@ -195,12 +195,16 @@ def _run(name: str, img, out_shape: tuple, launch, extra=None, scratch_bytes: in
             return None
 
         def work(stream, d_img, d_out):
-            pointers = [d_img.ptr, d_out.ptr]
+            # d_extra is held until its launches are queued: dropped sooner, its pool
+            # block could go to another thread's allocation on this stream first.
+            d_extra = None
             if extra is not None:
-                pointers.append(devarray.to_device(extra, stream).ptr)
+                d_extra = devarray.to_device(extra, stream)
             elif scratch_bytes:
-                pointers.append(devarray.empty((scratch_bytes,), np.uint8, stream).ptr)
+                d_extra = devarray.empty((scratch_bytes,), np.uint8, stream)
+            pointers = [d_img.ptr, d_out.ptr] + ([] if d_extra is None else [d_extra.ptr])
             launch(drv, fn, stream, *pointers)
+            del d_extra
 
         return _on_device(img, out_shape, work)
     except CudaError:
