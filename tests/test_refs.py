@@ -120,6 +120,7 @@ def test_unknown_argument_types_have_no_name():
     assert launch.type_name(object()) is None
     assert launch.type_name(()) is None
     assert launch.type_name((1, object())) is None
+    assert launch.type_name(2**63) is None and launch.type_name(2**63 - 1) == "int64"
 
 
 def test_the_host_modules_of_gemv_softmax_box_running_and_the_classifier_do_not_import_numba():

@@ -259,6 +259,8 @@ def type_name(a) -> str | None:
         if all(n == names[0] for n in names):
             return f"UniTuple({names[0]} x {len(names)})"
         return f"Tuple({', '.join(names)})"
+    if t is int and not -(2**63) <= a < 2**63:
+        return None  # Numba types it uint64 (or not at all)
     found = _SCALARS.get(t)
     return None if found is None else found[0]
 

@@ -34,9 +34,11 @@ stream (`stream=`, else the input's, else the legacy default) through
 kernels.common.launch.launch (the driver directly, no Numba dispatch) and returns a device
 array from the stream-ordered pool (kernels.common.devarray), or writes `out=`. Launch
 geometry (grid, block, kernel) is computed once per (method, config, shape, dtype,
-strides, alignment) and kept, so repeated calls do no planning work. The plan cache,
-the kernel cache and the autotune cache (and its file) are guarded by one lock:
-calls from several threads are safe.
+strides, alignment) and kept, so repeated calls do no planning work. The plan cache
+and the autotune cache (and its file) are guarded by one lock: calls from several
+threads are safe. The kernels are in `kernels.linalg.gemv_kernels`; this module names
+them by `kernels.common.refs.KernelRef` and imports no Numba, so shipped ones run
+without it.
 """
 
 from __future__ import annotations

@@ -42,8 +42,11 @@ stream-ordered pool of kernels.common.devarray). The plan of a call shape is com
 and kept (`_PLANS`), its launch recorded on a GPU (`_RECIPES`), and a repeated call on
 a device array without `out` is replayed from `_REPLAYS` without checking again: a
 dict lookup, the output's allocation and the launch. What the softmax and split
-kernels share (exponentials, pack loader, online normaliser, `Plan`) is in
-`kernels.softmax.numerics`.
+kernels share (exponentials, pack loader, online normaliser) is in
+`kernels.softmax.numerics`, a call's `Plan` in `kernels.softmax.plan`. This module
+imports no Numba: the warp kernel is named by `kernels.common.refs.KernelRef` (its
+shipped cubins run without Numba), the block and split kernels are imported when a
+width needs them.
 """
 
 from __future__ import annotations
