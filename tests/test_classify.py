@@ -687,3 +687,25 @@ def cuda_stream():
     from numba import cuda
 
     return cuda.stream()
+
+
+def test_auto_engine_asks_numba_where_no_compiler_is_found(monkeypatch):
+    """The CUDA engine compiles what does not ship: with backend "auto" and no NVVM
+    found on disk, the engine is picked as before the quick start (Numba decides, and
+    a GPU without the compiler falls back to the CPU); "cuda" and a found NVVM take
+    the quick start."""
+    from imgfilter import backends
+
+    asked = []
+
+    def get_backend(name, *, device_input=False, quick=True):
+        asked.append((name, quick))
+        return type("B", (), {"NAME": "cpu"})
+
+    monkeypatch.setattr(backends, "get_backend", get_backend)
+    monkeypatch.setattr(backends, "nvvm_file", lambda: None)
+    classify.engine("auto")
+    classify.engine("cuda")
+    monkeypatch.setattr(backends, "nvvm_file", lambda: "/x/libnvvm.so")
+    classify.engine("auto")
+    assert asked == [("auto", False), ("cuda", True), ("auto", True)]

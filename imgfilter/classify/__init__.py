@@ -83,9 +83,13 @@ def engine(backend: str = "auto", *, device_input: bool = False) -> ModuleType:
         UsageError: An unknown backend name, or a device image with backend "cpu".
         DeviceError: Backend "cuda" without a usable GPU.
     """
-    from ..backends import get_backend
+    from ..backends import get_backend, nvvm_file
 
-    name = get_backend(backend, device_input=device_input).NAME
+    # The CUDA engine runs shipped kernels without Numba and compiles the others, which
+    # needs the CUDA compiler (NVVM): "auto" without it found on disk asks Numba first,
+    # so a GPU without the compiler falls back to the CPU engine, saying so.
+    quick = str(backend).lower() != "auto" or nvvm_file() is not None
+    name = get_backend(backend, device_input=device_input, quick=quick).NAME
     if name == "cuda":
         from . import cuda
 
