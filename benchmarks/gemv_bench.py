@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from imgfilter.bench import Timer, copy_bandwidth_gbs  # noqa: E402
 from kernels.common.arrays import as_device_array  # noqa: E402
+from kernels.common.refs import dispatcher_of  # noqa: E402
 from kernels.linalg import gemv as G  # noqa: E402
 
 SIZES = [(1024, 1024), (4096, 4096), (16384, 16384), (8192, 28672)]
@@ -128,7 +129,7 @@ def run(sizes, dtypes, launches: int, methods: list[str], tune_launches: int = 1
 
             for method in [*methods, "auto"]:
                 how, kernel = G.plan(n, k, dtype, method=method)
-                cfg = kernel[how.grid, how.block]
+                cfg = dispatcher_of(kernel)[how.grid, how.block]  # Numba's own launch
                 cfg(dA, dx, dy)
                 ok = G.within_tolerance(dy.copy_to_host(), ref, scale, dtype)
                 slow = method == "naive" and nbytes > (64 << 20)
