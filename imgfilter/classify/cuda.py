@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 from typing import Any
 
 import numpy as np
@@ -59,8 +58,6 @@ from .features import GRAY_WEIGHTS, contour_source, scale_of
 NAME = "cuda"
 BLOCK = 256
 MAX_FUSED_CLASSES = 16
-# Small images make small grids; Numba warns of them where it launches (the simulator).
-os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")
 
 _WB, _WG, _WR = GRAY_WEIGHTS  # float32 scalars: the gray plane's weights
 
