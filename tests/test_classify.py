@@ -709,3 +709,17 @@ def test_auto_engine_asks_numba_where_no_compiler_is_found(monkeypatch):
     monkeypatch.setattr(backends, "nvvm_file", lambda: "/x/libnvvm.so")
     classify.engine("auto")
     assert asked == [("auto", False), ("cuda", True), ("auto", True)]
+
+
+@pytest.mark.parametrize("channels, k", [(3, 15), (1, 4), (3, 1), (1, 41)])
+def test_cpu_engine_box_feature_is_the_cpu_backends_blur(channels, k):
+    """The CPU engine boxes its float32 planes with cv2.blur (no Numba loop to compile):
+    the CPU backend's exact float32 box, on [0, 1] planes as the features have them."""
+    from imgfilter import api
+
+    rng = np.random.default_rng(channels * 100 + k)
+    planes = rng.random((37, 53, channels), dtype=np.float32)
+    got = cpu.FeatureEngine().blur(planes, k)
+    assert got.shape == planes.shape and got.dtype == np.float32
+    want = api.blur(planes, k, backend="cpu")
+    np.testing.assert_allclose(got, want.reshape(planes.shape), rtol=2e-7, atol=0)

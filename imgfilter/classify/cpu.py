@@ -1,4 +1,5 @@
-"""The pixel classifier's CPU engine: NumPy, and the CPU backend's filters (Numba).
+"""The pixel classifier's CPU engine: NumPy, OpenCV's box filter and the CPU backend's
+filters.
 
 Same arithmetic as the CUDA engine (float32 features, logits and softmax), so both
 give the same probabilities within 1e-4.
@@ -35,7 +36,13 @@ class FeatureEngine:
         return api.filter2d(a, kernel, backend="cpu")
 
     def blur(self, a: np.ndarray, k: int) -> np.ndarray:
-        return api.blur(a, k, backend="cpu")
+        # cv2.blur of the float32 planes (double sums) is the CPU backend's exact float32
+        # box to within float32 rounding, and needs none of its Numba loops, which take
+        # about 15 s to compile on a first use.
+        import cv2
+
+        out = cv2.blur(a, (k, k), borderType=cv2.BORDER_REFLECT_101)
+        return out.reshape(a.shape)
 
     def contour_source(self, img: np.ndarray) -> tuple[np.ndarray, np.float32]:
         return contour_source(img)
