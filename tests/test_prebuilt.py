@@ -238,6 +238,26 @@ def test_one_background_compile_per_kernel_until_its_marker_goes_stale(tmp_path,
     assert not background.start("box_tiled-y", "pass")  # nowhere to leave a cubin
 
 
+def _shipped_and_numba_runs(code: str, tmp_path) -> dict:
+    """Run `code` (which saves its results to the .npz named by argv[1] and prints
+    whether Numba was imported) in two fresh processes on a GPU: with the shipped
+    kernels, and with every kernel compiled by Numba. {run: (its output, its .npz)}."""
+    results = {}
+    for run, extra in (
+        ("shipped", {}),
+        ("numba", {"IMGFILTER_NO_PREBUILT": "1", "IMGFILTER_NO_QUICK_START": "1"}),
+    ):
+        env = {**os.environ, "IMGFILTER_CACHE_DIR": str(tmp_path / run), **extra}
+        env["PYTHONPATH"] = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
+        env["NUMBA_ENABLE_CUDASIM"] = "0"
+        out = tmp_path / f"{run}.npz"
+        done = subprocess.run([sys.executable, "-c", textwrap.dedent(code), str(out)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        results[run] = (done.stdout.strip(), np.load(out))
+    return results
+
+
 @pytest.mark.gpu
 def test_fresh_process_filters_from_shipped_kernels_without_numba(tmp_path):
     code = """
@@ -264,19 +284,7 @@ def test_fresh_process_filters_from_shipped_kernels_without_numba(tmp_path):
         np.savez(sys.argv[1], **outs)
         print("numba" in sys.modules)
         """
-    results = {}
-    for run, extra in (
-        ("shipped", {}),
-        ("numba", {"IMGFILTER_NO_PREBUILT": "1", "IMGFILTER_NO_QUICK_START": "1"}),
-    ):
-        env = {**os.environ, "IMGFILTER_CACHE_DIR": str(tmp_path / run), **extra}
-        env["PYTHONPATH"] = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
-        env["NUMBA_ENABLE_CUDASIM"] = "0"
-        out = tmp_path / f"{run}.npz"
-        done = subprocess.run([sys.executable, "-c", textwrap.dedent(code), str(out)],
-                              capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        results[run] = (done.stdout.strip(), np.load(out))
+    results = _shipped_and_numba_runs(code, tmp_path)
     assert results["shipped"][0] == "False"  # every call ran from the shipped kernels
     a, b = results["shipped"][1], results["numba"][1]
     assert sorted(a.files) == sorted(b.files)
@@ -302,19 +310,7 @@ def test_fresh_process_classifies_from_shipped_kernels_without_numba(tmp_path):
         np.savez(sys.argv[1], labels=out.labels, proba=out.proba, feats=feats)
         print("numba" in sys.modules)
         """
-    results = {}
-    for run, extra in (
-        ("shipped", {}),
-        ("numba", {"IMGFILTER_NO_PREBUILT": "1", "IMGFILTER_NO_QUICK_START": "1"}),
-    ):
-        env = {**os.environ, "IMGFILTER_CACHE_DIR": str(tmp_path / run), **extra}
-        env["PYTHONPATH"] = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
-        env["NUMBA_ENABLE_CUDASIM"] = "0"
-        out = tmp_path / f"{run}.npz"
-        done = subprocess.run([sys.executable, "-c", textwrap.dedent(code), str(out)], cwd=ROOT,
-                              capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        results[run] = (done.stdout.strip(), np.load(out))
+    results = _shipped_and_numba_runs(code, tmp_path)
     assert results["shipped"][0] == "False", "the classifier imported Numba"
     assert results["numba"][0] == "True"
     a, b = results["shipped"][1], results["numba"][1]

@@ -492,17 +492,26 @@ def test_device_bands_run_quick_only_inside_bands(monkeypatch):
     assert len(seen) == 1 and len(fallback.calls) == 4
 
 
-def test_a_device_array_without_an_out_gets_a_pool_array_on_its_stream(monkeypatch):
-    """`_run` on a device array writes into the caller's device out, or (none given)
-    into a new pool array of the result's shape allocated on the caller's stream."""
+@pytest.fixture
+def any_cubin_loads(monkeypatch):
+    """`imgfilter.backends.cached` with a stand-in driver on which every cubin loads (as
+    function handle 1): `_run` without a GPU."""
     from imgfilter.backends import cached
-    from kernels.common.devarray import DeviceArray
 
     class Driver:
         cc = (9, 0)
 
     monkeypatch.setattr(cached, "_driver", lambda: Driver())
     monkeypatch.setattr(cached, "_function", lambda drv, name: 1)
+    return cached
+
+
+def test_a_device_array_without_out_gets_a_pool_array(monkeypatch, any_cubin_loads):
+    """`_run` on a device array writes into the caller's device out, or (none given)
+    into a new pool array of the result's shape allocated on the caller's stream."""
+    from kernels.common.devarray import DeviceArray
+
+    cached = any_cubin_loads
     made = []
 
     def empty(shape, dtype, stream):
@@ -523,20 +532,15 @@ def test_a_device_array_without_an_out_gets_a_pool_array_on_its_stream(monkeypat
     assert [a[1:] for a in launched] == [(1, 9, band.ptr, 1 << 22), (1, 9, band.ptr, dst.ptr)]
 
 
-def test_scratch_and_weights_live_until_their_launch_is_queued(monkeypatch):
+def test_scratch_and_weights_live_until_their_launch_is_queued(monkeypatch, any_cubin_loads):
     """A pool block dropped before its launch is queued could be handed to another
     thread's allocation on the same stream first (both then use it): `_run` holds the
     uploaded weights and the scratch until `launch` returns."""
     import weakref
 
-    from imgfilter.backends import cached
     from kernels.common.devarray import DeviceArray
 
-    class Driver:
-        cc = (9, 0)
-
-    monkeypatch.setattr(cached, "_driver", lambda: Driver())
-    monkeypatch.setattr(cached, "_function", lambda drv, name: 1)
+    cached = any_cubin_loads
     refs = []
 
     def empty(shape, dtype, stream):
