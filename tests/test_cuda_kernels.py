@@ -85,6 +85,19 @@ def test_kernel_larger_than_image_single_row_and_column(method):
             np.testing.assert_array_equal(got[:, :, 0], want)
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32])
+@pytest.mark.parametrize("ksize", [(3, 5), (6, 4)])
+def test_every_method_gives_the_same_bits(dtype, ksize):
+    """A random float kernel: rounding to uint8 turns any difference in the order of
+    the sum into a 1-LSB difference somewhere, and method auto swaps tiled for blocked
+    once the blocked kernel is compiled: every method must give identical results."""
+    img = _image((13, 45, 2), dtype, seed=12)
+    kernel = np.random.default_rng(13).standard_normal(ksize).astype(np.float32) / 3
+    first = _correlate(img, kernel, "reflect", METHODS[0])
+    for method in METHODS[1:]:
+        np.testing.assert_array_equal(_correlate(img, kernel, "reflect", method), first, method)
+
+
 def test_blocked_interior_tiles_match_border_tiles():
     # 300 rows: the blocked kernel's 128-row tiles include one wholly inside the
     # image, which takes the path without border mapping.
@@ -150,6 +163,18 @@ def test_full_size_filter(method, ksize):
     got = _correlate(img, kernel, "reflect101", method)
     want = ref.filter2d(img, kernel)
     assert np.abs(got.astype(int) - want).max() <= 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32])
+@pytest.mark.parametrize("ksize", [(3, 3), (21, 17), (4, 7), (31, 31)])
+def test_full_size_methods_give_the_same_bits(dtype, ksize):
+    img = _image((2167, 2495, 3), dtype, seed=14)
+    kernel = (np.random.default_rng(15).standard_normal(ksize) / ksize[0]).astype(np.float32)
+    methods = [m for m in METHODS if m != "tiled" or kconv_plan.tiled_fits(*ksize)]
+    first = _correlate(img, kernel, "reflect101", methods[0])
+    for method in methods[1:]:
+        np.testing.assert_array_equal(_correlate(img, kernel, "reflect101", method), first, method)
 
 
 @pytest.mark.gpu

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import imgfilter
-from imgfilter import streamed
+from imgfilter import api, streamed
 
 BORDERS = ("constant", "replicate", "reflect", "reflect101", "wrap")
 
@@ -201,7 +201,7 @@ def test_gpu_banded_calls_from_several_threads_at_once():
 
     small = [_image((3001, 1237, 3), np.uint8, seed=s) for s in range(4)]
     large = [_image((4096, 3072, 3), np.uint8, seed=10 + s) for s in range(2)]
-    assert large[0].nbytes >= imgfilter.api.BANDS_MIN_BYTES
+    assert large[0].nbytes >= api.BANDS_MIN_BYTES
     kernel = np.random.default_rng(5).standard_normal((21, 17)).astype(np.float32) / 20
 
     def calls(img, budget):

@@ -3,8 +3,10 @@
 Same contract as `kernels.conv.dispatch.correlate`, which launches them: (H, W, C)
 device images, (kh, kw) float32 weights (not flipped), borders by
 `kernels.common.border_index` code, float32 accumulation, integer outputs rounded
-half to even and saturated as cv2.filter2D does. Variants, all computing the same
-thing:
+half to even and saturated as cv2.filter2D does. Every variant sums the taps in one
+order, column by column (each column top to bottom), each tap a fused multiply-add:
+the order of the register-blocked kernel (`kernels.conv.blocked`), so that every
+method gives the same bits (method auto runs tiled while blocked compiles). Variants:
 - naive: one thread per output pixel, reads global memory, maps borders per tap.
 - padded: a pad kernel builds the bordered image first; the correlation then has
   no bounds logic in its inner loop.
@@ -30,15 +32,15 @@ def correlate_naive(img, weights, ay, ax, mode, cval, lo, hi, is_int, out):
     kh, kw = weights.shape
     outside = np.float32(cval)
     acc = np.float32(0.0)
-    for i in range(kh):
-        yy = border_index(y + i - ay, height, mode)
-        for j in range(kw):
-            xx = border_index(x + j - ax, width, mode)
+    for j in range(kw):
+        xx = border_index(x + j - ax, width, mode)
+        for i in range(kh):
+            yy = border_index(y + i - ay, height, mode)
             if yy < 0 or xx < 0:
                 v = outside
             else:
                 v = np.float32(img[yy, xx, c])
-            acc += weights[i, j] * v
+            acc = cuda.fma(weights[i, j], v, acc)
     if is_int:
         out[y, x, c] = saturate_int(acc, lo, hi)
     else:
@@ -69,9 +71,9 @@ def correlate_valid(padded, weights, lo, hi, is_int, out):
         return
     kh, kw = weights.shape
     acc = np.float32(0.0)
-    for i in range(kh):
-        for j in range(kw):
-            acc += weights[i, j] * np.float32(padded[y + i, x + j, c])
+    for j in range(kw):
+        for i in range(kh):
+            acc = cuda.fma(weights[i, j], np.float32(padded[y + i, x + j, c]), acc)
     if is_int:
         out[y, x, c] = saturate_int(acc, lo, hi)
     else:
@@ -116,11 +118,10 @@ def correlate_tiled(img, weights, ay, ax, mode, cval, lo, hi, is_int, out):
         return
     ty, tx = cuda.threadIdx.y, cuda.threadIdx.x
     acc = np.float32(0.0)
-    for i in range(kh):
-        row = (ty + i) * tile_w + tx
-        wrow = wbase + i * kw
-        for j in range(kw):
-            acc += smem[wrow + j] * smem[row + j]
+    for j in range(kw):
+        col = ty * tile_w + tx + j
+        for i in range(kh):
+            acc = cuda.fma(smem[wbase + i * kw + j], smem[col + i * tile_w], acc)
     if is_int:
         out[y, x, c] = saturate_int(acc, lo, hi)
     else:

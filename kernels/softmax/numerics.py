@@ -1,6 +1,6 @@
 """What the softmax kernels share (`kernels.softmax.kernels`' and `kernels.softmax.split`'s):
-the fast float32 exponentials, the block kernels' pack loader and online normaliser,
-and `Plan`, how one call runs. Numba device functions, built per specialisation."""
+the fast float32 exponentials, the block kernels' pack loader and online normaliser.
+Numba device functions, built per specialisation (how one call runs: `kernels.softmax.plan`)."""
 
 from __future__ import annotations
 
