@@ -14,8 +14,9 @@ Options are the array API's (anchor, border, border_value, backend, method; see
 chunk gets its own result, on the stream of its own array.
 
 How: the image is filtered in full-width row bands, each band by one imgfilter call
-on the band plus `depth` rows of its neighbours (`dask.array.map_overlap`,
-boundary "none"), depth = max(rows above, rows below the anchor). Column chunks are
+on the band plus `depth` rows of its neighbours (as `dask.array.map_overlap` with
+boundary "none" would, but joined in the band's own task: `_map_bands`),
+depth = max(rows above, rows below the anchor). Column chunks are
 merged for the filter (the result is split back into the input's chunks): a column's
 arithmetic on the CPU backend depends on the row length (OpenCV's SIMD body rounds
 with fused multiply-adds, its scalar tail without), while a row's does not, so bands
@@ -293,19 +294,58 @@ def _in_bands(x: da.Array, band, reach: tuple[int, int], code: int, keep_channel
 
 
 def _map_bands(y: da.Array, band, depth: int, keep_channels: bool) -> da.Array:
-    """map_overlap of band() over the row chunks of y, `depth` rows shared with each
-    neighbour, none added (nor trimmed) at the image's top and bottom."""
+    """band() on each row chunk of y together with `depth` rows of each neighbour (none
+    past the image's top and bottom), the neighbours' rows cut from its result.
+
+    dask's map_overlap would join each band with its neighbours' rows in a task of its
+    own, one thread copying the whole band (of a 200 MB band, 70 ms: twice the band's
+    GPU filter with its copies); here the band's own task joins them
+    (`_filter_joined`), a large host band in several threads."""
     drop = y.ndim == 3 and not keep_channels
-    meta = y._meta.reshape((0, 0)) if drop else y._meta
-    return da.map_overlap(
-        band,
-        y,
-        depth={axis: (depth if axis == 0 else 0) for axis in range(y.ndim)},
-        boundary="none",
+    index = "ijk"[: y.ndim]
+    arrays: list = [y, index]
+    if depth:
+        edges = np.cumsum((0, *y.chunks[0])).tolist()
+        above = _one_chunk_each([y[max(0, e - depth) : e] for e in edges[:-1]])
+        below = _one_chunk_each([y[e : e + depth] for e in edges[1:]])
+        arrays += [above, index, below, index]
+    # Blocks matched by their index (align_arrays=False): a band's neighbours' rows
+    # are chunks of other sizes than the band's.
+    return da.blockwise(
+        functools.partial(_filter_joined, band),
+        index[:2] if drop else index,
+        *arrays,
+        align_arrays=False,
+        adjust_chunks={"i": y.chunks[0]},
+        concatenate=True,
         dtype=y.dtype,
-        meta=meta,
-        **({"drop_axis": 2} if drop else {}),
+        meta=y._meta.reshape((0, 0)) if drop else y._meta,
     )
+
+
+def _one_chunk_each(pieces: list) -> da.Array:
+    """The pieces stacked along rows, one row chunk per piece (0 rows allowed)."""
+    rows = tuple(p.shape[0] for p in pieces)
+    return da.concatenate(pieces, axis=0).rechunk({0: rows})
+
+
+def _filter_joined(band, own: Any, above: Any = None, below: Any = None) -> Any:
+    """band() of the rows above, `own` and the rows below joined, the result's rows of
+    `own` only. Host bands of `BANDS_MIN_BYTES` or more are joined by
+    `imgfilter.streamed.join_rows` (several threads, huge pages)."""
+    if above is None:
+        return band(own)
+    parts = [part for part in (above, own, below) if part.shape[0]]
+    if len(parts) == 1:
+        joined = own
+    elif isinstance(own, np.ndarray) and own.nbytes >= api.BANDS_MIN_BYTES:
+        from .streamed import join_rows
+
+        joined = join_rows(parts)
+    else:
+        joined = _namespace(own).concatenate(parts, axis=0)
+    result = band(joined)
+    return result[above.shape[0] : above.shape[0] + own.shape[0]]
 
 
 def _at_least(chunks, depth: int) -> tuple[int, ...]:

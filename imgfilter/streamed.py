@@ -38,7 +38,7 @@ from . import pinned
 
 SLOTS = 3
 BAND_BYTES = 64 << 20  # input bytes a band holds at most (its halo aside)
-HUGE_PAGE_BYTES = 256 << 20  # results this large get huge pages (`host_empty`)
+HUGE_PAGE_BYTES = 32 << 20  # results this large get huge pages (`host_empty`)
 COPY_THREADS = min(16, os.cpu_count() or 1)  # host copies: memory bandwidth, not cores
 # Device bytes a band takes besides its input and output rows, per input byte: the
 # box kernels' 16-bit row sums and similar scratch, with room to spare.
@@ -96,6 +96,21 @@ def host_empty(shape: tuple, dtype) -> np.ndarray:
     except (OSError, ValueError):
         return np.empty(shape, dt)
     return np.frombuffer(region, dt).reshape(shape)
+
+
+def join_rows(parts: list[np.ndarray]) -> np.ndarray:
+    """np.concatenate(parts, axis=0) of C-contiguous host arrays, into `host_empty`
+    memory, the copies split over COPY_THREADS threads (one thread copies a 200 MB
+    band in about 70 ms on an H100 host, mostly faulting in the fresh pages)."""
+    rows = sum(p.shape[0] for p in parts)
+    out = host_empty((rows, *parts[0].shape[1:]), np.result_type(*parts))
+    with ThreadPoolExecutor(COPY_THREADS) as pool:
+        jobs, y = [], 0
+        for part in parts:
+            jobs += _copy_rows(out[y : y + part.shape[0]], part, pool)
+            y += part.shape[0]
+        _wait(jobs)
+    return out
 
 
 def _copy_rows(dst: np.ndarray, src: np.ndarray, pool: ThreadPoolExecutor) -> list:

@@ -105,6 +105,28 @@ def test_irregular_chunks_and_tiny_images(border):
         same(f"tiny blur {chunks}", ifd.blur, imgfilter.blur, tiny, chunks, k=(3, 17), **opts)
 
 
+@pytest.mark.parametrize("border", ("reflect101", "wrap", "constant"))
+def test_large_host_bands_are_joined_with_their_neighbours_in_threads(monkeypatch, border):
+    """Host bands past api.BANDS_MIN_BYTES are joined with their neighbours' rows by
+    streamed.join_rows (here every band, the threshold lowered), results unchanged;
+    a band without neighbours (one chunk) is filtered as it is."""
+    from imgfilter import streamed
+
+    joined = []
+    real = streamed.join_rows
+    monkeypatch.setattr(streamed, "join_rows", lambda parts: joined.append(parts) or real(parts))
+    monkeypatch.setattr(imgfilter.api, "BANDS_MIN_BYTES", 1)
+    img = image((41, 29, 3), np.uint8, seed=12)
+    opts = dict(border=border, border_value=5, backend="cpu")
+    same("filter2d", ifd.filter2d, imgfilter.filter2d, img, (9, 29, 3), kernel=kernel(7, 5, 13),
+         anchor=(1, 5), **opts)  # fmt: skip
+    assert len(joined) == 5  # one per band; the first and last have one neighbour
+    assert sorted(len(parts) for parts in joined) == [2, 2, 3, 3, 3]
+    joined.clear()
+    same("one band", ifd.blur, imgfilter.blur, img, (41, 29, 3), k=5, **opts)
+    assert joined == []
+
+
 def test_errors_are_the_apis_and_raised_at_build_time():
     """Each bad option raises the API's UsageError (same message) before any compute:
     the source array below fails if anything computes it."""

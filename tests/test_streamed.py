@@ -221,3 +221,12 @@ def test_gpu_banded_calls_from_several_threads_at_once():
             together = list(pool.map(lambda job: job(), jobs))
             for a, b in zip(alone, together, strict=True):
                 np.testing.assert_array_equal(a, b)
+
+
+def test_join_rows_equals_concatenate():
+    """Parts large enough to be copied in several threads (4 MiB pieces), and small."""
+    rng = np.random.default_rng(21)
+    parts = [rng.integers(0, 255, (n, 1024, 3), dtype=np.uint8) for n in (3, 3000, 1, 2500)]
+    got = streamed.join_rows(parts)
+    np.testing.assert_array_equal(got, np.concatenate(parts))
+    assert got.flags.c_contiguous and got.dtype == np.uint8
