@@ -104,8 +104,17 @@ def _same(band, rep: int):
     return band
 
 
-def time_dask(op, x, wait, reps: int) -> list[float]:
-    """Seconds of op(x).persist() until every band is done: warm-up, then reps."""
+def _sync_gpu() -> None:
+    """Wait for everything queued on this worker's GPU."""
+    import cupy
+
+    cupy.cuda.runtime.deviceSynchronize()
+
+
+def time_dask(op, x, wait, reps: int, client=None) -> list[float]:
+    """Seconds of op(x).persist() until every band is done: warm-up, then reps.
+    With `client`, until every worker's GPU is also done: a task on CuPy bands ends
+    once its filter is queued on the GPU, not when it has run."""
     import imgfilter.dask as ifd
 
     times = []
@@ -116,6 +125,8 @@ def time_dask(op, x, wait, reps: int) -> list[float]:
         t0 = time.perf_counter()
         y = op(fresh, ifd).persist()
         wait(y)
+        if client is not None:
+            client.run(_sync_gpu)
         if i:
             times.append(time.perf_counter() - t0)
         del y
@@ -152,7 +163,8 @@ def run_cluster(n: int, gpus: list[str], args, cupy, cluster_cls, client_cls, wa
             placed = client.who_has(x)
             workers = {w for holders in placed.values() for w in holders}
             for name, op in operations().items():
-                medians[name] = statistics.median(time_dask(op, x, wait, args.reps))
+                sync = None if args.host else client
+                medians[name] = statistics.median(time_dask(op, x, wait, args.reps, sync))
             medians["workers holding bands"] = len(workers)
             del x
     return medians
