@@ -41,7 +41,7 @@ from .errors import UsageError
 # their extension: the reader goes by content).
 IMAGE_EXTENSIONS = frozenset(
     (".png", ".jpg", ".jpeg", ".jpe", ".tif", ".tiff", ".bmp", ".dib", ".webp", ".gif")
-    + (".pbm", ".pgm", ".ppm", ".pnm")
+    + (".pbm", ".pgm", ".ppm", ".pnm", ".npy")
 )
 
 TEMPLATE_FIELDS = ("stem", "ext", "name", "op")

@@ -31,6 +31,8 @@ exactly (JPEG: within its lossy coding) on OpenCV 4.8 and 5.0:
     .bmp             uint8                     1, 3, 4     (4: see below)
     .webp            uint8                     1, 3, 4     (lossless unless `quality`; 1 ch. reads
                                                             back as 3 equal channels)
+    .npy             uint8, uint16, float32    1, 3, 4     (NumPy's format, the array as it is;
+                                                            read memory-mapped)
 
 Two rows depend on the OpenCV version. BMP with alpha needs IMWRITE_BMP_COMPRESSION
 (OpenCV 5.0 has it; 4.8 writes 32-bit BI_RGB, whose fourth byte readers drop), so 4
@@ -61,6 +63,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import re
 import secrets
@@ -71,10 +74,10 @@ import tempfile
 import threading
 import warnings
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -416,11 +419,16 @@ def _apply_orientation(img: np.ndarray, orientation: int | None) -> np.ndarray:
     return upright.get(orientation, img)
 
 
-def _read_bytes(p: Path) -> bytes:
-    """The whole file, or InputError for a missing, unreadable, directory or empty path."""
+def _read_bytes(p: Path, npy: bool = False) -> bytes | None:
+    """The whole file, or InputError for a missing, unreadable, directory or empty path.
+    With `npy`: None for a .npy file that can be memory-mapped (a regular file), which
+    is then left unread, from its first bytes (one open: a pipe is read once)."""
     try:
         with open(p, "rb") as f:
-            data = f.read()
+            data = f.read(len(NPY_MAGIC))
+            if npy and data == NPY_MAGIC and f.seekable():
+                return None
+            data += f.read()
     except FileNotFoundError as e:
         raise InputError(f"cannot read {p}: no such file") from e
     except IsADirectoryError as e:
@@ -550,6 +558,27 @@ def _normalize(img: np.ndarray, p: Path) -> np.ndarray:
     raise InputError(f"cannot read {p}: unsupported pixel type {dt}")
 
 
+NPY_MAGIC = b"\x93NUMPY"  # the first bytes of every .npy file
+
+
+def _read_npy(p: Path, data: bytes | None) -> np.ndarray:
+    """A .npy image: the file `p` memory-mapped read-only (where it can be used as
+    stored), or its contents `data` already read (a pipe)."""
+    import io as _stdio
+
+    try:
+        if data is None:
+            arr = np.load(p, mmap_mode="r", allow_pickle=False)
+        else:
+            arr = np.load(_stdio.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InputError(f"cannot read {p}: not a valid .npy file ({detail})") from e
+    if arr.size == 0:
+        raise InputError(f"cannot read {p}: the array is empty (shape {arr.shape})")
+    return np.ascontiguousarray(_normalize(arr, p))
+
+
 def read_image(path: str | os.PathLike[str]) -> np.ndarray:
     """Read an image file as OpenCV would.
 
@@ -559,7 +588,10 @@ def read_image(path: str | os.PathLike[str]) -> np.ndarray:
     applied exactly as ``cv2.imread(path)`` applies it, while alpha and 16-bit depth are
     kept as with ``IMREAD_UNCHANGED``. Files OpenCV cannot decode are read with Pillow.
     A file with several frames (an animated GIF, PNG or WebP, a multi-page TIFF) gives
-    its first frame and a `MultiFrameWarning` that says how many there are.
+    its first frame and a `MultiFrameWarning` that says how many there are. A NumPy
+    ``.npy`` file (known by its contents) is memory-mapped read-only, not read into
+    memory, when it holds a C-ordered native uint8, uint16 or float32 array of (H, W)
+    or (H, W, 1|3|4); other layouts and dtypes are converted (in memory) as above.
 
     Args:
         path: The image file.
@@ -581,7 +613,9 @@ def read_image(path: str | os.PathLike[str]) -> np.ndarray:
         dtype('uint16')
     """
     p = Path(path)
-    data = _read_bytes(p)
+    data = _read_bytes(p, npy=True)
+    if data is None or data.startswith(NPY_MAGIC):
+        return _read_npy(p, data)
     kind = _sniff(data)
     scan = _SCANNERS[kind](data) if kind in _SCANNERS else _Scan()
     if scan.problem:
@@ -663,6 +697,7 @@ _PNG = _Format("PNG", ("uint8", "uint16"), (1, 3, 4), "8- and 16-bit integer ima
 _TIFF = _Format("TIFF", ("uint8", "uint16", "float32"), (1, 3, 4), "")
 _BMP = _Format("BMP", ("uint8",), (1, 3, 4), "8-bit images")
 _WEBP = _Format("WebP", ("uint8",), (1, 3, 4), "8-bit images")
+_NPY = _Format("NumPy", ("uint8", "uint16", "float32"), (1, 3, 4), "")
 
 _FORMATS: dict[str, _Format] = {
     ".jpg": _JPEG,
@@ -672,6 +707,7 @@ _FORMATS: dict[str, _Format] = {
     ".tiff": _TIFF,
     ".bmp": _BMP,
     ".webp": _WEBP,
+    ".npy": _NPY,
 }
 SUPPORTED_WRITE_EXTENSIONS: tuple[str, ...] = tuple(_FORMATS)
 """Extensions write_image accepts (compared case-insensitively)."""
@@ -865,7 +901,9 @@ def read_metadata(path: str | os.PathLike[str]) -> ImageMetadata:
     metadata cannot be parsed gives an empty ImageMetadata.
     """
     p = Path(path)
-    data = _read_bytes(p)
+    data = _read_bytes(p, npy=True)
+    if data is None or data.startswith(NPY_MAGIC):
+        return ImageMetadata(exif=None, icc=None)
     kind = _sniff(data)
     exif = None
     if kind in _SCANNERS:
@@ -1023,9 +1061,12 @@ def _check_quality(p: Path, fmt: _Format, quality: Any) -> int | None:
     return int(quality)
 
 
-def _encode(p: Path, fmt: _Format, img: np.ndarray, quality: int | None = None) -> bytes:
+def _encode(p: Path, fmt: _Format, img: np.ndarray, quality: int | None = None) -> Any:
     """The encoded file contents, or OutputError. `quality` (checked): JPEG quality, or
-    lossy WebP at that quality."""
+    lossy WebP at that quality. A .npy file is not encoded in memory: its contents are
+    a function that writes the array into the open file (`atomic_write`)."""
+    if fmt is _NPY:
+        return functools.partial(np.lib.format.write_array, array=img, allow_pickle=False)
     cv2 = _import_cv2()
     params: list[int] = []
     channels = 1 if img.ndim == 2 else img.shape[2]
@@ -1164,10 +1205,15 @@ class DirectorySync:
 
 
 def atomic_write(
-    p: Path, data: bytes, *, overwrite: bool, directories: DirectorySync | None = None
+    p: Path,
+    data: bytes | Callable[[BinaryIO], Any],
+    *,
+    overwrite: bool,
+    directories: DirectorySync | None = None,
 ) -> None:
-    """Write `data` to `p` through a temp file in the same directory and a rename; the
-    directory is fsynced now, or left to `directories.flush()` when given."""
+    """Write `data` (bytes, or a function that writes into the open file) to `p`
+    through a temp file in the same directory and a rename; the directory is fsynced
+    now, or left to `directories.flush()` when given."""
     target = _real_target(p)
     mode = None
     with contextlib.suppress(OSError):
@@ -1178,7 +1224,10 @@ def atomic_write(
         raise OutputError(f"cannot write {p}: {e.strerror or e}") from e
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            if callable(data):
+                data(f)
+            else:
+                f.write(data)
             f.flush()
             os.fsync(f.fileno())
         if mode is not None:

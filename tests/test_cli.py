@@ -21,6 +21,7 @@ import pytest
 from conftest import real_gpu_present
 from typer.testing import CliRunner
 
+import imgfilter
 from imgfilter import cli
 from imgfilter.backends import opencv
 
@@ -923,3 +924,37 @@ def test_bench_takes_quiet():
     result = run("bench", "--help")
     assert_ok(result)
     assert "--quiet" in result.output
+
+
+# ------------------------------------------------------------------ NumPy .npy images
+
+
+def test_npy_in_npy_out_equals_the_api(tmp_path):
+    """A float32 .npy (memory-mapped by the reader) gives INPUT_STEM.OP.npy beside it:
+    the array API's result, bit for bit, for each command; a uint16 one contours."""
+    img = (np.random.default_rng(3).standard_normal((41, 57, 3)) * 100).astype(np.float32)
+    np.save(tmp_path / "a.npy", img)
+    k = np.random.default_rng(4).standard_normal((5, 3)).astype(np.float32)
+    np.save(tmp_path / "k.npy", k)
+    assert_ok(run("blur", tmp_path / "a.npy", "--k", "7", "--border", "wrap", "--backend", "cpu"))
+    want = imgfilter.blur(img, 7, border="wrap", backend="cpu")
+    np.testing.assert_array_equal(np.load(tmp_path / "a.blur.npy"), want)
+    assert_ok(run("filter", tmp_path / "a.npy", "--kernel", tmp_path / "k.npy", "--backend", "cpu"))
+    want = imgfilter.filter2d(img, k, backend="cpu")
+    np.testing.assert_array_equal(np.load(tmp_path / "a.filter.npy"), want)
+    gray = random_image((30, 40), np.uint16, seed=5)
+    np.save(tmp_path / "g.npy", gray)
+    assert_ok(run("contour", tmp_path / "g.npy", "--backend", "cpu"))
+    want = imgfilter.contour(gray, backend="cpu")
+    np.testing.assert_array_equal(np.load(tmp_path / "g.contour.npy"), want)
+
+
+def test_npy_in_a_directory_is_picked_up_and_bad_ones_are_one_line(tmp_path):
+    src = tmp_path / "in"
+    src.mkdir()
+    np.save(src / "a.npy", random_image((20, 30, 3), seed=6))
+    assert_ok(run("blur", src, "--k", "3", "--out-dir", tmp_path / "out", "--backend", "cpu"))
+    assert (tmp_path / "out" / "a.blur.npy").exists()
+    np.save(tmp_path / "bad.npy", np.zeros((4, 5, 6), np.uint8))
+    assert_one_line_error(run("blur", tmp_path / "bad.npy", "--k", "3", "--backend", "cpu"), 3,
+                          "bad.npy", "unsupported image layout")  # fmt: skip

@@ -32,6 +32,7 @@ HOLDS = {
     ".tiff": ({"uint8", "uint16", "float32"}, {1, 3, 4}),
     ".bmp": ({"uint8"}, {1, 3, 4} if BMP_ALPHA else {1, 3}),
     ".webp": ({"uint8"}, {1, 3, 4}),
+    ".npy": ({"uint8", "uint16", "float32"}, {1, 3, 4}),
 }
 DTYPES = ["uint8", "uint16", "float32"]
 COMBOS = [(ext, dt, ch) for ext in HOLDS for dt in DTYPES for ch in (1, 3, 4)]
@@ -91,8 +92,9 @@ def test_round_trip(tmp_path, combo):
     assert iio.write_image(out, img) == out
     back = iio.read_image(out)
     assert back.dtype == img.dtype and back.flags.c_contiguous
-    # What OpenCV itself reads from the file is what we read.
-    np.testing.assert_array_equal(back, cv2.imread(str(out), cv2.IMREAD_UNCHANGED))
+    # What OpenCV (NumPy, for .npy) itself reads from the file is what we read.
+    theirs = np.load(out) if ext == ".npy" else cv2.imread(str(out), cv2.IMREAD_UNCHANGED)
+    np.testing.assert_array_equal(back, theirs)
     if lossy:
         assert back.shape == img.shape
         diff = np.abs(back.astype(int) - img.astype(int))
@@ -961,3 +963,91 @@ def test_abandon_io_gives_back_stderr_while_a_decoder_holds_it(monkeypatch, capf
         os.write(2, b"seen by the user\n")
     assert "seen by the user" in capfd.readouterr().err
     assert (os.fstat(2).st_dev, os.fstat(2).st_ino) == (before.st_dev, before.st_ino)
+
+
+# ---------------------------------------------------------------------------------------
+# NumPy .npy images
+
+
+def test_npy_is_memory_mapped_not_read(tmp_path):
+    img = sample_image("float32", 3)
+    np.save(tmp_path / "a.npy", img)
+    back = iio.read_image(tmp_path / "a.npy")
+    assert isinstance(back.base, np.memmap) and not back.flags.writeable
+    assert back.dtype == np.float32 and back.flags.c_contiguous
+    np.testing.assert_array_equal(back, img)
+
+
+@pytest.mark.parametrize(
+    "stored, want",
+    [
+        (np.asfortranarray(sample_image("uint16", 3)), None),  # Fortran order
+        (sample_image("float32", 4).astype(">f4"), None),  # big-endian
+        (sample_image("uint8", 1)[:, :, None], None),  # (H, W, 1) -> (H, W)
+        (np.arange(12, dtype=np.int64).reshape(3, 4) * 1000, np.uint16),  # fits uint16
+        (np.eye(3, dtype=bool), np.uint8),  # 0 / 255
+    ],
+    ids=["fortran", "big-endian", "one-channel", "int64", "bool"],
+)
+def test_npy_other_layouts_and_dtypes_are_converted_losslessly(tmp_path, stored, want):
+    np.save(tmp_path / "a.npy", stored)
+    back = iio.read_image(tmp_path / "a.npy")
+    assert back.flags.c_contiguous and back.dtype.isnative
+    expected = stored[:, :, 0] if stored.ndim == 3 and stored.shape[2] == 1 else stored
+    if stored.dtype == bool:
+        expected = expected.astype(np.uint8) * 255
+    assert back.dtype == (want or stored.dtype.newbyteorder("="))
+    np.testing.assert_array_equal(back, expected)
+
+
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        (lambda p: p.write_bytes(b"\x93NUMPY\x01\x00garbage"), "not a valid .npy file"),
+        (lambda p: np.save(p, np.array([1, "a"], dtype=object)), "not a valid .npy file"),
+        (lambda p: np.save(p, np.zeros((3, 4, 5), np.uint8)), "unsupported image layout"),
+        (lambda p: np.save(p, np.zeros((0, 4), np.uint8)), "the array is empty"),
+        (lambda p: np.save(p, np.full((2, 2), 70000, np.int32)), "do not fit uint8 or uint16"),
+    ],
+    ids=["header", "objects", "layout", "empty", "range"],
+)
+def test_npy_problems_are_one_line_input_errors(tmp_path, make, words):
+    path = tmp_path / "bad.npy"
+    make(path)
+    with pytest.raises(InputError, match=words) as err:
+        iio.read_image(path)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_npy_output_is_written_atomically_and_keeps_the_array(tmp_path):
+    img = sample_image("uint16", 4)
+    target = tmp_path / "out.npy"
+    target.write_bytes(b"old")
+    with pytest.raises(OutputError, match="exists"):
+        iio.write_image(target, img)
+    assert target.read_bytes() == b"old"
+    iio.write_image(target, img, overwrite=True)
+    np.testing.assert_array_equal(np.load(target), img)
+    assert not list(tmp_path.glob("*.tmp"))
+    assert iio.default_output(target, "blur").name == "out.blur.npy"
+    assert iio.read_metadata(target) == iio.ImageMetadata(exif=None, icc=None)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_npy_and_png_from_a_pipe_are_read_once(tmp_path):
+    """A pipe cannot be mapped or read twice: its first bytes tell a .npy (then loaded
+    from the bytes read) from an image, on one open."""
+    import threading
+
+    for name, img, encode in (
+        ("a.npy", sample_image("uint16", 3), lambda a, p: np.save(p, a)),
+        ("a.png", sample_image("uint8", 3), lambda a, p: cv2.imwrite(str(p), a)),
+    ):
+        stored = tmp_path / f"stored-{name}"
+        encode(img, stored)
+        pipe = tmp_path / f"pipe-{name}"
+        os.mkfifo(pipe)
+        writer = threading.Thread(target=lambda s=stored, p=pipe: p.write_bytes(s.read_bytes()))
+        writer.start()
+        np.testing.assert_array_equal(iio.read_image(pipe), img)
+        writer.join()
