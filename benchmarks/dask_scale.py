@@ -155,18 +155,26 @@ def time_whole(cupy, op, size: int, reps: int, host: bool = False) -> list[float
 
 def run_cluster(n: int, gpus: list[str], args, cupy, cluster_cls, client_cls, wait) -> dict:
     """{op: median seconds} with n workers on the first n GPUs."""
+    import dask
+
     medians = {}
-    with cluster_cls(CUDA_VISIBLE_DEVICES=",".join(gpus[:n]), protocol=args.protocol) as cluster:
-        with client_cls(cluster) as client:
-            x = make_image(cupy, args.size, args.rows, args.host).persist()
-            wait(x)
-            placed = client.who_has(x)
-            workers = {w for holders in placed.values() for w in holders}
-            for name, op in operations().items():
-                sync = None if args.host else client
-                medians[name] = statistics.median(time_dask(op, x, wait, args.reps, sync))
-            medians["workers holding bands"] = len(workers)
-            del x
+    stealing = {"distributed.scheduler.work-stealing": not args.no_stealing}
+    with (
+        dask.config.set(stealing),
+        cluster_cls(CUDA_VISIBLE_DEVICES=",".join(gpus[:n]), protocol=args.protocol) as cluster,
+        client_cls(cluster) as client,
+    ):
+        x = make_image(cupy, args.size, args.rows, args.host).persist()
+        wait(x)
+        if args.rebalance:
+            client.rebalance(x)
+        placed = client.who_has(x)
+        workers = {w for holders in placed.values() for w in holders}
+        for name, op in operations().items():
+            sync = None if args.host else client
+            medians[name] = statistics.median(time_dask(op, x, wait, args.reps, sync))
+        medians["workers holding bands"] = len(workers)
+        del x
     return medians
 
 
@@ -189,6 +197,13 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--protocol", default="tcp", help="tcp, or ucx where installed")
     parser.add_argument("--host", action="store_true", help="NumPy bands in host memory")
+    parser.add_argument(
+        "--no-stealing",
+        action="store_true",
+        help="turn Dask's work stealing off (tasks stay with their bands)",
+    )
+    parser.add_argument("--rebalance", action="store_true",
+                        help="spread the bands evenly over the workers before timing")  # fmt: skip
     args = parser.parse_args()
     cupy, cluster_cls, client_cls, wait = requirements()
     os.environ.setdefault("IMGFILTER_BACKGROUND_COMPILE", "0")  # workers compile at once

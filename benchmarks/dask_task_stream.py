@@ -4,6 +4,7 @@ of a few runs of filter2d 21x21 on CuPy bands (made on the workers, as
 transfer: fetching a task's inputs from another worker) and per kind of task.
 
     python benchmarks/dask_task_stream.py [--size 65536] [--rows 4096] [--reps 3]
+        [--no-stealing] [--rebalance]
 
 Prints how many bands each worker holds, then per run: the time until the tasks are
 done, until both GPUs are done, and the summed task-stream times in ms. Needs two
@@ -45,16 +46,23 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=65536)
     parser.add_argument("--rows", type=int, default=4096)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--no-stealing", action="store_true", help="Dask's work stealing off")
+    parser.add_argument("--rebalance", action="store_true", help="spread the bands evenly")
     args = parser.parse_args()
     cupy, cluster_cls, client_cls, wait = dask_scale.requirements()
+    import dask
     from distributed import get_task_stream
 
     import imgfilter.dask as ifd
 
     op = dask_scale.operations()["filter2d 21x21"]
-    with cluster_cls(CUDA_VISIBLE_DEVICES="0,1") as cluster, client_cls(cluster) as client:
+    stealing = {"distributed.scheduler.work-stealing": not args.no_stealing}
+    with dask.config.set(stealing), cluster_cls(CUDA_VISIBLE_DEVICES="0,1") as cluster, \
+            client_cls(cluster) as client:  # fmt: skip
         x = dask_scale.make_image(cupy, args.size, args.rows).persist()
         wait(x)
+        if args.rebalance:
+            client.rebalance(x)
         held = collections.Counter(w for ws in client.who_has(x).values() for w in ws)
         print(f"{args.size}x{args.size}x3 uint8, bands of {args.rows} rows; bands per worker: "
               f"{dict(held)}")  # fmt: skip
