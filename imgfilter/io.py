@@ -97,6 +97,9 @@ __all__ = [
     "write_image",
 ]
 
+# A file's contents for `atomic_write`: its bytes, or a function that writes them into
+# the open file (a .npy array, streamed rather than encoded in memory).
+Contents = bytes | Callable[[BinaryIO], Any]
 _DTYPES = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.float32))
 
 
@@ -1026,7 +1029,7 @@ def _with_webp_metadata(data: bytes, meta: ImageMetadata) -> bytes:
     return b"RIFF" + struct.pack("<I", 4 + len(out)) + b"WEBP" + out
 
 
-def _with_metadata(fmt: _Format, data: bytes, meta: ImageMetadata | None) -> bytes:
+def _with_metadata(fmt: _Format, data: Contents, meta: ImageMetadata | None) -> Contents:
     if not meta:
         return data
     if fmt is _JPEG:
@@ -1061,7 +1064,7 @@ def _check_quality(p: Path, fmt: _Format, quality: Any) -> int | None:
     return int(quality)
 
 
-def _encode(p: Path, fmt: _Format, img: np.ndarray, quality: int | None = None) -> Any:
+def _encode(p: Path, fmt: _Format, img: np.ndarray, quality: int | None = None) -> Contents:
     """The encoded file contents, or OutputError. `quality` (checked): JPEG quality, or
     lossy WebP at that quality. A .npy file is not encoded in memory: its contents are
     a function that writes the array into the open file (`atomic_write`)."""
@@ -1206,7 +1209,7 @@ class DirectorySync:
 
 def atomic_write(
     p: Path,
-    data: bytes | Callable[[BinaryIO], Any],
+    data: Contents,
     *,
     overwrite: bool,
     directories: DirectorySync | None = None,
