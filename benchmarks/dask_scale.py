@@ -121,7 +121,10 @@ def time_dask(op, x, wait, reps: int, client=None) -> list[float]:
     for i in range(reps + 1):
         # A new identity step per rep gives every task of the op a new key: a persist
         # of the same keys would find the last rep's results (released asynchronously).
-        fresh = x.map_blocks(_same, rep=i, dtype=x.dtype, meta=x._meta)
+        # Persisted first: the bands sit on their workers before the clock starts, as
+        # a persisted image's do.
+        fresh = x.map_blocks(_same, rep=i, dtype=x.dtype, meta=x._meta).persist()
+        wait(fresh)
         t0 = time.perf_counter()
         y = op(fresh, ifd).persist()
         wait(y)
@@ -129,7 +132,7 @@ def time_dask(op, x, wait, reps: int, client=None) -> list[float]:
             client.run(_sync_gpu)
         if i:
             times.append(time.perf_counter() - t0)
-        del y
+        del y, fresh
     return times
 
 
@@ -141,7 +144,13 @@ def time_whole(cupy, op, size: int, reps: int, host: bool = False) -> list[float
     if host:
         img = np.random.default_rng(1).integers(0, 256, size=(size, size, 3), dtype=np.uint8)
     else:
-        img = cupy.random.RandomState(1).randint(0, 256, size=(size, size, 3), dtype=cupy.uint8)
+        # In row blocks, its scratch freed: randint makes 4 bytes a value first, and
+        # CuPy's pool would keep them from imgfilter's allocations (an 80 GB GPU at 65536^2).
+        img = cupy.empty((size, size, 3), cupy.uint8)
+        rng = cupy.random.RandomState(1)
+        for r in range(0, size, 4096):
+            img[r : r + 4096] = rng.randint(0, 256, size=img[r : r + 4096].shape, dtype=cupy.uint8)
+        cupy.get_default_memory_pool().free_all_blocks()
     times = []
     for i in range(reps + 1):
         cupy.cuda.runtime.deviceSynchronize()
@@ -153,14 +162,18 @@ def time_whole(cupy, op, size: int, reps: int, host: bool = False) -> list[float
     return times
 
 
+def scheduler_config(args) -> dict:
+    """Dask settings from --no-stealing."""
+    return {"distributed.scheduler.work-stealing": not args.no_stealing}
+
+
 def run_cluster(n: int, gpus: list[str], args, cupy, cluster_cls, client_cls, wait) -> dict:
     """{op: median seconds} with n workers on the first n GPUs."""
     import dask
 
     medians = {}
-    stealing = {"distributed.scheduler.work-stealing": not args.no_stealing}
     with (
-        dask.config.set(stealing),
+        dask.config.set(scheduler_config(args)),
         cluster_cls(CUDA_VISIBLE_DEVICES=",".join(gpus[:n]), protocol=args.protocol) as cluster,
         client_cls(cluster) as client,
     ):
@@ -200,7 +213,7 @@ def main() -> None:
     parser.add_argument(
         "--no-stealing",
         action="store_true",
-        help="turn Dask's work stealing off (tasks stay with their bands)",
+        help="turn Dask's work stealing off (measured slower: halo rows wait)",
     )
     parser.add_argument("--rebalance", action="store_true",
                         help="spread the bands evenly over the workers before timing")  # fmt: skip

@@ -41,6 +41,16 @@ def summary(records: list) -> list[str]:
     return lines
 
 
+def away(client, bands, result) -> int:
+    """How many row bands' results are on none of the workers holding the band."""
+
+    def holders(arr) -> dict:
+        return {key[1]: set(ws) for key, ws in client.who_has(arr).items()}
+
+    source, done = holders(bands), holders(result)
+    return sum(1 for i, ws in done.items() if not ws & source.get(i, set()))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=65536)
@@ -56,8 +66,8 @@ def main() -> int:
     import imgfilter.dask as ifd
 
     op = dask_scale.operations()["filter2d 21x21"]
-    stealing = {"distributed.scheduler.work-stealing": not args.no_stealing}
-    with dask.config.set(stealing), cluster_cls(CUDA_VISIBLE_DEVICES="0,1") as cluster, \
+    config = dask_scale.scheduler_config(args)
+    with dask.config.set(config), cluster_cls(CUDA_VISIBLE_DEVICES="0,1") as cluster, \
             client_cls(cluster) as client:  # fmt: skip
         x = dask_scale.make_image(cupy, args.size, args.rows).persist()
         wait(x)
@@ -68,6 +78,8 @@ def main() -> int:
               f"{dict(held)}")  # fmt: skip
         for rep in range(args.reps):
             fresh = x.map_blocks(dask_scale._same, rep=rep, dtype=x.dtype, meta=x._meta)
+            fresh = fresh.persist()
+            wait(fresh)
             with get_task_stream() as stream:
                 t0 = time.perf_counter()
                 y = op(fresh, ifd).persist()
@@ -76,9 +88,10 @@ def main() -> int:
                 client.run(dask_scale._sync_gpu)
                 t2 = time.perf_counter()
             print(f"run {rep}: tasks done {(t1 - t0) * 1e3:.0f} ms, GPUs done "
-                  f"{(t2 - t0) * 1e3:.0f} ms, {len(stream.data)} tasks")  # fmt: skip
+                  f"{(t2 - t0) * 1e3:.0f} ms, {len(stream.data)} tasks, results away from "
+                  f"their bands: {away(client, fresh, y)} of {len(fresh.chunks[0])}")  # fmt: skip
             print("\n".join(summary(stream.data)))
-            del y
+            del y, fresh
     return 0
 
 

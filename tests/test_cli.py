@@ -958,3 +958,32 @@ def test_npy_in_a_directory_is_picked_up_and_bad_ones_are_one_line(tmp_path):
     np.save(tmp_path / "bad.npy", np.zeros((4, 5, 6), np.uint8))
     assert_one_line_error(run("blur", tmp_path / "bad.npy", "--k", "3", "--backend", "cpu"), 3,
                           "bad.npy", "unsupported image layout")  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_gpu_npy_in_npy_out_equals_the_api(tmp_path):
+    """On the GPU: .npy images (memory-mapped, read-only; the uint8 one above the size
+    that goes through host bands) give the CUDA array API's result, bit for bit
+    (contour: integer images only)."""
+    rng = np.random.default_rng(8)
+    images = {
+        "u8": rng.integers(0, 256, (3001, 4003, 3), dtype=np.uint8),
+        "u16": rng.integers(0, 65536, (1001, 999), dtype=np.uint16),
+        "f32": (rng.standard_normal((1999, 1001)) * 1e3).astype(np.float32),
+    }
+    k = (rng.standard_normal((21, 21)) / 21).astype(np.float32)
+    np.save(tmp_path / "k.npy", k)
+    for name, img in images.items():
+        src = tmp_path / f"{name}.npy"
+        np.save(src, img)
+        want = {
+            "blur": imgfilter.blur(img, 21, backend="cuda"),
+            "filter": imgfilter.filter2d(img, k, backend="cuda"),
+        }
+        assert_ok(run("blur", src, "--k", "21", "--backend", "cuda"))
+        assert_ok(run("filter", src, "--kernel", tmp_path / "k.npy", "--backend", "cuda"))
+        if img.dtype != np.float32:
+            want["contour"] = imgfilter.contour(img, backend="cuda")
+            assert_ok(run("contour", src, "--backend", "cuda"))
+        for op, result in want.items():
+            np.testing.assert_array_equal(np.load(tmp_path / f"{name}.{op}.npy"), result)
