@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import sys
 import threading
 
 import numpy as np
@@ -69,6 +70,10 @@ def fake(monkeypatch):
     pool = Pool()
     monkeypatch.setattr(devarray, "POOL", pool)
     monkeypatch.setattr(launch, "POOL", pool)
+    # A CuPy or torch imported by other tests would be asked to free blocks, which
+    # the fake device does not see (release_other_pools).
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
     return drv, pool
 
 
@@ -117,6 +122,55 @@ def test_out_of_memory_trims_the_cache_then_says_what_was_needed(fake, monkeypat
     with pytest.raises(GpuOutOfMemory, match=r"4.0 MiB needed, 123.0 MiB free") as info:
         devarray.empty((4 << 20,), np.uint8, 5)
     assert isinstance(info.value, MemoryError)
+
+
+class _CachingLibrary:
+    """Stands in for an imported CuPy or torch: a caching allocator whose unused
+    blocks, the first time it is asked to free them, make room on the fake device."""
+
+    def __init__(self, drv: FakeDriver):
+        self.asked = 0
+        lib = self
+
+        def release():
+            lib.asked += 1
+            if lib.asked == 1:
+                drv.fail_allocs = 0
+
+        class Pool:
+            def free_all_blocks(self):
+                release()
+
+        class Cuda:
+            @staticmethod
+            def is_initialized():
+                return True
+
+            @staticmethod
+            def empty_cache():
+                release()
+
+        self.get_default_memory_pool = Pool
+        self.cuda = Cuda
+
+
+@pytest.mark.parametrize("name", ["cupy", "torch"])
+def test_out_of_memory_asks_other_pools_of_the_process_to_give_back(fake, monkeypatch, name):
+    """After its own trim fails, the pool asks an imported CuPy or torch to release
+    their cached blocks and tries once more; without them, the error as before."""
+    drv, _ = fake
+    drv.fail_allocs = 2  # the first try and the one after the trim fail
+    with pytest.raises(GpuOutOfMemory, match="MiB needed"):
+        devarray.empty((4 << 20,), np.uint8, 5)
+    lib = _CachingLibrary(drv)
+    monkeypatch.setitem(sys.modules, name, lib)
+    drv.fail_allocs = 2
+    block = devarray.empty((4 << 20,), np.uint8, 5)  # the third try, after the release
+    assert block.nbytes == 4 << 20 and lib.asked == 1
+    drv.fail_allocs = 3  # nothing more to release: the one-line error
+    with pytest.raises(GpuOutOfMemory, match="MiB needed"):
+        devarray.empty((8 << 20,), np.uint8, 5)
+    assert lib.asked == 2
 
 
 def test_views_and_their_interface():

@@ -23,7 +23,9 @@ legacy default stream (handle 0), which orders with every blocking stream.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
 import threading
 from typing import Any
 
@@ -48,6 +50,31 @@ class _Block:
 
     def __del__(self) -> None:
         self._free.append(self.ptr)  # atomic: no lock needed
+
+
+def release_other_pools() -> bool:
+    """Ask the caching allocators of CuPy and PyTorch, where this process has already
+    imported them, to give their unused device blocks back to CUDA (what their users
+    would do by hand: `cupy.get_default_memory_pool().free_all_blocks()`,
+    `torch.cuda.empty_cache()`); blocks in use by their arrays stay. Neither library
+    is imported here. Returns whether one was asked.
+
+    Their cached blocks hold device memory that this pool cannot use: a CuPy array's
+    scratch (cupy.random makes 4 bytes a value first) can leave tens of GB cached.
+    """
+    asked = False
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        with contextlib.suppress(Exception):  # a CuPy without a usable device
+            cupy.get_default_memory_pool().free_all_blocks()
+            asked = True
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        with contextlib.suppress(Exception):
+            if torch.cuda.is_initialized():
+                torch.cuda.empty_cache()
+                asked = True
+    return asked
 
 
 class Pool:
@@ -90,14 +117,21 @@ class Pool:
 
     def _new(self, size: int) -> int:
         """A fresh cuMemAlloc of `size` bytes; when the device is full, the cache is
-        trimmed and the allocation tried once more."""
+        trimmed and the allocation tried once more, and then once more after the
+        other memory pools of this process give back their unused blocks
+        (`release_other_pools`)."""
         drv = driver()
         try:
             ptr = drv.alloc(size)
         except GpuOutOfMemory:
             self.trim()
             try:
-                ptr = drv.alloc(size)
+                try:
+                    ptr = drv.alloc(size)
+                except GpuOutOfMemory:
+                    if not release_other_pools():
+                        raise
+                    ptr = drv.alloc(size)
             except GpuOutOfMemory as exc:
                 free_now, total = drv.free_and_total()
                 raise GpuOutOfMemory(
