@@ -822,6 +822,11 @@ def _exists(p) -> OutputError:
     )
 
 
+def is_npy_path(p: Path) -> bool:
+    """Whether `p`'s extension selects a NumPy .npy file (any case)."""
+    return p.suffix.lower() == ".npy"
+
+
 def format_for(p: Path) -> _Format:
     """The output format `p`'s extension selects (its `.name`: png, jpeg, tiff...);
     OutputError for "-", a directory or an extension imgfilter cannot write."""
@@ -1125,7 +1130,8 @@ def _create_temp(directory: Path, name: str) -> tuple[int, Path]:
     It is listed in `_temp_files` (for `abandon_io`) until `_forget_temp`; after
     `abandon_io` no temporary file is created.
     """
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    # Read and write: a .npy written through a memory map (`write_npy_from`) needs both.
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
     while True:
         tmp = directory / f".{name}.{secrets.token_hex(4)}.tmp"
         with _held_lock:
@@ -1316,3 +1322,63 @@ def write_image(
     data = _with_metadata(fmt, _encode(p, fmt, np.ascontiguousarray(arr), q), metadata)
     atomic_write(p, data, overwrite=overwrite, directories=directories)
     return p
+
+
+def write_npy_from(
+    path: str | os.PathLike[str],
+    shape: tuple[int, ...],
+    dtype: Any,
+    fill: Callable[[np.ndarray], Any],
+    *,
+    overwrite: bool = False,
+) -> Path:
+    """Write a .npy image whose values `fill` writes straight into the new file.
+
+    `fill(array)` gets a writable (H, W) or (H, W, C) C-ordered array of `shape` and
+    `dtype` that is a memory map of the file being written (pass it as a filter's
+    `out=`): a result larger than the host's memory never has to be held in it.
+    Atomic as `write_image`: the file appears at `path` complete (flushed and
+    fsynced) or not at all; an exception from `fill` removes the temporary file and
+    propagates.
+
+    Args:
+        path: The .npy file to write.
+        shape: (H, W) or (H, W, C), C in {1, 3, 4}, non-empty.
+        dtype: uint8, uint16 or float32.
+        fill: Writes every value of the array it is given.
+        overwrite: Replace an existing file; without it an existing file is refused.
+
+    Returns:
+        The Path written.
+
+    Raises:
+        OutputError: Not a .npy path, a shape or dtype a .npy image cannot have, a
+            missing or unwritable directory, a directory as target, an existing
+            file unless `overwrite`.
+    """
+    p = Path(path)
+    if format_for(p) is not _NPY:
+        raise OutputError(f"cannot write {p}: write_npy_from writes .npy files only")
+    dt = np.dtype(dtype)
+    if len(shape) not in (2, 3) or 0 in shape:
+        raise OutputError(
+            f"cannot write {p}: an image must be (H, W) or (H, W, C) and non-empty, "
+            f"got shape {tuple(shape)}"
+        )
+    _check_holds(p, _NPY, dt, 1 if len(shape) == 2 else int(shape[2]))
+    check_path(p, input_path=None, overwrite=overwrite)
+    atomic_write(p, functools.partial(_fill_npy, tuple(shape), dt, fill), overwrite=overwrite)
+    return p
+
+
+def _fill_npy(shape: tuple[int, ...], dtype: np.dtype, fill: Callable[[np.ndarray], Any],
+              f: BinaryIO) -> None:  # fmt: skip
+    """Into the open, empty file f: a .npy header, then `fill` of a memory map of the
+    data that follows it, flushed to the file."""
+    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
+              "shape": shape}  # fmt: skip
+    np.lib.format.write_array_header_1_0(f, header)
+    f.flush()
+    array = np.memmap(f, dtype=dtype, mode="r+", offset=f.tell(), shape=shape)
+    fill(array)
+    array.flush()

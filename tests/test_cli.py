@@ -949,6 +949,36 @@ def test_npy_in_npy_out_equals_the_api(tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "g.contour.npy"), want)
 
 
+@pytest.mark.parametrize("available", [4000, 10**12])
+def test_npy_output_is_filtered_straight_into_the_file(tmp_path, monkeypatch, available):
+    """A single .npy output whose result would take more than half the available
+    memory: the filter's `out` is a memory map of the file being written (the result
+    is never made in memory and then encoded); a smaller one is made in memory."""
+    from imgfilter.cli import filters
+
+    monkeypatch.setattr(filters, "available_memory", lambda: available)
+    mapped = available < 40 * 33 * 3 * 2 * 2
+    img = random_image((40, 33, 3), np.uint16, seed=7)
+    np.save(tmp_path / "a.npy", img)
+    outs = []
+    real = imgfilter.api.filter2d
+
+    def spy(image, kernel, **kwargs):
+        outs.append(kwargs.get("out"))
+        return real(image, kernel, **kwargs)
+
+    monkeypatch.setattr(imgfilter.api, "filter2d", spy)
+    if mapped:
+        monkeypatch.setattr(imgfilter.io, "write_image", lambda *a, **k: pytest.fail("encoded"))
+    k = np.random.default_rng(2).standard_normal((3, 4)).astype(np.float32)
+    np.save(tmp_path / "k.npy", k)
+    assert_ok(run("filter", tmp_path / "a.npy", "--kernel", tmp_path / "k.npy", "-o",
+                  tmp_path / "r.npy", "--backend", "cpu"))  # fmt: skip
+    assert len(outs) == 1 and isinstance(outs[0], np.memmap) == mapped
+    want = real(img, k, backend="cpu")
+    np.testing.assert_array_equal(np.load(tmp_path / "r.npy"), want)
+
+
 def test_npy_in_a_directory_is_picked_up_and_bad_ones_are_one_line(tmp_path):
     src = tmp_path / "in"
     src.mkdir()
@@ -961,10 +991,15 @@ def test_npy_in_a_directory_is_picked_up_and_bad_ones_are_one_line(tmp_path):
 
 
 @pytest.mark.gpu
-def test_gpu_npy_in_npy_out_equals_the_api(tmp_path):
+@pytest.mark.parametrize("available", [0, 10**13])
+def test_gpu_npy_in_npy_out_equals_the_api(tmp_path, monkeypatch, available):
     """On the GPU: .npy images (memory-mapped, read-only; the uint8 one above the size
     that goes through host bands) give the CUDA array API's result, bit for bit
-    (contour: integer images only)."""
+    (contour: integer images only), filtered into a map of the output file (no
+    memory available) or in memory."""
+    from imgfilter.cli import filters
+
+    monkeypatch.setattr(filters, "available_memory", lambda: available)
     rng = np.random.default_rng(8)
     images = {
         "u8": rng.integers(0, 256, (3001, 4003, 3), dtype=np.uint8),

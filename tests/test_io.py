@@ -1033,6 +1033,59 @@ def test_npy_output_is_written_atomically_and_keeps_the_array(tmp_path):
     assert iio.read_metadata(target) == iio.ImageMetadata(exif=None, icc=None)
 
 
+@pytest.mark.parametrize("shape,dtype", [((37, 5), np.float32), ((3, 301, 4), np.uint16),
+                                         ((1, 7, 3), np.uint8)])  # fmt: skip
+def test_write_npy_from_fills_a_map_of_the_new_file(tmp_path, shape, dtype):
+    """fill() is given a memory map of a temporary file beside the target (not an
+    array in memory); what it writes is the .npy's data, and only a complete file
+    appears at the target."""
+    want = np.random.default_rng(9).integers(0, 200, shape).astype(dtype)
+    target = tmp_path / "r.npy"
+    seen = []
+
+    def fill(array):
+        assert isinstance(array, np.memmap) and array.flags.writeable
+        assert not target.exists()
+        (temp,) = tmp_path.glob(".r.npy.*.tmp")
+        array[...] = want
+        array.flush()
+        np.testing.assert_array_equal(np.load(temp), want)  # written through to the file
+        seen.append(array.shape)
+
+    assert iio.write_npy_from(target, shape, dtype, fill) == target
+    assert seen == [shape]
+    got = np.load(target)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got, want)
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_write_npy_from_refuses_and_cleans_up(tmp_path):
+    target = tmp_path / "r.npy"
+    target.write_bytes(b"old")
+
+    def fill(array):
+        array[...] = 1
+
+    with pytest.raises(OutputError, match="exists"):
+        iio.write_npy_from(target, (4, 5), np.uint8, fill)
+    with pytest.raises(OutputError, match=".npy files only"):
+        iio.write_npy_from(tmp_path / "r.png", (4, 5), np.uint8, fill)
+    with pytest.raises(OutputError, match="non-empty"):
+        iio.write_npy_from(tmp_path / "e.npy", (0, 5), np.uint8, fill)
+    with pytest.raises(OutputError, match="int64"):
+        iio.write_npy_from(tmp_path / "d.npy", (4, 5), np.int64, fill)
+
+    def broken(array):
+        array[:2] = 7
+        raise RuntimeError("the filter failed")
+
+    with pytest.raises(RuntimeError, match="the filter failed"):
+        iio.write_npy_from(target, (4, 5), np.uint8, broken, overwrite=True)
+    assert target.read_bytes() == b"old"
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["r.npy"]
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
 def test_npy_and_png_from_a_pipe_are_read_once(tmp_path):
     """A pipe cannot be mapped or read twice: its first bytes tell a .npy (then loaded

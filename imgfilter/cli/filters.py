@@ -8,6 +8,7 @@ through many.run_many (`_filter_many`).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import time
@@ -55,7 +56,7 @@ from .options import (
 )
 from .output import PROG, describe, info, note, shown, stage
 
-Apply = Callable[[Any, str], Any]  # (image, backend name) -> filtered image
+Apply = Callable[..., Any]  # (image, backend name, out=None) -> filtered image
 
 
 @dataclass(frozen=True)
@@ -163,12 +164,12 @@ def _run(spec: Filter, options: dict[str, Any]) -> None:
     max_gpu_bytes = gpu_bytes(options["max_gpu_memory"])
     args = spec.args(options)
 
-    def apply(img: Any, backend_name: str) -> Any:
+    def apply(img: Any, backend_name: str, out: Any = None) -> Any:
         from .. import api
 
         return getattr(api, spec.api)(
             img, *args, border=border.value, border_value=value, backend=backend_name,
-            method=method.value, max_gpu_bytes=max_gpu_bytes,
+            method=method.value, max_gpu_bytes=max_gpu_bytes, out=out,
         )  # fmt: skip
 
     outs = many.Outputs(**{f.name: options[f.name] for f in fields(many.Outputs)})
@@ -302,17 +303,68 @@ def filter_file(
     backend_name = resolve_backend(backend)
     note_unused_method(backend_name, method)
     stage(f"{op} on {backend_name}")
-    start = time.perf_counter()
-    out = apply(img, backend_name)
-    ms = (time.perf_counter() - start) * 1e3
-    stage(f"writing {shown(target)}")
-    written = io.write_image(target, out, overwrite=force, quality=quality, metadata=metadata)
+    if io.is_npy_path(target) and _result_bytes(op, img) > available_memory() // 2:
+        written, out, ms = _filter_into_npy(op, img, target, apply, backend_name, force)
+    else:
+        start = time.perf_counter()
+        out = apply(img, backend_name)
+        ms = (time.perf_counter() - start) * 1e3
+        stage(f"writing {shown(target)}")
+        written = io.write_image(target, out, overwrite=force, quality=quality,
+                                 metadata=metadata)  # fmt: skip
     # The first call in this process: the time includes loading (or compiling) the
     # kernels, not Python's or Numba's imports (`imgfilter compare` times a warm call).
     info(
         f"wrote {shown(written)} ({describe(out)}, {engine(backend_name, method)}, "
         f"filtered in {ms:.1f} ms incl. kernel loading)"
     )
+
+
+def _result_bytes(op: str, img: Any) -> int:
+    """Bytes of `op`'s result on `img` (contour: one channel)."""
+    channels = 1 if op == "contour" or img.ndim == 2 else img.shape[2]
+    return img.shape[0] * img.shape[1] * channels * img.dtype.itemsize
+
+
+def available_memory() -> int:
+    """Bytes of host memory a new allocation can take without swapping: Linux's
+    MemAvailable (free memory plus the page cache it can drop), else the free pages,
+    else all physical memory."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    for name in ("SC_AVPHYS_PAGES", "SC_PHYS_PAGES"):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            return os.sysconf(name) * os.sysconf("SC_PAGE_SIZE")
+    return 0
+
+
+def _filter_into_npy(
+    op: str, img: Any, target: Path, apply: Apply, backend_name: str, force: bool
+) -> tuple[Path, Any, float]:
+    """A .npy output whose result would take more than half the host's available
+    memory: the filter writes it straight into the new file (a memory map of it,
+    `io.write_npy_from`), so an image larger than the host's memory goes from a
+    memory-mapped .npy input to a .npy output without either being held in RAM.
+    Smaller results are made in memory and then written, which is faster (writing
+    through the map faults its pages in one by one: a 1.2 GB blur 0.2-0.5 s slower on
+    an H100 host). Returns (path written, the result as a map of that file, filter ms)."""
+    from .. import io
+
+    shape = img.shape[:2] if op == "contour" else img.shape
+    done: dict[str, Any] = {}
+
+    def fill(array: Any) -> None:
+        start = time.perf_counter()
+        apply(img, backend_name, out=array)
+        done["ms"] = (time.perf_counter() - start) * 1e3
+        done["out"] = array
+        stage(f"writing {shown(target)}")
+
+    written = io.write_npy_from(target, shape, img.dtype, fill, overwrite=force)
+    return written, done["out"], done["ms"]
 
 
 def _metadata(image: Path, target: Path) -> Any:
