@@ -26,6 +26,7 @@ LIMIT = 1 << 30  # page-locked bytes kept at most
 _LOCK = threading.Lock()
 _SIZES: dict[int, int] = {}  # address -> bytes, every buffer made
 _FREE: list[int] = []  # addresses of the buffers not in use
+_MAKING = [0]  # bytes of new buffers being made now (counted against LIMIT)
 
 
 def take(shape: tuple, dtype, drv: Any) -> tuple[np.ndarray, int] | None:
@@ -42,12 +43,18 @@ def take(shape: tuple, dtype, drv: Any) -> tuple[np.ndarray, int] | None:
         address = min(fits, key=_SIZES.__getitem__) if fits else None
         if address is not None:
             _FREE.remove(address)
-        elif sum(_SIZES.values()) + nbytes > LIMIT:
+        elif sum(_SIZES.values()) + _MAKING[0] + nbytes > LIMIT:
             return None
+        else:
+            _MAKING[0] += nbytes  # page-locking is slow: made outside the lock
     if address is None:
-        address = drv.host_alloc(nbytes)
-        with _LOCK:
-            _SIZES[address] = nbytes
+        try:
+            address = drv.host_alloc(nbytes)
+            with _LOCK:
+                _SIZES[address] = nbytes
+        finally:
+            with _LOCK:
+                _MAKING[0] -= nbytes
     size = _SIZES[address]
     buffer = np.ctypeslib.as_array((ctypes.c_ubyte * size).from_address(address))
     return buffer[:nbytes].view(dtype).reshape(shape), address

@@ -67,6 +67,7 @@ def pool(monkeypatch):
     drv = _Driver()
     monkeypatch.setattr(pinned, "_SIZES", {})
     monkeypatch.setattr(pinned, "_FREE", [])
+    monkeypatch.setattr(pinned, "_MAKING", [0])
     monkeypatch.setattr(cudadrv, "driver", lambda: drv)
     return drv
 
@@ -89,6 +90,34 @@ def test_pinned_buffers_are_kept_and_reused_by_later_calls(pool):
     pinned.keep(d)
     assert streamed.release_pinned() == 660 and not pool.live
     assert streamed.release_pinned() == 0
+
+
+def test_pinned_buffers_made_at_once_by_several_threads_stay_under_the_limit(pool, monkeypatch):
+    """Buffers being made (page-locking is slow, done outside the lock) count against
+    LIMIT, so threads asking together cannot pass it between them."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(pinned, "LIMIT", 1000)
+    alloc = pool.host_alloc
+
+    def slow_alloc(nbytes):
+        time.sleep(0.05)  # every thread has checked the limit before any buffer exists
+        return alloc(nbytes)
+
+    monkeypatch.setattr(pool, "host_alloc", slow_alloc)
+    with ThreadPoolExecutor(8) as threads:
+        got = list(threads.map(lambda _: pinned.take((300,), np.uint8, pool), range(8)))
+    made = [g for g in got if g is not None]
+    assert len(made) == 3 and sum(pinned._SIZES.values()) == 900 and pinned._MAKING == [0]
+
+    def failing_alloc(nbytes):
+        raise MemoryError("no page-locked memory")
+
+    monkeypatch.setattr(pool, "host_alloc", failing_alloc)
+    with pytest.raises(MemoryError):
+        pinned.take((50,), np.uint8, pool)
+    assert pinned._MAKING == [0]
 
 
 def test_pinned_buffers_stop_at_the_limit_and_slots_use_plain_memory_past_it(pool, monkeypatch):
