@@ -574,7 +574,8 @@ def _in_bands(be, arr: np.ndarray, out: Any, shape: tuple, reach: tuple, code: i
 
     from kernels.common.border_index import WRAP
 
-    from .streamed import filter_in_bands, host_empty
+    from .hostmem import host_empty
+    from .streamed import filter_in_bands
 
     result = host_empty(shape, arr.dtype) if out is None else out
     dst = result if len(shape) == 2 else _as_3d(result)

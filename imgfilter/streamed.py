@@ -16,14 +16,13 @@ few threads (NumPy copies release the GIL). Bands hold at most BAND_BYTES of inp
 whatever the budget: page-locking host memory costs about as much as copying it
 several times over (an H100 host: 0.65 s for 1 GiB), so the pinned buffers stay small
 and are kept for the next call (`release_pinned` gives them back). A large result
-is allocated by `host_empty` (transparent huge pages where Linux offers them: a 4.8
-GB output's first writes took 0.2 s instead of 0.6). On Numba's simulator the same
-plan runs with plain copies.
+is allocated by `imgfilter.hostmem.host_empty` (huge pages, and the memory of a
+dropped result of the same size reused: its first writes fault nothing). On Numba's
+simulator the same plan runs with plain copies.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import threading
 from collections.abc import Callable
@@ -35,10 +34,10 @@ import numpy as np
 from kernels.common.arrays import SIMULATOR, empty
 
 from . import pinned
+from .hostmem import host_empty
 
 SLOTS = 3
 BAND_BYTES = 64 << 20  # input bytes a band holds at most (its halo aside)
-HUGE_PAGE_BYTES = 32 << 20  # results this large get huge pages (`host_empty`)
 COPY_THREADS = min(16, os.cpu_count() or 1)  # host copies: memory bandwidth, not cores
 # Device bytes a band takes besides its input and output rows, per input byte: the
 # box kernels' 16-bit row sums and similar scratch, with room to spare.
@@ -79,23 +78,6 @@ def band_rows(height: int, in_row: int, out_row: int, reach: tuple[int, int], bu
     rows = (budget // SLOTS - halo * in_row * (1 + SCRATCH_PER_BYTE)) // max(per_row, 1)
     rows = min(rows, band_bytes // max(in_row, out_row, 1))
     return int(min(height, max(rows, max(reach) + 1, 1)))
-
-
-def host_empty(shape: tuple, dtype) -> np.ndarray:
-    """An uninitialised C-contiguous host array, on transparent huge pages (Linux,
-    `madvise`) when it takes HUGE_PAGE_BYTES or more: its first writes then fault in
-    2 MiB pages instead of 4 KiB ones. Otherwise (or where mmap cannot) np.empty."""
-    dt = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-    advice = getattr(mmap, "MADV_HUGEPAGE", None)
-    if nbytes < HUGE_PAGE_BYTES or advice is None:
-        return np.empty(shape, dt)
-    try:
-        region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        region.madvise(advice)
-    except (OSError, ValueError):
-        return np.empty(shape, dt)
-    return np.frombuffer(region, dt).reshape(shape)
 
 
 def join_rows(parts: list[np.ndarray]) -> np.ndarray:

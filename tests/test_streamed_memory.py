@@ -1,5 +1,5 @@
 """Host memory of the band streaming (`imgfilter.streamed`): bands capped in bytes,
-page-locked buffers kept between calls, large results on huge pages."""
+page-locked buffers kept between calls (large results: tests/test_hostmem.py)."""
 
 from __future__ import annotations
 
@@ -17,30 +17,6 @@ def test_band_rows_stay_within_the_band_bytes_whatever_the_budget():
     assert streamed.band_rows(100_000, 1000, 2000, (5, 5), 10**12, band_bytes=64_000) == 32
     # Never fewer rows than reach past the halo.
     assert streamed.band_rows(100_000, 1000, 1000, (40, 2), 10**12, band_bytes=1) == 41
-
-
-def test_host_empty_gives_huge_pages_to_large_results(monkeypatch):
-    small = streamed.host_empty((3, 4, 3), np.uint8)
-    assert small.shape == (3, 4, 3) and small.base is None  # below HUGE_PAGE_BYTES: np.empty
-    monkeypatch.setattr(streamed, "HUGE_PAGE_BYTES", 1 << 12)
-    big = streamed.host_empty((300, 70, 3), np.uint16)
-    assert big.shape == (300, 70, 3) and big.dtype == np.uint16
-    assert big.flags.c_contiguous and big.flags.writeable
-    if hasattr(streamed.mmap, "MADV_HUGEPAGE"):
-        owner = big
-        while isinstance(owner, np.ndarray):
-            owner = owner.base
-        assert isinstance(getattr(owner, "obj", owner), streamed.mmap.mmap)
-    values = np.arange(big.size, dtype=np.uint16).reshape(big.shape)
-    big[...] = values
-    np.testing.assert_array_equal(big, values)
-
-
-def test_host_empty_falls_back_to_numpy_without_madvise(monkeypatch):
-    monkeypatch.setattr(streamed, "HUGE_PAGE_BYTES", 1)
-    monkeypatch.delattr(streamed.mmap, "MADV_HUGEPAGE", raising=False)
-    arr = streamed.host_empty((5, 6), np.float32)
-    assert arr.shape == (5, 6) and arr.dtype == np.float32 and arr.base is None
 
 
 class _Driver:
