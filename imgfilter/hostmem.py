@@ -15,6 +15,7 @@ kept; `release_results()` unmaps them at once. Elsewhere (no madvise), np.empty.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import mmap
 import os
 import threading
@@ -50,11 +51,12 @@ def host_empty(shape: tuple, dtype) -> np.ndarray:
             region.madvise(advice)
         except (OSError, ValueError):
             return np.empty(shape, dt)
-    flat = np.frombuffer(region, dt, count=nbytes // dt.itemsize)
-    # flat.base, the buffer NumPy took from the mapping, lives as long as any array
-    # (or view) over this memory; when it goes, the mapping may serve again.
-    if flat.base is not region:
-        weakref.finalize(flat.base, _keep, region).atexit = False
+    # The arrays hold `holder` (a ctypes view of the mapping, their base in every
+    # NumPy), so it lives as long as any array or view over this memory; when it
+    # goes, the mapping may serve again.
+    holder = (ctypes.c_char * size).from_buffer(region)
+    flat = np.frombuffer(holder, dt, count=nbytes // dt.itemsize)
+    weakref.finalize(holder, _keep, region).atexit = False
     return flat.reshape(shape)
 
 
