@@ -10,10 +10,10 @@ temporary folder (skipped without a C compiler)."""
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import struct
 from pathlib import Path
 
+import extensions
 import pytest
 
 from kernels.common import cudadrv
@@ -28,24 +28,7 @@ def compiled(tmp_path_factory):
     """The Launch type of the built C launcher (built here if need be)."""
     if cudadrv._CompiledLaunch is not None:
         return cudadrv._CompiledLaunch
-    try:
-        from setuptools import Distribution, Extension
-    except ImportError:  # pragma: no cover - setuptools comes with pip's build
-        pytest.skip("setuptools is needed to build the C launcher")
-    out = tmp_path_factory.mktemp("launch")
-    dist = Distribution({"ext_modules": [Extension("_launch", [str(SOURCE)])]})
-    cmd = dist.get_command_obj("build_ext")
-    cmd.build_lib, cmd.build_temp = str(out), str(out / "tmp")
-    try:
-        cmd.ensure_finalized()
-        cmd.run()
-    except Exception as exc:  # noqa: BLE001 - no compiler: the Python steps serve
-        pytest.skip(f"no C compiler to build the launcher: {exc}")
-    (built,) = out.glob("_launch*")
-    spec = importlib.util.spec_from_file_location("_launch", built)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.Launch
+    return extensions.build("_launch", SOURCE, tmp_path_factory.mktemp("launch")).Launch
 
 
 class _Driver:

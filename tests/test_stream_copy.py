@@ -8,10 +8,10 @@ folder (skipped without a C compiler)."""
 
 from __future__ import annotations
 
-import importlib.util
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import extensions
 import numpy as np
 import pytest
 
@@ -25,24 +25,7 @@ def stream_copy(tmp_path_factory):
     """The built module (built here if need be)."""
     if streamed._stream_copy is not None:
         return streamed._stream_copy
-    try:
-        from setuptools import Distribution, Extension
-    except ImportError:  # pragma: no cover - setuptools comes with pip's build
-        pytest.skip("setuptools is needed to build the copy")
-    out = tmp_path_factory.mktemp("stream_copy")
-    dist = Distribution({"ext_modules": [Extension("_stream_copy", [str(SOURCE)])]})
-    cmd = dist.get_command_obj("build_ext")
-    cmd.build_lib, cmd.build_temp = str(out), str(out / "tmp")
-    try:
-        cmd.ensure_finalized()
-        cmd.run()
-    except Exception as exc:  # noqa: BLE001 - no compiler: NumPy's copies serve
-        pytest.skip(f"no C compiler to build the copy: {exc}")
-    (built,) = out.glob("_stream_copy*")
-    spec = importlib.util.spec_from_file_location("_stream_copy", built)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return extensions.build("_stream_copy", SOURCE, tmp_path_factory.mktemp("stream_copy"))
 
 
 @pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 63, 64, 65, 127, 1000, 4099, 70001])
