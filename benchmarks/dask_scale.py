@@ -10,7 +10,9 @@ bands on other GPUs travel over the cluster's protocol (--protocol, tcp by defau
 For reference, the same ops on the whole image on one GPU without Dask (in this
 process, on the first GPU).
 
-The GPUs are those of CUDA_VISIBLE_DEVICES (else all); counts above them are skipped.
+The bands are placed in even, contiguous runs, one run per worker (--place dask: where
+Dask's scheduler puts them, often unevenly). The GPUs are those of CUDA_VISIBLE_DEVICES
+(else all); counts above them are skipped.
 Prints a table (median ms, Mpixel/s, speedup vs 1 GPU) and writes JSON with --json.
 Needs dask-cuda, distributed and CuPy (pip install "imgfilter[dask-cuda]" cupy-cuda12x).
 
@@ -20,6 +22,7 @@ Needs dask-cuda, distributed and CuPy (pip install "imgfilter[dask-cuda]" cupy-c
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import platform
@@ -167,6 +170,27 @@ def scheduler_config(args) -> dict:
     return {"distributed.scheduler.work-stealing": not args.no_stealing}
 
 
+def place_evenly(client, x, wait):
+    """x persisted with its row bands in even, contiguous runs, one run per worker (a
+    scene split over the GPUs by rows); Dask alone placed these random bands 11/5,
+    3/13 and 2/6 over two workers in earlier runs, and a run takes as long as its
+    busiest GPU. Returns the persisted array."""
+    import dask.array as da
+
+    workers = sorted(client.scheduler_info()["workers"])
+    edges = np.linspace(0, x.numblocks[0], len(workers) + 1).astype(int)
+    parts = [client.persist(x.blocks[a:b], workers=[w], allow_other_workers=False)
+             for w, a, b in zip(workers, edges[:-1], edges[1:], strict=True) if b > a]  # fmt: skip
+    placed = da.concatenate(parts, axis=0).persist()
+    wait(placed)
+    return placed
+
+
+def bands_per_worker(client, x) -> list[int]:
+    held = collections.Counter(w for ws in client.who_has(x).values() for w in ws)
+    return sorted(held.values())
+
+
 def run_cluster(n: int, gpus: list[str], args, cupy, cluster_cls, client_cls, wait) -> dict:
     """{op: median seconds} with n workers on the first n GPUs."""
     import dask
@@ -174,19 +198,20 @@ def run_cluster(n: int, gpus: list[str], args, cupy, cluster_cls, client_cls, wa
     medians = {}
     with (
         dask.config.set(scheduler_config(args)),
-        cluster_cls(CUDA_VISIBLE_DEVICES=",".join(gpus[:n]), protocol=args.protocol) as cluster,
+        cluster_cls(CUDA_VISIBLE_DEVICES=",".join(gpus[:n]), protocol=args.protocol,
+                    threads_per_worker=args.threads) as cluster,
         client_cls(cluster) as client,
-    ):
-        x = make_image(cupy, args.size, args.rows, args.host).persist()
-        wait(x)
-        if args.rebalance:
-            client.rebalance(x)
-        placed = client.who_has(x)
-        workers = {w for holders in placed.values() for w in holders}
+    ):  # fmt: skip
+        x = make_image(cupy, args.size, args.rows, args.host)
+        if args.place == "even":
+            x = place_evenly(client, x, wait)
+        else:
+            x = x.persist()
+            wait(x)
+        medians["bands per worker"] = bands_per_worker(client, x)
         for name, op in operations().items():
             sync = None if args.host else client
             medians[name] = statistics.median(time_dask(op, x, wait, args.reps, sync))
-        medians["workers holding bands"] = len(workers)
         del x
     return medians
 
@@ -210,13 +235,16 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--protocol", default="tcp", help="tcp, or ucx where installed")
     parser.add_argument("--host", action="store_true", help="NumPy bands in host memory")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="task threads per worker (dask-cuda's default: 1)")  # fmt: skip
     parser.add_argument(
         "--no-stealing",
         action="store_true",
         help="turn Dask's work stealing off (measured slower: halo rows wait)",
     )
-    parser.add_argument("--rebalance", action="store_true",
-                        help="spread the bands evenly over the workers before timing")  # fmt: skip
+    parser.add_argument("--place", choices=("even", "dask"), default="even",
+                        help="bands in even contiguous runs per worker, or where Dask puts "
+                             "them")  # fmt: skip
     args = parser.parse_args()
     cupy, cluster_cls, client_cls, wait = requirements()
     os.environ.setdefault("IMGFILTER_BACKGROUND_COMPILE", "0")  # workers compile at once
@@ -235,11 +263,15 @@ def main() -> None:
             speedup = base[name] / medians[name] if base[name] else None
             rows.append({"op": name, "gpus": n, "median_s": medians[name], "dask": True,
                          "speedup": speedup,
-                         "workers_holding_bands": medians["workers holding bands"]})  # fmt: skip
+                         "bands_per_worker": medians["bands per worker"]})  # fmt: skip
     where = "NumPy bands in host memory" if args.host else "CuPy bands on the GPUs"
-    print(f"{args.size}x{args.size}x3 uint8, {where}, bands of {args.rows} rows, {args.protocol}; "
+    print(f"{args.size}x{args.size}x3 uint8, {where}, bands of {args.rows} rows, {args.protocol}, "
+          f"{args.threads} task thread(s) per worker; "
           f"1* = whole image on one GPU without Dask")  # fmt: skip
     print(table(rows, args.size))
+    placed = [f"{r['gpus']} GPU(s) {r['bands_per_worker']}" for r in rows
+              if r["dask"] and r["op"] == OPS[0]]  # fmt: skip
+    print("bands per worker: " + "; ".join(placed))
     if args.json:
         props = cupy.cuda.runtime.getDeviceProperties(0)
         result = {
@@ -252,6 +284,8 @@ def main() -> None:
             "bands_in": "host" if args.host else "gpu",
             "reps": args.reps,
             "protocol": args.protocol,
+            "threads_per_worker": args.threads,
+            "placement": args.place,
             "python": platform.python_version(),
             "results": rows,
         }

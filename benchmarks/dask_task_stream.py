@@ -4,7 +4,7 @@ of a few runs of filter2d 21x21 on CuPy bands (made on the workers, as
 transfer: fetching a task's inputs from another worker) and per kind of task.
 
     python benchmarks/dask_task_stream.py [--size 65536] [--rows 4096] [--reps 3]
-        [--no-stealing] [--rebalance]
+        [--no-stealing] [--place even|dask]
 
 Prints how many bands each worker holds, then per run: the time until the tasks are
 done, until both GPUs are done, and the summed task-stream times in ms. Needs two
@@ -57,7 +57,9 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=4096)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--no-stealing", action="store_true", help="Dask's work stealing off")
-    parser.add_argument("--rebalance", action="store_true", help="spread the bands evenly")
+    parser.add_argument("--place", choices=("even", "dask"), default="even",
+                        help="bands in even contiguous runs per worker (dask_scale.place_evenly)"
+                             ", or where Dask puts them")  # fmt: skip
     args = parser.parse_args()
     cupy, cluster_cls, client_cls, wait = dask_scale.requirements()
     import dask
@@ -69,10 +71,12 @@ def main() -> int:
     config = dask_scale.scheduler_config(args)
     with dask.config.set(config), cluster_cls(CUDA_VISIBLE_DEVICES="0,1") as cluster, \
             client_cls(cluster) as client:  # fmt: skip
-        x = dask_scale.make_image(cupy, args.size, args.rows).persist()
-        wait(x)
-        if args.rebalance:
-            client.rebalance(x)
+        x = dask_scale.make_image(cupy, args.size, args.rows)
+        if args.place == "even":
+            x = dask_scale.place_evenly(client, x, wait)
+        else:
+            x = x.persist()
+            wait(x)
         held = collections.Counter(w for ws in client.who_has(x).values() for w in ws)
         print(f"{args.size}x{args.size}x3 uint8, bands of {args.rows} rows; bands per worker: "
               f"{dict(held)}")  # fmt: skip

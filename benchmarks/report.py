@@ -825,10 +825,12 @@ def section_scale(results: Path) -> list[str]:
                               f"{one / two:.2f}"])  # fmt: skip
     cards = sorted({run["gpu"] for run in data["dask_arrays"] if run.get("gpu")})
     on = f"; GPUs: {', '.join(cards)}" if cards else ""
+    sources = ", ".join(_link(results / run["source"]) for run in data["dask_arrays"])
     out += [
         "`imgfilter.dask` over dask-cuda workers, one per GPU (`benchmarks/dask_scale.py`"
-        f"{on}), median ms (NumPy bands: in the workers' host memory, each task copies its band "
-        "to its GPU and back; CuPy bands: already on the GPUs):",
+        f"{on}; {sources}), median ms (NumPy bands: in the workers' host memory, each task "
+        "copies its band to its GPU and back; CuPy bands: already on the GPUs; the bands in "
+        "even, contiguous runs, one per worker, unless the run's file says otherwise):",
         "",
         *_table(
             [

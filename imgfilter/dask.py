@@ -40,12 +40,15 @@ never imports it.
 from __future__ import annotations
 
 import functools
+import operator
 from typing import Any
 
 import numpy as np
 
 try:
     import dask.array as da
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph
 except ImportError:
     raise ImportError('imgfilter.dask needs Dask: pip install "imgfilter[dask]"') from None
 
@@ -297,55 +300,52 @@ def _map_bands(y: da.Array, band, depth: int, keep_channels: bool) -> da.Array:
     """band() on each row chunk of y together with `depth` rows of each neighbour (none
     past the image's top and bottom), the neighbours' rows cut from its result.
 
-    dask's map_overlap would join each band with its neighbours' rows in a task of its
-    own, one thread copying the whole band (of a 200 MB band, 70 ms: twice the band's
-    GPU filter with its copies); here the band's own task joins them
-    (`_filter_joined`), a large host band in several threads."""
+    y has one chunk across its columns and channels. The graph is written out: per
+    band, one task slicing `depth` rows off each neighbour (run where the neighbour
+    lies, so only those rows travel) and the band's own task, which joins them
+    (`_filter_joined`; a large host band in several threads). dask's map_overlap
+    joins in a task of its own (one thread copying the whole band: of a 200 MB band,
+    70 ms, twice the band's GPU filter with its copies), and built from array
+    operations the halos take twice the tasks (slice, concatenate, rechunk): each a
+    scheduler round trip per run."""
     drop = y.ndim == 3 and not keep_channels
-    index = "ijk"[: y.ndim]
-    arrays: list = [y, index]
-    if depth:
-        edges = np.cumsum((0, *y.chunks[0])).tolist()
-        above = _one_chunk_each([y[max(0, e - depth) : e] for e in edges[:-1]])
-        below = _one_chunk_each([y[e : e + depth] for e in edges[1:]])
-        arrays += [above, index, below, index]
-    # Blocks matched by their index (align_arrays=False): a band's neighbours' rows
-    # are chunks of other sizes than the band's.
-    return da.blockwise(
-        functools.partial(_filter_joined, band),
-        index[:2] if drop else index,
-        *arrays,
-        align_arrays=False,
-        adjust_chunks={"i": y.chunks[0]},
-        concatenate=True,
-        dtype=y.dtype,
-        meta=y._meta.reshape((0, 0)) if drop else y._meta,
-    )
+    rest = (0,) * (y.ndim - 1)
+    n = len(y.chunks[0])
+    token = tokenize(y, band, depth, keep_channels)
+    name, halo = f"imgfilter-band-{token}", f"imgfilter-halo-{token}"
+    graph: dict = {}
+    for i in range(n):
+        above = below = None
+        if depth and i > 0:
+            above = (halo, "above", i)
+            graph[above] = (operator.getitem, (y.name, i - 1, *rest), slice(-depth, None))
+        if depth and i < n - 1:
+            below = (halo, "below", i)
+            graph[below] = (operator.getitem, (y.name, i + 1, *rest), slice(0, depth))
+        own = (y.name, i, *rest)
+        graph[(name, i, *rest[: 1 if drop else None])] = (_filter_joined, band, own, above,
+                                                            below)  # fmt: skip
+    chunks = y.chunks[:2] if drop else y.chunks
+    meta = y._meta.reshape((0, 0)) if drop else y._meta
+    layers = HighLevelGraph.from_collections(name, graph, dependencies=[y])
+    return da.Array(layers, name, chunks, meta=meta)
 
 
-def _one_chunk_each(pieces: list) -> da.Array:
-    """The pieces stacked along rows, one row chunk per piece (0 rows allowed)."""
-    rows = tuple(p.shape[0] for p in pieces)
-    return da.concatenate(pieces, axis=0).rechunk({0: rows})
-
-
-def _filter_joined(band, own: Any, above: Any = None, below: Any = None) -> Any:
-    """band() of the rows above, `own` and the rows below joined, the result's rows of
-    `own` only. Host bands of `BANDS_MIN_BYTES` or more are joined by
-    `imgfilter.streamed.join_rows` (several threads, huge pages)."""
-    if above is None:
-        return band(own)
-    parts = [part for part in (above, own, below) if part.shape[0]]
+def _filter_joined(band, own: Any, above: Any, below: Any) -> Any:
+    """band() of the rows above, `own` and the rows below joined (None: no neighbour
+    there), the result's rows of `own` only. Host bands of `BANDS_MIN_BYTES` or more
+    are joined by `imgfilter.streamed.join_rows` (several threads, huge pages)."""
+    parts = [part for part in (above, own, below) if part is not None]
     if len(parts) == 1:
-        joined = own
-    elif isinstance(own, np.ndarray) and own.nbytes >= api.BANDS_MIN_BYTES:
+        return band(own)
+    if isinstance(own, np.ndarray) and own.nbytes >= api.BANDS_MIN_BYTES:
         from .streamed import join_rows
 
         joined = join_rows(parts)
     else:
         joined = _namespace(own).concatenate(parts, axis=0)
-    result = band(joined)
-    return result[above.shape[0] : above.shape[0] + own.shape[0]]
+    top = 0 if above is None else above.shape[0]
+    return band(joined)[top : top + own.shape[0]]
 
 
 def _at_least(chunks, depth: int) -> tuple[int, ...]:

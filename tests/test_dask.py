@@ -181,6 +181,22 @@ def test_graph_is_lazy_and_keeps_shape_dtype_chunks():
     assert (c.shape, c.dtype, c.chunks) == (x.shape[:2], np.uint8, x.chunks[:2])
 
 
+def test_each_band_is_one_task_and_only_halo_rows_leave_a_neighbour():
+    """Per band: its filter task and one slice of each neighbour (run where the
+    neighbour lies), the slice depth rows only: 3n - 2 tasks for n full-width bands."""
+    img = image((60, 16, 3), np.uint8, seed=10)
+    x = da.from_array(img, chunks=(12, -1, -1)).persist()  # 5 bands, already computed
+    y = ifd.blur(x, 9, backend="cpu")  # depth 4
+    graph = dict(y.__dask_graph__())
+    new = {key: task for key, task in graph.items() if key not in dict(x.__dask_graph__())}
+    assert len(new) == 3 * 5 - 2
+    halos = [key for key in new if "halo" in key[0]]
+    assert len(halos) == 2 * (5 - 1)
+    sizes = {dask.get(graph, key).shape[0] for key in halos}
+    assert sizes == {4}
+    assert np.array_equal(y.compute(), imgfilter.blur(img, 9, backend="cpu"))
+
+
 def test_core_package_does_not_import_dask():
     code = "import sys, imgfilter, imgfilter.api, imgfilter.border; print('dask' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -234,3 +250,23 @@ def test_cupy_chunks(border, dtype):
         assert isinstance(got, cp.ndarray), name
         expected = cp.asarray(getattr(imgfilter, name)(whole, **kw, **opts))
         assert bool(cp.array_equal(got, expected)), f"{name} {kw.keys()}"
+
+
+@pytest.mark.gpu
+def test_cupy_band_tasks_run_after_the_work_that_made_their_band():
+    """A band made by work still queued on the thread's current CuPy stream (a
+    non-blocking one, busy with a large computation first) is filtered after that
+    work: the band's filter is queued on the stream its array names."""
+    cp = pytest.importorskip("cupy")
+    img = image((600, 500, 3), np.uint8, seed=15)
+    user = cp.cuda.Stream(non_blocking=True)
+    with user:
+        busy = cp.arange(1 << 26, dtype=cp.float32)
+        for _ in range(20):  # keeps the stream busy while the bands are queued
+            busy = cp.sqrt(busy * busy + 1)
+        x = da.from_array(img, chunks=(75, -1, -1)).map_blocks(
+            lambda b: cp.asarray(b) + (busy[:1] * 0).astype(cp.uint8), dtype=np.uint8
+        )
+        got = ifd.blur(x, 9).compute(scheduler="sync")
+    expected = cp.asarray(imgfilter.blur(cp.asarray(img), 9))
+    assert bool(cp.array_equal(got, expected))
