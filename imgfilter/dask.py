@@ -13,9 +13,9 @@ Options are the array API's (anchor, border, border_value, backend, method; see
 `UsageError` at once, not at compute time. `out` and `stream` are not taken: each
 chunk gets its own result, on the stream of its own array.
 
-How: the image is filtered in full-width row bands, each band by one imgfilter call
-on the band plus `depth` rows of its neighbours (as `dask.array.map_overlap` with
-boundary "none" would, but joined in the band's own task: `_map_bands`),
+How: the image is filtered in full-width row bands, each band with `depth` rows of
+its neighbours (as `dask.array.map_overlap` with boundary "none" would, but in the
+band's own task and without copying the band: `_map_bands`, `_filter_joined`),
 depth = max(rows above, rows below the anchor). Column chunks are
 merged for the filter (the result is split back into the input's chunks): a column's
 arithmetic on the CPU backend depends on the row length (OpenCV's SIMD body rounds
@@ -302,12 +302,12 @@ def _map_bands(y: da.Array, band, depth: int, keep_channels: bool) -> da.Array:
 
     y has one chunk across its columns and channels. The graph is written out: per
     band, one task slicing `depth` rows off each neighbour (run where the neighbour
-    lies, so only those rows travel) and the band's own task, which joins them
-    (`_filter_joined`; a large host band in several threads). dask's map_overlap
-    joins in a task of its own (one thread copying the whole band: of a 200 MB band,
-    70 ms, twice the band's GPU filter with its copies), and built from array
-    operations the halos take twice the tasks (slice, concatenate, rechunk): each a
-    scheduler round trip per run."""
+    lies, so only those rows travel) and the band's own task, which filters the band
+    with them (`_filter_joined`). dask's map_overlap joins each band with its
+    neighbours' rows in a task of its own (one thread copying the whole band: of a
+    200 MB band, 70 ms, twice the band's GPU filter with its copies), and built from
+    array operations the halos take twice the tasks (slice, concatenate, rechunk):
+    each a scheduler round trip per run."""
     drop = y.ndim == 3 and not keep_channels
     rest = (0,) * (y.ndim - 1)
     n = len(y.chunks[0])
@@ -332,20 +332,40 @@ def _map_bands(y: da.Array, band, depth: int, keep_channels: bool) -> da.Array:
 
 
 def _filter_joined(band, own: Any, above: Any, below: Any) -> Any:
-    """band() of the rows above, `own` and the rows below joined (None: no neighbour
-    there), the result's rows of `own` only. Host bands of `BANDS_MIN_BYTES` or more
-    are joined by `imgfilter.streamed.join_rows` (several threads, huge pages)."""
-    parts = [part for part in (above, own, below) if part is not None]
-    if len(parts) == 1:
+    """band() of `own` with the rows `above` and `below` it (None: no neighbour there),
+    the result's rows of `own` only.
+
+    Without joining the whole band: band() of `own` alone is exact except in its
+    `depth` rows next to each neighbour (depth = the neighbours' rows), whose filter
+    reaches into the neighbour; those come from band() of a strip of 3 * depth rows
+    (the neighbour's and 2 * depth of own's), where the strip's own border rule never
+    reaches them. A band shorter than 2 * depth rows is joined with its neighbours
+    (`_joined`) and filtered whole."""
+    if above is None and below is None:
         return band(own)
-    if isinstance(own, np.ndarray) and own.nbytes >= api.BANDS_MIN_BYTES:
+    depth = (above if above is not None else below).shape[0]
+    n = own.shape[0]
+    if n < 2 * depth:
+        joined = _joined([part for part in (above, own, below) if part is not None])
+        top = 0 if above is None else depth
+        return band(joined)[top : top + n]
+    result = band(own)
+    if above is not None:
+        result[:depth] = band(_joined([above, own[: 2 * depth]]))[depth : 2 * depth]
+    if below is not None:
+        result[n - depth :] = band(_joined([own[n - 2 * depth :], below]))[depth : 2 * depth]
+    return result
+
+
+def _joined(parts: list) -> Any:
+    """The parts stacked by rows: host bands of `BANDS_MIN_BYTES` or more by
+    `imgfilter.streamed.join_rows` (several threads, huge pages)."""
+    own = parts[0]
+    if isinstance(own, np.ndarray) and sum(p.nbytes for p in parts) >= api.BANDS_MIN_BYTES:
         from .streamed import join_rows
 
-        joined = join_rows(parts)
-    else:
-        joined = _namespace(own).concatenate(parts, axis=0)
-    top = 0 if above is None else above.shape[0]
-    return band(joined)[top : top + own.shape[0]]
+        return join_rows(parts)
+    return _namespace(own).concatenate(parts, axis=0)
 
 
 def _at_least(chunks, depth: int) -> tuple[int, ...]:

@@ -106,22 +106,40 @@ def test_irregular_chunks_and_tiny_images(border):
 
 
 @pytest.mark.parametrize("border", ("reflect101", "wrap", "constant"))
-def test_large_host_bands_are_joined_with_their_neighbours_in_threads(monkeypatch, border):
-    """Host bands past api.BANDS_MIN_BYTES are joined with their neighbours' rows by
-    streamed.join_rows (here every band, the threshold lowered), results unchanged;
-    a band without neighbours (one chunk) is filtered as it is."""
+def test_bands_are_filtered_as_they_are_and_only_their_ends_with_neighbour_rows(
+    monkeypatch, border
+):
+    """A band is filtered as it is, and its `depth` rows next to each neighbour from a
+    strip of 3 * depth rows (the neighbour's and its own): no band is copied to join
+    it with its neighbours, except one shorter than 2 * depth, joined whole. Host
+    pieces past api.BANDS_MIN_BYTES (here all) are joined by streamed.join_rows.
+    Results unchanged; a band without neighbours (one chunk) is filtered as it is."""
     from imgfilter import streamed
 
-    joined = []
-    real = streamed.join_rows
-    monkeypatch.setattr(streamed, "join_rows", lambda parts: joined.append(parts) or real(parts))
+    joined, filtered = [], []
+    real_join, real_filter = streamed.join_rows, ifd._api_filter2d
+
+    def join(parts):
+        joined.append([len(p) for p in parts])
+        return real_join(parts)
+
+    def filter2d(band, *args, **opts):
+        filtered.append(len(band))
+        return real_filter(band, *args, **opts)
+
+    monkeypatch.setattr(streamed, "join_rows", join)
+    monkeypatch.setattr(ifd, "_api_filter2d", filter2d)
     monkeypatch.setattr(imgfilter.api, "BANDS_MIN_BYTES", 1)
     img = image((41, 29, 3), np.uint8, seed=12)
     opts = dict(border=border, border_value=5, backend="cpu")
-    same("filter2d", ifd.filter2d, imgfilter.filter2d, img, (9, 29, 3), kernel=kernel(7, 5, 13),
+    # 7 kernel rows, anchor row 5: 5 rows above, 1 below, depth 5; bands 12, 12, 12, 5
+    # (wrap: the rows it reaches, 5 and 1, added to the first and last: 17, 12, 12, 6)
+    same("filter2d", ifd.filter2d, imgfilter.filter2d, img, (12, 29, 3), kernel=kernel(7, 5, 13),
          anchor=(1, 5), **opts)  # fmt: skip
-    assert len(joined) == 5  # one per band; the first and last have one neighbour
-    assert sorted(len(parts) for parts in joined) == [2, 2, 3, 3, 3]
+    # Three bands as they are, five end strips, the last band joined with 5 rows above.
+    first, last = (17, 6) if border == "wrap" else (12, 5)
+    assert sorted(filtered) == sorted([first, 12, 12, 5 + last] + [15] * 5)
+    assert sorted(joined) == [[5, last]] + [[5, 10]] * 2 + [[10, 5]] * 3
     joined.clear()
     same("one band", ifd.blur, imgfilter.blur, img, (41, 29, 3), k=5, **opts)
     assert joined == []
