@@ -5,9 +5,10 @@ One process per GPU (CUDA_VISIBLE_DEVICES set before imgfilter is imported), eac
 with its own random --size/N x --size x 3 uint8 host image, all starting each rep
 together (a barrier); a rep ends when the last process ends. Two ways per process:
 - whole: `imgfilter.blur(img, 21)` (row bands streamed through the GPU);
-- tasks: what `imgfilter.dask` does per band without the graph: for each --rows band,
-  join it with 10 rows of each neighbour (`imgfilter.streamed.join_rows`), blur, keep
-  the band's own rows (every band result held until the rep ends, as Dask holds them);
+- tasks: band tasks without Dask's graph, as `imgfilter.dask` ran them until its band
+  tasks stopped joining: for each --rows band, join it with 10 rows of each neighbour
+  (`imgfilter.streamed.join_rows`), blur, keep the band's own rows (every band result
+  held until the rep ends, as Dask holds them);
 - copy: no GPU, the image copied into a new host array by the copy threads the bands
   use (`imgfilter.streamed`'s), the host's share of the work alone.
 --copy-threads sets those threads per process (default: streamed.COPY_THREADS).
