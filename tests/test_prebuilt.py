@@ -53,10 +53,13 @@ def test_the_first_use_kernels_ship():
             assert set(cubins.twopass_names(channels, geo)) <= names, (channels, ksize)
         for dtype in (np.uint8, np.uint16):
             assert cubins.contour_name(channels, dtype) in names
-        for k in (3, 21, 61):
-            method, geo = box_plan.choose((480, 640, channels), np.uint16, (k, k))
-            if method == "fused":  # else box_running, which always runs through Numba
-                assert cubins.box_name(geo, channels, np.uint16) in names
+        boxes = {np.uint16: ((3, 3), (21, 21), (61, 61), (1, 600), (2, 300)),
+                 np.uint8: ((3, 301), (1, 301), (300, 300), (140, 990), (300, 600))}  # fmt: skip
+        for dtype, ksizes in boxes.items():
+            for ksize in ksizes:
+                method, geo = box_plan.choose((480, 640, channels), dtype, ksize)
+                if method == "fused":  # else box_running, which always runs through Numba
+                    assert cubins.box_name(geo, channels, dtype) in names, (dtype, ksize)
     for dtype in (np.uint8, np.uint16, np.float32):
         assert cubins.conv_tiled_name(dtype) in names
 
@@ -279,7 +282,10 @@ def test_fresh_process_filters_from_shipped_kernels_without_numba(tmp_path):
                     outs["contour" + key] = imgfilter.contour(img, border="reflect")
                 outs["filter" + key] = imgfilter.filter2d(img, kern, border="constant",
                                                           border_value=7)
-                for k in ((3, 3), (21, 21), (5, 17)):  # float32: box_running
+                # float32: box_running; 301x3 uint8: box_fused (uint8 4-channel: box_packed,
+                # specialised per size, not shipped)
+                boxes = ((3, 3), (21, 21), (5, 17)) + (((301, 3),) if c < 4 else ())
+                for k in boxes:
                     outs[f"blur{k}{key}"] = imgfilter.blur(img, k, border="wrap")
         np.savez(sys.argv[1], **outs)
         print("numba" in sys.modules)

@@ -4,7 +4,7 @@ Two users, no compile on a first use:
 - the quick start (`imgfilter.backends.cached`, without Numba): the size-generic
   kernels that stand in for the size-specialised ones while those compile in the
   background (box_twopass for uint8 boxes, conv's tiled kernel for filters), and the
-  kernels that are generic already (box_fused for uint16 boxes, contour);
+  kernels that are generic already (box_fused, contour);
 - the launch layer (`kernels.common.launch`; without Numba for the kernels it names by
   `kernels.common.refs.KernelRef`): every kernel the workloads here compile: the ones
   above, box_running, softmax on common widths, GEMV on common shapes, and the
@@ -76,28 +76,36 @@ def _twopass(backend, rng):
             yield columns, box_twopass.column_kernel_for(geo), (np.uint32, np.uint8)
 
 
-def _fused(backend, rng):
-    """box_fused for uint16 images: every (sum type, rounding) the plan can pick."""
+def _fused_boxes(dtype, channels: int) -> dict:
+    """{cubin name: a box the plan runs through it} for box_fused on `dtype` images: the
+    name varies with the column sums' type (the box's height) and the rounding (its area),
+    and no box wider than 995 columns fits box_fused's tile: boxes up to 399 x 1099 find
+    every name."""
     from imgfilter.backends import cubins
+    from kernels.box import plan as box_plan
+
+    boxes: dict = {}
+    for kh in range(1, 400):
+        for kw in range(1, 1100):
+            method, geo = box_plan.choose((64, 96, channels), dtype, (kh, kw))
+            if method == "fused":
+                boxes.setdefault(cubins.box_name(geo, channels, dtype), (kh, kw))
+    return boxes
+
+
+def _fused(backend, rng):
+    """box_fused for uint8 and uint16 images: every (sum type, rounding) the plan picks."""
     from kernels.box import fused as box_fused
     from kernels.box import plan as box_plan
 
-    shape = (64, 96)
-    for channels in CHANNELS:
-        seen = set()
-        for kh in range(1, 258):
-            for kw in (1, 3, 31, 257):
-                method, geo = box_plan.choose((*shape, channels), np.uint16, (kh, kw))
-                if method != "fused":
-                    continue
-                name = cubins.box_name(geo, channels, np.uint16)
-                if name in seen:
-                    continue
-                seen.add(name)
-                img = _random((*shape, channels), np.uint16, rng)
-                backend.box(img, (kh, kw), (kh // 2, kw // 2), 0, 0.0, "auto")
+    for dtype in (np.uint8, np.uint16):
+        for channels in CHANNELS:
+            for name, ksize in _fused_boxes(dtype, channels).items():
+                img = _random((64, 96, channels), dtype, rng)
+                backend.box(img, ksize, (ksize[0] // 2, ksize[1] // 2), 0, 0.0, "auto")
+                _, geo = box_plan.choose(img.shape, dtype, ksize)
                 kernel = box_fused.kernel_for(geo["sum_type"], channels, geo["magic_rounding"])
-                yield name, kernel, (np.uint16, np.uint16)
+                yield name, kernel, (dtype, dtype)
 
 
 def _contour(backend, rng):
