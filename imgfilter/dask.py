@@ -14,8 +14,9 @@ Options are the array API's (anchor, border, border_value, backend, method; see
 chunk gets its own result, on the stream of its own array.
 
 How: the image is filtered in full-width row bands, each band with `depth` rows of
-its neighbours (as `dask.array.map_overlap` with boundary "none" would, but in the
-band's own task and without copying the band: `_map_bands`, `_filter_joined`),
+its neighbours (as `dask.array.map_overlap` with boundary "none" would, but without
+copying the band: the band filtered alone, then the rows next to each neighbour
+redone with the neighbour's: `_map_bands`),
 depth = max(rows above, rows below the anchor). Column chunks are
 merged for the filter (the result is split back into the input's chunks): a column's
 arithmetic on the CPU backend depends on the row length (OpenCV's SIMD body rounds
@@ -40,7 +41,6 @@ never imports it.
 from __future__ import annotations
 
 import functools
-import operator
 from typing import Any
 
 import numpy as np
@@ -301,60 +301,85 @@ def _map_bands(y: da.Array, band, depth: int, keep_channels: bool) -> da.Array:
     past the image's top and bottom), the neighbours' rows cut from its result.
 
     y has one chunk across its columns and channels. The graph is written out: per
-    band, one task slicing `depth` rows off each neighbour (run where the neighbour
-    lies, so only those rows travel) and the band's own task, which filters the band
-    with them (`_filter_joined`). dask's map_overlap joins each band with its
-    neighbours' rows in a task of its own (one thread copying the whole band: of a
-    200 MB band, 70 ms, twice the band's GPU filter with its copies), and built from
-    array operations the halos take twice the tasks (slice, concatenate, rechunk):
-    each a scheduler round trip per run."""
+    band, one task slicing its first and last `depth` rows (`_ends`, run where the band
+    lies, so only those rows travel to its neighbours), one filtering the band as it is
+    (`_filter_alone`), and one redoing its `depth` rows next to each neighbour with the
+    neighbour's rows (`_with_seams`): 3n tasks for n bands. A band's filter so never
+    waits for rows from another worker; only the seams do (on a GPU, copying a CuPy
+    band's rows off its device waits for the work queued there before it). A band
+    shorter than 2 * depth rows is one task, joined with its neighbours' rows
+    (`_filter_joined`). dask's map_overlap joins each band with its neighbours' rows in
+    a task of its own (one thread copying the whole band: of a 200 MB band, 70 ms,
+    twice the band's GPU filter with its copies), and built from array operations the
+    halos take twice the tasks (slice, concatenate, rechunk): each a scheduler round
+    trip per run."""
     drop = y.ndim == 3 and not keep_channels
     rest = (0,) * (y.ndim - 1)
     n = len(y.chunks[0])
     token = tokenize(y, band, depth, keep_channels)
-    name, halo = f"imgfilter-band-{token}", f"imgfilter-halo-{token}"
+    name, ends = f"imgfilter-band-{token}", f"imgfilter-ends-{token}"
+    alone = f"imgfilter-alone-{token}"
     graph: dict = {}
+    if depth and n > 1:
+        for i in range(n):
+            graph[(ends, i)] = (_ends, (y.name, i, *rest), depth)
     for i in range(n):
-        above = below = None
-        if depth and i > 0:
-            above = (halo, "above", i)
-            graph[above] = (operator.getitem, (y.name, i - 1, *rest), slice(-depth, None))
-        if depth and i < n - 1:
-            below = (halo, "below", i)
-            graph[below] = (operator.getitem, (y.name, i + 1, *rest), slice(0, depth))
+        above = (ends, i - 1) if depth and i > 0 else None
+        below = (ends, i + 1) if depth and i < n - 1 else None
         own = (y.name, i, *rest)
-        graph[(name, i, *rest[: 1 if drop else None])] = (_filter_joined, band, own, above,
-                                                            below)  # fmt: skip
+        key = (name, i, *rest[: 1 if drop else None])
+        if (above or below) and y.chunks[0][i] >= 2 * depth:
+            graph[(alone, i)] = (_filter_alone, band, own)
+            graph[key] = (_with_seams, band, (alone, i), own, above, below)
+        else:
+            graph[key] = (_filter_joined, band, own, above, below)
     chunks = y.chunks[:2] if drop else y.chunks
     meta = y._meta.reshape((0, 0)) if drop else y._meta
     layers = HighLevelGraph.from_collections(name, graph, dependencies=[y])
     return da.Array(layers, name, chunks, meta=meta)
 
 
-def _filter_joined(band, own: Any, above: Any, below: Any) -> Any:
-    """band() of `own` with the rows `above` and `below` it (None: no neighbour there),
-    the result's rows of `own` only.
+def _ends(own: Any, depth: int) -> tuple[Any, Any]:
+    """The band's first and last `depth` rows (views): the rows its neighbours below
+    and above need."""
+    return own[:depth], own[own.shape[0] - depth :]
 
-    Without joining the whole band: band() of `own` alone is exact except in its
-    `depth` rows next to each neighbour (depth = the neighbours' rows), whose filter
-    reaches into the neighbour; those come from band() of a strip of 3 * depth rows
-    (the neighbour's and 2 * depth of own's), where the strip's own border rule never
-    reaches them. A band shorter than 2 * depth rows is joined with its neighbours
-    (`_joined`) and filtered whole."""
-    if above is None and below is None:
-        return band(own)
-    depth = (above if above is not None else below).shape[0]
-    n = own.shape[0]
-    if n < 2 * depth:
-        joined = _joined([part for part in (above, own, below) if part is not None])
-        top = 0 if above is None else depth
-        return band(joined)[top : top + n]
-    result = band(own)
+
+def _filter_alone(band, own: Any) -> Any:
+    """band() of `own` without its neighbours' rows: exact except in its `depth` rows
+    next to each neighbour, which `_with_seams` redoes."""
+    return band(own)
+
+
+def _with_seams(band, result: Any, own: Any, above: Any, below: Any) -> Any:
+    """`result` (band() of `own` alone, `_filter_alone`) with its `depth` rows next to
+    each neighbour redone from band() of a strip of 3 * depth rows (the last `depth`
+    rows of the band above, `_ends` of it or None where there is none, or the first of
+    the band below, and 2 * depth of own's), where the strip's own border rule never
+    reaches them. Writes into `result`, which no other task reads, and returns it;
+    `own` has at least 2 * depth rows."""
     if above is not None:
+        above = above[1]
+        depth = above.shape[0]
         result[:depth] = band(_joined([above, own[: 2 * depth]]))[depth : 2 * depth]
     if below is not None:
+        below = below[0]
+        depth, n = below.shape[0], own.shape[0]
         result[n - depth :] = band(_joined([own[n - 2 * depth :], below]))[depth : 2 * depth]
     return result
+
+
+def _filter_joined(band, own: Any, above: Any, below: Any) -> Any:
+    """band() of `own` joined with the last rows of the band above it and the first of
+    the one below (`_ends` of each, None: no neighbour there, both None: `own` alone),
+    the result's rows of `own` only."""
+    upper = None if above is None else above[1]
+    lower = None if below is None else below[0]
+    parts = [part for part in (upper, own, lower) if part is not None]
+    if len(parts) == 1:
+        return band(own)
+    top = 0 if upper is None else upper.shape[0]
+    return band(_joined(parts))[top : top + own.shape[0]]
 
 
 def _joined(parts: list) -> Any:

@@ -199,19 +199,26 @@ def test_graph_is_lazy_and_keeps_shape_dtype_chunks():
     assert (c.shape, c.dtype, c.chunks) == (x.shape[:2], np.uint8, x.chunks[:2])
 
 
-def test_each_band_is_one_task_and_only_halo_rows_leave_a_neighbour():
-    """Per band: its filter task and one slice of each neighbour (run where the
-    neighbour lies), the slice depth rows only: 3n - 2 tasks for n full-width bands."""
+def test_a_bands_filter_waits_for_no_neighbour_and_only_halo_rows_leave_one():
+    """Per band: a task filtering it alone (its only input the band), one slicing its
+    depth rows at each end (run where the band lies, the only rows that travel) and one
+    redoing its rows next to the neighbours with theirs: 3n tasks for n full-width
+    bands, none of them fused away by Dask's optimizer."""
     img = image((60, 16, 3), np.uint8, seed=10)
     x = da.from_array(img, chunks=(12, -1, -1)).persist()  # 5 bands, already computed
     y = ifd.blur(x, 9, backend="cpu")  # depth 4
     graph = dict(y.__dask_graph__())
     new = {key: task for key, task in graph.items() if key not in dict(x.__dask_graph__())}
-    assert len(new) == 3 * 5 - 2
-    halos = [key for key in new if "halo" in key[0]]
-    assert len(halos) == 2 * (5 - 1)
-    sizes = {dask.get(graph, key).shape[0] for key in halos}
-    assert sizes == {4}
+    assert len(new) == 3 * 5
+    optimized = dict(y.__dask_optimize__(y.__dask_graph__(), y.__dask_keys__()))
+    assert len(optimized) == len(new) + 5  # and the 5 source bands
+    for kind in ("ends", "alone"):  # each of its own band, nothing else
+        keys = [key for key in new if kind in key[0]]
+        assert len(keys) == 5
+        for key in keys:
+            assert set(dask.core.get_dependencies(graph, key)) == {(x.name, key[1], 0, 0)}
+    ends = [dask.get(graph, key) for key in new if "ends" in key[0]]
+    assert {part.shape[0] for pair in ends for part in pair} == {4}
     assert np.array_equal(y.compute(), imgfilter.blur(img, 9, backend="cpu"))
 
 
