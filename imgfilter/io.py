@@ -27,7 +27,8 @@ exactly (JPEG: within its lossy coding) on OpenCV 4.8 and 5.0:
     extension        dtypes                    channels
     .jpg .jpeg       uint8                     1, 3        (lossy, quality 95 or `quality`)
     .png             uint8, uint16             1, 3, 4
-    .tif .tiff       uint8, uint16, float32    1, 3, 4     (LZW)
+    .tif .tiff       uint8, uint16, float32    1, 3, 4     (LZW; images of 2 GiB or more:
+                                                            BigTIFF, Deflate, `tiff`)
     .bmp             uint8                     1, 3, 4     (4: see below)
     .webp            uint8                     1, 3, 4     (lossless unless `quality`; 1 ch. reads
                                                             back as 3 equal channels)
@@ -616,6 +617,8 @@ def read_image(path: str | os.PathLike[str]) -> np.ndarray:
         dtype('uint16')
     """
     p = Path(path)
+    if _is_large_tiff(p):
+        return _read_large_tiff(p)
     data = _read_bytes(p, npy=True)
     if data is None or data.startswith(NPY_MAGIC):
         return _read_npy(p, data)
@@ -633,7 +636,9 @@ def read_image(path: str | os.PathLike[str]) -> np.ndarray:
         except cv2.error as e:
             cv_detail = str(e).strip().splitlines()[-1] if str(e).strip() else ""
     if img is None:
-        img = _decode_pillow(data, p, kind, cv_detail or noise.last_line())
+        cv_detail = cv_detail or noise.last_line()
+        _check_pixel_limit(p, cv_detail)
+        img = _decode_pillow(data, p, kind, cv_detail)
     elif kind in _SCANNERS:  # OpenCV's TIFF decoder applies TIFF orientation itself
         img = _apply_orientation(img, _exif_orientation(scan.exif))
     img = np.ascontiguousarray(_normalize(img, p))
@@ -644,6 +649,55 @@ def read_image(path: str | os.PathLike[str]) -> np.ndarray:
             f"{p} has {frames} {what}; reading the first", MultiFrameWarning, stacklevel=2
         )
     return img
+
+
+def _is_large_tiff(p: Path) -> bool:
+    """Whether `p` is a regular file of `tiff.READ_FROM_PATH_BYTES` or more that starts
+    as a TIFF (anything else, errors included, takes the usual path)."""
+    from . import tiff
+
+    try:
+        if not p.is_file() or p.stat().st_size < tiff.READ_FROM_PATH_BYTES:
+            return False
+        with open(p, "rb") as f:
+            return f.read(4) in tiff.MAGIC
+    except OSError:
+        return False
+
+
+def _read_large_tiff(p: Path) -> np.ndarray:
+    """A TIFF past what OpenCV decodes from memory, decoded from its path (see
+    `imgfilter.tiff`); its first page, with a MultiFrameWarning if it has more."""
+    from . import tiff
+
+    cv2 = _import_cv2()
+    img, detail = None, ""
+    with _quiet_native(cv2) as noise:
+        try:
+            img = cv2.imread(str(p), cv2.IMREAD_UNCHANGED)
+        except cv2.error as e:
+            detail = str(e).strip().splitlines()[-1] if str(e).strip() else ""
+    if img is None:
+        detail = detail or noise.last_line() or "no details"
+        _check_pixel_limit(p, detail)
+        raise InputError(f"cannot read {p}: OpenCV could not decode this TIFF file ({detail})")
+    img = np.ascontiguousarray(_normalize(img, p))
+    with open(p, "rb") as f:
+        pages = tiff.page_count(f)
+    if pages > 1:
+        warnings.warn(f"{p} has {pages} pages; reading the first", MultiFrameWarning,
+                      stacklevel=3)  # fmt: skip
+    return img
+
+
+def _check_pixel_limit(p: Path, detail: str) -> None:
+    """InputError naming OpenCV's pixel limit when that is why it could not decode."""
+    if "CV_IO_MAX_IMAGE_PIXELS" in detail:
+        limit = os.environ.get("OPENCV_IO_MAX_IMAGE_PIXELS", str(1 << 30))
+        raise InputError(
+            f"cannot read {p}: it has more pixels than OpenCV decodes ({limit}); set "
+            "OPENCV_IO_MAX_IMAGE_PIXELS higher before cv2 is imported"
+        )
 
 
 class MultiFrameWarning(UserWarning):
@@ -1071,10 +1125,16 @@ def _check_quality(p: Path, fmt: _Format, quality: Any) -> int | None:
 
 def _encode(p: Path, fmt: _Format, img: np.ndarray, quality: int | None = None) -> Contents:
     """The encoded file contents, or OutputError. `quality` (checked): JPEG quality, or
-    lossy WebP at that quality. A .npy file is not encoded in memory: its contents are
-    a function that writes the array into the open file (`atomic_write`)."""
+    lossy WebP at that quality. A .npy file, and a TIFF of `tiff.BIGTIFF_MIN_BYTES`
+    or more (a BigTIFF), are not encoded in memory: their contents are a function that
+    writes them into the open file (`atomic_write`)."""
     if fmt is _NPY:
         return functools.partial(np.lib.format.write_array, array=img, allow_pickle=False)
+    if fmt is _TIFF:
+        from . import tiff
+
+        if img.nbytes >= tiff.BIGTIFF_MIN_BYTES:  # past what classic TIFF may hold
+            return functools.partial(tiff.write, img=img)
     cv2 = _import_cv2()
     params: list[int] = []
     channels = 1 if img.ndim == 2 else img.shape[2]
