@@ -21,11 +21,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import cv2
 import numpy as np
 
-import imgfilter
+import imgfilter  # before cv2: it raises OpenCV's pixel limit for 40000^2 images
 from imgfilter import tiff
+
+# isort: split
+import cv2
 
 
 def make_image(size: int, noise: bool) -> np.ndarray:

@@ -74,6 +74,8 @@ def _pixel_limit() -> int:
     return max(1 << 30, memory)
 
 
+# OpenCV reads the variable when it loads: a cv2 imported before imgfilter keeps its limit.
+_opencv_loaded_first = "cv2" in __import__("sys").modules
 _os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(_pixel_limit()))
 
 __version__ = "0.1.0"

@@ -12,7 +12,9 @@ keeps 16-bit samples and alpha. That flag also skips EXIF orientation, which
 ``cv2.imread(path)`` applies, so the orientation tag of JPEG, PNG and WebP files is read
 here (from the bytes already in memory) and applied with numpy, giving the pixels
 ``cv2.imread`` gives. (OpenCV's TIFF decoder applies the TIFF orientation tag itself.)
-Files OpenCV cannot decode go to Pillow. JPEG, PNG and WebP files are checked for
+Files of DECODE_FROM_PATH_BYTES (1 GiB) or more are decoded from their path
+(``cv2.imread``) after the same checks of their bytes: OpenCV decodes no buffer of 2 GiB
+or more. Smaller files OpenCV cannot decode go to Pillow. JPEG, PNG and WebP files are checked for
 completeness first: OpenCV 4.8 turns a JPEG cut short into a whole image with a grey
 bottom and only prints a warning (5.0 returns nothing), and Pillow does not check PNG
 IDAT checksums. Decoder chatter on stderr (OpenCV's log, libpng,
@@ -253,6 +255,11 @@ def _import_cv2() -> Any:
 # ---------------------------------------------------------------------------------------
 # Reading
 
+
+# Files this large are decoded from their path: cv2.imdecode takes no buffer of 2 GiB
+# or more (its length is an int) and its TIFF reader fails to seek past 4 GiB; and the
+# file's bytes need not be held beside the image.
+DECODE_FROM_PATH_BYTES = 1 << 30
 
 _KIND_NAMES = {
     "jpeg": "JPEG",
@@ -617,8 +624,8 @@ def read_image(path: str | os.PathLike[str]) -> np.ndarray:
         dtype('uint16')
     """
     p = Path(path)
-    if _is_large_tiff(p):
-        return _read_large_tiff(p)
+    if _decode_from_path(p):
+        return _read_from_path(p)
     data = _read_bytes(p, npy=True)
     if data is None or data.startswith(NPY_MAGIC):
         return _read_npy(p, data)
@@ -651,25 +658,35 @@ def read_image(path: str | os.PathLike[str]) -> np.ndarray:
     return img
 
 
-def _is_large_tiff(p: Path) -> bool:
-    """Whether `p` is a regular file of `tiff.READ_FROM_PATH_BYTES` or more that starts
-    as a TIFF (anything else, errors included, takes the usual path)."""
-    from . import tiff
-
+def _decode_from_path(p: Path) -> bool:
+    """Whether `p` is a regular file of DECODE_FROM_PATH_BYTES or more that is not a
+    .npy file (anything else, errors included, takes the usual path)."""
     try:
-        if not p.is_file() or p.stat().st_size < tiff.READ_FROM_PATH_BYTES:
+        if not p.is_file() or p.stat().st_size < DECODE_FROM_PATH_BYTES:
             return False
         with open(p, "rb") as f:
-            return f.read(4) in tiff.MAGIC
+            return f.read(len(NPY_MAGIC)) != NPY_MAGIC
     except OSError:
         return False
 
 
-def _read_large_tiff(p: Path) -> np.ndarray:
-    """A TIFF past what OpenCV decodes from memory, decoded from its path (see
-    `imgfilter.tiff`); its first page, with a MultiFrameWarning if it has more."""
+def _read_from_path(p: Path) -> np.ndarray:
+    """`read_image` of a file of DECODE_FROM_PATH_BYTES or more: its bytes (not a
+    TIFF's) read to check them and find the EXIF orientation and frames as usual, then
+    dropped, and the image decoded from the path (`cv2.imread`)."""
     from . import tiff
 
+    with open(p, "rb") as f:
+        is_tiff = f.read(4) in tiff.MAGIC
+    kind, scan, frames = "tiff", _Scan(), 0
+    if not is_tiff:
+        data = _read_bytes(p)
+        kind = _sniff(data)
+        scan = _SCANNERS[kind](data) if kind in _SCANNERS else _Scan()
+        if scan.problem:
+            raise InputError(f"cannot read {p}: {scan.problem}")
+        frames = _frame_count(data, kind)
+        del data
     cv2 = _import_cv2()
     img, detail = None, ""
     with _quiet_native(cv2) as noise:
@@ -680,24 +697,34 @@ def _read_large_tiff(p: Path) -> np.ndarray:
     if img is None:
         detail = detail or noise.last_line() or "no details"
         _check_pixel_limit(p, detail)
-        raise InputError(f"cannot read {p}: OpenCV could not decode this TIFF file ({detail})")
+        what = f"{_KIND_NAMES[kind]} file" if kind in _KIND_NAMES else "file"
+        raise InputError(f"cannot read {p}: OpenCV could not decode this {what} ({detail})")
+    if kind in _SCANNERS:  # OpenCV's TIFF decoder applies TIFF orientation itself
+        img = _apply_orientation(img, _exif_orientation(scan.exif))
     img = np.ascontiguousarray(_normalize(img, p))
-    with open(p, "rb") as f:
-        pages = tiff.page_count(f)
-    if pages > 1:
-        warnings.warn(f"{p} has {pages} pages; reading the first", MultiFrameWarning,
+    if is_tiff:
+        with open(p, "rb") as f:
+            frames = tiff.page_count(f)
+    if frames > 1:
+        what = "pages" if kind == "tiff" else "frames"
+        warnings.warn(f"{p} has {frames} {what}; reading the first", MultiFrameWarning,
                       stacklevel=3)  # fmt: skip
     return img
 
 
 def _check_pixel_limit(p: Path, detail: str) -> None:
     """InputError naming OpenCV's pixel limit when that is why it could not decode."""
-    if "CV_IO_MAX_IMAGE_PIXELS" in detail:
-        limit = os.environ.get("OPENCV_IO_MAX_IMAGE_PIXELS", str(1 << 30))
-        raise InputError(
-            f"cannot read {p}: it has more pixels than OpenCV decodes ({limit}); set "
-            "OPENCV_IO_MAX_IMAGE_PIXELS higher before cv2 is imported"
-        )
+    if "CV_IO_MAX_IMAGE_PIXELS" not in detail:
+        return
+    import imgfilter
+
+    if imgfilter._opencv_loaded_first:
+        why = ("cv2 was imported before imgfilter and keeps its limit of 2^30: import "
+               "imgfilter first, or set OPENCV_IO_MAX_IMAGE_PIXELS before either")  # fmt: skip
+    else:
+        limit = os.environ.get("OPENCV_IO_MAX_IMAGE_PIXELS")
+        why = f"OPENCV_IO_MAX_IMAGE_PIXELS={limit}: set it higher before cv2 is imported"
+    raise InputError(f"cannot read {p}: it has more pixels than OpenCV decodes ({why})")
 
 
 class MultiFrameWarning(UserWarning):

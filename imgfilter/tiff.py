@@ -15,10 +15,8 @@ LZW TIFFs, float32 samples without (Predictor 1). A fourth channel is an unspeci
 extra sample (ExtraSamples 0), as OpenCV leaves it: libtiff's RGBA reader, which
 OpenCV uses for 8-bit images, would multiply the colour by a declared alpha.
 
-Reading: OpenCV decodes a TIFF held in memory (`cv2.imdecode`) only below 4 GiB (its
-buffer reader fails to seek past that), so `imgfilter.io` decodes TIFF files of
-READ_FROM_PATH_BYTES or more from their path (`cv2.imread`, which also spares holding
-the file's bytes beside the image) and counts their pages with `page_count`.
+Reading: `imgfilter.io` decodes files of 1 GiB or more from their path (OpenCV's
+in-memory TIFF reader fails past 4 GiB), counting a TIFF's pages with `page_count`.
 """
 
 from __future__ import annotations
@@ -35,7 +33,6 @@ import numpy as np
 # Larger TIFF results go through `write`: OpenCV's LZW can grow incompressible data by
 # half, so above this size its classic TIFF could pass 4 GiB.
 BIGTIFF_MIN_BYTES = 2 << 30
-READ_FROM_PATH_BYTES = 2 << 30
 STRIP_BYTES = 1 << 21  # raw bytes per strip, about: small enough for many threads
 DEFLATE_LEVEL = 1  # zlib's fastest: about twice level 6's speed for 20% larger files
 

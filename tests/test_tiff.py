@@ -1,5 +1,5 @@
 """imgfilter.tiff: BigTIFF outputs (what OpenCV reads back is what was written) and
-large TIFF inputs (decoded from their path, their pages counted)."""
+the pages of a TIFF counted."""
 
 from __future__ import annotations
 
@@ -83,45 +83,6 @@ def test_below_the_threshold_opencv_writes_classic_tiff(tmp_path):
     np.testing.assert_array_equal(imgfilter.read_image(path), img)
 
 
-@pytest.fixture
-def read_from_path(monkeypatch):
-    """Every TIFF file counts as large: decoded from its path, pages counted here."""
-    monkeypatch.setattr(tiff, "READ_FROM_PATH_BYTES", 1)
-
-
-@pytest.mark.parametrize("big", (False, True))
-def test_large_tiffs_are_decoded_from_their_path_as_any_tiff(tmp_path, monkeypatch, big):
-    import cv2
-
-    img = image((41, 23, 3), np.uint16, seed=6)
-    path = tmp_path / "in.tif"
-    if big:
-        with open(path, "wb") as f:
-            tiff.write(f, img)
-    else:
-        assert cv2.imwrite(str(path), img)
-    decoded = []
-    real_imread = cv2.imread
-    monkeypatch.setattr(cv2, "imread", lambda *a: decoded.append(a[0]) or real_imread(*a))
-    np.testing.assert_array_equal(imgfilter.read_image(path), img)
-    assert decoded == []  # below READ_FROM_PATH_BYTES: from the file's bytes
-    monkeypatch.setattr(tiff, "READ_FROM_PATH_BYTES", 1)
-    np.testing.assert_array_equal(imgfilter.read_image(path), img)
-    assert decoded == [str(path)]
-
-
-def test_a_large_tiffs_pages_are_counted(tmp_path, read_from_path):
-    import cv2
-
-    pages = [image((9, 12), np.uint8, seed=s) for s in range(3)]
-    path = tmp_path / "pages.tif"
-    assert cv2.imwritemulti(str(path), pages)
-    with pytest.warns(imgfilter.io.MultiFrameWarning, match="has 3 pages; reading the first"):
-        np.testing.assert_array_equal(imgfilter.read_image(path), pages[0])
-    with open(path, "rb") as f:
-        assert tiff.page_count(f) == 3
-
-
 def test_page_count_of_bigtiff_and_of_what_is_not_tiff(tmp_path):
     path = tmp_path / "one.tif"
     with open(path, "wb") as f:
@@ -132,44 +93,3 @@ def test_page_count_of_bigtiff_and_of_what_is_not_tiff(tmp_path):
     other.write_bytes(b"not a tiff at all")
     with open(other, "rb") as f:
         assert tiff.page_count(f) == 1
-
-
-def test_a_corrupt_large_tiff_is_one_line(tmp_path, read_from_path):
-    path = tmp_path / "bad.tif"
-    path.write_bytes(b"II*\0" + b"\xff" * 60)
-    with pytest.raises(imgfilter.InputError, match=r"^cannot read .*bad\.tif: OpenCV could not"):
-        imgfilter.read_image(path)
-
-
-def _png(width: int, height: int) -> bytes:
-    import zlib
-
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        crc = zlib.crc32(kind + body) & 0xFFFFFFFF
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)  # 8-bit gray
-    idat = zlib.compress(b"\0" * (width + 1))  # one row; the rest missing
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
-
-
-def test_an_image_past_opencvs_pixel_limit_names_the_limit(tmp_path):
-    path = tmp_path / "huge.png"
-    path.write_bytes(_png(1_000_000, 1_000_000))  # 10**12 pixels: past any host's memory
-    with pytest.raises(imgfilter.InputError, match="OPENCV_IO_MAX_IMAGE_PIXELS"):
-        imgfilter.read_image(path)
-
-
-def test_importing_imgfilter_raises_opencvs_pixel_limit_to_the_hosts_memory():
-    import os
-    import subprocess
-    import sys
-
-    code = "import os, imgfilter; print(os.environ['OPENCV_IO_MAX_IMAGE_PIXELS'])"
-    env = {k: v for k, v in os.environ.items() if k != "OPENCV_IO_MAX_IMAGE_PIXELS"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    assert done.returncode == 0, done.stderr
-    assert int(done.stdout) >= 1 << 30
-    env["OPENCV_IO_MAX_IMAGE_PIXELS"] = "12345"  # the user's setting stays
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    assert done.stdout.strip() == "12345"
