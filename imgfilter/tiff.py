@@ -84,7 +84,8 @@ def _strip(rows: np.ndarray, predict: bool) -> bytes:
     if predict:
         # Each sample minus the same sample of the pixel to its left, modulo 2**bits.
         rows[:, 1:] -= rows[:, :-1].copy()
-    return zlib.compress(np.ascontiguousarray(rows).data, DEFLATE_LEVEL)
+    little = np.ascontiguousarray(rows, dtype=rows.dtype.newbyteorder("<"))  # the file's "II"
+    return zlib.compress(little.data, DEFLATE_LEVEL)
 
 
 def _put(f: BinaryIO, data: bytes, offsets: list, counts: list) -> None:
