@@ -37,7 +37,9 @@ each area simply takes the newest file by name among those matching its patterns
 - scale: `*-scale.json`, gathered from the results files of
   `benchmarks/many_files_cv2.py`, `imgfilter ... --gpus N` and
   `benchmarks/dask_scale.py` (each named in it): folders through the GPU pipeline
-  against decoding and encoding alone, folders over 1 and 2 GPUs, Dask arrays.
+  against decoding and encoding alone, folders over 1 and 2 GPUs, Dask arrays;
+- large files: `benchmarks/tiff_io.py --json` (`*-tiff-io-*.json`), every run of the
+  newest date (one per image size and content).
 
 tests/test_report.py regenerates the page and compares it with the committed file.
 """
@@ -69,6 +71,7 @@ AREAS = {
     "scale": ["*-scale.json"],
     "streamed": ["*-streamed.json"],
     "host_bands": ["*-host-bands.txt"],
+    "tiff_io": ["*-tiff-io-*.json"],
 }
 
 HEADER = """\
@@ -761,6 +764,48 @@ def section_large_images(results: Path) -> list[str]:
     return out
 
 
+def section_large_files(results: Path) -> list[str]:
+    """Writing and reading large TIFF files (`*-tiff-io-*.json` of benchmarks/tiff_io.py):
+    the runs of the newest date, one table row per run and writer."""
+    files = _files("tiff_io", results)
+    if not files:
+        return []
+    newest = files[-1].name[:10]
+    runs = [path for path in files if path.name.startswith(newest)]
+    body = []
+    for path in runs:
+        data = _load(path)
+        n = data["size"]
+        image = f"{n}x{n}x3 uint8, {'noise' if data['noise'] else 'blurred noise'}"
+        mb = n * n * 3 / 1e6
+        for r in data["results"]:
+            if not r["written"]:
+                body.append([image, r["writer"], f"failed after {r['write_s']:.1f}", "", "",
+                             ""])  # fmt: skip
+                continue
+            body.append([image, r["writer"], f"{r['write_s']:.1f} ({mb / r['write_s']:.0f})",
+                         f"{r['file_mb']:.0f}", f"{r['read_s']:.1f} ({mb / r['read_s']:.0f})",
+                         "yes" if r["equal"] else "NO"])  # fmt: skip
+    machines = sorted({_load(path).get("machine") or f"{_load(path)['cpus']} CPUs"
+                       for path in runs})  # fmt: skip
+    sources = ", ".join(_link(path) for path in runs)
+    return [
+        "## Large image files",
+        "",
+        f"`benchmarks/tiff_io.py` ({sources}; {'; '.join(machines)}): OpenCV's "
+        "classic LZW TIFF (what imgfilter wrote for every TIFF) against imgfilter's BigTIFF "
+        "(`imgfilter.tiff`, for TIFF results of 2 GiB or more), each file read back with "
+        "`imgfilter.read_image`. Seconds (MB/s of image bytes):",
+        "",
+        *_table(
+            ["image", "writer", "write s", "file MB", "read s", "equal"],
+            ["---", "---", "---:", "---:", "---:", "---"],
+            body,
+        ),  # fmt: skip
+        "",
+    ]
+
+
 def section_scale(results: Path) -> list[str]:
     """Folders through the GPU pipeline, folders over GPUs, Dask arrays over GPUs
     (`*-scale.json`: gathered from the runs' own results files, which it names)."""
@@ -865,6 +910,7 @@ def render(results: Path = RESULTS) -> str:
         section_cpu,
         section_many_files,
         section_large_images,
+        section_large_files,
         section_scale,
     ):
         lines = section(results)

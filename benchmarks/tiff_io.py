@@ -77,6 +77,7 @@ def main() -> int:
     parser.add_argument("--noise", action="store_true", help="incompressible pixels")
     parser.add_argument("--dir", help="where the files go (default: a temporary directory)")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--machine", default="", help="the machine, in words, for the JSON")
     args = parser.parse_args()
     img = make_image(args.size, args.noise)
     mb = img.nbytes / 1e6
@@ -104,7 +105,8 @@ def main() -> int:
             print(f"{name:<18} {describe(row, mb)}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"benchmark": "tiff_io", "size": args.size, "noise": args.noise,
+            json.dump({"benchmark": "tiff_io", "machine": args.machine, "size": args.size,
+                       "noise": args.noise,
                        "cpus": os.cpu_count(), "python": platform.python_version(),
                        "opencv": cv2.__version__, "results": rows}, f, indent=2)  # fmt: skip
     return 0
