@@ -14,11 +14,11 @@ here (from the bytes already in memory) and applied with numpy, giving the pixel
 ``cv2.imread`` gives. (OpenCV's TIFF decoder applies the TIFF orientation tag itself.)
 Files of DECODE_FROM_PATH_BYTES (1 GiB) or more are decoded from their path
 (``cv2.imread``) after the same checks of their bytes: OpenCV decodes no buffer of 2 GiB
-or more. Smaller files OpenCV cannot decode go to Pillow. JPEG, PNG and WebP files are checked for
-completeness first: OpenCV 4.8 turns a JPEG cut short into a whole image with a grey
-bottom and only prints a warning (5.0 returns nothing), and Pillow does not check PNG
-IDAT checksums. Decoder chatter on stderr (OpenCV's log, libpng,
-libjpeg) is captured while decoding, so a user sees only our one-line error.
+or more. Smaller files OpenCV cannot decode go to Pillow. JPEG, PNG and WebP files are
+checked for completeness first: OpenCV 4.8 turns a JPEG cut short into a whole image
+with a grey bottom and only prints a warning (5.0 returns nothing), and Pillow does not
+check PNG IDAT checksums. Decoder chatter on stderr (OpenCV's log, libpng, libjpeg) is
+captured while decoding, so a user sees only our one-line error.
 
 Writing. The format follows the extension. OpenCV silently converts what a format cannot
 hold (uint16 to 8 bits for JPEG, float32 to 8 bits for PNG, BGRA to BGR for JPEG, ...);
