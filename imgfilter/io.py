@@ -625,7 +625,9 @@ def read_image(path: str | os.PathLike[str]) -> np.ndarray:
     """
     p = Path(path)
     if _decode_from_path(p):
-        return _read_from_path(p)
+        img, frames, kind = _read_from_path(p)
+        _note_frames(p, frames, kind)
+        return img
     data = _read_bytes(p, npy=True)
     if data is None or data.startswith(NPY_MAGIC):
         return _read_npy(p, data)
@@ -635,26 +637,17 @@ def read_image(path: str | os.PathLike[str]) -> np.ndarray:
         raise InputError(f"cannot read {p}: {scan.problem}")
 
     cv2 = _import_cv2()
-    img = None
-    cv_detail = ""
-    with _quiet_native(cv2) as noise:
-        try:
-            img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
-        except cv2.error as e:
-            cv_detail = str(e).strip().splitlines()[-1] if str(e).strip() else ""
+    img, cv_detail = _cv_call(
+        cv2, lambda: cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    )
     if img is None:
-        cv_detail = cv_detail or noise.last_line()
         _check_pixel_limit(p, cv_detail)
         img = _decode_pillow(data, p, kind, cv_detail)
     elif kind in _SCANNERS:  # OpenCV's TIFF decoder applies TIFF orientation itself
         img = _apply_orientation(img, _exif_orientation(scan.exif))
     img = np.ascontiguousarray(_normalize(img, p))
     frames = _frame_count(data, kind)
-    if frames > 1:
-        what = "pages" if kind == "tiff" else "frames"
-        warnings.warn(
-            f"{p} has {frames} {what}; reading the first", MultiFrameWarning, stacklevel=2
-        )
+    _note_frames(p, frames, kind)
     return img
 
 
@@ -670,10 +663,11 @@ def _decode_from_path(p: Path) -> bool:
         return False
 
 
-def _read_from_path(p: Path) -> np.ndarray:
+def _read_from_path(p: Path) -> tuple[np.ndarray, int, str | None]:
     """`read_image` of a file of DECODE_FROM_PATH_BYTES or more: its bytes (not a
     TIFF's) read to check them and find the EXIF orientation and frames as usual, then
-    dropped, and the image decoded from the path (`cv2.imread`)."""
+    dropped, and the image decoded from the path (`cv2.imread`). Returns (image, its
+    frames or pages, its kind)."""
     from . import tiff
 
     with open(p, "rb") as f:
@@ -688,14 +682,9 @@ def _read_from_path(p: Path) -> np.ndarray:
         frames = _frame_count(data, kind)
         del data
     cv2 = _import_cv2()
-    img, detail = None, ""
-    with _quiet_native(cv2) as noise:
-        try:
-            img = cv2.imread(str(p), cv2.IMREAD_UNCHANGED)
-        except cv2.error as e:
-            detail = str(e).strip().splitlines()[-1] if str(e).strip() else ""
+    img, detail = _cv_call(cv2, lambda: cv2.imread(str(p), cv2.IMREAD_UNCHANGED))
     if img is None:
-        detail = detail or noise.last_line() or "no details"
+        detail = detail or "no details"
         _check_pixel_limit(p, detail)
         what = f"{_KIND_NAMES[kind]} file" if kind in _KIND_NAMES else "file"
         raise InputError(f"cannot read {p}: OpenCV could not decode this {what} ({detail})")
@@ -705,11 +694,27 @@ def _read_from_path(p: Path) -> np.ndarray:
     if is_tiff:
         with open(p, "rb") as f:
             frames = tiff.page_count(f)
+    return img, frames, kind
+
+
+def _cv_call(cv2: Any, call: Callable[[], Any]) -> tuple[Any, str]:
+    """(call()'s result, "") with OpenCV's chatter captured, or (None, the line that
+    says why: the cv2.error's last line, else the last line OpenCV printed)."""
+    detail = ""
+    with _quiet_native(cv2) as noise:
+        try:
+            return call(), ""
+        except cv2.error as e:
+            detail = str(e).strip().splitlines()[-1] if str(e).strip() else ""
+    return None, detail or noise.last_line()
+
+
+def _note_frames(p: Path, frames: int, kind: str | None) -> None:
+    """The MultiFrameWarning of a file read as its first of `frames` frames or pages."""
     if frames > 1:
         what = "pages" if kind == "tiff" else "frames"
         warnings.warn(f"{p} has {frames} {what}; reading the first", MultiFrameWarning,
                       stacklevel=3)  # fmt: skip
-    return img
 
 
 def _check_pixel_limit(p: Path, detail: str) -> None:
@@ -1182,15 +1187,10 @@ def _encode(p: Path, fmt: _Format, img: np.ndarray, quality: int | None = None) 
             return _encode_webp_pillow(p, img)
         else:
             params = [cv2.IMWRITE_WEBP_QUALITY, 101]  # lossless
-    detail = ""
-    ok, buf = False, None
-    with _quiet_native(cv2) as noise:
-        try:
-            ok, buf = cv2.imencode(p.suffix.lower(), img, params)
-        except cv2.error as e:
-            detail = str(e).strip().splitlines()[-1] if str(e).strip() else ""
+    encoded, detail = _cv_call(cv2, lambda: cv2.imencode(p.suffix.lower(), img, params))
+    ok, buf = encoded or (False, None)
     if not ok or buf is None:
-        detail = detail or noise.last_line() or "no details"
+        detail = detail or "no details"
         raise OutputError(f"cannot write {p}: OpenCV could not encode it as {fmt.name} ({detail})")
     return buf.tobytes()
 
