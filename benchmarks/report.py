@@ -67,6 +67,7 @@ AREAS = {
     "batch": ["*-batch-sweep.json"],
     "first_use": ["*-first-use*.json"],
     "cold_start": ["*-cold-start.txt"],
+    "later_runs": ["*-later-runs-*.json"],
     "cpu": ["*-cpu-bench*.json", "*-cpu-fft*.json"],
     "scale": ["*-scale.json"],
     "streamed": ["*-streamed.json"],
@@ -673,6 +674,45 @@ def section_cold_start(results: Path) -> list[str]:
     return out  # fmt: skip
 
 
+def section_later_runs(results: Path) -> list[str]:
+    """Later (warm-cache) CLI runs beside the cv2 one-liners (`*-later-runs-*.json` of
+    benchmarks/later_runs.py): the newest date's runs, one column per run."""
+    files = _files("later_runs", results)
+    if not files:
+        return []
+    runs = [path for path in files if path.name.startswith(files[-1].name[:10])]
+    runs.sort(key=lambda path: _load(path)["gap_s"])
+    data = [_load(path) for path in runs]
+    heads = [f"gap {d['gap_s']:g} s" for d in data]
+    cells: dict[str, list[str]] = {}
+    for i, d in enumerate(data):
+        for row in d["rows"]:
+            ratio = f" ({row['ratio']:.2f}x)" if row["ratio"] else ""
+            cells.setdefault(row["command"], [""] * len(data))[i] = f"{row['median_s']:.3f}{ratio}"
+    body = [[f"`{label}`" if label.startswith("imgfilter") else label, *values]
+            for label, values in cells.items()]  # fmt: skip
+    variants = sorted({v.partition("=")[0] for d in data for v in d.get("variants", [])})
+    return [
+        "## Later runs: the whole command beside the cv2 one-liner",
+        "",
+        f"`benchmarks/later_runs.py` ({', '.join(_link(p) for p in runs)}; "
+        f"{data[-1]['machine']}; {data[-1]['rounds']} rounds, each command once a round "
+        "in a fresh process, shuffled): median wall seconds on a warm kernel cache, "
+        "(x the one-liner doing the same I/O). *gap*: seconds between commands (with none, "
+        "a GPU command meets the previous one's context teardown). "
+        + (
+            f"Rows marked [{'], ['.join(variants)}] ran another tree (the run's text file "
+            "says which). "
+            if variants
+            else ""
+        )  # fmt: skip
+        + "2167x2495 JPEG, blur k=21, a 21x21 kernel:",
+        "",
+        *_table(["command", *heads], ["---", *["---:"] * len(heads)], body),
+        "",
+    ]
+
+
 def section_cpu(results: Path) -> list[str]:
     files = _files("cpu", results)
     if not files:
@@ -907,6 +947,7 @@ def render(results: Path = RESULTS) -> str:
         section_batch,
         section_first_use,
         section_cold_start,
+        section_later_runs,
         section_cpu,
         section_many_files,
         section_large_images,

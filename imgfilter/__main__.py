@@ -2,7 +2,8 @@
 
 A GPU command line starts opening the CUDA context in the background before the CLI
 and NumPy are imported (`imgfilter.backends.warmup`); then `imgfilter.cli` runs, and
-the process ends without tearing the interpreter down (`_exit`).
+the process ends without tearing the interpreter down or waiting for the CUDA
+context's teardown (`_exit`).
 """
 
 import atexit
@@ -28,10 +29,11 @@ def main() -> None:
 def _exit(status) -> None:
     """End the process with `status` (a SystemExit code) as sys.exit would, minus the
     interpreter's teardown: atexit handlers run and the standard streams are flushed,
-    then os._exit skips freeing every module and the libraries' own exit handlers (the
-    CUDA driver's, tearing the context down: a tenth of a second or more after a GPU
-    command, longer than the command's own work on a photo). Outputs are complete
-    files by then (written atomically). Returns, leaving the normal exit to run, while
+    then os._exit skips freeing every module and the libraries' own exit handlers, and
+    the CUDA context is torn down by another process after this one has ended
+    (`backends.handoff`: a tenth of a second after a GPU command, longer than the
+    command's own work on a photo). Outputs are complete files by then (written
+    atomically). Returns, leaving the normal exit to run, while
     any other non-daemon thread is alive (a thread pool not shut down, a Dask client):
     a normal exit waits for those."""
     others = [t for t in threading.enumerate() if t is not threading.current_thread()]
@@ -50,6 +52,10 @@ def _exit(status) -> None:
             stream.flush()
         except (OSError, ValueError):  # a closed pipe: nothing more can reach it
             pass
+    if "kernels.common.cudadrv" in sys.modules:
+        from .backends import handoff
+
+        handoff.hand_off()
     os._exit(code)
 
 

@@ -72,6 +72,27 @@ def test_only_a_live_non_daemon_thread_keeps_the_normal_exit(exits, daemon) -> N
     assert exits[0] == ([True] if daemon else [])
 
 
+@pytest.mark.parametrize("driver_loaded", [False, True])
+def test_the_gpu_teardown_is_handed_off_last_when_the_driver_was_loaded(
+    exits, monkeypatch, driver_loaded
+) -> None:
+    """With kernels.common.cudadrv imported, `_exit` calls handoff.hand_off after the
+    atexit handlers and right before os._exit; without it, never."""
+    from imgfilter.backends import handoff
+
+    order = exits[0]
+    monkeypatch.setattr(handoff, "hand_off", lambda: order.append("hand_off"))
+    modules = dict(sys.modules)
+    if driver_loaded:
+        modules["kernels.common.cudadrv"] = types.ModuleType("kernels.common.cudadrv")
+    else:
+        modules.pop("kernels.common.cudadrv", None)
+    monkeypatch.setattr(sys, "modules", modules)
+    with pytest.raises(_Exited):
+        entry._exit(0)
+    assert order == ([True, "hand_off"] if driver_loaded else [True])
+
+
 def _run(code: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
