@@ -821,10 +821,12 @@ def section_large_files(results: Path) -> list[str]:
         for r in data["results"]:
             if not r["written"]:
                 body.append([image, r["writer"], f"failed after {r['write_s']:.1f}", "", "",
-                             ""])  # fmt: skip
+                             "", ""])  # fmt: skip
                 continue
+            opencv = r.get("opencv_read_s")
             body.append([image, r["writer"], f"{r['write_s']:.1f} ({mb / r['write_s']:.0f})",
                          f"{r['file_mb']:.0f}", f"{r['read_s']:.1f} ({mb / r['read_s']:.0f})",
+                         "" if opencv is None else f"{opencv:.1f} ({mb / opencv:.0f})",
                          "yes" if r["equal"] else "NO"])  # fmt: skip
     machines = sorted({_load(path).get("machine") or f"{_load(path)['cpus']} CPUs"
                        for path in runs})  # fmt: skip
@@ -835,11 +837,13 @@ def section_large_files(results: Path) -> list[str]:
         f"`benchmarks/tiff_io.py` ({sources}; {'; '.join(machines)}): OpenCV's "
         "classic LZW TIFF (what imgfilter wrote for every TIFF) against imgfilter's BigTIFF "
         "(`imgfilter.tiff`, for TIFF results of 2 GiB or more), each file read back with "
-        "`imgfilter.read_image`. Seconds (MB/s of image bytes):",
+        "`imgfilter.read_image` (a BigTIFF through `imgfilter.tiff.read`, threads, in runs "
+        "that have a cv2.imread column) and, where given, `cv2.imread`. Seconds (MB/s of "
+        "image bytes):",
         "",
         *_table(
-            ["image", "writer", "write s", "file MB", "read s", "equal"],
-            ["---", "---", "---:", "---:", "---:", "---"],
+            ["image", "writer", "write s", "file MB", "read s", "cv2.imread s", "equal"],
+            ["---", "---", "---:", "---:", "---:", "---:", "---"],
             body,
         ),  # fmt: skip
         "",

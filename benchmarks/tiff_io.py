@@ -4,7 +4,8 @@ For a --size x --size x 3 uint8 image (a random pattern blurred with a 9x9 box, 
 compresses somewhat as a photo does, or --noise: incompressible), times writing it
 with `cv2.imencode(".tif", LZW)` + write (what imgfilter did for every TIFF) and with
 `imgfilter.tiff.write` (Deflate strips on every CPU), and reading each file back with
-`imgfilter.read_image`; prints seconds, MB/s of image bytes and file sizes, and checks
+`imgfilter.read_image` (which decodes the BigTIFF's strips on every CPU, `tiff.read`)
+and with `cv2.imread`; prints seconds, MB/s of image bytes and file sizes, and checks
 that both read back equal. Files go to --dir (default: a temporary directory).
 
     python benchmarks/tiff_io.py [--size 20000] [--noise] [--json out.json]
@@ -65,10 +66,12 @@ def describe(row: dict, mb: float) -> str:
         return f"write failed after {row['write_s']:.1f} s"
     text = (f"write {row['write_s']:6.1f} s ({mb / row['write_s']:5.0f} MB/s), "
             f"file {row['file_mb']:.0f} MB; ")  # fmt: skip
+    opencv = (f"; cv2.imread {row['opencv_read_s']:6.1f} s, equal {row['opencv_equal']}"
+              if "opencv_read_s" in row else "")  # fmt: skip
     if "read_s" not in row:
-        return text + row["read_error"]
+        return text + row["read_error"] + opencv
     return text + (f"read {row['read_s']:6.1f} s ({mb / row['read_s']:5.0f} MB/s), "
-                   f"equal {row['equal']}")  # fmt: skip
+                   f"equal {row['equal']}") + opencv  # fmt: skip
 
 
 def main() -> int:
@@ -100,6 +103,12 @@ def main() -> int:
                     del back
                 except imgfilter.InputError as e:
                     row["read_error"] = str(e)
+                # The same file through OpenCV's reader (one thread), for comparison
+                row["opencv_read_s"], back = timed(
+                    lambda: cv2.imread(str(path), cv2.IMREAD_UNCHANGED)  # noqa: B023
+                )
+                row["opencv_equal"] = back is not None and bool(np.array_equal(back, img))
+                del back
                 path.unlink()
             rows.append(row)
             print(f"{name:<18} {describe(row, mb)}")
