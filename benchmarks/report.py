@@ -837,8 +837,7 @@ def section_large_files(results: Path) -> list[str]:
         f"`benchmarks/tiff_io.py` ({sources}; {'; '.join(machines)}): OpenCV's "
         "classic LZW TIFF (what imgfilter wrote for every TIFF) against imgfilter's BigTIFF "
         "(`imgfilter.tiff`, for TIFF results of 2 GiB or more), each file read back with "
-        "`imgfilter.read_image` (a BigTIFF through `imgfilter.tiff.read`, threads, in runs "
-        "that have a cv2.imread column) and, where given, `cv2.imread`. Seconds (MB/s of "
+        "`imgfilter.read_image` and, in runs that timed it, `cv2.imread`. Seconds (MB/s of "
         "image bytes):",
         "",
         *_table(

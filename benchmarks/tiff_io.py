@@ -4,9 +4,9 @@ For a --size x --size x 3 uint8 image (a random pattern blurred with a 9x9 box, 
 compresses somewhat as a photo does, or --noise: incompressible), times writing it
 with `cv2.imencode(".tif", LZW)` + write (what imgfilter did for every TIFF) and with
 `imgfilter.tiff.write` (Deflate strips on every CPU), and reading each file back with
-`imgfilter.read_image` (which decodes the BigTIFF's strips on every CPU, `tiff.read`)
-and with `cv2.imread`; prints seconds, MB/s of image bytes and file sizes, and checks
-that both read back equal. Files go to --dir (default: a temporary directory).
+`imgfilter.read_image` and with `cv2.imread`; prints seconds, MB/s of image bytes and
+file sizes, and checks that both read back equal. Files go to --dir (default: a
+temporary directory).
 
     python benchmarks/tiff_io.py [--size 20000] [--noise] [--json out.json]
 """
