@@ -14,11 +14,14 @@ here (from the bytes already in memory) and applied with numpy, giving the pixel
 ``cv2.imread`` gives. (OpenCV's TIFF decoder applies the TIFF orientation tag itself.)
 Files of DECODE_FROM_PATH_BYTES (1 GiB) or more are decoded from their path
 (``cv2.imread``) after the same checks of their bytes: OpenCV decodes no buffer of 2 GiB
-or more. Smaller files OpenCV cannot decode go to Pillow. JPEG, PNG and WebP files are
-checked for completeness first: OpenCV 4.8 turns a JPEG cut short into a whole image
-with a grey bottom and only prints a warning (5.0 returns nothing), and Pillow does not
-check PNG IDAT checksums. Decoder chatter on stderr (OpenCV's log, libpng, libjpeg) is
-captured while decoding, so a user sees only our one-line error.
+or more. TIFFs of TIFF_THREADS_MIN_BYTES (16 MiB) or more in strips, uncompressed or
+Deflate (as imgfilter writes large ones), are decoded by `imgfilter.tiff.read` instead,
+on a pool of threads, to the same pixels. Smaller files OpenCV cannot decode go to
+Pillow. JPEG, PNG and WebP files are checked for completeness first: OpenCV 4.8 turns
+a JPEG cut short into a whole image with a grey bottom and only prints a warning (5.0
+returns nothing), and Pillow does not check PNG IDAT checksums. Decoder chatter on
+stderr (OpenCV's log, libpng, libjpeg) is captured while decoding, so a user sees only
+our one-line error.
 
 Writing. The format follows the extension. OpenCV silently converts what a format cannot
 hold (uint16 to 8 bits for JPEG, float32 to 8 bits for PNG, BGRA to BGR for JPEG, ...);
@@ -260,6 +263,9 @@ def _import_cv2() -> Any:
 # or more (its length is an int) and its TIFF reader fails to seek past 4 GiB; and the
 # file's bytes need not be held beside the image.
 DECODE_FROM_PATH_BYTES = 1 << 30
+# TIFFs from this size are decoded by `imgfilter.tiff.read` where it takes their layout
+# (strips on a pool of threads; OpenCV decodes on one thread).
+TIFF_THREADS_MIN_BYTES = 16 << 20
 
 _KIND_NAMES = {
     "jpeg": "JPEG",
@@ -636,10 +642,13 @@ def read_image(path: str | os.PathLike[str]) -> np.ndarray:
     if scan.problem:
         raise InputError(f"cannot read {p}: {scan.problem}")
 
+    img = _read_tiff_strips(data) if kind == "tiff" else None
+    cv_detail = ""
     cv2 = _import_cv2()
-    img, cv_detail = _cv_call(
-        cv2, lambda: cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
-    )
+    if img is None:
+        img, cv_detail = _cv_call(
+            cv2, lambda: cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+        )
     if img is None:
         _check_pixel_limit(p, cv_detail)
         img = _decode_pillow(data, p, kind, cv_detail)
@@ -681,8 +690,13 @@ def _read_from_path(p: Path) -> tuple[np.ndarray, int, str | None]:
             raise InputError(f"cannot read {p}: {scan.problem}")
         frames = _frame_count(data, kind)
         del data
+    img, detail = None, ""
+    if is_tiff:
+        with open(p, "rb") as f:
+            img = _read_tiff_strips(f)
     cv2 = _import_cv2()
-    img, detail = _cv_call(cv2, lambda: cv2.imread(str(p), cv2.IMREAD_UNCHANGED))
+    if img is None:
+        img, detail = _cv_call(cv2, lambda: cv2.imread(str(p), cv2.IMREAD_UNCHANGED))
     if img is None:
         detail = detail or "no details"
         _check_pixel_limit(p, detail)
@@ -695,6 +709,16 @@ def _read_from_path(p: Path) -> tuple[np.ndarray, int, str | None]:
         with open(p, "rb") as f:
             frames = tiff.page_count(f)
     return img, frames, kind
+
+
+def _read_tiff_strips(source: Any) -> np.ndarray | None:
+    """A TIFF of TIFF_THREADS_MIN_BYTES or more (its bytes, or the open file) decoded by
+    `tiff.read` (its strips on a pool of threads, the pixels OpenCV gives); None for a
+    smaller file or a layout that reader does not take (OpenCV decodes those)."""
+    from . import tiff
+
+    size = len(source) if isinstance(source, bytes) else os.fstat(source.fileno()).st_size
+    return tiff.read(source) if size >= TIFF_THREADS_MIN_BYTES else None
 
 
 def _cv_call(cv2: Any, call: Callable[[], Any]) -> tuple[Any, str]:

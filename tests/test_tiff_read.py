@@ -1,0 +1,287 @@
+"""imgfilter.tiff.read: TIFFs in strips decoded on threads to exactly the pixels
+`cv2.imread(path, IMREAD_UNCHANGED)` gives, every layout it does not take left to
+OpenCV (None), and `imgfilter.read_image` using it for large TIFFs.
+
+`pip install` builds its C helper (`imgfilter/_tiff_strips.c`) into the installed
+package; the tests import the tree's `imgfilter`, so where no built copy sits in the
+tree they build one into a temporary folder (skipped without a C compiler)."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from pathlib import Path
+
+import cv2
+import extensions
+import numpy as np
+import pytest
+
+import imgfilter
+from imgfilter import io as imgio
+from imgfilter import tiff
+from imgfilter.errors import InputError
+
+SOURCE = Path(tiff.__file__).with_name("_tiff_strips.c")
+DTYPES = (np.uint8, np.uint16, np.float32)
+
+
+@pytest.fixture(scope="module")
+def helper(tmp_path_factory):
+    """The built C helper (built here if need be)."""
+    if tiff._tiff_strips is not None:
+        return tiff._tiff_strips
+    return extensions.build("_tiff_strips", SOURCE, tmp_path_factory.mktemp("tiff_strips"))
+
+
+@pytest.fixture(autouse=True)
+def with_helper(helper, monkeypatch):
+    monkeypatch.setattr(tiff, "_tiff_strips", helper)
+
+
+SHAPES = ((37, 53), (37, 53, 3), (37, 53, 4), (1, 61, 3), (29, 1), (1, 1))
+
+
+def image(shape: tuple, dtype, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if np.dtype(dtype).kind == "f":
+        img = (rng.standard_normal(shape) * 1e3).astype(dtype)
+        img.flat[0], img.flat[-1] = -np.inf, 3e38  # huge values and -inf survive
+        return img
+    return rng.integers(0, np.iinfo(dtype).max, shape, endpoint=True).astype(dtype)
+
+
+def opencv(path) -> np.ndarray:
+    return cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+
+
+def read(path, threads: int | None = None):
+    with open(path, "rb") as f:
+        from_file = tiff.read(f, threads=threads)
+    from_bytes = tiff.read(path.read_bytes(), threads=threads)
+    if from_file is None:
+        assert from_bytes is None
+    else:
+        np.testing.assert_array_equal(from_bytes, from_file)
+    return from_file
+
+
+def handmade(samples: np.ndarray, order: str = "<", compression: int = 1, predictor: int = 1,
+             rows: int = 5, tags: dict | None = None) -> bytes:  # fmt: skip
+    """A classic TIFF of `samples` ((H, W, S) in the file's sample order) in strips of
+    `rows` rows, written here field by field (either byte order, any extra `tags`:
+    {tag: (type, values)} overriding the defaults)."""
+    h, w, s = samples.shape
+    dt = samples.dtype.newbyteorder(order)
+    strips = []
+    for start in range(0, h, rows):
+        part = samples[start : start + rows].copy()
+        if predictor == 2:
+            part[:, 1:] -= samples[start : start + rows, :-1]
+        raw = part.astype(dt).tobytes()
+        strips.append(zlib.compress(raw) if compression == 8 else raw)
+    kind = 3 if samples.dtype.kind == "f" else 1
+    fields = {256: (4, [w]), 257: (4, [h]), 258: (3, [samples.itemsize * 8] * s),
+              259: (3, [compression]), 262: (3, [2 if s >= 3 else 1]), 277: (3, [s]),
+              278: (4, [rows]), 284: (3, [1]), 317: (3, [predictor]),
+              339: (3, [kind] * s), 273: (4, [0] * len(strips)),
+              279: (4, [len(b) for b in strips])}  # fmt: skip
+    fields.update(tags or {})
+    size = {3: "H", 4: "I"}
+    n = len(fields)
+    ifd_size = 2 + 12 * n + 4
+    arrays = b""
+    arrays_at = 8 + ifd_size
+    layout = {}
+    for tag, (t, values) in sorted(fields.items()):
+        packed = struct.pack(order + size[t] * len(values), *values)
+        if len(packed) > 4:
+            layout[tag] = arrays_at + len(arrays)
+            arrays += packed + b"\0" * (len(packed) % 2)
+    data_at = arrays_at + len(arrays)
+    offsets, at = [], data_at
+    for b in strips:
+        offsets.append(at)
+        at += len(b)
+    fields[273] = (4, offsets)
+    arrays = b""
+    entries = b""
+    for tag, (t, values) in sorted(fields.items()):
+        packed = struct.pack(order + size[t] * len(values), *values)
+        if len(packed) > 4:
+            arrays += packed + b"\0" * (len(packed) % 2)
+            value = struct.pack(order + "I", layout[tag])
+        else:
+            value = packed.ljust(4, b"\0")
+        entries += struct.pack(order + "HHI", tag, t, len(values)) + value
+    head = (b"II" if order == "<" else b"MM") + struct.pack(order + "HI", 42, 8)
+    ifd = struct.pack(order + "H", n) + entries + struct.pack(order + "I", 0)
+    return head + ifd + arrays + b"".join(strips)
+
+
+def file_order(img: np.ndarray) -> np.ndarray:
+    """(H, W, S) samples in a TIFF's order (RGB(A)) from an OpenCV image."""
+    if img.ndim == 2:
+        return img[:, :, None]
+    return img[:, :, [2, 1, 0, 3][: img.shape[2]]]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_bigtiffs_imgfilter_writes(tmp_path, monkeypatch, dtype, shape):
+    monkeypatch.setattr(tiff, "STRIP_BYTES", 100)  # many strips, the last one short
+    img = image(shape, dtype, seed=sum(shape))
+    path = tmp_path / "a.tif"
+    with open(path, "wb") as f:
+        tiff.write(f, img)
+    got = read(path)
+    assert got is not None and got.dtype == img.dtype and got.flags.c_contiguous
+    np.testing.assert_array_equal(got, opencv(path))
+    np.testing.assert_array_equal(got, img)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("compression", (1, 8))
+def test_opencvs_uncompressed_and_deflate_tiffs(tmp_path, dtype, shape, compression):
+    img = image(shape, dtype, seed=7 + sum(shape))
+    path = tmp_path / "cv.tif"
+    assert cv2.imwrite(str(path), img, [cv2.IMWRITE_TIFF_COMPRESSION, compression])
+    got = read(path)
+    if dtype == np.float32 and compression == 8:
+        assert got is None  # OpenCV differences floats (predictor 3): left to it
+        return
+    assert got is not None
+    np.testing.assert_array_equal(got, opencv(path))
+
+
+@pytest.mark.parametrize("order", ("<", ">"))
+@pytest.mark.parametrize("compression", (1, 8))
+@pytest.mark.parametrize(("dtype", "channels", "predictor"),
+                         [(np.uint8, 3, 2), (np.uint16, 3, 2), (np.uint16, 1, 1),
+                          (np.float32, 3, 1), (np.uint8, 4, 2), (np.uint16, 4, 1)])  # fmt: skip
+def test_either_byte_order_and_short_last_strips(tmp_path, order, compression, dtype,
+                                                 channels, predictor):  # fmt: skip
+    img = image((23, 19, channels), dtype, seed=channels)
+    tags = {338: (3, [0])} if channels == 4 else {}
+    path = tmp_path / "hand.tif"
+    path.write_bytes(handmade(img, order, compression, predictor, rows=5, tags=tags))
+    got = read(path, threads=3)
+    assert got is not None
+    np.testing.assert_array_equal(got, opencv(path))
+    if predictor == 2 and compression == 1:
+        return  # libtiff ignores a predictor on uncompressed strips, as read does
+    expected = img[:, :, [2, 1, 0, 3][:channels]] if channels > 1 else img[:, :, 0]
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize(
+    "tags",
+    [
+        {322: (3, [16]), 323: (3, [16])},  # tiles
+        {274: (3, [3])},  # rotated 180 degrees
+        {262: (3, [0])},  # white is zero
+        {259: (3, [5])},  # LZW
+        {317: (3, [3])},  # floating-point predictor
+        {284: (3, [2])},  # separate planes
+        {338: (3, [2])},  # a declared alpha (OpenCV's 8-bit reader premultiplies)
+        {339: (3, [2, 2, 2, 2])},  # signed integers
+        {258: (3, [8, 8, 16, 8])},  # mixed sample sizes
+        {278: (4, [4])},  # rows per strip that do not match the strips
+    ],
+)
+def test_layouts_it_leaves_to_opencv(tags, tmp_path):
+    img = image((10, 12, 4), np.uint8, seed=1)
+    path = tmp_path / "other.tif"
+    path.write_bytes(handmade(img, "<", 1, 1, rows=5, tags={338: (3, [0]), **tags}))
+    assert read(path) is None
+
+
+def test_threads_and_damage(tmp_path):
+    img = image((200, 31, 3), np.uint16, seed=4)
+    data = handmade(img, ">", 8, 2, rows=3)
+    path = tmp_path / "d.tif"
+    path.write_bytes(data)
+    one, many = read(path, threads=1), read(path, threads=8)
+    np.testing.assert_array_equal(one, many)
+    np.testing.assert_array_equal(one, opencv(path))
+    for damaged in (data[:-40], data[:-40] + bytes(40)):  # cut short; a Deflate stream broken
+        path.write_bytes(damaged)
+        assert read(path) is None
+    assert tiff.read(b"not a tiff at all") is None
+    assert tiff.read(b"II*\0" + bytes(4)) is None
+
+
+def test_past_opencvs_pixel_limit_it_leaves_the_file_to_opencv(tmp_path, monkeypatch):
+    """OpenCV refuses such a file with a message naming its limit (imgfilter.io turns it
+    into one line); `read` allocates nothing for it."""
+    img = image((23, 19, 3), np.uint8, seed=5)
+    path = tmp_path / "many.tif"
+    path.write_bytes(handmade(img, "<", 8, 2, rows=4))
+    assert read(path) is not None
+    monkeypatch.setenv("OPENCV_IO_MAX_IMAGE_PIXELS", str(23 * 19 - 1))
+    assert read(path) is None
+
+
+def test_read_image_takes_it_for_large_tiffs(tmp_path, monkeypatch):
+    img = image((40, 30, 3), np.uint8, seed=9)
+    path = tmp_path / "big.tif"
+    path.write_bytes(handmade(file_order(img), "<", 8, 2, rows=7))
+    calls = []
+    real = tiff.read
+    monkeypatch.setattr(tiff, "read", lambda *a, **k: calls.append(1) or real(*a, **k))
+    np.testing.assert_array_equal(imgfilter.read_image(path), img)
+    assert calls == []  # below TIFF_THREADS_MIN_BYTES: OpenCV
+    monkeypatch.setattr(imgio, "TIFF_THREADS_MIN_BYTES", 0)
+    np.testing.assert_array_equal(imgfilter.read_image(path), img)
+    assert calls == [1]
+    monkeypatch.setattr(imgio, "DECODE_FROM_PATH_BYTES", 0)  # the large files' path
+    np.testing.assert_array_equal(imgfilter.read_image(path), img)
+    assert calls == [1, 1]
+
+
+def test_a_damaged_large_tiff_gets_opencvs_one_line_error(tmp_path, monkeypatch):
+    img = image((40, 30, 3), np.uint8, seed=9)
+    data = handmade(file_order(img), "<", 8, 2, rows=7)
+    path = tmp_path / "bad.tif"
+    path.write_bytes(data[: len(data) - 60])
+    monkeypatch.setattr(imgio, "TIFF_THREADS_MIN_BYTES", 0)
+    for decode_from_path in (1 << 30, 0):
+        monkeypatch.setattr(imgio, "DECODE_FROM_PATH_BYTES", decode_from_path)
+        with pytest.raises(InputError) as e:
+            imgfilter.read_image(path)
+        assert str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_without_the_helper_opencv_reads_every_tiff(tmp_path, monkeypatch):
+    img = image((40, 30, 3), np.uint8, seed=9)
+    path = tmp_path / "big.tif"
+    path.write_bytes(handmade(file_order(img), "<", 8, 2, rows=7))
+    monkeypatch.setattr(tiff, "_tiff_strips", None)
+    assert read(path) is None
+    monkeypatch.setattr(imgio, "TIFF_THREADS_MIN_BYTES", 0)
+    np.testing.assert_array_equal(imgfilter.read_image(path), img)
+
+
+def test_the_helper_refuses_what_it_cannot_place(helper):
+    src = np.arange(30, dtype=np.uint8)
+    dst = np.zeros((2, 5, 3), np.uint8)
+    helper.place(dst, src, 5, 3, 1, True, False)
+    expected = np.cumsum(src.reshape(2, 5, 3), axis=1, dtype=np.uint8)[:, :, ::-1]
+    np.testing.assert_array_equal(dst, expected)
+    bad = [  # (width, samples, itemsize, predict)
+        (5, 5, 1, False),  # five samples
+        (5, 3, 3, False),  # three-byte samples
+        (5, 0, 1, False),
+        (0, 3, 1, False),
+        (5, 3, 4, True),  # floats are never differenced
+    ]
+    for width, samples, itemsize, predict in bad:
+        with pytest.raises(ValueError):
+            helper.place(dst, src, width, samples, itemsize, predict, False)
+    with pytest.raises(ValueError):  # src shorter than dst
+        helper.place(dst, src[:20], 5, 3, 1, False, False)
+    with pytest.raises(ValueError):  # dst not whole rows
+        helper.place(np.zeros(29, np.uint8), src, 5, 3, 1, False, False)
+    with pytest.raises((BufferError, ValueError)):  # dst read-only
+        helper.place(np.frombuffer(bytes(30), np.uint8), src, 5, 3, 1, False, False)
