@@ -16,7 +16,8 @@ Files of DECODE_FROM_PATH_BYTES (1 GiB) or more are decoded from their path
 (``cv2.imread``) after the same checks of their bytes: OpenCV decodes no buffer of 2 GiB
 or more. TIFFs of TIFF_THREADS_MIN_BYTES (16 MiB) or more in strips, uncompressed or
 Deflate (as imgfilter writes large ones), are decoded by `imgfilter.tiff.read` instead,
-on a pool of threads, to the same pixels. Smaller files OpenCV cannot decode go to
+on a pool of threads, to the same pixels; their damaged strips are an error (OpenCV
+decodes them to wrong rows and only logs it). Smaller files OpenCV cannot decode go to
 Pillow. JPEG, PNG and WebP files are checked for completeness first: OpenCV 4.8 turns
 a JPEG cut short into a whole image with a grey bottom and only prints a warning (5.0
 returns nothing), and Pillow does not check PNG IDAT checksums. Decoder chatter on
@@ -642,7 +643,7 @@ def read_image(path: str | os.PathLike[str]) -> np.ndarray:
     if scan.problem:
         raise InputError(f"cannot read {p}: {scan.problem}")
 
-    img = _read_tiff_strips(data) if kind == "tiff" else None
+    img = _read_tiff_strips(p, data) if kind == "tiff" else None
     cv_detail = ""
     cv2 = _import_cv2()
     if img is None:
@@ -693,7 +694,7 @@ def _read_from_path(p: Path) -> tuple[np.ndarray, int, str | None]:
     img, detail = None, ""
     if is_tiff:
         with open(p, "rb") as f:
-            img = _read_tiff_strips(f)
+            img = _read_tiff_strips(p, f)
     cv2 = _import_cv2()
     if img is None:
         img, detail = _cv_call(cv2, lambda: cv2.imread(str(p), cv2.IMREAD_UNCHANGED))
@@ -711,14 +712,22 @@ def _read_from_path(p: Path) -> tuple[np.ndarray, int, str | None]:
     return img, frames, kind
 
 
-def _read_tiff_strips(source: Any) -> np.ndarray | None:
-    """A TIFF of TIFF_THREADS_MIN_BYTES or more (its bytes, or the open file) decoded by
-    `tiff.read` (its strips on a pool of threads, the pixels OpenCV gives); None for a
-    smaller file or a layout that reader does not take (OpenCV decodes those)."""
+def _read_tiff_strips(p: Path, source: Any) -> np.ndarray | None:
+    """The TIFF `p` of TIFF_THREADS_MIN_BYTES or more (its bytes, or the open file)
+    decoded by `tiff.read` (its strips on a pool of threads, the pixels OpenCV gives);
+    None for a smaller file or a layout that reader does not take (OpenCV decodes
+    those). InputError for damaged strips, which OpenCV would decode to wrong rows."""
     from . import tiff
 
     size = len(source) if isinstance(source, bytes) else os.fstat(source.fileno()).st_size
-    return tiff.read(source) if size >= TIFF_THREADS_MIN_BYTES else None
+    if size < TIFF_THREADS_MIN_BYTES:
+        return None
+    try:
+        return tiff.read(source)
+    except tiff.DamagedTiff as e:
+        raise InputError(f"cannot read {p}: damaged TIFF ({e})") from None
+    except OSError as e:
+        raise InputError(f"cannot read {p}: {e.strerror or e}") from None
 
 
 def _cv_call(cv2: Any, call: Callable[[], Any]) -> tuple[Any, str]:

@@ -183,14 +183,17 @@ def read(source: BinaryIO | bytes, threads: int | None = None) -> np.ndarray | N
     OpenCV write it), no orientation but the default, either byte order. Not taken:
     tiles, other compressions (LZW, JPEG, ...), other sample types or interpretations
     (palette, white is zero, YCbCr, a declared alpha, which OpenCV's 8-bit reader
-    premultiplies), separate planes, and damaged data (short strips, bad Deflate
-    streams).
+    premultiplies), separate planes, directories that cannot be parsed.
 
     Args:
         source: The file's bytes, or the file opened in binary mode (its strips read
             with os.pread on its descriptor).
         threads: Decoding threads (default: the CPUs).
     Returns: (H, W) gray or (H, W, 3|4) BGR(A), C-contiguous, or None.
+    Raises:
+        DamagedTiff: A file it takes whose strips are damaged: cut short, or a Deflate
+            stream that does not decode to the strip's rows. (OpenCV returns such an
+            image with the damaged rows wrong, saying so only in its log.)
     """
     if isinstance(source, (bytes, bytearray, memoryview)):
         whole = memoryview(source)
@@ -220,26 +223,36 @@ def read(source: BinaryIO | bytes, threads: int | None = None) -> np.ndarray | N
     shape = (h, w) if channels == 1 else (h, w, channels)
     out = host_empty(shape, dtype.newbyteorder("="))
 
-    def decode(i: int) -> bool:
+    ends = offsets + counts
+    if ends.max() > length:
+        first = int(np.argmax(ends > length))
+        raise DamagedTiff(f"the file ends at byte {length}, inside strip {first + 1} of "
+                          f"{len(offsets)}")  # fmt: skip
+
+    def decode(i: int) -> None:
         start = i * rows
         n = min(rows, h - start)
         data = read_at(int(offsets[i]), int(counts[i]))
         size = n * w * channels * dtype.itemsize
         if compressed:  # never more than the strip holds, whatever the stream says
-            data = zlib.decompressobj().decompress(data, size)
+            try:
+                data = zlib.decompressobj().decompress(data, size)
+            except zlib.error as e:
+                raise DamagedTiff(f"strip {i + 1} of {len(offsets)}: {e}") from None
         if len(data) < size:
-            return False
+            raise DamagedTiff(f"strip {i + 1} of {len(offsets)} holds {len(data)} of its "
+                              f"{size} bytes")  # fmt: skip
         _tiff_strips.place(out[start : start + n], data, w, channels, dtype.itemsize,
                            predict, not dtype.isnative)  # fmt: skip
-        return True
 
-    try:
-        with ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool:
-            if not all(pool.map(decode, range(len(offsets)))):
-                return None
-    except (OSError, zlib.error):
-        return None
+    with ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool:
+        for _ in pool.map(decode, range(len(offsets))):
+            pass
     return out
+
+
+class DamagedTiff(ValueError):
+    """A TIFF that `read` takes, with damaged strips (the message says which)."""
 
 
 def _strip_layout(f: BinaryIO, length: int) -> tuple | None:
@@ -278,8 +291,8 @@ def _strip_layout(f: BinaryIO, length: int) -> tuple | None:
     offsets, counts = tags[273].astype(np.int64), tags[279].astype(np.int64)
     if h < 1 or w < 1 or rows < 1 or not len(offsets) == len(counts) == -(-h // rows):
         return None
-    if h * w > _pixel_limit() or (offsets + counts).max() > length:
-        return None  # past OpenCV's limit (it says so), or strips past the file's end
+    if h * w > _pixel_limit():
+        return None  # OpenCV refuses it, naming its limit
     # libtiff differences only compressed strips (it ignores a predictor without one)
     predict = predictor == 2 and compression != 1
     return (h, w, channels, dtype, compression != 1, predict, rows, offsets, counts)

@@ -205,9 +205,15 @@ def test_threads_and_damage(tmp_path):
     one, many = read(path, threads=1), read(path, threads=8)
     np.testing.assert_array_equal(one, many)
     np.testing.assert_array_equal(one, opencv(path))
-    for damaged in (data[:-40], data[:-40] + bytes(40)):  # cut short; a Deflate stream broken
+    cut, broken = data[:-40], bytearray(data)
+    broken[len(data) // 2 : len(data) // 2 + 50] = bytes(50)
+    for damaged, says in ((cut, "the file ends at byte"), (broken, "strip")):
         path.write_bytes(damaged)
-        assert read(path) is None
+        with open(path, "rb") as f:
+            with pytest.raises(tiff.DamagedTiff, match=says):
+                tiff.read(f)
+        with pytest.raises(tiff.DamagedTiff, match=says):
+            tiff.read(bytes(damaged))
     assert tiff.read(b"not a tiff at all") is None
     assert tiff.read(b"II*\0" + bytes(4)) is None
 
@@ -240,17 +246,22 @@ def test_read_image_takes_it_for_large_tiffs(tmp_path, monkeypatch):
     assert calls == [1, 1]
 
 
-def test_a_damaged_large_tiff_gets_opencvs_one_line_error(tmp_path, monkeypatch):
-    img = image((40, 30, 3), np.uint8, seed=9)
+def test_a_damaged_large_tiff_is_a_one_line_error_not_wrong_rows(tmp_path, monkeypatch):
+    """OpenCV decodes a TIFF whose Deflate strip is broken to an image with those rows
+    wrong (it only logs the error); read_image says the file is damaged."""
+    img = image((60, 30, 3), np.uint8, seed=9)
     data = handmade(file_order(img), "<", 8, 2, rows=7)
+    broken = bytearray(data)
+    broken[len(data) // 2 : len(data) // 2 + 30] = bytes(30)
     path = tmp_path / "bad.tif"
-    path.write_bytes(data[: len(data) - 60])
     monkeypatch.setattr(imgio, "TIFF_THREADS_MIN_BYTES", 0)
-    for decode_from_path in (1 << 30, 0):
-        monkeypatch.setattr(imgio, "DECODE_FROM_PATH_BYTES", decode_from_path)
-        with pytest.raises(InputError) as e:
-            imgfilter.read_image(path)
-        assert str(path) in str(e.value) and "\n" not in str(e.value)
+    for damaged in (bytes(broken), data[: len(data) - 60]):  # a broken stream, cut short
+        path.write_bytes(damaged)
+        for decode_from_path in (1 << 30, 0):
+            monkeypatch.setattr(imgio, "DECODE_FROM_PATH_BYTES", decode_from_path)
+            with pytest.raises(InputError, match="damaged TIFF") as e:
+                imgfilter.read_image(path)
+            assert str(path) in str(e.value) and "\n" not in str(e.value)
 
 
 def test_without_the_helper_opencv_reads_every_tiff(tmp_path, monkeypatch):
