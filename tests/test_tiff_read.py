@@ -16,6 +16,7 @@ import cv2
 import extensions
 import numpy as np
 import pytest
+from test_tiff import image  # random images with -inf and huge values
 
 import imgfilter
 from imgfilter import io as imgio
@@ -40,15 +41,6 @@ def with_helper(helper, monkeypatch):
 
 
 SHAPES = ((37, 53), (37, 53, 3), (37, 53, 4), (1, 61, 3), (29, 1), (1, 1))
-
-
-def image(shape: tuple, dtype, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    if np.dtype(dtype).kind == "f":
-        img = (rng.standard_normal(shape) * 1e3).astype(dtype)
-        img.flat[0], img.flat[-1] = -np.inf, 3e38  # huge values and -inf survive
-        return img
-    return rng.integers(0, np.iinfo(dtype).max, shape, endpoint=True).astype(dtype)
 
 
 def opencv(path) -> np.ndarray:
