@@ -48,6 +48,10 @@ def commands(work: Path) -> dict[str, tuple[list[str], str | None]]:
             [*cli, "blur", img, "--k", "21", "-o", f"{work}/b.jpg", "--force"],
             "cv2 blur one-liner",
         ),
+        "imgfilter blur --k 21 --backend cuda": (
+            [*cli, "blur", img, "--k", "21", "-o", f"{work}/b.jpg", "--force", "--backend", "cuda"],
+            "cv2 blur one-liner",
+        ),
         "imgfilter blur --k 21 --backend cpu": (
             [*cli, "blur", img, "--k", "21", "-o", f"{work}/b.jpg", "--force", "--backend", "cpu"],
             "cv2 blur one-liner",

@@ -1,7 +1,8 @@
 """The `imgfilter` command (console script and `python -m imgfilter`).
 
 A GPU command line starts opening the CUDA context in the background before the CLI
-and NumPy are imported (`imgfilter.backends.warmup`); then `imgfilter.cli` runs, and
+and NumPy are imported (`imgfilter.backends.warmup`), and a filtering command starts
+reading its input while the CLI imports (`imgfilter.prefetch`); then `imgfilter.cli` runs, and
 the process ends without tearing the interpreter down or waiting for the CUDA
 context's teardown (`_exit`).
 """
@@ -16,6 +17,9 @@ from .backends import warmup
 
 def main() -> None:
     warmup.start(sys.argv[1:])
+    from . import prefetch
+
+    prefetch.start(sys.argv[1:])
     from .cli import main as cli_main
 
     try:

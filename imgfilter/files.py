@@ -30,12 +30,14 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import UsageError
+
+if TYPE_CHECKING:  # imported where a pool is made: one input needs none
+    from concurrent.futures import ThreadPoolExecutor
 
 # Extensions picked up inside directories (files named one by one are read whatever
 # their extension: the reader goes by content).
@@ -444,6 +446,8 @@ def run_pipeline(
         pool.submit(encode, job, loaded, result)
         return True
 
+    from concurrent.futures import ThreadPoolExecutor
+
     with ThreadPoolExecutor(max(1, workers), thread_name_prefix="imgfilter-io") as pool:
         feeder = threading.Thread(target=feed, args=(pool,), name="imgfilter-feed", daemon=True)
         feeder.start()
@@ -485,6 +489,8 @@ def _next(ready: queue.SimpleQueue, stop: threading.Event):
 @contextlib.contextmanager
 def _filter_pool(filters: int):
     """A pool of `filters` threads for compute (waited for on exit), or None for 1."""
+    from concurrent.futures import ThreadPoolExecutor
+
     if filters <= 1:
         yield None
         return

@@ -73,7 +73,6 @@ import errno
 import functools
 import os
 import re
-import secrets
 import stat
 import struct
 import sys
@@ -631,13 +630,21 @@ def read_image(path: str | os.PathLike[str]) -> np.ndarray:
         dtype('uint16')
     """
     p = Path(path)
+    from . import prefetch
+
+    img, frames, kind = prefetch.take(p) or read_frames(p)
+    _note_frames(p, frames, kind)
+    return img
+
+
+def read_frames(p: Path) -> tuple[np.ndarray, int, str | None]:
+    """`read_image`'s work without its MultiFrameWarning: (the image, the file's frames
+    or pages, its kind: "png", "jpeg", "tiff", ... or None). Any thread may call it."""
     if _decode_from_path(p):
-        img, frames, kind = _read_from_path(p)
-        _note_frames(p, frames, kind)
-        return img
+        return _read_from_path(p)
     data = _read_bytes(p, npy=True)
     if data is None or data.startswith(NPY_MAGIC):
-        return _read_npy(p, data)
+        return _read_npy(p, data), 1, None
     kind = _sniff(data)
     scan = _SCANNERS[kind](data) if kind in _SCANNERS else _Scan()
     if scan.problem:
@@ -656,9 +663,7 @@ def read_image(path: str | os.PathLike[str]) -> np.ndarray:
     elif kind in _SCANNERS:  # OpenCV's TIFF decoder applies TIFF orientation itself
         img = _apply_orientation(img, _exif_orientation(scan.exif))
     img = np.ascontiguousarray(_normalize(img, p))
-    frames = _frame_count(data, kind)
-    _note_frames(p, frames, kind)
-    return img
+    return img, _frame_count(data, kind), kind
 
 
 def _decode_from_path(p: Path) -> bool:
@@ -1253,7 +1258,7 @@ def _create_temp(directory: Path, name: str) -> tuple[int, Path]:
     # Read and write: a .npy written through a memory map (`write_npy_from`) needs both.
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
     while True:
-        tmp = directory / f".{name}.{secrets.token_hex(4)}.tmp"
+        tmp = directory / f".{name}.{os.urandom(4).hex()}.tmp"
         with _held_lock:
             if _abandoned:
                 raise OSError(errno.ECANCELED, "interrupted")

@@ -127,6 +127,77 @@ def test_blur_borders(gray_png, tmp_path, border, extra):
     assert _max_diff(imread(out), ref) <= 1
 
 
+@pytest.fixture
+def gpu_asked(monkeypatch):
+    """What the filters asked of the GPU: warmup.start_for calls and auto resolved
+    (to "cpu": no GPU here)."""
+    from imgfilter.backends import warmup
+    from imgfilter.cli import filters
+
+    asked: list = []
+    monkeypatch.setattr(warmup, "start_for", lambda *args: asked.append(("start", *args)))
+
+    def resolve(backend):
+        asked.append(("resolve", backend.value))
+        return "cpu"
+
+    monkeypatch.setattr(filters, "resolve_backend", resolve)
+    return asked
+
+
+def test_auto_blurs_one_small_image_on_the_cpu(color_png, tmp_path, gpu_asked):
+    """--backend auto: a blur of one image no larger than ONE_IMAGE_ON_CPU_BYTES (file
+    and pixels) runs on the CPU without asking for a GPU, and says so."""
+    out = tmp_path / "auto.png"
+    result = run("blur", color_png, "--k", "21", "-o", out)
+    assert_ok(result)
+    assert gpu_asked == []
+    assert "cpu: one blur, done before a GPU could start" in result.stderr
+    np.testing.assert_array_equal(imread(out), opencv.blur(imread(color_png), 21))
+
+
+def test_auto_blur_takes_the_gpu_past_the_size_or_when_asked(tmp_path, monkeypatch, gpu_asked):
+    from imgfilter.backends import warmup
+
+    flat = imwrite(tmp_path / "flat.png", np.full((40, 60, 3), 7, np.uint8))  # small file
+    noisy = imwrite(tmp_path / "noisy.png", random_image((40, 60, 3), seed=3))
+    monkeypatch.setattr(warmup, "ONE_IMAGE_ON_CPU_BYTES", 40 * 60 * 3 - 1)
+    assert flat.stat().st_size < warmup.ONE_IMAGE_ON_CPU_BYTES < noisy.stat().st_size
+    assert_ok(run("blur", noisy, "--k", "3", "-o", tmp_path / "a.png"))  # a large file
+    assert gpu_asked == [("start", "blur", "auto"), ("resolve", "auto")]  # opened before reading
+    gpu_asked.clear()
+    assert_ok(run("blur", flat, "--k", "3", "-o", tmp_path / "b.png"))  # large pixels
+    assert gpu_asked == [("resolve", "auto")]
+    gpu_asked.clear()
+    monkeypatch.setattr(warmup, "ONE_IMAGE_ON_CPU_BYTES", 1 << 27)
+    assert_ok(run("blur", flat, "--k", "3", "-o", tmp_path / "c.png", "--method", "tiled"))
+    assert gpu_asked == [("start", "blur", "auto"), ("resolve", "auto")]
+    gpu_asked.clear()
+    assert_ok(run("blur", tmp_path / "*.png", "--k", "3", "--out-dir", tmp_path / "many"))
+    assert gpu_asked[0] == ("start", "blur", "auto")  # several images: the GPU, opened early
+    gpu_asked.clear()
+    assert_ok(run("contour", flat, "-o", tmp_path / "d.png"))  # only blur
+    assert gpu_asked == [("start", "contour", "auto"), ("resolve", "auto")]
+
+
+@pytest.mark.gpu
+def test_gpu_auto_blurs_one_image_on_the_cpu_and_several_on_the_gpu(tmp_path):
+    src = tmp_path / "in"
+    images = {name: random_image((301, 403, 3), seed=i) for i, name in enumerate("ab")}
+    for name, img in images.items():
+        imwrite(src / f"{name}.png", img)
+    one = module("blur", src / "a.png", "--k", "21", "-o", tmp_path / "one.png",
+                 NUMBA_ENABLE_CUDASIM=None)  # fmt: skip
+    assert one.returncode == 0 and "cpu: one blur" in one.stderr, one.stderr
+    np.testing.assert_array_equal(imread(tmp_path / "one.png"), opencv.blur(images["a"], 21))
+    many = module("blur", src, "--k", "21", "--out-dir", tmp_path / "many",
+                  NUMBA_ENABLE_CUDASIM=None)  # fmt: skip
+    assert many.returncode == 0 and "(cuda" in many.stderr, many.stderr
+    for name, img in images.items():
+        got = imread(tmp_path / "many" / f"{name}.blur.png")
+        np.testing.assert_array_equal(got, opencv.blur(img, 21))
+
+
 @pytest.mark.parametrize("border", ["reflect101", "reflect", "replicate", "constant", "wrap"])
 def test_filter_integer_kernel_is_exact(color_png, tmp_path, border):
     out = tmp_path / "sobel.png"

@@ -11,7 +11,9 @@ quick start (`imgfilter.backends.cached`) where kernels are cached or shipped, a
 cubins through `cached` and the launch layer, else through Numba's CUDA target, which
 then finds the context open).
 Commands that will not use it (help, the CPU backend, filters without cached
-kernels) start nothing. Only the standard library is imported here.
+kernels) start nothing, and neither does `blur` with `--backend auto`: a blur of one
+image may run on the CPU (`ONE_IMAGE_ON_CPU_BYTES`), so the CLI calls `start_for` once
+it knows the GPU will run. Only the standard library is imported here.
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ from pathlib import Path
 
 QUICK_COMMANDS = ("blur", "filter", "contour")
 CLASSIFIER_COMMANDS = ("classify", "train")
+# With --backend auto, a blur of one image of at most this many bytes (its file and its
+# pixels) runs on the CPU: OpenCV's box filter goes through memory once (0.7 ns a byte on
+# two cores), so the whole blur ends before a CUDA context could be opened (0.2-0.3 s).
+DEFERRED_COMMANDS = ("blur",)
+ONE_IMAGE_ON_CPU_BYTES = 1 << 27
 # kernels/prebuilt/manifest.json (`kernels.common.shipped`), found without importing `kernels`.
 PREBUILT_MANIFEST = Path(__file__).parents[2] / "kernels" / "prebuilt" / "manifest.json"
 
@@ -59,11 +66,18 @@ def _cubins_cached() -> bool:
 
 def wanted(argv: list[str]) -> bool:
     """Whether this command line will use the GPU: a filter through cached cubins, or
-    classify / train."""
+    classify / train. False for a DEFERRED_COMMANDS one with --backend auto."""
     command = _command(argv)
-    if command not in QUICK_COMMANDS + CLASSIFIER_COMMANDS or "--help" in argv or "-h" in argv:
+    if "--help" in argv or "-h" in argv:
         return False
-    if _backend(argv) == "cpu":
+    backend = _backend(argv)
+    if command in DEFERRED_COMMANDS and backend == "auto":
+        return False
+    return _wanted(command, backend)
+
+
+def _wanted(command: str | None, backend: str) -> bool:
+    if command not in QUICK_COMMANDS + CLASSIFIER_COMMANDS or backend == "cpu":
         return False
     if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         return False
@@ -85,8 +99,18 @@ def _open() -> None:
 
 def start(argv: list[str]) -> bool:
     """Begin creating the CUDA context in the background if `argv` will need it."""
+    return wanted(argv) and _begin()
+
+
+def start_for(command: str, backend: str) -> bool:
+    """Begin creating the CUDA context in the background for a command whose use of the
+    GPU is known only now (a DEFERRED_COMMANDS one), if it will use it."""
+    return _wanted(command, backend) and _begin()
+
+
+def _begin() -> bool:
     global _thread
-    if _thread is not None or not wanted(argv):
+    if _thread is not None:
         return False
     _thread = threading.Thread(target=_open, name="imgfilter-cuda-init", daemon=True)
     _thread.start()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import sys
-import traceback
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -22,7 +21,7 @@ try:  # recent Typer vendors Click as typer._click; older Typer depends on Click
 except ImportError:  # pragma: no cover - depends on the installed Typer
     from click import exceptions as click_exc
 
-from .. import __version__
+from .. import __version__, prefetch
 from ..errors import DeviceError, ImgFilterError
 from .output import INTERRUPTED, PROG, Run, fail, interrupted_line
 from .worker import in_worker
@@ -182,6 +181,9 @@ def command(fn: Callable[..., Any] | None = None, *, spinner: bool = False) -> A
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        # The input being read in the background (its decoder holding descriptor 2) is
+        # read before the command prints anything or a spinner takes descriptor 2.
+        prefetch.settle()
         debug = bool(kwargs.get("debug"))
         Run.quiet = bool(kwargs.get("quiet"))
         Run.stage = ""
@@ -191,6 +193,8 @@ def command(fn: Callable[..., Any] | None = None, *, spinner: bool = False) -> A
             raise
         except Exception as e:
             if debug:
+                import traceback
+
                 traceback.print_exc()
             raise typer.Exit(_report(e, debug)) from None
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import math
 import time
 from collections.abc import Callable
@@ -111,6 +110,8 @@ def compare(
     ran = engine(backend_name, method)
     times = (ours_ms, ref_ms, ref_name)
     if as_json:
+        import json
+
         print(json.dumps(_record(image, op, img, opts, a, times)))
     else:
         print("\n".join(_table(image, op, img, border.value, ran, a, times)))

@@ -288,7 +288,11 @@ def filter_file(
     channels, filter, write, one `wrote` line."""
     check_gpu_first(backend)
     from .. import io
+    from ..backends import warmup
 
+    small_blur = _small_blur_file(op, image, backend, method)
+    if not small_blur:
+        warmup.start_for(op, backend.value)
     stage(f"reading {shown(image)}")
     img = io.read_image(image)
     channels = _result_channels(op, img, image, UsageError)
@@ -300,7 +304,11 @@ def filter_file(
     metadata = _metadata(image, target) if keep_metadata else None
     # Resolved only now, so that the "using the CPU backend" note of --backend auto
     # never comes before a one-line input or output error.
-    backend_name = resolve_backend(backend)
+    if small_blur and img.nbytes <= warmup.ONE_IMAGE_ON_CPU_BYTES:
+        backend_name, shown_engine = "cpu", "cpu: one blur, done before a GPU could start"
+    else:
+        backend_name = resolve_backend(backend)
+        shown_engine = engine(backend_name, method)
     note_unused_method(backend_name, method)
     stage(f"{op} on {backend_name}")
     if io.is_npy_path(target) and _result_bytes(op, img) > available_memory() // 2:
@@ -315,9 +323,26 @@ def filter_file(
     # The first call in this process: the time includes loading (or compiling) the
     # kernels, not Python's or Numba's imports (`imgfilter compare` times a warm call).
     info(
-        f"wrote {shown(written)} ({describe(out)}, {engine(backend_name, method)}, "
+        f"wrote {shown(written)} ({describe(out)}, {shown_engine}, "
         f"filtered in {ms:.1f} ms incl. kernel loading)"
     )
+
+
+def _small_blur_file(op: str, image: Path, backend: Backend, method: Method) -> bool:
+    """Whether --backend auto may run this one image on the CPU: a blur
+    (`warmup.DEFERRED_COMMANDS`) without --method, from a file of at most
+    `warmup.ONE_IMAGE_ON_CPU_BYTES` (the CPU runs it if the pixels are no more either)."""
+    from ..backends import warmup
+
+    if op not in warmup.DEFERRED_COMMANDS or backend is not Backend.auto:
+        return False
+    if method is not Method.auto:
+        return False
+    try:
+        size = os.stat(image).st_size
+    except OSError:  # the read says what is wrong with it
+        return True
+    return size <= warmup.ONE_IMAGE_ON_CPU_BYTES
 
 
 def _result_bytes(op: str, img: Any) -> int:
@@ -398,7 +423,10 @@ def _filter_many(
     """Filter many files: many.plan_many, then many.run_many with the filter (on a Dask
     cluster with --gpus or --scheduler)."""
     if cluster == (None, None):
+        from ..backends import warmup
+
         check_gpu_first(backend)
+        warmup.start_for(op, backend.value)
         _run_many(op, outs, template, backend=backend, method=method, apply=apply, client=None)
         return
     from .. import cluster as dask_cluster

@@ -13,6 +13,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from .. import prefetch
+
 PROG = "imgfilter"
 INTERRUPTED = 130  # 128 + SIGINT, what shells report for a command stopped by Ctrl-C
 
@@ -37,6 +39,7 @@ def one_line(message: str) -> str:
 
 def fail(message: str) -> None:
     """An error line on stderr, `imgfilter: error: <message>` (never silenced)."""
+    prefetch.settle()  # stderr is the terminal again
     print(f"{PROG}: error: {one_line(message)}", file=sys.stderr)
 
 
@@ -71,6 +74,7 @@ def stage(text: str) -> None:
 
 def interrupted_line() -> None:
     """`imgfilter: interrupted` on stderr, after whatever stdout holds."""
+    prefetch.settle()
     with contextlib.suppress(Exception):
         sys.stdout.flush()
     print(f"{PROG}: interrupted", file=sys.stderr, flush=True)

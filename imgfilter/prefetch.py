@@ -1,0 +1,115 @@
+"""Read a filtering command's input while the command line is still importing.
+
+After NumPy and OpenCV, the `imgfilter` command spends 40-70 ms importing Typer and its
+own modules and parsing the options before it reads its input, and reading a photo
+takes about as long; both are on the path of every run. `start(argv)` (called by
+`imgfilter.__main__` before the CLI is imported) reads the input in a background thread
+meanwhile (the decoders release the GIL), and `io.read_image` takes that image when it
+is asked for the same file, unchanged since (`take`).
+
+Only a guess from the raw arguments, checked later: the word right after `blur`,
+`filter` or `contour` (as in `imgfilter blur photo.jpg --k 21`), when it names a regular
+file of at most MAX_BYTES and `--help` is not asked. Whatever goes wrong in the
+background (a damaged file, a changed one) is dropped and the command reads the file
+itself, so errors and notes are the ones it gives anyway. The reader points descriptor
+2 at a temporary file while a decoder runs (`io._quiet_native`), so nothing may write
+to stderr meanwhile: the CLI waits for it (`settle`) before its first line.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+COMMANDS = ("blur", "filter", "contour")
+MAX_BYTES = 64 << 20  # larger files are read by the command, not held twice in memory
+
+
+@dataclass
+class _Read:
+    path: str  # absolute
+    signature: tuple[int, ...]
+    thread: threading.Thread | None = None
+    result: Any = None  # io.read_frames's (image, frames, kind), or None if it failed
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+_lock = threading.Lock()
+_pending: list[_Read] = []  # at most one: the read not taken yet
+
+
+def _signature(path: str) -> tuple[int, ...] | None:
+    """(device, inode, size, mtime ns) of a regular file, None for anything else."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def input_of(argv: list[str]) -> str | None:
+    """The file a filtering command line reads first, as guessed above; None when
+    there is no such guess."""
+    if "--help" in argv or "-h" in argv:
+        return None
+    at = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
+    if at is None or argv[at] not in COMMANDS or at + 1 >= len(argv):
+        return None
+    word = argv[at + 1]
+    return None if word.startswith("-") else word
+
+
+def start(argv: list[str]) -> bool:
+    """Begin reading the input of `argv` in a background thread (see the module's
+    docstring); False where nothing was started."""
+    path = input_of(argv)
+    signature = _signature(path) if path is not None else None
+    if signature is None or signature[2] > MAX_BYTES:
+        return False
+    from . import io  # NumPy and OpenCV: the command imports them anyway
+
+    read = _Read(os.path.abspath(path), signature)
+    read.thread = threading.Thread(target=_read, args=(read, io), name="imgfilter-prefetch",
+                                   daemon=True)  # fmt: skip
+    with _lock:
+        if _pending:
+            return False
+        _pending.append(read)
+    read.thread.start()
+    return True
+
+
+def _read(read: _Read, io: Any) -> None:
+    try:
+        read.result = io.read_frames(Path(read.path))
+    except Exception:  # noqa: BLE001 - the command reads it again and reports
+        read.result = None
+    finally:
+        read.done.set()
+
+
+def take(path: str | os.PathLike[str]) -> tuple[Any, int, str | None] | None:
+    """What the background read gave for `path` (waiting for it), if it read that file
+    and the file is unchanged since; else None (read it). Given once."""
+    with _lock:
+        if not _pending or _pending[0].path != os.path.abspath(path):
+            return None
+        read = _pending.pop()
+    read.done.wait()
+    if read.result is None or _signature(read.path) != read.signature:
+        return None
+    return read.result
+
+
+def settle() -> None:
+    """Wait for a background read still running (so stderr is the terminal again)."""
+    with _lock:
+        read = _pending[0] if _pending else None
+    if read is not None:
+        read.done.wait()
