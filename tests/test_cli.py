@@ -183,6 +183,7 @@ def test_auto_blur_takes_the_gpu_past_the_size_or_when_asked(tmp_path, monkeypat
 @pytest.mark.gpu
 def test_gpu_auto_blurs_one_image_on_the_cpu_and_several_on_the_gpu(tmp_path):
     src = tmp_path / "in"
+    src.mkdir()
     images = {name: random_image((301, 403, 3), seed=i) for i, name in enumerate("ab")}
     for name, img in images.items():
         imwrite(src / f"{name}.png", img)
