@@ -676,11 +676,12 @@ def section_cold_start(results: Path) -> list[str]:
 
 def section_later_runs(results: Path) -> list[str]:
     """Later (warm-cache) CLI runs beside the cv2 one-liners (`*-later-runs-*.json` of
-    benchmarks/later_runs.py): the newest date's runs, one column per run."""
+    benchmarks/later_runs.py): the newest run's files (DATE+letters), one column each."""
     files = _files("later_runs", results)
     if not files:
         return []
-    runs = [path for path in files if path.name.startswith(files[-1].name[:10])]
+    newest = re.match(r"\d{4}-\d\d-\d\d[a-z]*-", files[-1].name)
+    runs = [path for path in files if newest and path.name.startswith(newest.group(0))]
     runs.sort(key=lambda path: _load(path)["gap_s"])
     data = [_load(path) for path in runs]
     heads = [f"gap {d['gap_s']:g} s" for d in data]

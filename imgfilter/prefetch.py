@@ -77,7 +77,12 @@ def start(argv: list[str]) -> bool:
     signature = _signature(path) if path is not None else None
     if signature is None or signature[2] > MAX_BYTES:
         return False
-    from . import io  # NumPy and OpenCV: the command imports them anyway
+    # NumPy and OpenCV, which the command needs anyway: imported here, before the
+    # thread starts, the read begins with the decode instead of competing with the CLI's
+    # imports for the GIL.
+    import cv2  # noqa: F401
+
+    from . import io
 
     read = _Read(os.path.abspath(path), signature)
     read.thread = threading.Thread(target=_read, args=(read, io), name="imgfilter-prefetch",
