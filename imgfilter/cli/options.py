@@ -117,7 +117,11 @@ BackendOpt = Annotated[
     typer.Option(
         "--backend",
         case_sensitive=False,
-        help="cuda (Numba CUDA), cpu (Numba, parallel), or auto: cuda when a usable GPU exists.",
+        help=(
+            "cuda (Numba CUDA), cpu (OpenCV and Numba, parallel), or auto: cuda when a "
+            "usable GPU exists, except a blur of one image up to 128 MiB, which the CPU "
+            "ends before a GPU could start."
+        ),
     ),
 ]
 MethodOpt = Annotated[
