@@ -531,3 +531,59 @@ def test_float32_box_blocks_and_groups(border):
     holds[30 + ay - kh + 1 : 30 + ay + 1, 200 + ax - kw + 1 : 200 + ax + 1, 1] = True
     assert np.isinf(got[holds]).all()
     np.testing.assert_array_equal(got[~holds], clean[~holds])
+
+
+def contour_reference(img, border, value):
+    """Gray by OpenCV's fixed-point formula, padded, the four 3x3 edge sums in int64,
+    each clipped to the dtype, OR-ed."""
+    from kernels.common import gray
+
+    x = img.astype(np.int64)
+    if x.shape[2] == 1:
+        g = x[:, :, 0]
+    else:
+        g = gray.bgr_to_gray(x[:, :, 0], x[:, :, 1], x[:, :, 2])
+    h, w = g.shape
+    p = np_pad(g, 1, 1, 1, 1, border, value)
+    hi = np.iinfo(img.dtype).max
+    gx = p[:h, 2:] + p[1 : h + 1, 2:] + p[2:, 2:] - (p[:h, :w] + p[1 : h + 1, :w] + p[2:, :w])
+    gy = p[2:, :w] + p[2:, 1 : w + 1] + p[2:, 2:] - (p[:h, :w] + p[:h, 1 : w + 1] + p[:h, 2:])
+    parts = [np.clip(v, 0, hi) for v in (gx, -gx, gy, -gy)]
+    return (parts[0] | parts[1] | parts[2] | parts[3]).astype(img.dtype)
+
+
+@pytest.mark.parametrize("border", list(BORDERS))
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16])
+@pytest.mark.parametrize("numba_loaded", [True, False])
+def test_contour_against_its_definition(border, dtype, numba_loaded, monkeypatch):
+    """Both ways: Numba's fused pass (Numba loaded) and OpenCV's calls (not yet)."""
+    monkeypatch.setattr(cpu, "_numba_loaded", lambda: numba_loaded)
+    rng = np.random.default_rng(41)
+    hi = np.iinfo(dtype).max
+    for shape in [(37, 53, 3), (1, 29, 4), (31, 1, 1), (2, 2, 3), (64, 65, 1)]:
+        img = rng.integers(0, hi + 1, shape, dtype=dtype)
+        img[0, 0] = hi  # saturated responses next to the border
+        value = 0 if border != bi.CONSTANT else int(rng.integers(1, hi))
+        want = contour_reference(img, border, value)
+        np.testing.assert_array_equal(cpu.contour(img, border, value, "auto"), want)
+        out = np.empty(shape[:2], dtype)
+        assert cpu.contour(img, border, value, "auto", out=out) is out
+        np.testing.assert_array_equal(out, want)
+
+
+def test_contour_does_not_import_numba():
+    """In a process without Numba, contour does not load it (a process of its own)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np\n"
+        "from imgfilter.backends import cpu\n"
+        "img = np.arange(5 * 7 * 3, dtype=np.uint8).reshape(5, 7, 3)\n"
+        "cpu.contour(img, 0, 0, 'auto')\n"
+        "print('numba' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
