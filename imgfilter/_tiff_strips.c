@@ -1,13 +1,14 @@
-/* place(dst, src, width, samples, itemsize, predict, swap): one decoded TIFF strip into
- * the rows of an image as OpenCV gives it, in one pass, the GIL released.
+/* lzw(src, size): one TIFF LZW strip decoded; place(dst, src, width, samples, itemsize,
+ * predict, swap): one decoded TIFF strip into the rows of an image as OpenCV gives it,
+ * in one pass. Both release the GIL.
  *
- * src holds the strip's rows as the file stores them: `width` pixels of `samples`
+ * place's src holds the strip's rows as the file stores them: `width` pixels of `samples`
  * interleaved samples of `itemsize` bytes (1, 2: unsigned integers; 4: float32), in RGB(A)
  * order, byte-swapped against this machine where `swap`, and horizontally differenced
  * (each sample minus the same sample of the pixel to its left, modulo 2**bits) where
  * `predict`. dst receives the same rows in BGR(A) order, native bytes, the differencing
- * undone. imgfilter.tiff.read runs it for every strip on a pool of threads; NumPy's
- * cumulative sum does the same at about half libtiff's speed. Optional: without it,
+ * undone. imgfilter.tiff.read runs them for every strip on a pool of threads; NumPy's
+ * cumulative sum does what place does at about half libtiff's speed. Optional: without it,
  * OpenCV decodes every TIFF. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -106,7 +107,122 @@ static PyObject *place(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* TIFF's LZW (TIFF 6.0, section 13): codes of 9 to 12 bits, most significant bit first,
+ * 256 clears the table, 257 ends the strip, and the code width grows one code early (when
+ * the next free entry reaches 2**width - 1), as libtiff writes and reads it. Every entry
+ * of the table is a string the output already holds (the string just written plus the
+ * first byte written after it), so the table keeps where (`at`) and how long (`length`),
+ * and a code is one copy out of the output. Decodes into out[0:size] and returns how
+ * many bytes it wrote; it stops once the strip is full (codes past it are dropped, as
+ * libtiff drops them); -1 with *error set for a code the table does not hold. */
+enum { LZW_CLEAR = 256, LZW_END = 257, LZW_FIRST = 258, LZW_ENTRIES = 4096 };
+static const char LZW_NO_MEMORY[] = "no memory for the LZW table";
+
+static Py_ssize_t lzw_decode(const uint8_t *in, Py_ssize_t n, uint8_t *out, Py_ssize_t size,
+                             const char **error)
+{
+    Py_ssize_t *at = PyMem_RawMalloc(LZW_ENTRIES * sizeof(Py_ssize_t));
+    uint16_t *length = PyMem_RawMalloc(LZW_ENTRIES * sizeof(uint16_t));
+    if (at == NULL || length == NULL) {
+        PyMem_RawFree(at);
+        PyMem_RawFree(length);
+        *error = LZW_NO_MEMORY;
+        return -1;
+    }
+    Py_ssize_t pos = 0, o = 0, prev_at = 0, prev_length = 0;
+    uint32_t bits = 0;
+    int have = 0, width = 9, next = LZW_FIRST, old = -1;
+    while (o < size) {
+        while (have < width && pos < n) {
+            bits = (bits << 8) | in[pos++];
+            have += 8;
+        }
+        if (have < width)
+            break; /* the strip's bytes end without the end code: what came is kept */
+        int code = (int)((bits >> (have - width)) & ((1u << width) - 1));
+        have -= width;
+        if (code == LZW_END)
+            break;
+        if (code == LZW_CLEAR) {
+            width = 9;
+            next = LZW_FIRST;
+            old = -1;
+            continue;
+        }
+        Py_ssize_t len;
+        if (code < 256) {
+            out[o] = (uint8_t)code;
+            len = 1;
+        } else if (old >= 0 && code < next) {
+            len = length[code];
+            memcpy(out + o, out + at[code], (size_t)(len < size - o ? len : size - o));
+        } else if (old >= 0 && code == next && next < LZW_ENTRIES) {
+            /* the entry being made: the last string and its own first byte */
+            len = prev_length + 1;
+            memcpy(out + o, out + prev_at, (size_t)(prev_length < size - o ? prev_length : size - o));
+            if (o + prev_length < size)
+                out[o + prev_length] = out[prev_at];
+        } else {
+            *error = old < 0 ? "an LZW code before any string" : "an LZW code outside the table";
+            o = -1;
+            break;
+        }
+        if (old >= 0 && next < LZW_ENTRIES) {
+            at[next] = prev_at;
+            length[next] = (uint16_t)(prev_length + 1);
+            next++;
+            if (next >= (1 << width) - 1 && width < 12)
+                width++;
+        }
+        old = code;
+        prev_at = o;
+        prev_length = len;
+        o += len;
+    }
+    PyMem_RawFree(at);
+    PyMem_RawFree(length);
+    return o < size ? o : size;
+}
+
+static PyObject *lzw(PyObject *self, PyObject *args)
+{
+    PyObject *src_obj;
+    Py_ssize_t size;
+    Py_buffer src;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "On:lzw", &src_obj, &size))
+        return NULL;
+    if (size < 0)
+        return PyErr_Format(PyExc_ValueError, "lzw: size %zd", size);
+    if (PyObject_GetBuffer(src_obj, &src, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    PyObject *result = PyBytes_FromStringAndSize(NULL, size);
+    if (result == NULL) {
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    const char *error = NULL;
+    Py_ssize_t produced;
+    Py_BEGIN_ALLOW_THREADS
+    produced = lzw_decode(src.buf, src.len, (uint8_t *)PyBytes_AS_STRING(result), size, &error);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&src);
+    if (produced < 0) {
+        Py_DECREF(result);
+        if (error == LZW_NO_MEMORY)
+            return PyErr_NoMemory();
+        PyErr_SetString(PyExc_ValueError, error);
+        return NULL;
+    }
+    if (produced < size && _PyBytes_Resize(&result, produced) < 0)
+        return NULL;
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"lzw", lzw, METH_VARARGS,
+     "lzw(src, size) -> bytes: a TIFF LZW strip decoded, at most `size` bytes (fewer where "
+     "the stream ends first); ValueError for a code outside the table. The GIL released."},
     {"place", place, METH_VARARGS,
      "place(dst, src, width, samples, itemsize, predict, swap): a TIFF strip's rows "
      "into BGR(A) order and native bytes, differencing undone; the GIL released."},

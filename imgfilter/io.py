@@ -14,9 +14,9 @@ here (from the bytes already in memory) and applied with numpy, giving the pixel
 ``cv2.imread`` gives. (OpenCV's TIFF decoder applies the TIFF orientation tag itself.)
 Files of DECODE_FROM_PATH_BYTES (1 GiB) or more are decoded from their path
 (``cv2.imread``) after the same checks of their bytes: OpenCV decodes no buffer of 2 GiB
-or more. TIFFs of TIFF_THREADS_MIN_BYTES (16 MiB) or more in strips, uncompressed or
-Deflate (as imgfilter writes large ones), are decoded by `imgfilter.tiff.read` instead,
-on a pool of threads, to the same pixels; their damaged strips are an error (OpenCV
+or more. TIFFs in strips, uncompressed, LZW or Deflate (as OpenCV and imgfilter write
+them), are decoded by `imgfilter.tiff.read` instead, to the same pixels (on a pool of
+threads from TIFF_THREADS_MIN_BYTES, 16 MiB); their damaged strips are an error (OpenCV
 decodes them to wrong rows and only logs it). Smaller files OpenCV cannot decode go to
 Pillow. JPEG, PNG and WebP files are checked for completeness first: OpenCV 4.8 turns
 a JPEG cut short into a whole image with a grey bottom and only prints a warning (5.0
@@ -263,8 +263,8 @@ def _import_cv2() -> Any:
 # or more (its length is an int) and its TIFF reader fails to seek past 4 GiB; and the
 # file's bytes need not be held beside the image.
 DECODE_FROM_PATH_BYTES = 1 << 30
-# TIFFs from this size are decoded by `imgfilter.tiff.read` where it takes their layout
-# (strips on a pool of threads; OpenCV decodes on one thread).
+# TIFFs that `imgfilter.tiff.read` takes are decoded on a pool of threads from this size
+# (OpenCV decodes on one thread), on the calling thread below it.
 TIFF_THREADS_MIN_BYTES = 16 << 20
 
 _KIND_NAMES = {
@@ -718,17 +718,15 @@ def _read_from_path(p: Path) -> tuple[np.ndarray, int, str | None]:
 
 
 def _read_tiff_strips(p: Path, source: Any) -> np.ndarray | None:
-    """The TIFF `p` of TIFF_THREADS_MIN_BYTES or more (its bytes, or the open file)
-    decoded by `tiff.read` (its strips on a pool of threads, the pixels OpenCV gives);
-    None for a smaller file or a layout that reader does not take (OpenCV decodes
-    those). InputError for damaged strips, which OpenCV would decode to wrong rows."""
+    """The TIFF `p` (its bytes, or the open file) decoded by `tiff.read` (the pixels
+    OpenCV gives; its strips on a pool of threads from TIFF_THREADS_MIN_BYTES, on this
+    thread below); None for a layout that reader does not take (OpenCV decodes those).
+    InputError for damaged strips, which OpenCV would decode to wrong rows."""
     from . import tiff
 
     size = len(source) if isinstance(source, bytes) else os.fstat(source.fileno()).st_size
-    if size < TIFF_THREADS_MIN_BYTES:
-        return None
     try:
-        return tiff.read(source)
+        return tiff.read(source, threads=None if size >= TIFF_THREADS_MIN_BYTES else 1)
     except tiff.DamagedTiff as e:
         raise InputError(f"cannot read {p}: damaged TIFF ({e})") from None
     except OSError as e:

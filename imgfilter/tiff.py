@@ -17,9 +17,10 @@ OpenCV uses for 8-bit images, would multiply the colour by a declared alpha.
 
 Reading: `imgfilter.io` decodes files of 1 GiB or more from their path (OpenCV's
 in-memory TIFF reader fails past 4 GiB), counting a TIFF's pages with `page_count`. A
-TIFF laid out in strips, uncompressed or Deflate, goes through `read`, which decodes
-the strips on a pool of threads (OpenCV decodes on one: 26 s for a 4.8 GB image on the
-dev box); any other layout, and damaged data, through OpenCV.
+TIFF laid out in strips, uncompressed, LZW or Deflate, goes through `read`, which
+decodes the strips on a pool of threads (OpenCV decodes on one: 26 s for a 4.8 GB image
+on the dev box) and refuses damaged strips (OpenCV returns their rows wrong); any other
+layout goes through OpenCV.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ DEFLATE_LEVEL = 1  # zlib's fastest: about twice level 6's speed for 20% larger 
 _SHORT, _LONG, _LONG8 = 3, 4, 16  # TIFF field types
 _READ_TYPES = {1: "B", 3: "H", 4: "I", 16: "Q"}  # the field types `read` takes values of
 _DEFLATE = (8, 32946)  # Compression: Deflate (Adobe's code and the old one)
+_LZW = 5
+UNIT_BYTES = 4 << 20  # uncompressed strips that follow each other: read this much at once
 _TILES = (322, 323, 324, 325)  # TileWidth, TileLength, TileOffsets, TileByteCounts
 _TAG = struct.Struct("<HHQ8s")  # tag, type, count, value or offset
 _FORMATS = {"u": 1, "f": 3}  # SampleFormat: unsigned integer, IEEE float
@@ -171,29 +174,34 @@ def page_count(f: BinaryIO, limit: int = 100_000) -> int:
 
 def read(source: BinaryIO | bytes, threads: int | None = None) -> np.ndarray | None:
     """The image of a TIFF or BigTIFF file as `cv2.imread(path, IMREAD_UNCHANGED)`
-    gives it, its strips decoded on a pool of threads (each inflated by zlib and put in
-    place by the C helper `_tiff_strips`); None where this reader does not take the
+    gives it, its strips decoded on a pool of threads (each inflated by zlib or decoded
+    from LZW by the C helper `_tiff_strips`, which then puts it in place); None where
+    this reader does not take the
     file (OpenCV then decodes it, or says what is wrong with it), and for every file
     where the helper is not built.
 
-    Taken: the first directory of a file in strips, uncompressed or Deflate, without
+    Taken: the first directory of a file in strips, uncompressed, LZW (TIFF 5.0 and
+    later, as libtiff writes it) or Deflate, without
     differencing or with horizontal differencing of integer samples, interleaved
     samples of 8-bit or 16-bit unsigned integers or 32-bit floats, gray (black is zero,
     one sample) or RGB (three, or four with an unspecified fourth, as this module and
     OpenCV write it), no orientation but the default, either byte order. Not taken:
-    tiles, other compressions (LZW, JPEG, ...), other sample types or interpretations
+    tiles, other compressions (JPEG, PackBits, ...), other sample types or interpretations
     (palette, white is zero, YCbCr, a declared alpha, which OpenCV's 8-bit reader
     premultiplies), separate planes, directories that cannot be parsed.
 
     Args:
         source: The file's bytes, or the file opened in binary mode (its strips read
             with os.pread on its descriptor).
-        threads: Decoding threads (default: the CPUs).
+        threads: Decoding threads (default: the CPUs); 1 decodes on the calling thread.
     Returns: (H, W) gray or (H, W, 3|4) BGR(A), C-contiguous, or None.
     Raises:
-        DamagedTiff: A file it takes whose strips are damaged: cut short, or a Deflate
-            stream that does not decode to the strip's rows. (OpenCV returns such an
-            image with the damaged rows wrong, saying so only in its log.)
+        DamagedTiff: A file it takes whose strips are damaged: cut short, a Deflate
+            stream that does not decode to the strip's rows (its checksum catches any
+            change), or an LZW stream with a code outside its table or too short for
+            the strip (LZW has no checksum: other changes decode to other pixels, as in
+            every reader). OpenCV returns such an image with the damaged rows wrong,
+            saying so only in its log.
     """
     if isinstance(source, (bytes, bytearray, memoryview)):
         whole = memoryview(source)
@@ -217,7 +225,7 @@ def read(source: BinaryIO | bytes, threads: int | None = None) -> np.ndarray | N
         return None
     if layout is None:
         return None
-    h, w, channels, dtype, compressed, predict, rows, offsets, counts = layout
+    h, w, channels, dtype, codec, predict, rows, offsets, counts = layout
     from .hostmem import host_empty
 
     shape = (h, w) if channels == 1 else (h, w, channels)
@@ -229,36 +237,82 @@ def read(source: BinaryIO | bytes, threads: int | None = None) -> np.ndarray | N
         raise DamagedTiff(f"the file ends at byte {length}, inside strip {first + 1} of "
                           f"{len(offsets)}")  # fmt: skip
 
+    row_bytes = w * channels * dtype.itemsize
+    units = _units(offsets, counts, rows, h, row_bytes, UNIT_BYTES) if codec is None else None
+
     def decode(i: int) -> None:
         start = i * rows
+        if units is not None and units[i] > 1:  # strips that follow each other, whole
+            n = min(units[i] * rows, h - start)
+            _tiff_strips.place(out[start : start + n], read_at(int(offsets[i]), n * row_bytes),
+                               w, channels, dtype.itemsize, False, not dtype.isnative)  # fmt: skip
+            return
         n = min(rows, h - start)
         data = read_at(int(offsets[i]), int(counts[i]))
-        size = n * w * channels * dtype.itemsize
-        if compressed:  # never more than the strip holds, whatever the stream says
-            try:
+        size = n * row_bytes
+        try:  # never more than the strip holds, whatever the stream says
+            if codec == "deflate":
                 data = zlib.decompressobj().decompress(data, size)
-            except zlib.error as e:
-                raise DamagedTiff(f"strip {i + 1} of {len(offsets)}: {e}") from None
+            elif codec == "lzw":
+                if data[:1] == b"\0" and data[1:2] and data[1] & 1:
+                    raise _OldLzw  # libtiff's "old-style" LZW (before TIFF 5.0)
+                data = _tiff_strips.lzw(data, size)
+        except (zlib.error, ValueError) as e:
+            raise DamagedTiff(f"strip {i + 1} of {len(offsets)}: {e}") from None
         if len(data) < size:
             raise DamagedTiff(f"strip {i + 1} of {len(offsets)} holds {len(data)} of its "
                               f"{size} bytes")  # fmt: skip
         _tiff_strips.place(out[start : start + n], data, w, channels, dtype.itemsize,
                            predict, not dtype.isnative)  # fmt: skip
 
-    with ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool:
-        for _ in pool.map(decode, range(len(offsets))):
-            pass
+    firsts = range(len(offsets)) if units is None else np.flatnonzero(units).tolist()
+    threads = min(threads or os.cpu_count() or 1, len(firsts))
+    try:
+        if threads == 1:
+            for i in firsts:
+                decode(i)
+        else:
+            with ThreadPoolExecutor(threads) as pool:
+                for _ in pool.map(decode, firsts):
+                    pass
+    except _OldLzw:
+        return None
     return out
+
+
+def _units(offsets: np.ndarray, counts: np.ndarray, rows: int, h: int, row_bytes: int,
+           limit: int) -> np.ndarray:  # fmt: skip
+    """Uncompressed strips read and placed together: for each strip, how many strips
+    from it make one read (0 for a strip inside another's). Runs of strips that follow
+    each other in the file, each holding exactly its rows, up to `limit` bytes."""
+    n = len(offsets)
+    strip_bytes = np.minimum(rows, h - np.arange(n) * rows) * row_bytes
+    whole = counts == strip_bytes
+    joins = whole[:-1] & whole[1:] & (offsets[1:] == offsets[:-1] + counts[:-1])
+    most = max(1, limit // (rows * row_bytes))
+    units = np.zeros(n, np.int64)
+    i = 0
+    while i < n:
+        j = i + 1
+        while j < n and j - i < most and joins[j - 1]:
+            j += 1
+        units[i] = j - i
+        i = j
+    return units
 
 
 class DamagedTiff(ValueError):
     """A TIFF that `read` takes, with damaged strips (the message says which)."""
 
 
+class _OldLzw(Exception):
+    """A strip in the LZW variant of TIFFs before 5.0: left to OpenCV (libtiff)."""
+
+
 def _strip_layout(f: BinaryIO, length: int) -> tuple | None:
     """What `read` needs of the first directory of `f` (`length` bytes), or None where
-    `read` does not take the file: (H, W, samples, file dtype, Deflate?, differenced?,
-    rows per strip, strip offsets, strip byte counts)."""
+    `read` does not take the file: (H, W, samples, file dtype, codec: None, "deflate"
+    or "lzw", differenced?, rows per strip, strip offsets, strip byte counts)."""
     f.seek(0)
     head = f.read(16)
     if head[:4] not in MAGIC:
@@ -283,7 +337,7 @@ def _strip_layout(f: BinaryIO, length: int) -> tuple | None:
     if (photometric, channels, extra) not in (gray, rgb, (2, 4, [0]), (2, 4, [])):
         return None
     compression, predictor = first.get(259, 1), first.get(317, 1)
-    if compression not in (1, *_DEFLATE) or first.get(284, 1) != 1:
+    if compression not in (1, _LZW, *_DEFLATE) or first.get(284, 1) != 1:
         return None
     if predictor not in (1, 2) or (predictor == 2 and dtype.kind != "u"):
         return None
@@ -295,7 +349,8 @@ def _strip_layout(f: BinaryIO, length: int) -> tuple | None:
         return None  # OpenCV refuses it, naming its limit
     # libtiff differences only compressed strips (it ignores a predictor without one)
     predict = predictor == 2 and compression != 1
-    return (h, w, channels, dtype, compression != 1, predict, rows, offsets, counts)
+    codec = "lzw" if compression == _LZW else "deflate" if compression != 1 else None
+    return (h, w, channels, dtype, codec, predict, rows, offsets, counts)
 
 
 def _pixel_limit() -> int:

@@ -17,6 +17,7 @@ import pytest
 from PIL import Image
 
 import imgfilter.io as iio
+from imgfilter import tiff
 from imgfilter.errors import InputError, OutputError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -524,6 +525,7 @@ def test_pillow_fallback_refuses_to_narrow_16_bit_colour(tmp_path, monkeypatch, 
     path.write_bytes(encoded(ext, sample_image("uint16", channels)))
     assert iio.read_image(path).dtype == np.uint16
     monkeypatch.setattr(cv2, "imdecode", lambda *a, **k: None)
+    monkeypatch.setattr(tiff, "read", lambda *a, **k: None)  # a TIFF layout it leaves to OpenCV
     assert_input_error(path, "16-bit")
 
 

@@ -58,6 +58,51 @@ def read(path, threads: int | None = None):
     return from_file
 
 
+def lzw(data: bytes) -> bytes:
+    """TIFF LZW as libtiff's encoder writes it, written out here as the reference the
+    decoder must invert: codes most significant bit first, 256 first, the width raised
+    once the next free entry passes 2**width - 1, a clear code when the table is full
+    (the next free entry 4094), 257 last."""
+    out, acc, nbits, width = bytearray(), 0, 0, 9
+
+    def put(code: int) -> None:
+        nonlocal acc, nbits
+        acc, nbits = (acc << width) | code, nbits + width
+        while nbits >= 8:
+            nbits -= 8
+            out.append((acc >> nbits) & 0xFF)
+        acc &= (1 << nbits) - 1
+
+    def added() -> None:  # after each new entry
+        nonlocal free, width, table
+        free += 1
+        if free == 4094:
+            put(256)
+            table, free, width = {bytes([i]): i for i in range(256)}, 258, 9
+        elif free > (1 << width) - 1:
+            width += 1
+
+    table, free = {bytes([i]): i for i in range(256)}, 258
+    put(256)
+    w = b""
+    for byte in data:
+        wc = w + bytes([byte])
+        if wc in table:
+            w = wc
+            continue
+        put(table[w])
+        table[wc] = free
+        added()
+        w = bytes([byte])
+    if w:
+        put(table[w])
+        added()
+    put(257)
+    if nbits:
+        out.append((acc << (8 - nbits)) & 0xFF)
+    return bytes(out)
+
+
 def handmade(samples: np.ndarray, order: str = "<", compression: int = 1, predictor: int = 1,
              rows: int = 5, tags: dict | None = None) -> bytes:  # fmt: skip
     """A classic TIFF of `samples` ((H, W, S) in the file's sample order) in strips of
@@ -71,7 +116,7 @@ def handmade(samples: np.ndarray, order: str = "<", compression: int = 1, predic
         if predictor == 2:
             part[:, 1:] -= samples[start : start + rows, :-1]
         raw = part.astype(dt).tobytes()
-        strips.append(zlib.compress(raw) if compression == 8 else raw)
+        strips.append({8: zlib.compress, 5: lzw}.get(compression, bytes)(raw))
     kind = 3 if samples.dtype.kind == "f" else 1
     fields = {256: (4, [w]), 257: (4, [h]), 258: (3, [samples.itemsize * 8] * s),
               259: (3, [compression]), 262: (3, [2 if s >= 3 else 1]), 277: (3, [s]),
@@ -134,16 +179,16 @@ def test_the_bigtiffs_imgfilter_writes(tmp_path, monkeypatch, dtype, shape):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("compression", (1, 8))
-def test_opencvs_uncompressed_and_deflate_tiffs(tmp_path, dtype, shape, compression):
+@pytest.mark.parametrize("compression", (1, 5, 8))
+def test_opencvs_uncompressed_lzw_and_deflate_tiffs(tmp_path, dtype, shape, compression):
     img = image(shape, dtype, seed=7 + sum(shape))
     path = tmp_path / "cv.tif"
     assert cv2.imwrite(str(path), img, [cv2.IMWRITE_TIFF_COMPRESSION, compression])
     got = read(path)
     if got is None:
-        # OpenCV 5 differences Deflate floats (predictor 3), which read leaves to it;
-        # OpenCV 4.8 does not, and read takes its files
-        assert dtype == np.float32 and compression == 8
+        # OpenCV 5 differences LZW and Deflate floats (predictor 3), which read leaves
+        # to it; OpenCV 4.8 does not, and read takes its files
+        assert dtype == np.float32 and compression in (5, 8)
         with open(path, "rb") as f:
             head = f.read(16)
             order, big = ("<" if head[:2] == b"II" else ">"), head[2:4] in (b"+\0", b"\0+")
@@ -154,7 +199,7 @@ def test_opencvs_uncompressed_and_deflate_tiffs(tmp_path, dtype, shape, compress
 
 
 @pytest.mark.parametrize("order", ("<", ">"))
-@pytest.mark.parametrize("compression", (1, 8))
+@pytest.mark.parametrize("compression", (1, 5, 8))
 @pytest.mark.parametrize(("dtype", "channels", "predictor"),
                          [(np.uint8, 3, 2), (np.uint16, 3, 2), (np.uint16, 1, 1),
                           (np.float32, 3, 1), (np.uint8, 4, 2), (np.uint16, 4, 1)])  # fmt: skip
@@ -179,7 +224,7 @@ def test_either_byte_order_and_short_last_strips(tmp_path, order, compression, d
         {322: (3, [16]), 323: (3, [16])},  # tiles
         {274: (3, [3])},  # rotated 180 degrees
         {262: (3, [0])},  # white is zero
-        {259: (3, [5])},  # LZW
+        {259: (3, [7])},  # JPEG
         {317: (3, [3])},  # floating-point predictor
         {284: (3, [2])},  # separate planes
         {338: (3, [2])},  # a declared alpha (OpenCV's 8-bit reader premultiplies)
@@ -216,6 +261,61 @@ def test_threads_and_damage(tmp_path):
     assert tiff.read(b"II*\0" + bytes(4)) is None
 
 
+def test_lzw_tables_that_fill_and_clear(tmp_path):
+    """Random samples in one strip: the table fills and clears many times, the codes
+    reach 12 bits; a libtiff-written file (Pillow's) too."""
+    from PIL import Image
+
+    rng = np.random.default_rng(12)
+    img = rng.integers(0, 256, (120, 301, 3), dtype=np.uint8)
+    path = tmp_path / "lzw.tif"
+    path.write_bytes(handmade(img, "<", 5, 1, rows=120))
+    got = read(path, threads=2)
+    np.testing.assert_array_equal(got, img[:, :, ::-1])
+    np.testing.assert_array_equal(got, opencv(path))
+    Image.fromarray(img).save(path, compression="tiff_lzw")
+    np.testing.assert_array_equal(read(path), opencv(path))
+
+
+def test_damaged_lzw_strips(tmp_path, helper):
+    img = image((40, 31, 3), np.uint8, seed=6)
+    good = lzw(img[:5].tobytes())
+    size = 5 * 31 * 3
+    assert helper.lzw(good, size) == img[:5].tobytes()
+    assert helper.lzw(good, size - 7) == img[:5].tobytes()[: size - 7]  # the rest dropped
+    assert helper.lzw(good[: len(good) // 2], size) == img[:5].tobytes()[: len(helper.lzw(
+        good[: len(good) // 2], size))]  # fmt: skip
+    assert len(helper.lzw(good[: len(good) // 2], size)) < size
+    with pytest.raises(ValueError, match="outside the table"):
+        helper.lzw(bytes([0x80, 0x00, 0x7F, 0xF0]), size)  # 256, 0, then code 511
+    with pytest.raises(ValueError, match="before any string"):
+        helper.lzw(bytes([0x80, 0x60, 0x20]), size)  # 256, then code 384
+    with pytest.raises(ValueError):
+        helper.lzw(good, -1)
+    data = bytearray(handmade(img, "<", 5, 2, rows=5))
+    path = tmp_path / "bad.tif"
+    first = data.index(lzw((img[:5] - np.pad(img[:5], ((0, 0), (1, 0), (0, 0)))[:, :-1])
+                           .tobytes())[:12])  # fmt: skip
+    broken = bytearray(data)
+    broken[first + 1 : first + 3] = b"\xff\xff"  # a code past the table
+    cut = handmade(img, "<", 5, 2, rows=5, tags={279: (4, [len(good) // 3] * 8)})
+    for damaged, says in ((broken, "strip 1 of 8"), (cut, "strip 1 of 8 holds")):
+        path.write_bytes(bytes(damaged))
+        with pytest.raises(tiff.DamagedTiff, match=says):
+            read(path)
+
+
+def test_old_style_lzw_is_left_to_opencv(tmp_path):
+    """LZW strips of TIFF before 5.0 (libtiff: a first byte 0, a second one odd)."""
+    img = image((10, 12, 3), np.uint8, seed=2)
+    data = bytearray(handmade(img, "<", 5, 1, rows=10))
+    start = data.index(lzw(img.tobytes()))
+    data[start : start + 2] = b"\0\x01"
+    path = tmp_path / "old.tif"
+    path.write_bytes(bytes(data))
+    assert read(path) is None
+
+
 def test_past_opencvs_pixel_limit_it_leaves_the_file_to_opencv(tmp_path, monkeypatch):
     """OpenCV refuses such a file with a message naming its limit (imgfilter.io turns it
     into one line); `read` allocates nothing for it."""
@@ -227,21 +327,54 @@ def test_past_opencvs_pixel_limit_it_leaves_the_file_to_opencv(tmp_path, monkeyp
     assert read(path) is None
 
 
-def test_read_image_takes_it_for_large_tiffs(tmp_path, monkeypatch):
+def test_read_image_takes_it_for_every_tiff_threads_for_large_ones(tmp_path, monkeypatch):
     img = image((40, 30, 3), np.uint8, seed=9)
     path = tmp_path / "big.tif"
-    path.write_bytes(handmade(file_order(img), "<", 8, 2, rows=7))
+    path.write_bytes(handmade(file_order(img), "<", 5, 2, rows=7))
     calls = []
     real = tiff.read
-    monkeypatch.setattr(tiff, "read", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(tiff, "read", lambda *a, **k: calls.append(k["threads"]) or real(*a, **k))
     np.testing.assert_array_equal(imgfilter.read_image(path), img)
-    assert calls == []  # below TIFF_THREADS_MIN_BYTES: OpenCV
+    assert calls == [1]  # below TIFF_THREADS_MIN_BYTES: on the calling thread
     monkeypatch.setattr(imgio, "TIFF_THREADS_MIN_BYTES", 0)
     np.testing.assert_array_equal(imgfilter.read_image(path), img)
-    assert calls == [1]
+    assert calls == [1, None]  # a pool of threads
     monkeypatch.setattr(imgio, "DECODE_FROM_PATH_BYTES", 0)  # the large files' path
     np.testing.assert_array_equal(imgfilter.read_image(path), img)
-    assert calls == [1, 1]
+    assert calls == [1, None, None]
+
+
+@pytest.mark.parametrize("threads", (1, 3))
+def test_uncompressed_strips_that_follow_each_other_are_read_together(tmp_path, monkeypatch,
+                                                                      threads):  # fmt: skip
+    img = image((47, 13, 3), np.uint16, seed=3)
+    data = handmade(img, ">", 1, 1, rows=4)  # 12 strips, the last of 3 rows
+    path = tmp_path / "raw.tif"
+    path.write_bytes(data)
+    monkeypatch.setattr(tiff, "UNIT_BYTES", 3 * 4 * 13 * 3 * 2)  # three strips a read
+    reads = []
+    place = tiff._tiff_strips.place
+    monkeypatch.setattr(tiff._tiff_strips, "place", lambda dst, *a: reads.append(len(dst))
+                        or place(dst, *a))  # fmt: skip
+    np.testing.assert_array_equal(read(path, threads), img[:, :, ::-1])
+    assert sorted(reads) == sorted([12, 12, 12, 11] * 2)  # from the file, from its bytes
+    with open(path, "rb") as f:
+        head = f.read(8)
+        tags = tiff._tags(f, ">", False, head + f.read(8), len(data))
+    offsets, counts = tags[273].astype(np.int64), tags[279].astype(np.int64)
+
+    def units() -> list[int]:
+        return tiff._units(offsets, counts, 4, 47, 13 * 3 * 2, tiff.UNIT_BYTES).tolist()
+
+    assert units() == [3, 0, 0, 3, 0, 0, 3, 0, 0, 3, 0, 0]
+    counts[4] -= 2  # a strip short of its rows: read alone (and an error there)
+    assert units() == [3, 0, 0, 1, 1, 3, 0, 0, 3, 0, 0, 1]
+    offsets[8] += 6  # a strip elsewhere than where the one before it ends
+    assert units() == [3, 0, 0, 1, 1, 3, 0, 0, 1, 3, 0, 0]
+    short = handmade(img, ">", 1, 1, rows=4, tags={279: (4, [4 * 13 * 6] * 11 + [3 * 13 * 6 - 2])})
+    path.write_bytes(short)
+    with pytest.raises(tiff.DamagedTiff, match="strip 12 of 12 holds"):
+        read(path, threads)
 
 
 def test_a_damaged_large_tiff_is_a_one_line_error_not_wrong_rows(tmp_path, monkeypatch):
