@@ -105,7 +105,7 @@ def start(argv: list[str]) -> bool:
 def start_for(command: str, backend: str) -> bool:
     """Begin creating the CUDA context in the background for a command whose use of the
     GPU is known only now (a DEFERRED_COMMANDS one), if it will use it."""
-    return _wanted(command, backend) and _begin()
+    return _thread is None and _wanted(command, backend) and _begin()
 
 
 def _begin() -> bool:
