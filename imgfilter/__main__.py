@@ -2,9 +2,9 @@
 
 A GPU command line starts opening the CUDA context in the background before the CLI
 and NumPy are imported (`imgfilter.backends.warmup`), and a filtering command starts
-reading its input while the CLI imports (`imgfilter.prefetch`); then `imgfilter.cli` runs, and
-the process ends without tearing the interpreter down or waiting for the CUDA
-context's teardown (`_exit`).
+reading its input while the CLI imports (`imgfilter.prefetch`); then `imgfilter.cli`
+runs, and the process ends without tearing the interpreter down or waiting for the
+CUDA context's teardown (`_exit`).
 """
 
 import atexit
