@@ -39,7 +39,8 @@ each area simply takes the newest file by name among those matching its patterns
   `benchmarks/dask_scale.py` (each named in it): folders through the GPU pipeline
   against decoding and encoding alone, folders over 1 and 2 GPUs, Dask arrays;
 - large files: `benchmarks/tiff_io.py --json` (`*-tiff-io-*.json`), every run of the
-  newest date (one per image size and content).
+  newest date (one per image size and content); TIFFs of every size:
+  `benchmarks/tiff_read_sizes.py --json` (`*-tiff-read-sizes.json`), the newest run.
 
 tests/test_report.py regenerates the page and compares it with the committed file.
 """
@@ -73,6 +74,7 @@ AREAS = {
     "streamed": ["*-streamed.json"],
     "host_bands": ["*-host-bands.txt"],
     "tiff_io": ["*-tiff-io-*.json"],
+    "tiff_read_sizes": ["*-tiff-read-sizes.json"],
 }
 
 HEADER = """\
@@ -850,6 +852,31 @@ def section_large_files(results: Path) -> list[str]:
     ]
 
 
+def section_tiff_read_sizes(results: Path) -> list[str]:
+    """TIFFs of every size read by `imgfilter.read_image` and `cv2.imread`
+    (`*-tiff-read-sizes.json` of benchmarks/tiff_read_sizes.py): the newest run."""
+    files = _files("tiff_read_sizes", results)
+    if not files:
+        return []
+    path = files[-1]
+    data = _load(path)
+    body = [[r["size"], r["compression"], f"{r['file_mb']:.2f}", f"{r['imgfilter_ms']:.1f}",
+             f"{r['cv2_ms']:.1f}", f"{r['ratio']:.2f}"] for r in data["rows"]]  # fmt: skip
+    return [
+        "## TIFF files of every size",
+        "",
+        f"`benchmarks/tiff_read_sizes.py` ({_link(path)}; {data['machine']}, "
+        f"{data['cpus']} CPUs, OpenCV {data['opencv']}; medians of {data['reps']}, the two "
+        "alternating in one process): OpenCV's 8-bit RGB TIFFs of the sample photo read by "
+        "`imgfilter.read_image` (strips through `imgfilter.tiff.read`, which refuses damaged "
+        "ones; one thread below 16 MiB) and by `cv2.imread`; ratio below 1: imgfilter quicker.",
+        "",
+        *_table(["image", "compression", "file MB", "imgfilter ms", "cv2.imread ms", "ratio"],
+                ["---", "---", "---:", "---:", "---:", "---:"], body),
+        "",
+    ]  # fmt: skip
+
+
 def section_scale(results: Path) -> list[str]:
     """Folders through the GPU pipeline, folders over GPUs, Dask arrays over GPUs
     (`*-scale.json`: gathered from the runs' own results files, which it names)."""
@@ -956,6 +983,7 @@ def render(results: Path = RESULTS) -> str:
         section_many_files,
         section_large_images,
         section_large_files,
+        section_tiff_read_sizes,
         section_scale,
     ):
         lines = section(results)

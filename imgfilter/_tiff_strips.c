@@ -23,6 +23,25 @@ static void place8(uint8_t *dst, const uint8_t *src, Py_ssize_t rows, Py_ssize_t
                    int samples, int predict)
 {
     const int *order = ORDER[samples];
+    if (!predict) { /* the channels reordered only, one pass over the strip */
+        Py_ssize_t pixels = rows * width;
+        if (samples == 3)
+            for (Py_ssize_t i = 0; i < pixels; i++, src += 3, dst += 3) {
+                dst[0] = src[2];
+                dst[1] = src[1];
+                dst[2] = src[0];
+            }
+        else if (samples == 4)
+            for (Py_ssize_t i = 0; i < pixels; i++, src += 4, dst += 4) {
+                dst[0] = src[2];
+                dst[1] = src[1];
+                dst[2] = src[0];
+                dst[3] = src[3];
+            }
+        else
+            memcpy(dst, src, (size_t)(pixels * samples));
+        return;
+    }
     for (Py_ssize_t r = 0; r < rows; r++) {
         const uint8_t *in = src + r * width * samples;
         uint8_t *out = dst + r * width * samples;

@@ -443,9 +443,13 @@ def _read_bytes(p: Path, npy: bool = False) -> bytes | None:
     try:
         with open(p, "rb") as f:
             data = f.read(len(NPY_MAGIC))
-            if npy and data == NPY_MAGIC and f.seekable():
-                return None
-            data += f.read()
+            if f.seekable():  # one read of the whole file (joining two parts copies it)
+                if npy and data == NPY_MAGIC:
+                    return None
+                f.seek(0)
+                data = f.read()
+            else:
+                data += f.read()
     except FileNotFoundError as e:
         raise InputError(f"cannot read {p}: no such file") from e
     except IsADirectoryError as e:
@@ -789,10 +793,16 @@ def _may_have_frames(data: bytes, kind: str | None) -> bool:
 
 
 def _frame_count(data: bytes, kind: str | None) -> int:
-    """How many frames (or TIFF pages) Pillow finds in the file; 1 when in doubt."""
+    """How many frames Pillow finds in the file (a TIFF's pages: `tiff.page_count`);
+    1 when in doubt."""
     if not _may_have_frames(data, kind):
         return 1
     import io as _stdio
+
+    if kind == "tiff":
+        from . import tiff
+
+        return tiff.page_count(_stdio.BytesIO(data))
 
     from PIL import Image
 
