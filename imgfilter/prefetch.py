@@ -38,7 +38,6 @@ MAX_BYTES = 64 << 20  # larger files are read by the command, not held twice in 
 class _Read:
     path: str  # absolute
     signature: tuple[int, ...]
-    thread: threading.Thread | None = None
     result: Any = None  # io.read_frames's (image, frames, kind), or None if it failed
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -85,13 +84,11 @@ def start(argv: list[str]) -> bool:
     from . import io
 
     read = _Read(os.path.abspath(path), signature)
-    read.thread = threading.Thread(target=_read, args=(read, io), name="imgfilter-prefetch",
-                                   daemon=True)  # fmt: skip
     with _lock:
         if _pending:
             return False
         _pending.append(read)
-    read.thread.start()
+    threading.Thread(target=_read, args=(read, io), name="imgfilter-prefetch", daemon=True).start()
     return True
 
 

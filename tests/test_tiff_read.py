@@ -283,9 +283,8 @@ def test_damaged_lzw_strips(tmp_path, helper):
     size = 5 * 31 * 3
     assert helper.lzw(good, size) == img[:5].tobytes()
     assert helper.lzw(good, size - 7) == img[:5].tobytes()[: size - 7]  # the rest dropped
-    assert helper.lzw(good[: len(good) // 2], size) == img[:5].tobytes()[: len(helper.lzw(
-        good[: len(good) // 2], size))]  # fmt: skip
-    assert len(helper.lzw(good[: len(good) // 2], size)) < size
+    half = helper.lzw(good[: len(good) // 2], size)  # the stream ends early: what came
+    assert 0 < len(half) < size and half == img[:5].tobytes()[: len(half)]
     with pytest.raises(ValueError, match="outside the table"):
         helper.lzw(bytes([0x80, 0x00, 0x7F, 0xF0]), size)  # 256, 0, then code 511
     with pytest.raises(ValueError, match="before any string"):
