@@ -5,13 +5,13 @@
 Runs `imgfilter ARGS` N times (default 5), each in a fresh process as `python -m
 imgfilter` would, with marks at: the interpreter ready, the CUDA context thread's start
 and end (`imgfilter.backends.warmup`), the input's background read started (after NumPy
-and OpenCV are imported) and its start and end (`imgfilter.prefetch`), the CLI
-imported, the image read, the filter's start and end (and the wait for the context
-inside it), the write's start and end, and the exit call; the process's end is taken
-by the parent, so the last row is what exiting costs (the driver tearing the context
-down). Each run starts half a second after the
-previous one ended (its context's teardown, handed to another process, over). Prints
-each run's marks in ms since the parent started the process, and the median of each.
+and OpenCV are imported) and its start and end (`imgfilter.prefetch`), the CLI imported,
+the command's wait for that read, the image read, the filter's start and end (and the
+wait for the context inside it), the write's start and end, and the exit call; the
+process's end is taken by the parent, so the last row is what exiting costs (the driver
+tearing the context down). Each run starts half a second after the previous one ended
+(its context's teardown, handed to another process, over). Prints each run's marks in
+ms since the parent started the process, and the median of each.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ def child(argv: list[str], marks_path: str) -> None:
     from imgfilter import prefetch
 
     _wrap(prefetch, "_read", "input read (thread)")
+    _wrap(prefetch, "settle", "command waits for the read")
     prefetch.start(argv)
     _mark("input read started")
     from imgfilter import cli

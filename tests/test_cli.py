@@ -604,6 +604,55 @@ def test_no_arguments_shows_help():
     assert "Usage" in result.output and "Traceback" not in result.output
 
 
+def test_help_lists_every_command_in_order():
+    result = run("--help")
+    assert_ok(result)
+    from imgfilter.cli.app import COMMANDS
+
+    listed = [line.split()[1] for line in result.stdout.splitlines() if line[:2] == "│ "]
+    commands = [word for word in listed if word in COMMANDS]
+    assert commands == list(COMMANDS)
+
+
+def test_every_command_is_registered_by_its_module():
+    run("--help")  # loads every command module
+    from imgfilter.cli.app import COMMANDS
+
+    registered = {c.name: c.callback.__module__ for c in cli.app.registered_commands}
+    assert registered == {name: f"imgfilter.cli.{mod}" for name, mod in COMMANDS.items()}
+
+
+def test_unknown_command_suggests_the_close_one():
+    result = run("blr", "x.png")
+    assert result.exit_code == 2
+    assert "No such command 'blr'" in result.output and "'blur'" in result.output
+
+
+def test_a_command_imports_and_builds_only_its_own_module():
+    code = (
+        "import sys\n"
+        "import imgfilter.cli\n"
+        "group = sys.modules['imgfilter.cli.app']._Commands\n"
+        "built = []\n"
+        "add = group._add\n"
+        "group._add = lambda self, name: (built.append(name), add(self, name))\n"
+        "try:\n"
+        "    imgfilter.cli.app(['contour', '--help'], prog_name='imgfilter')\n"
+        "except SystemExit as e:\n"
+        "    assert e.code == 0, e.code\n"
+        "mods = sorted(m for m in sys.modules if m.startswith('imgfilter.cli.'))\n"
+        "print('BUILT', built, 'MODULES', mods)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "BUILT ['contour']" in proc.stdout, proc.stdout
+    for other in ("compare", "bench", "classify"):
+        assert f"imgfilter.cli.{other}'" not in proc.stdout, proc.stdout
+    assert "imgfilter.cli.filters'" in proc.stdout, proc.stdout
+
+
 def _env(**changes: str | None) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))

@@ -14,7 +14,9 @@ Ctrl-C ends a command within a fraction of a second: one line `imgfilter: interr
 exit 130, no output or temporary file left (see `worker.in_worker`).
 Informational lines (what was written, notes) go to stderr too; `--quiet` drops them.
 Heavy modules (numba, cv2, imgfilter.io, the backends) are imported inside the
-commands, so `imgfilter --help` stays quick.
+commands, so `imgfilter --help` stays quick, and a command's own module is imported
+when the command is first looked up (`app.COMMANDS`): `imgfilter blur` builds `blur`
+alone.
 
 Modules: `app` (the Typer app, one-line errors, the `command` decorator), `worker`
 (worker thread, Ctrl-C, spinner), `output` (stderr lines), `options` (the shared
@@ -28,9 +30,6 @@ import sys
 
 from .app import app
 from .output import INTERRUPTED, PROG, interrupted_line
-
-# The commands register themselves on `app`, in the order --help lists them.
-from . import filters, compare, bench, classify  # noqa: E402, F401, I001  isort: skip
 
 __all__ = ["app", "main"]
 

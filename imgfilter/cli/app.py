@@ -1,5 +1,7 @@
 """The Typer app: one-line errors with their exit codes, clean help, `--version`.
 
+The commands' modules are imported when a command is first needed (`COMMANDS`): a run
+of `imgfilter blur` imports and builds `blur` alone, `--help` all of them.
 `command` wraps every command: it runs in a worker thread (Ctrl-C, the spinner:
 `worker.in_worker`), and an ImgFilterError becomes one stderr line and its exit code
 (imgfilter.errors: 2 usage, 3 input, 4 output, 5 device; 1 anything else). Click's
@@ -9,12 +11,14 @@ own usage errors are reported the same way (`_OneLineErrors`).
 from __future__ import annotations
 
 import functools
+import importlib
 import sys
 from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
 from typer.core import TyperCommand, TyperGroup
+from typer.main import get_command_from_info
 
 try:  # recent Typer vendors Click as typer._click; older Typer depends on Click.
     from typer._click import exceptions as click_exc
@@ -26,9 +30,56 @@ from ..errors import DeviceError, ImgFilterError
 from .output import INTERRUPTED, PROG, Run, fail, interrupted_line
 from .worker import in_worker
 
+# Each command and the module (in imgfilter.cli) that registers it, in the order --help
+# lists them.
+COMMANDS = {
+    "blur": "filters",
+    "filter": "filters",
+    "contour": "filters",
+    "compare": "compare",
+    "bench": "bench",
+    "train": "classify",
+    "classify": "classify",
+}
 
-class _OneLineErrors(TyperGroup):
-    """Report Click's usage errors (bad option values, unknown options) as one line, exit 2."""
+
+class _Commands(TyperGroup):
+    """The `imgfilter` group: commands built when first looked up, Click's usage errors
+    (bad option values, unknown options) reported as one line, exit 2.
+
+    Typer builds the group from the commands registered so far (none, unless a command
+    module was imported before); `get_command` imports a command's module and builds the
+    command the first time it is asked for, `list_commands` (help, completion,
+    suggestions) all of them. Building every command costs a run about as much as
+    importing Typer's Click does."""
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            self._add(cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        for name in COMMANDS:
+            if name not in self.commands:
+                self._add(name)
+        order = [*COMMANDS, *(name for name in self.commands if name not in COMMANDS)]
+        self.commands = {name: self.commands[name] for name in order if name in self.commands}
+        return super().list_commands(ctx)
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        if args and args[0] not in COMMANDS:
+            self.list_commands(ctx)  # an unknown name: Typer suggests from all commands
+        return super().resolve_command(ctx, args)
+
+    def _add(self, name: str) -> None:
+        importlib.import_module(f"{__package__}.{COMMANDS[name]}")
+        info = next(c for c in app.registered_commands if c.name == name)
+        built = get_command_from_info(
+            info,
+            pretty_exceptions_short=app.pretty_exceptions_short,
+            rich_markup_mode=app.rich_markup_mode,
+        )
+        self.add_command(built, name)
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         try:
@@ -118,7 +169,7 @@ def _no_metavar(*args: Any, **kwargs: Any) -> str:
 
 app = typer.Typer(
     name=PROG,
-    cls=_OneLineErrors,
+    cls=_Commands,
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,
@@ -126,8 +177,8 @@ app = typer.Typer(
 )
 
 
-def app_command(name: str | None = None) -> Callable[..., Any]:
-    """`app.command` with the clean help (`_CleanHelp`)."""
+def app_command(name: str) -> Callable[..., Any]:
+    """`app.command` with the clean help (`_CleanHelp`); `name` is a key of `COMMANDS`."""
     return app.command(name, cls=_CleanHelp)
 
 

@@ -47,7 +47,7 @@ PipelineOpt = Annotated[
 ]
 
 
-@app_command()
+@app_command("bench")
 @command
 def bench(
     sizes: SizesOpt = "seed",

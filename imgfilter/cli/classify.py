@@ -192,7 +192,7 @@ ClassifyNameOpt = Annotated[
 ]
 
 
-@app_command()
+@app_command("train")
 @command
 def train(
     image: InPath,
@@ -266,7 +266,7 @@ def _check_npy_output(path: Path, suffix: str, what: str, *, inputs: tuple, forc
 # --------------------------------------------------------------------------- classify
 
 
-@app_command()
+@app_command("classify")
 @command(spinner=True)
 def classify(
     images: InPaths,

@@ -55,7 +55,7 @@ AsJsonOpt = Annotated[
 ]
 
 
-@app_command()
+@app_command("compare")
 @command
 def compare(
     image: InPath,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from .. import files
 from ..errors import InputError, UsageError
 from . import many
 from .app import app_command, command
@@ -216,8 +217,6 @@ def filter_files(
     """One input: `filter_file` (with --out-dir/--name naming its output); several, a
     directory or a pattern: `_filter_many` (on a Dask cluster with `cluster`: --gpus,
     --scheduler). UsageError for options that exclude each other or a bad --name."""
-    from .. import files
-
     template = outs.name if outs.name is not None else files.default_template(op)
 
     def check_name() -> None:
@@ -448,7 +447,7 @@ def _run_many(
     """`_filter_many` once the files' runner is known: threads here, or a Dask client."""
     import numpy as np
 
-    from .. import files, io
+    from .. import io
 
     plan, problems = many.plan_many(op, outs, template)
     backend_name = resolve_backend(backend) if plan.jobs else backend.value
