@@ -22,7 +22,6 @@ import os
 import stat
 import sys
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +33,17 @@ SWITCH_INTERVAL_S = 0.0002
 MAX_BYTES = 64 << 20  # larger files are read by the command, not held twice in memory
 
 
-@dataclass
 class _Read:
-    path: str  # absolute
-    signature: tuple[int, ...]
-    result: Any = None  # io.read_frames's (image, frames, kind), or None if it failed
-    done: threading.Event = field(default_factory=threading.Event)
+    """One background read. (A plain class: this module is imported before the read
+    starts, and `dataclasses` would cost the read's start a few milliseconds.)"""
+
+    __slots__ = ("path", "signature", "result", "done")
+
+    def __init__(self, path: str, signature: tuple[int, ...]) -> None:
+        self.path = path  # absolute
+        self.signature = signature
+        self.result: Any = None  # io.read_frames's (image, frames, kind); None if it failed
+        self.done = threading.Event()
 
 
 _lock = threading.Lock()
