@@ -167,7 +167,12 @@ def test_auto_blur_takes_the_gpu_past_the_size_or_when_asked(tmp_path, monkeypat
     assert gpu_asked == [("start", "blur", "auto"), ("resolve", "auto")]  # opened before reading
     gpu_asked.clear()
     assert_ok(run("blur", flat, "--k", "3", "-o", tmp_path / "b.png"))  # large pixels
-    assert gpu_asked == [("resolve", "auto")]
+    assert gpu_asked == [("start", "blur", "auto"), ("resolve", "auto")]  # the header said so
+    gpu_asked.clear()
+    flat_webp = imwrite(tmp_path / "flat.webp", np.full((40, 60, 3), 7, np.uint8))
+    assert flat_webp.stat().st_size < warmup.ONE_IMAGE_ON_CPU_BYTES
+    assert_ok(run("blur", flat_webp, "--k", "3", "-o", tmp_path / "b.webp"))  # header unread
+    assert gpu_asked == [("resolve", "auto")]  # known only once read
     gpu_asked.clear()
     monkeypatch.setattr(warmup, "ONE_IMAGE_ON_CPU_BYTES", 1 << 27)
     assert_ok(run("blur", flat, "--k", "3", "-o", tmp_path / "c.png", "--method", "tiled"))

@@ -330,7 +330,9 @@ def filter_file(
 def _small_blur_file(op: str, image: Path, backend: Backend, method: Method) -> bool:
     """Whether --backend auto may run this one image on the CPU: a blur
     (`warmup.DEFERRED_COMMANDS`) without --method, from a file of at most
-    `warmup.ONE_IMAGE_ON_CPU_BYTES` (the CPU runs it if the pixels are no more either)."""
+    `warmup.ONE_IMAGE_ON_CPU_BYTES` whose header does not promise more pixels than that
+    (`imgfilter.headers`; the CPU runs it if the pixels read are no more either)."""
+    from .. import headers
     from ..backends import warmup
 
     if op not in warmup.DEFERRED_COMMANDS or backend is not Backend.auto:
@@ -341,7 +343,10 @@ def _small_blur_file(op: str, image: Path, backend: Backend, method: Method) -> 
         size = os.stat(image).st_size
     except OSError:  # the read says what is wrong with it
         return True
-    return size <= warmup.ONE_IMAGE_ON_CPU_BYTES
+    if size > warmup.ONE_IMAGE_ON_CPU_BYTES:
+        return False
+    pixels = headers.decoded_bytes(image)
+    return pixels is None or pixels <= warmup.ONE_IMAGE_ON_CPU_BYTES
 
 
 def _result_bytes(op: str, img: Any) -> int:

@@ -1,0 +1,92 @@
+"""An image file's size in pixels from its first bytes, without decoding it.
+
+`decoded_bytes(path)` reads the header of a PNG, JPEG or TIFF file (the IHDR chunk, the
+frame header, the first directory) and gives the bytes its image will take once decoded,
+so that the CLI can choose the CPU or the GPU for a photo before reading it. A hint only:
+None for other formats and for anything it cannot parse, and the caller still decides on
+the image it read (a header can lie; the decoder is the judge).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import BinaryIO
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# PNG colour types -> channels as OpenCV decodes them: palette images expand to 3 (4
+# with a tRNS chunk, which this does not look for), gray with alpha to 4.
+_PNG_CHANNELS = {0: 1, 2: 3, 3: 3, 4: 4, 6: 4}
+# JPEG frame headers (SOF0-SOF15 less DHT C4, JPG C8, DAC CC).
+_JPEG_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_JPEG_NO_LENGTH = frozenset([0x01, *range(0xD0, 0xD8)])  # TEM, RST0-7
+_JPEG_MAX_SEGMENTS = 64  # the frame header comes after a few APPn / DQT / DHT segments
+
+
+def decoded_bytes(path: str | os.PathLike[str]) -> int | None:
+    """Bytes of the image in `path` once decoded (height x width x channels x bytes per
+    sample, as imgfilter.io reads it: JPEG 8-bit, CMYK as 3 channels), from its header;
+    None if the file is not a PNG, JPEG or TIFF or its header cannot be parsed."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(32)
+            if head.startswith(PNG_SIGNATURE):
+                return _png(head)
+            if head[:2] == b"\xff\xd8":
+                return _jpeg(f)
+            if head[:4] in (b"II*\0", b"MM\0*", b"II+\0", b"MM\0+"):
+                return _tiff(f, os.fstat(f.fileno()).st_size)
+    except (OSError, ValueError, struct.error, KeyError, IndexError):
+        return None
+    return None
+
+
+def _png(head: bytes) -> int | None:
+    """From the IHDR chunk, which a PNG must start with."""
+    if head[12:16] != b"IHDR":
+        return None
+    w, h, depth, colour = struct.unpack(">IIBB", head[16:26])
+    return w * h * _PNG_CHANNELS[colour] * (2 if depth == 16 else 1)
+
+
+def _jpeg(f: BinaryIO) -> int | None:
+    """From the frame header (SOFn), walking the segments before it."""
+    f.seek(2)
+    for _ in range(_JPEG_MAX_SEGMENTS):
+        byte = f.read(1)
+        while byte == b"\xff":  # fill bytes before a marker
+            marker = f.read(1)
+            if marker != b"\xff":
+                break
+        else:
+            return None
+        if not marker:
+            return None
+        code = marker[0]
+        if code in _JPEG_NO_LENGTH:
+            continue
+        (length,) = struct.unpack(">H", f.read(2))
+        if code in _JPEG_SOF:
+            _, h, w, components = struct.unpack(">BHHB", f.read(6))
+            if h == 0:  # the height comes later, in a DNL segment
+                return None
+            return h * w * min(components, 3)
+        if code == 0xDA or length < 2:  # the scan starts: no frame header before it
+            return None
+        f.seek(length - 2, os.SEEK_CUR)
+    return None
+
+
+def _tiff(f: BinaryIO, length: int) -> int | None:
+    """From the first directory: width, length, samples and bits per sample."""
+    from . import tiff
+
+    f.seek(0)
+    head = f.read(16)
+    order = "<" if head[:2] == b"II" else ">"
+    big = head[2:4] in (b"+\0", b"\0+")
+    tags = tiff._tags(f, order, big, head, length)
+    w, h = int(tags[256][0]), int(tags[257][0])
+    samples = int(tags[277][0]) if 277 in tags else 1
+    bits = int(tags[258].max()) if 258 in tags else 1
+    return w * h * samples * max(1, bits // 8)
