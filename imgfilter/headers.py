@@ -4,7 +4,8 @@
 frame header, the first directory) and gives the bytes its image will take once decoded,
 so that the CLI can choose the CPU or the GPU for a photo before reading it. A hint only:
 None for other formats and for anything it cannot parse, and the caller still decides on
-the image it read (a header can lie; the decoder is the judge).
+the image it read (a header can lie; the decoder is the judge). Only the standard
+library: the CLI asks before NumPy is imported.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ _PNG_CHANNELS = {0: 1, 2: 3, 3: 3, 4: 4, 6: 4}
 _JPEG_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _JPEG_NO_LENGTH = frozenset([0x01, *range(0xD0, 0xD8)])  # TEM, RST0-7
 _JPEG_MAX_SEGMENTS = 64  # the frame header comes after a few APPn / DQT / DHT segments
+_TIFF_TYPES = {3: "H", 4: "I", 16: "Q"}  # SHORT, LONG, LONG8: the sizes' field types
 
 
 def decoded_bytes(path: str | os.PathLike[str]) -> int | None:
@@ -78,15 +80,35 @@ def _jpeg(f: BinaryIO) -> int | None:
 
 
 def _tiff(f: BinaryIO, length: int) -> int | None:
-    """From the first directory: width, length, samples and bits per sample."""
-    from . import tiff
-
+    """From the first directory: ImageWidth, ImageLength, SamplesPerPixel and the
+    largest BitsPerSample (tags 256, 257, 277, 258)."""
     f.seek(0)
     head = f.read(16)
     order = "<" if head[:2] == b"II" else ">"
     big = head[2:4] in (b"+\0", b"\0+")
-    tags = tiff._tags(f, order, big, head, length)
-    w, h = int(tags[256][0]), int(tags[257][0])
-    samples = int(tags[277][0]) if 277 in tags else 1
-    bits = int(tags[258].max()) if 258 in tags else 1
+    count_fmt, entry, offset_fmt = ("Q", 20, "Q") if big else ("H", 12, "I")
+    (at,) = struct.unpack_from(order + offset_fmt, head, 8 if big else 4)
+    f.seek(at)
+    (n,) = struct.unpack(order + count_fmt, f.read(struct.calcsize(count_fmt)))
+    raw = f.read(n * entry)
+    field = 8 if big else 4
+    values: dict[int, tuple[int, ...]] = {}
+    for i in range(min(n, len(raw) // entry)):
+        tag, kind = struct.unpack_from(order + "HH", raw, i * entry)
+        fmt = _TIFF_TYPES.get(kind)
+        if tag not in (256, 257, 258, 277) or fmt is None:
+            continue
+        (count,) = struct.unpack_from(order + offset_fmt, raw, i * entry + 4)
+        size = struct.calcsize(fmt) * count
+        if size > length:
+            return None
+        value = raw[i * entry + 4 + field : (i + 1) * entry]
+        if size > field:
+            (where,) = struct.unpack(order + offset_fmt, value)
+            f.seek(where)
+            value = f.read(size)
+        values[tag] = struct.unpack(f"{order}{count}{fmt}", value[:size])
+    w, h = values[256][0], values[257][0]
+    samples = values[277][0] if 277 in values else 1
+    bits = max(values.get(258, (1,)))
     return w * h * samples * max(1, bits // 8)

@@ -81,6 +81,46 @@ def test_command_line_starts_before_numpy_and_only_for_gpu_commands(tmp_path, mo
     assert not warmup.wanted(["blur", "in.jpg"])
 
 
+def test_auto_blur_of_an_image_past_the_cpu_limit_opens_the_gpu_at_start(tmp_path, monkeypatch):
+    """--backend auto, blur: the context starts with the process when the input's file
+    or its header's pixels pass ONE_IMAGE_ON_CPU_BYTES, for a folder (several images)
+    and with --method; otherwise the CLI decides later (`start_for`)."""
+    import cv2
+
+    from imgfilter.backends import warmup
+
+    monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
+    monkeypatch.delenv("IMGFILTER_NO_QUICK_START", raising=False)
+    (tmp_path / "cubins").mkdir()
+    (tmp_path / "cubins" / "box_packed-c3-r30-t64-e0-abc-sm90.cubin").write_bytes(b"x")
+    flat = tmp_path / "flat.png"  # 40x60x3 pixels in a file of a few hundred bytes
+    cv2.imwrite(str(flat), np.full((40, 60, 3), 9, np.uint8))
+    pixels = 40 * 60 * 3
+    assert flat.stat().st_size < pixels - 1
+    blur = ["blur", str(flat), "--k", "3"]
+    monkeypatch.setattr(warmup, "ONE_IMAGE_ON_CPU_BYTES", pixels)
+    assert warmup.one_image_on_cpu(flat) and not warmup.wanted(blur)
+    monkeypatch.setattr(warmup, "ONE_IMAGE_ON_CPU_BYTES", pixels - 1)  # the header says more
+    assert not warmup.one_image_on_cpu(flat) and warmup.wanted(blur)
+    monkeypatch.setattr(warmup, "ONE_IMAGE_ON_CPU_BYTES", flat.stat().st_size - 1)  # the file
+    assert warmup.wanted(blur)
+    monkeypatch.setattr(warmup, "ONE_IMAGE_ON_CPU_BYTES", 1 << 27)
+    assert not warmup.wanted(blur)
+    assert warmup.wanted([*blur, "--method", "tiled"]) and warmup.wanted([*blur, "--method=tiled"])
+    assert not warmup.wanted([*blur, "--method", "auto"])
+    assert warmup.wanted(["blur", str(tmp_path), "--k", "3"])  # a folder: several images
+    assert not warmup.one_image_on_cpu(tmp_path)
+    assert not warmup.wanted(["blur", "--k", "3", str(flat)])  # input not first: the CLI decides
+    assert not warmup.wanted(["blur", str(tmp_path / "*.png"), "--k", "3"])  # a pattern: same
+    assert warmup.one_image_on_cpu(tmp_path / "missing.png")  # its read will say what is wrong
+    # Decided before NumPy is imported (the context thread starts first thing).
+    code = f"import sys; from imgfilter.backends import warmup; warmup.wanted({blur!r}); "
+    done = _python(code + "print('numpy' in sys.modules)", {})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
 def test_classify_and_train_open_the_gpu_early_whatever_is_cached(tmp_path, monkeypatch):
     """They import Numba's CUDA target, which takes longer than making the context:
     the context is made meanwhile, with or without cached kernels."""

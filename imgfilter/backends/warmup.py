@@ -11,14 +11,16 @@ quick start (`imgfilter.backends.cached`) where kernels are cached or shipped, a
 cubins through `cached` and the launch layer, else through Numba's CUDA target, which
 then finds the context open).
 Commands that will not use it (help, the CPU backend, filters without cached
-kernels) start nothing, and neither does `blur` with `--backend auto`: a blur of one
-image may run on the CPU (`ONE_IMAGE_ON_CPU_BYTES`), so the CLI calls `start_for` once
-it knows the GPU will run. Only the standard library is imported here.
+kernels) start nothing, and neither does `blur` with `--backend auto` of an image that
+may run on the CPU (`one_image_on_cpu`: its file and the pixels its header promises at
+most ONE_IMAGE_ON_CPU_BYTES); the CLI calls `start_for` once it knows the GPU will run
+(several inputs, or the pixels read). Only the standard library is imported here.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from pathlib import Path
 
@@ -41,13 +43,31 @@ def _command(argv: list[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
-def _backend(argv: list[str]) -> str:
+def _option(argv: list[str], name: str) -> str:
+    """The value of option `name` (`--name VALUE` or `--name=VALUE`), "auto" if absent."""
     for i, arg in enumerate(argv):
-        if arg == "--backend" and i + 1 < len(argv):
+        if arg == name and i + 1 < len(argv):
             return argv[i + 1].lower()
-        if arg.startswith("--backend="):
+        if arg.startswith(name + "="):
             return arg.split("=", 1)[1].lower()
     return "auto"
+
+
+def one_image_on_cpu(path: str | os.PathLike[str]) -> bool:
+    """Whether --backend auto may blur the image in `path` on the CPU: a regular file
+    of at most ONE_IMAGE_ON_CPU_BYTES whose header (PNG, JPEG, TIFF; `imgfilter.headers`)
+    promises no more pixels than that, or one that cannot be looked at (its read will
+    say why). The CLI checks the pixels again once read."""
+    from .. import headers
+
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return True
+    if not stat.S_ISREG(st.st_mode) or st.st_size > ONE_IMAGE_ON_CPU_BYTES:
+        return False
+    pixels = headers.decoded_bytes(path)
+    return pixels is None or pixels <= ONE_IMAGE_ON_CPU_BYTES
 
 
 def _cubins_cached() -> bool:
@@ -66,13 +86,19 @@ def _cubins_cached() -> bool:
 
 def wanted(argv: list[str]) -> bool:
     """Whether this command line will use the GPU: a filter through cached cubins, or
-    classify / train. False for a DEFERRED_COMMANDS one with --backend auto."""
+    classify / train. False for a DEFERRED_COMMANDS one with --backend auto and no
+    --method whose input may run on the CPU (`one_image_on_cpu`; an input not known
+    from the raw arguments is left to the CLI too)."""
     command = _command(argv)
     if "--help" in argv or "-h" in argv:
         return False
-    backend = _backend(argv)
-    if command in DEFERRED_COMMANDS and backend == "auto":
-        return False
+    backend = _option(argv, "--backend")
+    if command in DEFERRED_COMMANDS and backend == "auto" and _option(argv, "--method") == "auto":
+        from ..prefetch import input_of
+
+        path = input_of(argv)
+        if path is None or one_image_on_cpu(path):
+            return False
     return _wanted(command, backend)
 
 

@@ -329,24 +329,13 @@ def filter_file(
 
 def _small_blur_file(op: str, image: Path, backend: Backend, method: Method) -> bool:
     """Whether --backend auto may run this one image on the CPU: a blur
-    (`warmup.DEFERRED_COMMANDS`) without --method, from a file of at most
-    `warmup.ONE_IMAGE_ON_CPU_BYTES` whose header does not promise more pixels than that
-    (`imgfilter.headers`; the CPU runs it if the pixels read are no more either)."""
-    from .. import headers
+    (`warmup.DEFERRED_COMMANDS`) without --method, of an image that
+    `warmup.one_image_on_cpu` lets the CPU run (the pixels read are checked again)."""
     from ..backends import warmup
 
     if op not in warmup.DEFERRED_COMMANDS or backend is not Backend.auto:
         return False
-    if method is not Method.auto:
-        return False
-    try:
-        size = os.stat(image).st_size
-    except OSError:  # the read says what is wrong with it
-        return True
-    if size > warmup.ONE_IMAGE_ON_CPU_BYTES:
-        return False
-    pixels = headers.decoded_bytes(image)
-    return pixels is None or pixels <= warmup.ONE_IMAGE_ON_CPU_BYTES
+    return method is Method.auto and warmup.one_image_on_cpu(image)
 
 
 def _result_bytes(op: str, img: Any) -> int:
