@@ -687,6 +687,15 @@ def section_later_runs(results: Path) -> list[str]:
     runs.sort(key=lambda path: _load(path)["gap_s"])
     data = [_load(path) for path in runs]
     heads = [f"gap {d['gap_s']:g} s" for d in data]
+    variants = sorted({v.partition("=")[0] for d in data for v in d.get("variants", [])})
+    return [
+        *_later_runs_table(runs, data, heads, variants),
+        *_earlier_later_runs(files, newest.group(0) if newest else ""),
+    ]
+
+
+def _later_runs_table(runs: list[Path], data: list[dict], heads: list[str],
+                      variants: list[str]) -> list[str]:  # fmt: skip
     cells: dict[str, list[str]] = {}
     for i, d in enumerate(data):
         for row in d["rows"]:
@@ -694,7 +703,6 @@ def section_later_runs(results: Path) -> list[str]:
             cells.setdefault(row["command"], [""] * len(data))[i] = f"{row['median_s']:.3f}{ratio}"
     body = [[f"`{label}`" if label.startswith("imgfilter") else label, *values]
             for label, values in cells.items()]  # fmt: skip
-    variants = sorted({v.partition("=")[0] for d in data for v in d.get("variants", [])})
     return [
         "## Later runs: the whole command beside the cv2 one-liner",
         "",
@@ -714,6 +722,36 @@ def section_later_runs(results: Path) -> list[str]:
         *_table(["command", *heads], ["---", *["---:"] * len(heads)], body),
         "",
     ]
+
+
+BLUR_ROW = "imgfilter blur --k 21"
+
+
+def _earlier_later_runs(files: list[Path], newest: str, count: int = 4) -> list[str]:
+    """One line per earlier run (the `count` before the newest): its machine and the
+    blur's ratio to the one-liner at each gap, this tree's and [old]'s."""
+    groups: dict[str, list[Path]] = defaultdict(list)
+    for path in files:
+        m = re.match(r"\d{4}-\d\d-\d\d[a-z]*-", path.name)
+        if m and m.group(0) != newest:
+            groups[m.group(0)].append(path)
+    lines = []
+    for prefix in sorted(groups)[-count:]:
+        data = sorted((_load(p) for p in groups[prefix]), key=lambda d: d["gap_s"])
+        ratios = []
+        for d in data:
+            rows = {row["command"]: row["ratio"] for row in d["rows"]}
+            pair = [rows.get(BLUR_ROW), rows.get(f"{BLUR_ROW} [old]")]
+            shown = f" ([old] {pair[1]:.2f}x)" if pair[1] else ""
+            if pair[0]:
+                ratios.append(f"gap {d['gap_s']:g} s {pair[0]:.2f}x{shown}")
+        links = ", ".join(_link(p) for p in sorted(groups[prefix]))
+        machine = data[-1]["machine"]
+        lines.append(f"- {prefix.rstrip('-')}, {machine}: {'; '.join(ratios)} ({links})")
+    if not lines:
+        return []
+    head = f"`{BLUR_ROW}` x the one-liner in the runs before it ([old]: the tree its text names):"
+    return [head, "", *lines, ""]
 
 
 def section_cpu(results: Path) -> list[str]:
