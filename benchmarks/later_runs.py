@@ -41,9 +41,17 @@ def commands(work: Path) -> dict[str, tuple[list[str], str | None]]:
         "import cv2, numpy as np; cv2.imwrite("
         f"'{work}/cf.jpg', cv2.filter2D(cv2.imread('{img}'), -1, np.load('{work}/k21.npy')))"
     )
+    # contour: the gray image, four 3x3 edge filters, OR (imgfilter.backends.opencv.contour)
+    edge_cv2 = (
+        "import cv2, numpy as np; g = cv2.cvtColor(cv2.imread("
+        f"'{img}'), cv2.COLOR_BGR2GRAY); k = np.array([[-1, 0, 1]] * 3, np.float32); "
+        "e = [cv2.filter2D(g, -1, m) for m in (k, -k, k.T, -k.T)]; "
+        f"cv2.imwrite('{work}/cc.png', e[0] | e[1] | e[2] | e[3])"
+    )
     return {
         "cv2 blur one-liner": ([py, "-c", blur_cv2], None),
         "cv2 filter2D one-liner": ([py, "-c", filt_cv2], None),
+        "cv2 contour one-liner": ([py, "-c", edge_cv2], None),
         "imgfilter blur --k 21": (
             [*cli, "blur", img, "--k", "21", "-o", f"{work}/b.jpg", "--force"],
             "cv2 blur one-liner",
@@ -60,7 +68,10 @@ def commands(work: Path) -> dict[str, tuple[list[str], str | None]]:
             [*cli, "filter", img, "--kernel", f"{work}/k21.npy", "-o", f"{work}/f.jpg", "--force"],
             "cv2 filter2D one-liner",
         ),
-        "imgfilter contour": ([*cli, "contour", img, "-o", f"{work}/c.png", "--force"], None),
+        "imgfilter contour": (
+            [*cli, "contour", img, "-o", f"{work}/c.png", "--force"],
+            "cv2 contour one-liner",
+        ),
         "python -c pass": ([py, "-c", "pass"], None),
     }
 

@@ -181,12 +181,25 @@ def test_auto_blur_takes_the_gpu_past_the_size_or_when_asked(tmp_path, monkeypat
     assert_ok(run("blur", tmp_path / "*.png", "--k", "3", "--out-dir", tmp_path / "many"))
     assert gpu_asked[0] == ("start", "blur", "auto")  # several images: the GPU, opened early
     gpu_asked.clear()
-    assert_ok(run("contour", flat, "-o", tmp_path / "d.png"))  # only blur
+    assert_ok(run("filter", flat, "--kernel", "1,2,1", "-o", tmp_path / "d.png"))  # not filter
+    assert gpu_asked == [("start", "filter", "auto"), ("resolve", "auto")]
+
+
+def test_auto_contours_one_small_image_on_the_cpu(color_png, tmp_path, monkeypatch, gpu_asked):
+    from imgfilter.backends import warmup
+
+    result = run("contour", color_png, "-o", tmp_path / "c.png")
+    assert_ok(result)
+    assert gpu_asked == []
+    assert "cpu: one contour, done before a GPU could start" in result.stderr
+    np.testing.assert_array_equal(imread(tmp_path / "c.png"), opencv.contour(imread(color_png)))
+    monkeypatch.setattr(warmup, "ONE_IMAGE_ON_CPU_BYTES", 16)  # past it: the GPU
+    assert_ok(run("contour", color_png, "-o", tmp_path / "d.png"))
     assert gpu_asked == [("start", "contour", "auto"), ("resolve", "auto")]
 
 
 @pytest.mark.gpu
-def test_gpu_auto_blurs_one_image_on_the_cpu_and_several_on_the_gpu(tmp_path):
+def test_gpu_auto_filters_one_image_on_the_cpu_and_several_on_the_gpu(tmp_path):
     src = tmp_path / "in"
     src.mkdir()
     images = {name: random_image((301, 403, 3), seed=i) for i, name in enumerate("ab")}
@@ -196,6 +209,10 @@ def test_gpu_auto_blurs_one_image_on_the_cpu_and_several_on_the_gpu(tmp_path):
                  NUMBA_ENABLE_CUDASIM=None)  # fmt: skip
     assert one.returncode == 0 and "cpu: one blur" in one.stderr, one.stderr
     np.testing.assert_array_equal(imread(tmp_path / "one.png"), opencv.blur(images["a"], 21))
+    edges = module("contour", src / "a.png", "-o", tmp_path / "edges.png",
+                   NUMBA_ENABLE_CUDASIM=None)  # fmt: skip
+    assert edges.returncode == 0 and "cpu: one contour" in edges.stderr, edges.stderr
+    np.testing.assert_array_equal(imread(tmp_path / "edges.png"), opencv.contour(images["a"]))
     many = module("blur", src, "--k", "21", "--out-dir", tmp_path / "many",
                   NUMBA_ENABLE_CUDASIM=None)  # fmt: skip
     assert many.returncode == 0 and "(cuda" in many.stderr, many.stderr

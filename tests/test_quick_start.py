@@ -82,7 +82,7 @@ def test_command_line_starts_before_numpy_and_only_for_gpu_commands(tmp_path, mo
 
 
 def test_auto_blur_of_an_image_past_the_cpu_limit_opens_the_gpu_at_start(tmp_path, monkeypatch):
-    """--backend auto, blur: the context starts with the process when the input's file
+    """--backend auto, blur and contour: the context starts with the process when the input's file
     or its header's pixels pass ONE_IMAGE_ON_CPU_BYTES, for a folder (several images)
     and with --method; otherwise the CLI decides later (`start_for`)."""
     import cv2
@@ -107,6 +107,8 @@ def test_auto_blur_of_an_image_past_the_cpu_limit_opens_the_gpu_at_start(tmp_pat
     assert warmup.wanted(blur)
     monkeypatch.setattr(warmup, "ONE_IMAGE_ON_CPU_BYTES", 1 << 27)
     assert not warmup.wanted(blur)
+    assert not warmup.wanted(["contour", str(flat)])  # contour too
+    assert warmup.wanted(["filter", str(flat), "--kernel", "1,2,1"])  # not filter
     assert warmup.wanted([*blur, "--method", "tiled"]) and warmup.wanted([*blur, "--method=tiled"])
     assert not warmup.wanted([*blur, "--method", "auto"])
     assert warmup.wanted(["blur", str(tmp_path), "--k", "3"])  # a folder: several images

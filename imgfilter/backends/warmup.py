@@ -11,8 +11,8 @@ quick start (`imgfilter.backends.cached`) where kernels are cached or shipped, a
 cubins through `cached` and the launch layer, else through Numba's CUDA target, which
 then finds the context open).
 Commands that will not use it (help, the CPU backend, filters without cached
-kernels) start nothing, and neither does `blur` with `--backend auto` of an image that
-may run on the CPU (`one_image_on_cpu`: its file and the pixels its header promises at
+kernels) start nothing, and neither do `blur` and `contour` with `--backend auto` of an
+image that may run on the CPU (`one_image_on_cpu`: its file and the pixels its header promises at
 most ONE_IMAGE_ON_CPU_BYTES); the CLI calls `start_for` once it knows the GPU will run
 (several inputs, or the pixels read). Only the standard library is imported here.
 """
@@ -26,10 +26,12 @@ from pathlib import Path
 
 QUICK_COMMANDS = ("blur", "filter", "contour")
 CLASSIFIER_COMMANDS = ("classify", "train")
-# With --backend auto, a blur of one image of at most this many bytes (its file and its
-# pixels) runs on the CPU: OpenCV's box filter goes through memory once (0.7 ns a byte on
-# two cores), so the whole blur ends before a CUDA context could be opened (0.2-0.3 s).
-DEFERRED_COMMANDS = ("blur",)
+# With --backend auto, a blur or a contour of one image of at most this many bytes (its
+# file and its pixels) runs on the CPU: OpenCV's box filter goes through memory once (0.7
+# ns a byte on two cores) and the contour's gray image and four 3x3 filters about three
+# times (a 5-Mpixel photo: 15 and 45 ms, an 8K frame 70 and 220 ms on two cores), so the
+# command ends before a CUDA context could be opened (0.2-0.3 s) and used.
+DEFERRED_COMMANDS = ("blur", "contour")
 ONE_IMAGE_ON_CPU_BYTES = 1 << 27
 # kernels/prebuilt/manifest.json (`kernels.common.shipped`), found without importing `kernels`.
 PREBUILT_MANIFEST = Path(__file__).parents[2] / "kernels" / "prebuilt" / "manifest.json"
@@ -54,7 +56,8 @@ def _option(argv: list[str], name: str) -> str:
 
 
 def one_image_on_cpu(path: str | os.PathLike[str]) -> bool:
-    """Whether --backend auto may blur the image in `path` on the CPU: a regular file
+    """Whether --backend auto may filter the image in `path` on the CPU (a
+    DEFERRED_COMMANDS one): a regular file
     of at most ONE_IMAGE_ON_CPU_BYTES whose header (PNG, JPEG, TIFF; `imgfilter.headers`)
     promises no more pixels than that, or one that cannot be looked at (its read will
     say why). The CLI checks the pixels again once read."""

@@ -289,8 +289,8 @@ def filter_file(
     from .. import io
     from ..backends import warmup
 
-    small_blur = _small_blur_file(op, image, backend, method)
-    if not small_blur:
+    on_cpu = _one_image_on_cpu(op, image, backend, method)
+    if not on_cpu:
         warmup.start_for(op, backend.value)
     stage(f"reading {shown(image)}")
     img = io.read_image(image)
@@ -303,8 +303,8 @@ def filter_file(
     metadata = _metadata(image, target) if keep_metadata else None
     # Resolved only now, so that the "using the CPU backend" note of --backend auto
     # never comes before a one-line input or output error.
-    if small_blur and img.nbytes <= warmup.ONE_IMAGE_ON_CPU_BYTES:
-        backend_name, shown_engine = "cpu", "cpu: one blur, done before a GPU could start"
+    if on_cpu and img.nbytes <= warmup.ONE_IMAGE_ON_CPU_BYTES:
+        backend_name, shown_engine = "cpu", f"cpu: one {op}, done before a GPU could start"
     else:
         backend_name = resolve_backend(backend)
         shown_engine = engine(backend_name, method)
@@ -327,8 +327,8 @@ def filter_file(
     )
 
 
-def _small_blur_file(op: str, image: Path, backend: Backend, method: Method) -> bool:
-    """Whether --backend auto may run this one image on the CPU: a blur
+def _one_image_on_cpu(op: str, image: Path, backend: Backend, method: Method) -> bool:
+    """Whether --backend auto may run this one image on the CPU: a blur or a contour
     (`warmup.DEFERRED_COMMANDS`) without --method, of an image that
     `warmup.one_image_on_cpu` lets the CPU run (the pixels read are checked again)."""
     from ..backends import warmup
