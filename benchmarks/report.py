@@ -40,7 +40,9 @@ each area simply takes the newest file by name among those matching its patterns
   against decoding and encoding alone, folders over 1 and 2 GPUs, Dask arrays;
 - large files: `benchmarks/tiff_io.py --json` (`*-tiff-io-*.json`), every run of the
   newest date (one per image size and content); TIFFs of every size:
-  `benchmarks/tiff_read_sizes.py --json` (`*-tiff-read-sizes.json`), the newest run.
+  `benchmarks/tiff_read_sizes.py --json` (`*-tiff-read-sizes.json`), the newest run;
+  tiled TIFFs: `benchmarks/tiff_tiles.py --json` (`*-tiff-tiles*.json`), the newest run's
+  files (one per tile size).
 
 tests/test_report.py regenerates the page and compares it with the committed file.
 """
@@ -75,6 +77,7 @@ AREAS = {
     "host_bands": ["*-host-bands.txt"],
     "tiff_io": ["*-tiff-io-*.json"],
     "tiff_read_sizes": ["*-tiff-read-sizes.json"],
+    "tiff_tiles": ["*-tiff-tiles*.json"],
 }
 
 HEADER = """\
@@ -915,6 +918,36 @@ def section_tiff_read_sizes(results: Path) -> list[str]:
     ]  # fmt: skip
 
 
+def section_tiff_tiles(results: Path) -> list[str]:
+    """Tiled TIFFs read by `imgfilter.read_image` and `cv2.imread` (`*-tiff-tiles*.json`
+    of benchmarks/tiff_tiles.py): the newest run's files (DATE+letters), one per tile."""
+    files = _files("tiff_tiles", results)
+    if not files:
+        return []
+    newest = re.match(r"\d{4}-\d\d-\d\d[a-z]*-", files[-1].name)
+    runs = [path for path in files if newest and path.name.startswith(newest.group(0))]
+    data = [_load(path) for path in runs]
+    body = [[r["image"], str(r["tile"]), r["compression"], f"{r['file_mb']:.1f}",
+             f"{r['imgfilter_ms']:.1f}", f"{r['cv2_imread_ms']:.1f}", f"{r['ratio']:.2f}"]
+            for d in data for r in d["rows"]]  # fmt: skip
+    return [
+        "## Tiled TIFFs",
+        "",
+        f"`benchmarks/tiff_tiles.py` ({', '.join(_link(p) for p in runs)}; "
+        f"{data[-1]['machine']}, {data[-1]['cpus']} CPUs, OpenCV {data[-1]['opencv']}; "
+        f"medians of {data[-1]['reps']}, the two alternating in one process): the sample "
+        "photo resized, 8-bit RGB in square tiles as GeoTIFF / COG scenes are laid out "
+        "(Deflate with horizontal differencing, or none), read by `imgfilter.read_image` "
+        "(tiles decoded on a pool of threads by `imgfilter.tiff.read`, from the open file) "
+        "and by `cv2.imread` (one thread); ratio below 1: imgfilter quicker.",
+        "",
+        *_table(["image", "tile", "compression", "file MB", "imgfilter ms",
+                 "cv2.imread ms", "ratio"],
+                ["---", "---:", "---", "---:", "---:", "---:", "---:"], body),
+        "",
+    ]  # fmt: skip
+
+
 def section_scale(results: Path) -> list[str]:
     """Folders through the GPU pipeline, folders over GPUs, Dask arrays over GPUs
     (`*-scale.json`: gathered from the runs' own results files, which it names)."""
@@ -1022,6 +1055,7 @@ def render(results: Path = RESULTS) -> str:
         section_large_images,
         section_large_files,
         section_tiff_read_sizes,
+        section_tiff_tiles,
         section_scale,
     ):
         lines = section(results)

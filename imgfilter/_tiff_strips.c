@@ -1,15 +1,16 @@
 /* lzw(src, size): one TIFF LZW strip decoded; place(dst, src, width, samples, itemsize,
- * predict, swap): one decoded TIFF strip into the rows of an image as OpenCV gives it,
- * in one pass. Both release the GIL.
+ * predict, swap): one decoded TIFF strip or tile into the rows of an image as OpenCV gives
+ * it, in one pass. Both release the GIL.
  *
- * place's src holds the strip's rows as the file stores them: `width` pixels of `samples`
+ * place's src holds the block's rows as the file stores them: `width` pixels of `samples`
  * interleaved samples of `itemsize` bytes (1, 2: unsigned integers; 4: float32), in RGB(A)
  * order, byte-swapped against this machine where `swap`, and horizontally differenced
  * (each sample minus the same sample of the pixel to its left, modulo 2**bits) where
  * `predict`. dst receives the same rows in BGR(A) order, native bytes, the differencing
- * undone. imgfilter.tiff.read runs them for every strip on a pool of threads; NumPy's
- * cumulative sum does what place does at about half libtiff's speed. Optional: without it,
- * OpenCV decodes every TIFF. */
+ * undone: whole rows, or the first pixels of each row (an array view whose rows are
+ * shorter and further apart: a tile's part of the image). imgfilter.tiff.read runs them
+ * for every strip or tile on a pool of threads; NumPy's cumulative sum does what place
+ * does at about half libtiff's speed. Optional: without it, OpenCV decodes every TIFF. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -19,51 +20,52 @@ static const int ORDER[5][4] = {{0}, {0}, {0, 1}, {2, 1, 0}, {2, 1, 0, 3}};
 
 static uint16_t swap16(uint16_t v) { return (uint16_t)((v >> 8) | (v << 8)); }
 
-static void place8(uint8_t *dst, const uint8_t *src, Py_ssize_t rows, Py_ssize_t width,
-                   int samples, int predict)
+/* Each place function: `rows` rows of `cols` pixels into dst (rows `dst_pitch` bytes
+ * apart) from src (rows `src_pitch` bytes apart, cols <= the row's pixels there). */
+static void place8(uint8_t *dst, Py_ssize_t dst_pitch, const uint8_t *src, Py_ssize_t src_pitch,
+                   Py_ssize_t rows, Py_ssize_t cols, int samples, int predict)
 {
     const int *order = ORDER[samples];
-    if (!predict) { /* the channels reordered only, one pass over the strip */
-        Py_ssize_t pixels = rows * width;
-        if (samples == 3)
-            for (Py_ssize_t i = 0; i < pixels; i++, src += 3, dst += 3) {
-                dst[0] = src[2];
-                dst[1] = src[1];
-                dst[2] = src[0];
-            }
-        else if (samples == 4)
-            for (Py_ssize_t i = 0; i < pixels; i++, src += 4, dst += 4) {
-                dst[0] = src[2];
-                dst[1] = src[1];
-                dst[2] = src[0];
-                dst[3] = src[3];
-            }
-        else
-            memcpy(dst, src, (size_t)(pixels * samples));
-        return;
-    }
     for (Py_ssize_t r = 0; r < rows; r++) {
-        const uint8_t *in = src + r * width * samples;
-        uint8_t *out = dst + r * width * samples;
+        const uint8_t *in = src + r * src_pitch;
+        uint8_t *out = dst + r * dst_pitch;
+        if (!predict) { /* the channels reordered only */
+            if (samples == 3)
+                for (Py_ssize_t x = 0; x < cols; x++, in += 3, out += 3) {
+                    out[0] = in[2];
+                    out[1] = in[1];
+                    out[2] = in[0];
+                }
+            else if (samples == 4)
+                for (Py_ssize_t x = 0; x < cols; x++, in += 4, out += 4) {
+                    out[0] = in[2];
+                    out[1] = in[1];
+                    out[2] = in[0];
+                    out[3] = in[3];
+                }
+            else
+                memcpy(out, in, (size_t)(cols * samples));
+            continue;
+        }
         uint8_t acc[4] = {0, 0, 0, 0};
-        for (Py_ssize_t x = 0; x < width; x++, in += samples, out += samples) {
+        for (Py_ssize_t x = 0; x < cols; x++, in += samples, out += samples) {
             for (int k = 0; k < samples; k++)
-                acc[k] = predict ? (uint8_t)(acc[k] + in[k]) : in[k];
+                acc[k] = (uint8_t)(acc[k] + in[k]);
             for (int k = 0; k < samples; k++)
                 out[k] = acc[order[k]];
         }
     }
 }
 
-static void place16(uint16_t *dst, const uint16_t *src, Py_ssize_t rows, Py_ssize_t width,
-                    int samples, int predict, int swap)
+static void place16(uint8_t *dst, Py_ssize_t dst_pitch, const uint8_t *src, Py_ssize_t src_pitch,
+                    Py_ssize_t rows, Py_ssize_t cols, int samples, int predict, int swap)
 {
     const int *order = ORDER[samples];
     for (Py_ssize_t r = 0; r < rows; r++) {
-        const uint16_t *in = src + r * width * samples;
-        uint16_t *out = dst + r * width * samples;
+        const uint16_t *in = (const uint16_t *)(src + r * src_pitch);
+        uint16_t *out = (uint16_t *)(dst + r * dst_pitch);
         uint16_t acc[4] = {0, 0, 0, 0};
-        for (Py_ssize_t x = 0; x < width; x++, in += samples, out += samples) {
+        for (Py_ssize_t x = 0; x < cols; x++, in += samples, out += samples) {
             for (int k = 0; k < samples; k++) {
                 uint16_t v = swap ? swap16(in[k]) : in[k];
                 acc[k] = predict ? (uint16_t)(acc[k] + v) : v;
@@ -74,14 +76,49 @@ static void place16(uint16_t *dst, const uint16_t *src, Py_ssize_t rows, Py_ssiz
     }
 }
 
-static void place32(uint32_t *dst, const uint32_t *src, Py_ssize_t pixels, int samples, int swap)
+static void place32(uint8_t *dst, Py_ssize_t dst_pitch, const uint8_t *src, Py_ssize_t src_pitch,
+                    Py_ssize_t rows, Py_ssize_t cols, int samples, int swap)
 {
     const int *order = ORDER[samples];
-    for (Py_ssize_t i = 0; i < pixels; i++, src += samples, dst += samples)
-        for (int k = 0; k < samples; k++) {
-            uint32_t v = src[order[k]];
-            dst[k] = swap ? __builtin_bswap32(v) : v;
-        }
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const uint32_t *in = (const uint32_t *)(src + r * src_pitch);
+        uint32_t *out = (uint32_t *)(dst + r * dst_pitch);
+        for (Py_ssize_t x = 0; x < cols; x++, in += samples, out += samples)
+            for (int k = 0; k < samples; k++) {
+                uint32_t v = in[order[k]];
+                out[k] = swap ? __builtin_bswap32(v) : v;
+            }
+    }
+}
+
+/* dst's rows, pixels per row and bytes between rows: an array (rows, cols[, samples]) of
+ * `itemsize`-byte items with each row's pixels together and cols <= width (all of an
+ * image's rows, or a tile's part of them); a flat contiguous buffer holds whole rows of
+ * `width` pixels. */
+static int dst_rows(Py_buffer *dst, Py_ssize_t width, int samples, int itemsize,
+                    Py_ssize_t *rows, Py_ssize_t *cols, Py_ssize_t *pitch)
+{
+    Py_ssize_t pixel = (Py_ssize_t)samples * itemsize;
+    if (dst->ndim < 2) {
+        if (!PyBuffer_IsContiguous(dst, 'C'))
+            return -1;
+        if (dst->len % (width * pixel))
+            return -1;
+        *rows = dst->len / (width * pixel);
+        *cols = width;
+        *pitch = width * pixel;
+        return 0;
+    }
+    int n = dst->ndim;
+    if (n > 3 || dst->itemsize != itemsize || (n == 3 && dst->shape[2] != samples) ||
+        (n == 2 && samples != 1) || dst->strides[n - 1] != itemsize ||
+        (n == 3 && dst->strides[1] != pixel) || dst->shape[1] > width ||
+        dst->strides[0] < dst->shape[1] * pixel)
+        return -1;
+    *rows = dst->shape[0];
+    *cols = dst->shape[1];
+    *pitch = dst->strides[0];
+    return 0;
 }
 
 static PyObject *place(PyObject *self, PyObject *args)
@@ -98,25 +135,28 @@ static PyObject *place(PyObject *self, PyObject *args)
         (itemsize == 4 && predict) || width < 1)
         return PyErr_Format(PyExc_ValueError, "place: samples %d, itemsize %d, predict %d",
                             samples, itemsize, predict);
-    if (PyObject_GetBuffer(dst_obj, &dst, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+    if (PyObject_GetBuffer(dst_obj, &dst, PyBUF_WRITABLE | PyBUF_STRIDES) < 0)
         return NULL;
     if (PyObject_GetBuffer(src_obj, &src, PyBUF_C_CONTIGUOUS) < 0) {
         PyBuffer_Release(&dst);
         return NULL;
     }
-    Py_ssize_t row_bytes = width * samples * itemsize;
-    Py_ssize_t rows = dst.len / row_bytes;
-    if (dst.len % row_bytes || src.len < dst.len) {
-        PyErr_Format(PyExc_ValueError, "place: dst %zd bytes, src %zd, rows of %zd", dst.len,
-                     src.len, row_bytes);
+    Py_ssize_t src_pitch = width * samples * itemsize;
+    Py_ssize_t rows = 0, cols = 0, dst_pitch = 0;
+    if (dst_rows(&dst, width, samples, itemsize, &rows, &cols, &dst_pitch) < 0) {
+        PyErr_Format(PyExc_ValueError, "place: dst of %zd bytes is not rows of at most %zd "
+                     "pixels of %d samples", dst.len, width, samples);
+    } else if (src.len < rows * src_pitch) {
+        PyErr_Format(PyExc_ValueError, "place: src %zd bytes, %zd rows of %zd", src.len, rows,
+                     src_pitch);
     } else {
         Py_BEGIN_ALLOW_THREADS
         if (itemsize == 1)
-            place8(dst.buf, src.buf, rows, width, samples, predict);
+            place8(dst.buf, dst_pitch, src.buf, src_pitch, rows, cols, samples, predict);
         else if (itemsize == 2)
-            place16(dst.buf, src.buf, rows, width, samples, predict, swap);
+            place16(dst.buf, dst_pitch, src.buf, src_pitch, rows, cols, samples, predict, swap);
         else
-            place32(dst.buf, src.buf, rows * width, samples, swap);
+            place32(dst.buf, dst_pitch, src.buf, src_pitch, rows, cols, samples, swap);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&src);
@@ -243,8 +283,9 @@ static PyMethodDef methods[] = {
      "lzw(src, size) -> bytes: a TIFF LZW strip decoded, at most `size` bytes (fewer where "
      "the stream ends first); ValueError for a code outside the table. The GIL released."},
     {"place", place, METH_VARARGS,
-     "place(dst, src, width, samples, itemsize, predict, swap): a TIFF strip's rows "
-     "into BGR(A) order and native bytes, differencing undone; the GIL released."},
+     "place(dst, src, width, samples, itemsize, predict, swap): a TIFF strip's or tile's "
+     "rows into BGR(A) order and native bytes, differencing undone (dst: whole rows, or a "
+     "view of shorter rows); the GIL released."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -14,10 +14,11 @@ here (from the bytes already in memory) and applied with numpy, giving the pixel
 ``cv2.imread`` gives. (OpenCV's TIFF decoder applies the TIFF orientation tag itself.)
 Files of DECODE_FROM_PATH_BYTES (1 GiB) or more are decoded from their path
 (``cv2.imread``) after the same checks of their bytes: OpenCV decodes no buffer of 2 GiB
-or more. TIFFs in strips, uncompressed, LZW or Deflate (as OpenCV and imgfilter write
-them), are decoded by `imgfilter.tiff.read` instead, to the same pixels (on a pool of
-threads from TIFF_THREADS_MIN_BYTES, 16 MiB); their damaged strips are an error (OpenCV
-decodes them to wrong rows and only logs it). Smaller files OpenCV cannot decode go to
+or more. TIFFs in strips or tiles, uncompressed, LZW or Deflate (as OpenCV, imgfilter
+and GDAL write them), are decoded by `imgfilter.tiff.read` instead, from the open file,
+to the same pixels (on a pool of threads from TIFF_THREADS_MIN_BYTES, 16 MiB); their
+damaged strips or tiles are an error (OpenCV decodes them to wrong rows and only logs
+it). Smaller files OpenCV cannot decode go to
 Pillow. JPEG, PNG and WebP files are checked for completeness first: OpenCV 4.8 turns
 a JPEG cut short into a whole image with a grey bottom and only prints a warning (5.0
 returns nothing), and Pillow does not check PNG IDAT checksums. Decoder chatter on
@@ -646,6 +647,9 @@ def read_frames(p: Path) -> tuple[np.ndarray, int, str | None]:
     or pages, its kind: "png", "jpeg", "tiff", ... or None). Any thread may call it."""
     if _decode_from_path(p):
         return _read_from_path(p)
+    tried_tiff, found = _tiff_from_file(p)
+    if found is not None:
+        return found
     data = _read_bytes(p, npy=True)
     if data is None or data.startswith(NPY_MAGIC):
         return _read_npy(p, data), 1, None
@@ -654,7 +658,7 @@ def read_frames(p: Path) -> tuple[np.ndarray, int, str | None]:
     if scan.problem:
         raise InputError(f"cannot read {p}: {scan.problem}")
 
-    img = _read_tiff_strips(p, data) if kind == "tiff" else None
+    img = _read_tiff_strips(p, data) if kind == "tiff" and not tried_tiff else None
     cv_detail = ""
     cv2 = _import_cv2()
     if img is None:
@@ -668,6 +672,30 @@ def read_frames(p: Path) -> tuple[np.ndarray, int, str | None]:
         img = _apply_orientation(img, _exif_orientation(scan.exif))
     img = np.ascontiguousarray(_normalize(img, p))
     return img, _frame_count(data, kind), kind
+
+
+def _tiff_from_file(p: Path) -> tuple[bool, tuple[np.ndarray, int, str] | None]:
+    """A TIFF that `tiff.read` takes, decoded from the open file (each strip or tile
+    read where it lies, not the whole file into new memory first): (whether it tried,
+    `read_frames`'s result or None). (False, None) for any other file and for anything
+    that goes wrong opening it (the usual path reports it)."""
+    from . import tiff
+
+    if tiff._tiff_strips is None:
+        return False, None
+    try:
+        if not stat.S_ISREG(os.stat(p).st_mode):  # a pipe is read once, by the usual path
+            return False, None
+        with open(p, "rb") as f:
+            if f.read(4) not in tiff.MAGIC:
+                return False, None
+            img = _read_tiff_strips(p, f)
+            if img is None:
+                return True, None
+            frames = tiff.page_count(f)
+    except OSError:
+        return False, None
+    return True, (np.ascontiguousarray(_normalize(img, p)), frames, "tiff")
 
 
 def _decode_from_path(p: Path) -> bool:

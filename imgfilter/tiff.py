@@ -17,10 +17,10 @@ OpenCV uses for 8-bit images, would multiply the colour by a declared alpha.
 
 Reading: `imgfilter.io` decodes files of 1 GiB or more from their path (OpenCV's
 in-memory TIFF reader fails past 4 GiB), counting a TIFF's pages with `page_count`. A
-TIFF laid out in strips, uncompressed, LZW or Deflate, goes through `read`, which
-decodes the strips on a pool of threads (OpenCV decodes on one: 26 s for a 4.8 GB image
-on the dev box) and refuses damaged strips (OpenCV returns their rows wrong); any other
-layout goes through OpenCV.
+TIFF laid out in strips or tiles, uncompressed, LZW or Deflate, goes through `read`,
+which decodes the strips or tiles on a pool of threads (OpenCV decodes on one: 26 s for
+a 4.8 GB image on the dev box) and refuses damaged ones (OpenCV returns their rows
+wrong); any other layout goes through OpenCV.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import os
 import struct
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from typing import BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
@@ -174,30 +174,30 @@ def page_count(f: BinaryIO, limit: int = 100_000) -> int:
 
 def read(source: BinaryIO | bytes, threads: int | None = None) -> np.ndarray | None:
     """The image of a TIFF or BigTIFF file as `cv2.imread(path, IMREAD_UNCHANGED)`
-    gives it, its strips decoded on a pool of threads (each inflated by zlib or decoded
-    from LZW by the C helper `_tiff_strips`, which then puts it in place); None where
-    this reader does not take the
+    gives it, its strips or tiles decoded on a pool of threads (each inflated by zlib or
+    decoded from LZW by the C helper `_tiff_strips`, which then puts it in place, a tile
+    cut at the image's right and bottom edges); None where this reader does not take the
     file (OpenCV then decodes it, or says what is wrong with it), and for every file
     where the helper is not built.
 
-    Taken: the first directory of a file in strips, uncompressed, LZW (TIFF 5.0 and
-    later, as libtiff writes it) or Deflate, without
+    Taken: the first directory of a file in strips or tiles (row by row), uncompressed,
+    LZW (TIFF 5.0 and later, as libtiff writes it) or Deflate, without
     differencing or with horizontal differencing of integer samples, interleaved
     samples of 8-bit or 16-bit unsigned integers or 32-bit floats, gray (black is zero,
     one sample) or RGB (three, or four with an unspecified fourth, as this module and
     OpenCV write it), no orientation but the default, either byte order. Not taken:
-    tiles, other compressions (JPEG, PackBits, ...), other sample types or interpretations
+    other compressions (JPEG, PackBits, ...), other sample types or interpretations
     (palette, white is zero, YCbCr, a declared alpha, which OpenCV's 8-bit reader
     premultiplies), separate planes, directories that cannot be parsed.
 
     Args:
-        source: The file's bytes, or the file opened in binary mode (its strips read
-            with os.pread on its descriptor).
+        source: The file's bytes, or the file opened in binary mode (its strips or
+            tiles read with os.pread on its descriptor).
         threads: Decoding threads (default: the CPUs); 1 decodes on the calling thread.
     Returns: (H, W) gray or (H, W, 3|4) BGR(A), C-contiguous, or None.
     Raises:
-        DamagedTiff: A file it takes whose strips are damaged: cut short, a Deflate
-            stream that does not decode to the strip's rows (its checksum catches any
+        DamagedTiff: A file it takes whose strips or tiles are damaged: cut short, a Deflate
+            stream that does not decode to the block's rows (its checksum catches any
             change), or an LZW stream with a code outside its table or too short for
             the strip (LZW has no checksum: other changes decode to other pixels, as in
             every reader). OpenCV returns such an image with the damaged rows wrong,
@@ -220,51 +220,70 @@ def read(source: BinaryIO | bytes, threads: int | None = None) -> np.ndarray | N
     if _tiff_strips is None:
         return None
     try:
-        layout = _strip_layout(f, length)
+        layout = _layout(f, length)
     except (OSError, ValueError, KeyError, IndexError, struct.error):
         return None
     if layout is None:
         return None
-    h, w, channels, dtype, codec, predict, rows, offsets, counts = layout
+    h, w, channels, dtype = layout.h, layout.w, layout.channels, layout.dtype
+    offsets, counts = layout.offsets, layout.counts
     from .hostmem import host_empty
 
     shape = (h, w) if channels == 1 else (h, w, channels)
     out = host_empty(shape, dtype.newbyteorder("="))
+    what = "tile" if layout.tiled else "strip"
 
     ends = offsets + counts
     if ends.max() > length:
         first = int(np.argmax(ends > length))
-        raise DamagedTiff(f"the file ends at byte {length}, inside strip {first + 1} of "
+        raise DamagedTiff(f"the file ends at byte {length}, inside {what} {first + 1} of "
                           f"{len(offsets)}")  # fmt: skip
 
     row_bytes = w * channels * dtype.itemsize
-    units = _units(offsets, counts, rows, h, row_bytes, UNIT_BYTES) if codec is None else None
+    units = None
+    if layout.codec is None and not layout.tiled:
+        units = _units(offsets, counts, layout.block_h, h, row_bytes, UNIT_BYTES)
 
-    def decode(i: int) -> None:
-        start = i * rows
-        if units is not None and units[i] > 1:  # strips that follow each other, whole
-            n = min(units[i] * rows, h - start)
-            _tiff_strips.place(out[start : start + n], read_at(int(offsets[i]), n * row_bytes),
-                               w, channels, dtype.itemsize, False, not dtype.isnative)  # fmt: skip
-            return
-        n = min(rows, h - start)
+    def decoded(i: int, size: int) -> bytes:
+        """Block i's `size` bytes, decompressed (never more than the block holds)."""
         data = read_at(int(offsets[i]), int(counts[i]))
-        size = n * row_bytes
-        try:  # never more than the strip holds, whatever the stream says
-            if codec == "deflate":
+        try:
+            if layout.codec == "deflate":
                 data = zlib.decompressobj().decompress(data, size)
-            elif codec == "lzw":
+            elif layout.codec == "lzw":
                 if data[:1] == b"\0" and data[1:2] and data[1] & 1:
                     raise _OldLzw  # libtiff's "old-style" LZW (before TIFF 5.0)
                 data = _tiff_strips.lzw(data, size)
         except (zlib.error, ValueError) as e:
-            raise DamagedTiff(f"strip {i + 1} of {len(offsets)}: {e}") from None
+            raise DamagedTiff(f"{what} {i + 1} of {len(offsets)}: {e}") from None
         if len(data) < size:
-            raise DamagedTiff(f"strip {i + 1} of {len(offsets)} holds {len(data)} of its "
+            raise DamagedTiff(f"{what} {i + 1} of {len(offsets)} holds {len(data)} of its "
                               f"{size} bytes")  # fmt: skip
-        _tiff_strips.place(out[start : start + n], data, w, channels, dtype.itemsize,
-                           predict, not dtype.isnative)  # fmt: skip
+        return data
 
+    def place(dst: np.ndarray, data: Any, width: int) -> None:
+        _tiff_strips.place(dst, data, width, channels, dtype.itemsize, layout.predict,
+                           not dtype.isnative)  # fmt: skip
+
+    def strip(i: int) -> None:
+        rows = layout.block_h
+        start = i * rows
+        if units is not None and units[i] > 1:  # strips that follow each other, whole
+            n = min(units[i] * rows, h - start)
+            place(out[start : start + n], read_at(int(offsets[i]), n * row_bytes), w)
+            return
+        n = min(rows, h - start)
+        place(out[start : start + n], decoded(i, n * row_bytes), w)
+
+    across = -(-w // layout.block_w)
+
+    def tile(i: int) -> None:
+        th, tw = layout.block_h, layout.block_w
+        y, x = (i // across) * th, (i % across) * tw
+        data = decoded(i, th * tw * channels * dtype.itemsize)
+        place(out[y : y + th, x : x + tw], data, tw)  # past the right or bottom edge: cropped
+
+    decode = tile if layout.tiled else strip
     firsts = range(len(offsets)) if units is None else np.flatnonzero(units).tolist()
     threads = min(threads or os.cpu_count() or 1, len(firsts))
     try:
@@ -302,17 +321,34 @@ def _units(offsets: np.ndarray, counts: np.ndarray, rows: int, h: int, row_bytes
 
 
 class DamagedTiff(ValueError):
-    """A TIFF that `read` takes, with damaged strips (the message says which)."""
+    """A TIFF that `read` takes, with damaged strips or tiles (the message says which)."""
 
 
 class _OldLzw(Exception):
     """A strip in the LZW variant of TIFFs before 5.0: left to OpenCV (libtiff)."""
 
 
-def _strip_layout(f: BinaryIO, length: int) -> tuple | None:
-    """What `read` needs of the first directory of `f` (`length` bytes), or None where
-    `read` does not take the file: (H, W, samples, file dtype, codec: None, "deflate"
-    or "lzw", differenced?, rows per strip, strip offsets, strip byte counts)."""
+class _Layout(NamedTuple):
+    """What `read` needs of a file's first directory. Blocks are its strips (`block_w`
+    the image's width) or its tiles, row by row (padded past the image's right and
+    bottom edges)."""
+
+    h: int
+    w: int
+    channels: int
+    dtype: np.dtype  # in the file's byte order
+    codec: str | None  # None (uncompressed), "deflate" or "lzw"
+    predict: bool  # horizontal differencing, within each block's rows
+    block_h: int  # rows per strip, or the tiles' length
+    block_w: int
+    offsets: np.ndarray
+    counts: np.ndarray
+    tiled: bool
+
+
+def _layout(f: BinaryIO, length: int) -> _Layout | None:
+    """The `_Layout` of the first directory of `f` (`length` bytes), or None where
+    `read` does not take the file."""
     f.seek(0)
     head = f.read(16)
     if head[:4] not in MAGIC:
@@ -321,8 +357,11 @@ def _strip_layout(f: BinaryIO, length: int) -> tuple | None:
     big = head[2:4] in (b"+\0", b"\0+")
     tags = _tags(f, order, big, head, length)
     first = {tag: values[0] for tag, values in tags.items() if len(values)}
-    if any(tag in tags for tag in _TILES) or first.get(274, 1) != 1 or first.get(266, 1) != 1:
-        return None  # tiles, an orientation, bits in reverse order
+    tiled = any(tag in tags for tag in _TILES)
+    if tiled and not all(tag in first for tag in _TILES):
+        return None
+    if first.get(274, 1) != 1 or first.get(266, 1) != 1:
+        return None  # an orientation, bits in reverse order
     h, w = int(first[257]), int(first[256])
     channels = int(first.get(277, 1))
     bits, formats = set(tags.get(258, [1])), set(tags.get(339, [1]))
@@ -341,16 +380,23 @@ def _strip_layout(f: BinaryIO, length: int) -> tuple | None:
         return None
     if predictor not in (1, 2) or (predictor == 2 and dtype.kind != "u"):
         return None
-    rows = min(int(first.get(278, h)), h)
-    offsets, counts = tags[273].astype(np.int64), tags[279].astype(np.int64)
-    if h < 1 or w < 1 or rows < 1 or not len(offsets) == len(counts) == -(-h // rows):
+    if tiled:
+        block_h, block_w = int(first[323]), int(first[322])
+        offsets, counts = tags[324].astype(np.int64), tags[325].astype(np.int64)
+    else:
+        block_h, block_w = min(int(first.get(278, h)), h), w
+        offsets, counts = tags[273].astype(np.int64), tags[279].astype(np.int64)
+    if h < 1 or w < 1 or block_h < 1 or block_w < 1:
+        return None
+    if not len(offsets) == len(counts) == -(-h // block_h) * -(-w // block_w):
         return None
     if h * w > _pixel_limit():
         return None  # OpenCV refuses it, naming its limit
-    # libtiff differences only compressed strips (it ignores a predictor without one)
+    # libtiff differences only compressed blocks (it ignores a predictor without one)
     predict = predictor == 2 and compression != 1
     codec = "lzw" if compression == _LZW else "deflate" if compression != 1 else None
-    return (h, w, channels, dtype, codec, predict, rows, offsets, counts)
+    return _Layout(h, w, channels, dtype, codec, predict, block_h, block_w, offsets, counts,
+                   tiled)  # fmt: skip
 
 
 def _pixel_limit() -> int:

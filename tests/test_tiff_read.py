@@ -103,18 +103,37 @@ def lzw(data: bytes) -> bytes:
     return bytes(out)
 
 
+def _blocks(samples: np.ndarray, rows: int, tile: tuple[int, int] | None) -> list[np.ndarray]:
+    """Strips of `rows` rows, or (th, tw) tiles row by row, each padded past the image's
+    right and bottom edges with samples that are not the image's."""
+    h, w, s = samples.shape
+    if tile is None:
+        return [samples[start : start + rows] for start in range(0, h, rows)]
+    th, tw = tile
+    junk = np.random.default_rng(7).integers(0, 200, (th, tw, s)).astype(samples.dtype)
+    blocks = []
+    for y in range(0, h, th):
+        for x in range(0, w, tw):
+            block = junk.copy()
+            part = samples[y : y + th, x : x + tw]
+            block[: part.shape[0], : part.shape[1]] = part
+            blocks.append(block)
+    return blocks
+
+
 def handmade(samples: np.ndarray, order: str = "<", compression: int = 1, predictor: int = 1,
-             rows: int = 5, tags: dict | None = None) -> bytes:  # fmt: skip
+             rows: int = 5, tags: dict | None = None,
+             tile: tuple[int, int] | None = None) -> bytes:  # fmt: skip
     """A classic TIFF of `samples` ((H, W, S) in the file's sample order) in strips of
-    `rows` rows, written here field by field (either byte order, any extra `tags`:
-    {tag: (type, values)} overriding the defaults)."""
+    `rows` rows or in (length, width) tiles, written here field by field (either byte
+    order, any extra `tags`: {tag: (type, values)} overriding the defaults)."""
     h, w, s = samples.shape
     dt = samples.dtype.newbyteorder(order)
     strips = []
-    for start in range(0, h, rows):
-        part = samples[start : start + rows].copy()
-        if predictor == 2:
-            part[:, 1:] -= samples[start : start + rows, :-1]
+    for block in _blocks(samples, rows, tile):
+        part = block.copy()
+        if predictor == 2:  # within each row of the block
+            part[:, 1:] -= block[:, :-1]
         raw = part.astype(dt).tobytes()
         strips.append({8: zlib.compress, 5: lzw}.get(compression, bytes)(raw))
     kind = 3 if samples.dtype.kind == "f" else 1
@@ -123,6 +142,11 @@ def handmade(samples: np.ndarray, order: str = "<", compression: int = 1, predic
               278: (4, [rows]), 284: (3, [1]), 317: (3, [predictor]),
               339: (3, [kind] * s), 273: (4, [0] * len(strips)),
               279: (4, [len(b) for b in strips])}  # fmt: skip
+    if tile is not None:  # the tiles' fields in place of the strips'
+        for tag in (273, 278, 279):
+            del fields[tag]
+        fields.update({322: (4, [tile[1]]), 323: (4, [tile[0]]), 324: (4, [0] * len(strips)),
+                       325: (4, [len(b) for b in strips])})  # fmt: skip
     fields.update(tags or {})
     size = {3: "H", 4: "I"}
     n = len(fields)
@@ -140,7 +164,7 @@ def handmade(samples: np.ndarray, order: str = "<", compression: int = 1, predic
     for b in strips:
         offsets.append(at)
         at += len(b)
-    fields[273] = (4, offsets)
+    fields[273 if tile is None else 324] = (4, offsets)
     arrays = b""
     entries = b""
     for tag, (t, values) in sorted(fields.items()):
@@ -218,10 +242,47 @@ def test_either_byte_order_and_short_last_strips(tmp_path, order, compression, d
     np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize(("compression", "predictor"), [(1, 1), (5, 2), (8, 2), (8, 1)])
+@pytest.mark.parametrize(("order", "tile"), [("<", (16, 16)), (">", (32, 48))])
+def test_tiled_tiffs(tmp_path, dtype, shape, compression, predictor, order, tile):
+    """Tiles row by row, those past the right and bottom edges padded with other
+    samples (cropped away), differencing within each tile's rows, either byte order."""
+    img = image(shape, dtype, seed=3 + sum(shape))
+    if dtype == np.float32:
+        predictor = 1  # horizontal differencing is for integers
+    channels = 1 if img.ndim == 2 else img.shape[2]
+    tags = {338: (3, [0])} if channels == 4 else {}
+    path = tmp_path / "tiled.tif"
+    path.write_bytes(handmade(file_order(img), order, compression, predictor, tags=tags,
+                              tile=tile))  # fmt: skip
+    for threads in (1, None):
+        got = read(path, threads=threads)
+        assert got is not None
+        np.testing.assert_array_equal(got, img)
+    np.testing.assert_array_equal(got, opencv(path))
+
+
+def test_damaged_tiles(tmp_path):
+    img = image((40, 70, 3), np.uint8, seed=5)
+    data = bytearray(handmade(file_order(img), "<", 8, 2, tile=(16, 32)))
+    path = tmp_path / "cut.tif"
+    path.write_bytes(bytes(data[:-10]))  # the last tile cut short
+    with pytest.raises(tiff.DamagedTiff, match=r"tile 9 of 9"):
+        read(path)
+    tiles = handmade(file_order(img), "<", 8, 2, tile=(16, 32))
+    at = len(tiles) - 200  # inside a Deflate stream: its checksum fails
+    broken = tiles[:at] + bytes(b ^ 0x5A for b in tiles[at : at + 8]) + tiles[at + 8 :]
+    path.write_bytes(broken)
+    with pytest.raises(tiff.DamagedTiff, match=r"tile \d of 9"):
+        read(path)
+
+
 @pytest.mark.parametrize(
     "tags",
     [
-        {322: (3, [16]), 323: (3, [16])},  # tiles
+        {322: (3, [16]), 323: (3, [16])},  # tile sizes beside strips, no tile offsets
         {274: (3, [3])},  # rotated 180 degrees
         {262: (3, [0])},  # white is zero
         {259: (3, [7])},  # JPEG
@@ -426,3 +487,55 @@ def test_the_helper_refuses_what_it_cannot_place(helper):
         helper.place(np.zeros(29, np.uint8), src, 5, 3, 1, False, False)
     with pytest.raises((BufferError, ValueError)):  # dst read-only
         helper.place(np.frombuffer(bytes(30), np.uint8), src, 5, 3, 1, False, False)
+
+
+@pytest.mark.parametrize(("dtype", "samples"), [(np.uint8, 3), (np.uint8, 1), (np.uint16, 4),
+                                                (np.float32, 3)])  # fmt: skip
+def test_the_helper_places_a_tile_into_part_of_the_rows(helper, dtype, samples):
+    """dst a view of shorter rows further apart (a tile cropped at the image's edge):
+    the first pixels of each of src's rows go there, nothing else is written."""
+    width, rows = 6, 4
+    rng = np.random.default_rng(samples)
+    src = rng.integers(0, 250, (rows, width, samples)).astype(dtype)
+    image = np.full((7, 9, samples), 77, dtype)
+    view = image[2:5, 5:9] if samples > 1 else image[2:5, 5:9, 0]
+    predict = dtype != np.float32
+    helper.place(view, src, width, samples, np.dtype(dtype).itemsize, predict, False)
+    full = np.cumsum(src, axis=1, dtype=dtype) if predict else src
+    expected = full[:3, :4, [2, 1, 0, 3][:samples] if samples > 1 else [0]]
+    np.testing.assert_array_equal(image[2:5, 5:9], expected)
+    outside = np.ones(image.shape[:2], bool)
+    outside[2:5, 5:9] = False
+    assert (image[outside] == 77).all()
+
+
+def test_the_helper_refuses_views_it_cannot_fill(helper):
+    src = np.arange(60, dtype=np.uint8)
+    image = np.zeros((6, 12, 3), np.uint8)
+    for view, width in [
+        (image[:, ::2], 5),  # pixels not next to each other
+        (image[:, :6], 5),  # rows longer than src's
+        (image[:, :4, :2], 5),  # two samples where src has three
+        (image[:, :4].astype(np.uint16), 5),  # two-byte items for one-byte samples
+    ]:
+        with pytest.raises(ValueError):
+            helper.place(view, src, width, 3, 1, False, False)
+
+
+def test_read_image_decodes_a_tiff_from_its_file_not_its_bytes(tmp_path, monkeypatch):
+    """A TIFF that tiff.read takes is read block by block from the open file (no copy
+    of the whole file in memory first); one it does not take is parsed once and read
+    as bytes by OpenCV."""
+    img = image((30, 50, 3), np.uint8, seed=2)
+    tiled = tmp_path / "tiled.tif"
+    tiled.write_bytes(handmade(file_order(img), "<", 8, 2, tile=(16, 16)))
+    with monkeypatch.context() as m:
+        m.setattr(imgio, "_read_bytes", lambda *a, **k: pytest.fail("read whole"))
+        np.testing.assert_array_equal(imgfilter.read_image(tiled), img)
+    calls = []
+    real = tiff.read
+    monkeypatch.setattr(tiff, "read", lambda *a, **k: calls.append(1) or real(*a, **k))
+    rotated = tmp_path / "rotated.tif"  # an orientation: left to OpenCV
+    rotated.write_bytes(handmade(file_order(img), "<", 8, 2, tags={274: (3, [3])}))
+    np.testing.assert_array_equal(imgfilter.read_image(rotated), img[::-1, ::-1])
+    assert calls == [1]
