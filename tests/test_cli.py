@@ -648,6 +648,7 @@ def test_unknown_command_suggests_the_close_one():
     result = run("blr", "x.png")
     assert result.exit_code == 2
     assert "No such command 'blr'" in result.output and "'blur'" in result.output
+    assert result.output.count("Did you mean") == 1  # Click and old Typer both suggest
 
 
 def test_a_command_imports_and_builds_only_its_own_module():

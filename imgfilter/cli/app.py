@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import re
 import sys
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -114,6 +115,8 @@ def _click_error(e: Any) -> int:
     """Click's error as one line (with where to look for a usage error); its exit code."""
     # Typer validates through pydantic, whose messages start "Value error, ".
     message = e.format_message().replace("Value error, ", "").rstrip(".")
+    # Click >= 8.2 suggests a command for a typo, and Typer < 0.26 adds its own.
+    message = re.sub(r"( Did you mean [^?]*\?)\1+", r"\1", message)
     ctx = getattr(e, "ctx", None)
     if isinstance(e, click_exc.UsageError) and ctx is not None:
         message = f"{message} (see '{ctx.command_path} --help')"
