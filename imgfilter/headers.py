@@ -22,7 +22,7 @@ _PNG_CHANNELS = {0: 1, 2: 3, 3: 3, 4: 4, 6: 4}
 _JPEG_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _JPEG_NO_LENGTH = frozenset([0x01, *range(0xD0, 0xD8)])  # TEM, RST0-7
 _JPEG_MAX_SEGMENTS = 64  # the frame header comes after a few APPn / DQT / DHT segments
-_TIFF_TYPES = {3: "H", 4: "I", 16: "Q"}  # SHORT, LONG, LONG8: the sizes' field types
+TIFF_TYPES = {1: "B", 3: "H", 4: "I", 16: "Q"}  # BYTE, SHORT, LONG, LONG8 fields
 
 
 def decoded_bytes(path: str | os.PathLike[str]) -> int | None:
@@ -79,11 +79,13 @@ def _jpeg(f: BinaryIO) -> int | None:
     return None
 
 
-def _tiff(f: BinaryIO, length: int) -> int | None:
-    """From the first directory: ImageWidth, ImageLength, SamplesPerPixel and the
-    largest BitsPerSample (tags 256, 257, 277, 258)."""
-    f.seek(0)
-    head = f.read(16)
+def tiff_fields(
+    f: BinaryIO, head: bytes, length: int, wanted: tuple[int, ...] | None = None
+) -> dict[int, tuple[str, int, bytes]]:
+    """The fields of the first directory of the TIFF or BigTIFF open as `f` (`length`
+    bytes; `head` its first 16), of the types in TIFF_TYPES (all, or the tags in
+    `wanted`): {tag: (struct format with the file's byte order, count, value bytes)}.
+    ValueError for a field said to be longer than the file."""
     order = "<" if head[:2] == b"II" else ">"
     big = head[2:4] in (b"+\0", b"\0+")
     count_fmt, entry, offset_fmt = ("Q", 20, "Q") if big else ("H", 12, "I")
@@ -92,22 +94,33 @@ def _tiff(f: BinaryIO, length: int) -> int | None:
     (n,) = struct.unpack(order + count_fmt, f.read(struct.calcsize(count_fmt)))
     raw = f.read(n * entry)
     field = 8 if big else 4
-    values: dict[int, tuple[int, ...]] = {}
+    fields = {}
     for i in range(min(n, len(raw) // entry)):
         tag, kind = struct.unpack_from(order + "HH", raw, i * entry)
-        fmt = _TIFF_TYPES.get(kind)
-        if tag not in (256, 257, 258, 277) or fmt is None:
+        fmt = TIFF_TYPES.get(kind)
+        if fmt is None or (wanted is not None and tag not in wanted):
             continue
         (count,) = struct.unpack_from(order + offset_fmt, raw, i * entry + 4)
         size = struct.calcsize(fmt) * count
         if size > length:
-            return None
+            raise ValueError("a field longer than the file")
         value = raw[i * entry + 4 + field : (i + 1) * entry]
         if size > field:
             (where,) = struct.unpack(order + offset_fmt, value)
             f.seek(where)
             value = f.read(size)
-        values[tag] = struct.unpack(f"{order}{count}{fmt}", value[:size])
+        fields[tag] = (order + fmt, count, value[:size])
+    return fields
+
+
+def _tiff(f: BinaryIO, length: int) -> int | None:
+    """From the first directory: ImageWidth, ImageLength, SamplesPerPixel and the
+    largest BitsPerSample (tags 256, 257, 277, 258)."""
+    f.seek(0)
+    head = f.read(16)
+    fields = tiff_fields(f, head, length, (256, 257, 258, 277))
+    values = {tag: struct.unpack(f"{fmt[0]}{count}{fmt[1]}", raw)
+              for tag, (fmt, count, raw) in fields.items()}  # fmt: skip
     w, h = values[256][0], values[257][0]
     samples = values[277][0] if 277 in values else 1
     bits = max(values.get(258, (1,)))

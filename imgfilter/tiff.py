@@ -35,6 +35,8 @@ from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
+from .headers import tiff_fields
+
 try:  # imgfilter/_tiff_strips.c, built by `pip install` where a C compiler is found
     from . import _tiff_strips
 except ImportError:
@@ -47,7 +49,6 @@ STRIP_BYTES = 1 << 21  # raw bytes per strip, about: small enough for many threa
 DEFLATE_LEVEL = 1  # zlib's fastest: about twice level 6's speed for 20% larger files
 
 _SHORT, _LONG, _LONG8 = 3, 4, 16  # TIFF field types
-_READ_TYPES = {1: "B", 3: "H", 4: "I", 16: "Q"}  # the field types `read` takes values of
 _DEFLATE = (8, 32946)  # Compression: Deflate (Adobe's code and the old one)
 _LZW = 5
 UNIT_BYTES = 4 << 20  # uncompressed strips that follow each other: read this much at once
@@ -354,8 +355,7 @@ def _layout(f: BinaryIO, length: int) -> _Layout | None:
     if head[:4] not in MAGIC:
         return None
     order = "<" if head[:2] == b"II" else ">"
-    big = head[2:4] in (b"+\0", b"\0+")
-    tags = _tags(f, order, big, head, length)
+    tags = _tags(f, head, length)
     first = {tag: values[0] for tag, values in tags.items() if len(values)}
     tiled = any(tag in tags for tag in _TILES)
     if tiled and not all(tag in first for tag in _TILES):
@@ -408,29 +408,8 @@ def _pixel_limit() -> int:
         return 1 << 30
 
 
-def _tags(f: BinaryIO, order: str, big: bool, head: bytes, length: int) -> dict[int, np.ndarray]:
-    """The first directory's fields of the types `read` takes, as arrays; ValueError
-    for a field said to be longer than the file."""
-    count_fmt, entry, offset_fmt = ("Q", 20, "Q") if big else ("H", 12, "I")
-    (at,) = struct.unpack_from(order + offset_fmt, head, 8 if big else 4)
-    f.seek(at)
-    (n,) = struct.unpack(order + count_fmt, f.read(struct.calcsize(count_fmt)))
-    raw = f.read(n * entry)
-    field = 8 if big else 4
-    tags = {}
-    for i in range(n):
-        tag, kind = struct.unpack_from(order + "HH", raw, i * entry)
-        (count,) = struct.unpack_from(order + offset_fmt, raw, i * entry + 4)
-        fmt = _READ_TYPES.get(kind)
-        if fmt is None:
-            continue
-        size = struct.calcsize(fmt) * count
-        if size > length:
-            raise ValueError("a field longer than the file")
-        value = raw[i * entry + 4 + field : (i + 1) * entry]
-        if size > field:
-            (where,) = struct.unpack(order + offset_fmt, value)
-            f.seek(where)
-            value = f.read(size)
-        tags[tag] = np.frombuffer(value[:size], order + fmt, count)
-    return tags
+def _tags(f: BinaryIO, head: bytes, length: int) -> dict[int, np.ndarray]:
+    """The first directory's fields (`head`: the file's first 16 bytes) as arrays
+    (`headers.tiff_fields`); ValueError for a field said to be longer than the file."""
+    fields = tiff_fields(f, head, length)
+    return {tag: np.frombuffer(raw, fmt, count) for tag, (fmt, count, raw) in fields.items()}

@@ -214,9 +214,7 @@ def test_opencvs_uncompressed_lzw_and_deflate_tiffs(tmp_path, dtype, shape, comp
         # to it; OpenCV 4.8 does not, and read takes its files
         assert dtype == np.float32 and compression in (5, 8)
         with open(path, "rb") as f:
-            head = f.read(16)
-            order, big = ("<" if head[:2] == b"II" else ">"), head[2:4] in (b"+\0", b"\0+")
-            tags = tiff._tags(f, order, big, head, path.stat().st_size)
+            tags = tiff._tags(f, f.read(16), path.stat().st_size)
         assert tags[317][0] == 3  # Predictor: floating point
         return
     np.testing.assert_array_equal(got, opencv(path))
@@ -420,7 +418,7 @@ def test_uncompressed_strips_that_follow_each_other_are_read_together(tmp_path, 
     assert sorted(reads) == sorted([12, 12, 12, 11] * 2)  # from the file, from its bytes
     with open(path, "rb") as f:
         head = f.read(8)
-        tags = tiff._tags(f, ">", False, head + f.read(8), len(data))
+        tags = tiff._tags(f, head + f.read(8), len(data))
     offsets, counts = tags[273].astype(np.int64), tags[279].astype(np.int64)
 
     def units() -> list[int]:
