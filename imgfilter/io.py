@@ -18,10 +18,10 @@ or more. TIFFs in strips or tiles, uncompressed, LZW or Deflate (as OpenCV, imgf
 and GDAL write them), are decoded by `imgfilter.tiff.read` instead, from the open file,
 to the same pixels (on a pool of threads from TIFF_THREADS_MIN_BYTES, 16 MiB); their
 damaged strips or tiles are an error (OpenCV decodes them to wrong rows and only logs
-it). Smaller files OpenCV cannot decode go to
-Pillow. JPEG, PNG and WebP files are checked for completeness first: OpenCV 4.8 turns
-a JPEG cut short into a whole image with a grey bottom and only prints a warning (5.0
-returns nothing), and Pillow does not check PNG IDAT checksums. Decoder chatter on
+it). Smaller files OpenCV cannot decode go to Pillow. JPEG, PNG and WebP files are
+checked for completeness first: OpenCV 4.8 turns a JPEG cut short into a whole image
+with a grey bottom and only prints a warning (5.0 returns nothing), and Pillow does not
+check PNG IDAT checksums. Decoder chatter on
 stderr (OpenCV's log, libpng, libjpeg) is captured while decoding, so a user sees only
 our one-line error.
 

@@ -12,9 +12,10 @@ cubins through `cached` and the launch layer, else through Numba's CUDA target, 
 then finds the context open).
 Commands that will not use it (help, the CPU backend, filters without cached
 kernels) start nothing, and neither do `blur` and `contour` with `--backend auto` of an
-image that may run on the CPU (`one_image_on_cpu`: its file and the pixels its header promises at
-most ONE_IMAGE_ON_CPU_BYTES); the CLI calls `start_for` once it knows the GPU will run
-(several inputs, or the pixels read). Only the standard library is imported here.
+image that may run on the CPU (`one_image_on_cpu`: its file and the pixels its header
+promises at most ONE_IMAGE_ON_CPU_BYTES); the CLI calls `start_for` once it knows the
+GPU will run (several inputs, or the pixels read). Only the standard library is
+imported here.
 """
 
 from __future__ import annotations
@@ -56,11 +57,11 @@ def _option(argv: list[str], name: str) -> str:
 
 
 def one_image_on_cpu(path: str | os.PathLike[str]) -> bool:
-    """Whether --backend auto may filter the image in `path` on the CPU (a
-    DEFERRED_COMMANDS one): a regular file
-    of at most ONE_IMAGE_ON_CPU_BYTES whose header (PNG, JPEG, TIFF; `imgfilter.headers`)
-    promises no more pixels than that, or one that cannot be looked at (its read will
-    say why). The CLI checks the pixels again once read."""
+    """Whether --backend auto may filter the image in `path` on the CPU (with a
+    DEFERRED_COMMANDS command): a regular file of at most ONE_IMAGE_ON_CPU_BYTES whose
+    header (PNG, JPEG, TIFF; `imgfilter.headers`) promises no more pixels than that, or
+    one that cannot be looked at (its read will say why). The CLI checks the pixels
+    again once read."""
     from .. import headers
 
     try:

@@ -5,7 +5,7 @@ of `imgfilter blur` imports and builds `blur` alone, `--help` all of them.
 `command` wraps every command: it runs in a worker thread (Ctrl-C, the spinner:
 `worker.in_worker`), and an ImgFilterError becomes one stderr line and its exit code
 (imgfilter.errors: 2 usage, 3 input, 4 output, 5 device; 1 anything else). Click's
-own usage errors are reported the same way (`_OneLineErrors`).
+own usage errors are reported the same way (`_Commands`).
 """
 
 from __future__ import annotations
