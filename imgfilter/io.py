@@ -21,9 +21,8 @@ damaged strips or tiles are an error (OpenCV decodes them to wrong rows and only
 it). Smaller files OpenCV cannot decode go to Pillow. JPEG, PNG and WebP files are
 checked for completeness first: OpenCV 4.8 turns a JPEG cut short into a whole image
 with a grey bottom and only prints a warning (5.0 returns nothing), and Pillow does not
-check PNG IDAT checksums. Decoder chatter on
-stderr (OpenCV's log, libpng, libjpeg) is captured while decoding, so a user sees only
-our one-line error.
+check PNG IDAT checksums. Decoder chatter on stderr (OpenCV's log, libpng, libjpeg) is
+captured while decoding, so a user sees only our one-line error.
 
 Writing. The format follows the extension. OpenCV silently converts what a format cannot
 hold (uint16 to 8 bits for JPEG, float32 to 8 bits for PNG, BGRA to BGR for JPEG, ...);
@@ -645,11 +644,11 @@ def read_image(path: str | os.PathLike[str]) -> np.ndarray:
 def read_frames(p: Path) -> tuple[np.ndarray, int, str | None]:
     """`read_image`'s work without its MultiFrameWarning: (the image, the file's frames
     or pages, its kind: "png", "jpeg", "tiff", ... or None). Any thread may call it."""
-    if _decode_from_path(p):
-        return _read_from_path(p)
     tried_tiff, found = _tiff_from_file(p)
     if found is not None:
         return found
+    if _decode_from_path(p):
+        return _read_from_path(p)
     data = _read_bytes(p, npy=True)
     if data is None or data.startswith(NPY_MAGIC):
         return _read_npy(p, data), 1, None
@@ -713,8 +712,9 @@ def _decode_from_path(p: Path) -> bool:
 def _read_from_path(p: Path) -> tuple[np.ndarray, int, str | None]:
     """`read_image` of a file of DECODE_FROM_PATH_BYTES or more: its bytes (not a
     TIFF's) read to check them and find the EXIF orientation and frames as usual, then
-    dropped, and the image decoded from the path (`cv2.imread`). Returns (image, its
-    frames or pages, its kind)."""
+    dropped, and the image decoded from the path (`cv2.imread`; a TIFF that `tiff.read`
+    takes never comes here: `_tiff_from_file`). Returns (image, its frames or pages,
+    its kind)."""
     from . import tiff
 
     with open(p, "rb") as f:
@@ -728,13 +728,8 @@ def _read_from_path(p: Path) -> tuple[np.ndarray, int, str | None]:
             raise InputError(f"cannot read {p}: {scan.problem}")
         frames = _frame_count(data, kind)
         del data
-    img, detail = None, ""
-    if is_tiff:
-        with open(p, "rb") as f:
-            img = _read_tiff_strips(p, f)
     cv2 = _import_cv2()
-    if img is None:
-        img, detail = _cv_call(cv2, lambda: cv2.imread(str(p), cv2.IMREAD_UNCHANGED))
+    img, detail = _cv_call(cv2, lambda: cv2.imread(str(p), cv2.IMREAD_UNCHANGED))
     if img is None:
         detail = detail or "no details"
         _check_pixel_limit(p, detail)
