@@ -22,6 +22,7 @@ _PNG_CHANNELS = {0: 1, 2: 3, 3: 3, 4: 4, 6: 4}
 _JPEG_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _JPEG_NO_LENGTH = frozenset([0x01, *range(0xD0, 0xD8)])  # TEM, RST0-7
 _JPEG_MAX_SEGMENTS = 64  # the frame header comes after a few APPn / DQT / DHT segments
+TIFF_MAGIC = (b"II*\0", b"MM\0*", b"II+\0", b"MM\0+")  # classic and BigTIFF, both byte orders
 TIFF_TYPES = {1: "B", 3: "H", 4: "I", 16: "Q"}  # BYTE, SHORT, LONG, LONG8 fields
 
 
@@ -36,7 +37,7 @@ def decoded_bytes(path: str | os.PathLike[str]) -> int | None:
                 return _png(head)
             if head[:2] == b"\xff\xd8":
                 return _jpeg(f)
-            if head[:4] in (b"II*\0", b"MM\0*", b"II+\0", b"MM\0+"):
+            if head[:4] in TIFF_MAGIC:
                 return _tiff(f, os.fstat(f.fileno()).st_size)
     except (OSError, ValueError, struct.error, KeyError, IndexError):
         return None

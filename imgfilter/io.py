@@ -88,6 +88,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from .errors import InputError, OutputError, UsageError
+from .headers import TIFF_MAGIC
 
 __all__ = [
     "SUPPORTED_WRITE_EXTENSIONS",
@@ -678,15 +679,15 @@ def _tiff_from_file(p: Path) -> tuple[bool, tuple[np.ndarray, int, str] | None]:
     read where it lies, not the whole file into new memory first): (whether it tried,
     `read_frames`'s result or None). (False, None) for any other file and for anything
     that goes wrong opening it (the usual path reports it)."""
-    from . import tiff
-
-    if tiff._tiff_strips is None:
-        return False, None
     try:
         if not stat.S_ISREG(os.stat(p).st_mode):  # a pipe is read once, by the usual path
             return False, None
         with open(p, "rb") as f:
-            if f.read(4) not in tiff.MAGIC:
+            if f.read(4) not in TIFF_MAGIC:
+                return False, None
+            from . import tiff  # for TIFFs only: its imports cost any other read ~10 ms
+
+            if tiff._tiff_strips is None:
                 return False, None
             img = _read_tiff_strips(p, f)
             if img is None:
@@ -718,7 +719,7 @@ def _read_from_path(p: Path) -> tuple[np.ndarray, int, str | None]:
     from . import tiff
 
     with open(p, "rb") as f:
-        is_tiff = f.read(4) in tiff.MAGIC
+        is_tiff = f.read(4) in TIFF_MAGIC
     kind, scan, frames = "tiff", _Scan(), 0
     if not is_tiff:
         data = _read_bytes(p)

@@ -35,7 +35,7 @@ from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from .headers import tiff_fields
+from .headers import TIFF_MAGIC, tiff_fields
 
 try:  # imgfilter/_tiff_strips.c, built by `pip install` where a C compiler is found
     from . import _tiff_strips
@@ -55,7 +55,6 @@ UNIT_BYTES = 4 << 20  # uncompressed strips that follow each other: read this mu
 _TILES = (322, 323, 324, 325)  # TileWidth, TileLength, TileOffsets, TileByteCounts
 _TAG = struct.Struct("<HHQ8s")  # tag, type, count, value or offset
 _FORMATS = {"u": 1, "f": 3}  # SampleFormat: unsigned integer, IEEE float
-MAGIC = (b"II*\0", b"MM\0*", b"II+\0", b"MM\0+")  # classic and BigTIFF, both byte orders
 
 
 def write(f: BinaryIO, img: np.ndarray, threads: int | None = None) -> None:
@@ -151,7 +150,7 @@ def page_count(f: BinaryIO, limit: int = 100_000) -> int:
     the file is not one."""
     f.seek(0)
     head = f.read(16)
-    if head[:4] not in MAGIC:
+    if head[:4] not in TIFF_MAGIC:
         return 1
     order = "<" if head[:2] == b"II" else ">"
     big = head[2:4] in (b"+\0", b"\0+")
@@ -352,7 +351,7 @@ def _layout(f: BinaryIO, length: int) -> _Layout | None:
     `read` does not take the file."""
     f.seek(0)
     head = f.read(16)
-    if head[:4] not in MAGIC:
+    if head[:4] not in TIFF_MAGIC:
         return None
     order = "<" if head[:2] == b"II" else ">"
     tags = _tags(f, head, length)
