@@ -165,6 +165,15 @@ def time_whole(cupy, op, size: int, reps: int, host: bool = False) -> list[float
     return times
 
 
+def _release_device_memory(cupy) -> None:
+    """Give the whole-image runs' cached device blocks (CuPy's and imgfilter's pools)
+    back to CUDA."""
+    from kernels.common.devarray import POOL
+
+    cupy.get_default_memory_pool().free_all_blocks()
+    POOL.trim()
+
+
 def scheduler_config(args) -> dict:
     """Dask settings from --no-stealing."""
     return {"distributed.scheduler.work-stealing": not args.no_stealing}
@@ -245,6 +254,8 @@ def main() -> None:
     parser.add_argument("--place", choices=("even", "dask"), default="even",
                         help="bands in even contiguous runs per worker, or where Dask puts "
                              "them")  # fmt: skip
+    parser.add_argument("--no-whole", action="store_true",
+                        help="skip the whole image on one GPU (too large for it)")  # fmt: skip
     args = parser.parse_args()
     cupy, cluster_cls, client_cls, wait = requirements()
     os.environ.setdefault("IMGFILTER_BACKGROUND_COMPILE", "0")  # workers compile at once
@@ -253,9 +264,10 @@ def main() -> None:
     if not counts:
         fail(f"none of --gpus {args.gpus} fits the {len(gpus)} visible GPU(s)")
     rows, base = [], {}
-    for name, op in operations().items():
+    for name, op in () if args.no_whole else operations().items():
         whole = statistics.median(time_whole(cupy, op, args.size, args.reps, args.host))
         rows.append({"op": name, "gpus": "1*", "median_s": whole, "dask": False})
+    _release_device_memory(cupy)  # the workers share this process's first GPU
     for n in counts:
         medians = run_cluster(n, gpus, args, cupy, cluster_cls, client_cls, wait)
         for name in OPS:
@@ -266,8 +278,8 @@ def main() -> None:
                          "bands_per_worker": medians["bands per worker"]})  # fmt: skip
     where = "NumPy bands in host memory" if args.host else "CuPy bands on the GPUs"
     print(f"{args.size}x{args.size}x3 uint8, {where}, bands of {args.rows} rows, {args.protocol}, "
-          f"{args.threads} task thread(s) per worker; "
-          f"1* = whole image on one GPU without Dask")  # fmt: skip
+          f"{args.threads} task thread(s) per worker"
+          + ("" if args.no_whole else "; 1* = whole image on one GPU without Dask"))  # fmt: skip
     print(table(rows, args.size))
     placed = [f"{r['gpus']} GPU(s) {r['bands_per_worker']}" for r in rows
               if r["dask"] and r["op"] == OPS[0]]  # fmt: skip
