@@ -806,23 +806,11 @@ def section_large_images(results: Path) -> list[str]:
     head = data["header"]
     n = head["size"]
     fresh = all("fresh_s" in r for r in data["rows"])  # files before it lack the column
-    # Later files time new memory with several POPULATE_THREADS counts: {"0": s, "4": s}.
-    counts = [str(n) for n in head.get("populate_threads", [None])]
-
-    def new_memory(r: dict) -> list[str]:
-        if not isinstance(r["fresh_s"], dict):
-            return [f"{r['fresh_s']:.3f}", f"{r['fresh_x_floor']:.2f}"]
-        return [f"{cell[n]:.{d}f}" for n in counts
-                for cell, d in ((r["fresh_s"], 3), (r["fresh_x_floor"], 2))]  # fmt: skip
-
     body = [[r["case"], f"{r['whole_s']:.3f}", f"{r['streamed_s']:.3f}",
-             f"{r['streamed_x_floor']:.2f}", *(new_memory(r) if fresh else []),
+             f"{r['streamed_x_floor']:.2f}",
+             *([f"{r['fresh_s']:.3f}", f"{r['fresh_x_floor']:.2f}"] if fresh else []),
              "yes" if r["identical"] else "NO"]
             for r in data["rows"]]  # fmt: skip
-    if "populate_threads" in head:
-        fresh_heads = [h for n in counts for h in (f"new memory, {n} populating", "new / floor")]
-    else:
-        fresh_heads = ["bands, new memory", "new / floor"]
     out = [
         "## Large host images",
         "",
@@ -838,10 +826,10 @@ def section_large_images(results: Path) -> list[str]:
                 "default path",
                 f"bands, {head['budget']} budget",
                 "bands / floor",
-                *(fresh_heads if fresh else []),
+                *(["bands, new memory", "new / floor"] if fresh else []),
                 "identical",
             ],
-            ["---", "---:", "---:", "---:", *(["---:"] * len(fresh_heads) if fresh else []), "---"],
+            ["---", "---:", "---:", "---:", *(["---:", "---:"] if fresh else []), "---"],
             body,
         ),  # fmt: skip
         "",
@@ -851,13 +839,7 @@ def section_large_images(results: Path) -> list[str]:
             "Each call's result is dropped before the next: from the second call on, a "
             "result reuses the memory of the last (`imgfilter.hostmem`); *new memory*: "
             "the kept memory unmapped before each call, as in a program's first large "
-            "call"
-            + (
-                "; *N populating*: `imgfilter.hostmem.POPULATE_THREADS` threads "
-                "faulting the new result's pages in ahead of the bands (0: none)."
-                if "populate_threads" in head
-                else "."
-            ),
+            "call.",
             "",
         ]
     bands = _files("host_bands", results)

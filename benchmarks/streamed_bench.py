@@ -6,12 +6,8 @@ memory; before, the whole image in one piece) and streamed in row bands through
 out at the host<->device bandwidth measured here with pinned buffers.
 
     python benchmarks/streamed_bench.py [--size 40000] [--budget 2G] [--json FILE]
-        [--populate-threads 0,4]
 
-'fresh' results (in new memory, as a program's first large call) are timed with each
-`--populate-threads` count (`imgfilter.hostmem.POPULATE_THREADS`: threads faulting the
-result's pages in ahead of the bands; 0: none), alternating. Checks that the budgeted
-bands give the default path's result (bit for bit). Needs a GPU.
+Checks that the budgeted bands give the default path's result (bit for bit). Needs a GPU.
 """
 
 from __future__ import annotations
@@ -46,23 +42,6 @@ def _pcie_gbs(nbytes: int) -> tuple[float, float]:
     return rates[0], rates[1]
 
 
-def _fresh_walls(fn, counts: list[int], repeats: int = 3) -> dict[int, float]:
-    """Median seconds of fn() in new memory with each POPULATE_THREADS count, the
-    counts taking turns."""
-    from imgfilter import hostmem
-
-    default = hostmem.POPULATE_THREADS
-    times: dict[int, list[float]] = {n: [] for n in counts}
-    try:
-        for _ in range(repeats):
-            for n in counts:
-                hostmem.POPULATE_THREADS = n
-                times[n].append(_wall(fn, repeats=1, fresh=True))
-    finally:
-        hostmem.POPULATE_THREADS = default
-    return {n: float(np.median(t)) for n, t in times.items()}
-
-
 def _wall(fn, repeats: int = 3, fresh: bool = False) -> float:
     """Median seconds of fn() (its result dropped at once). fresh: the memory of
     dropped results is unmapped before each call (untimed), so each result's pages
@@ -85,11 +64,7 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=40000)
     parser.add_argument("--budget", default="2G")
     parser.add_argument("--json")
-    parser.add_argument("--populate-threads", default="0,4",
-                        help="hostmem.POPULATE_THREADS counts for fresh results")  # fmt: skip
-    parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
-    counts = [int(n) for n in args.populate_threads.split(",")]
     try:
         import imgfilter
         from imgfilter.cli.options import gpu_bytes
@@ -116,30 +91,25 @@ def main() -> int:
         streamed = call(backend="cuda", max_gpu_bytes=budget)
         same = bool(np.array_equal(whole, streamed))
         del whole, streamed
-        t_whole = _wall(lambda call=call: call(backend="cuda"), args.reps)
-        t_streamed = _wall(lambda call=call: call(backend="cuda", max_gpu_bytes=budget), args.reps)
-        fresh = _fresh_walls(lambda call=call: call(backend="cuda", max_gpu_bytes=budget), counts,
-                             args.reps)  # fmt: skip
+        t_whole = _wall(lambda call=call: call(backend="cuda"))
+        t_streamed = _wall(lambda call=call: call(backend="cuda", max_gpu_bytes=budget))
+        t_fresh = _wall(lambda call=call: call(backend="cuda", max_gpu_bytes=budget), fresh=True)
         rows.append({"case": name, "whole_s": t_whole, "streamed_s": t_streamed,
-                     "streamed_x_floor": t_streamed / floor_s,
-                     "fresh_s": {str(n): t for n, t in fresh.items()},
-                     "fresh_x_floor": {str(n): t / floor_s for n, t in fresh.items()},
-                     "identical": same})  # fmt: skip
+                     "streamed_x_floor": t_streamed / floor_s, "fresh_s": t_fresh,
+                     "fresh_x_floor": t_fresh / floor_s, "identical": same})  # fmt: skip
     print(f"{args.size}x{args.size}x3 uint8 ({img.nbytes / 1e9:.2f} GB), budget {args.budget}; "
           f"pinned H2D {h2d:.1f} GB/s, D2H {d2h:.1f} GB/s, PCIe floor {floor_s:.3f} s")  # fmt: skip
-    print("default: bands with 80% of the free GPU memory; streamed: --budget; fresh/N: the "
-          "result in new memory (the last results' unmapped first), N threads faulting its "
-          f"pages in ahead; medians of {args.reps}")  # fmt: skip
-    fresh_heads = "".join(f" {'fresh/' + str(n):>9s} {'x floor':>8s}" for n in counts)
-    print(f"{'case':16s} {'default':>9s} {'streamed':>9s} {'x floor':>8s}{fresh_heads} identical")
+    print("default: bands with 80% of the free GPU memory; streamed: --budget; fresh: the "
+          "result in new memory (the last results' unmapped first)")  # fmt: skip
+    print(f"{'case':16s} {'default':>9s} {'streamed':>9s} {'x floor':>8s} {'fresh':>9s} "
+          f"{'x floor':>8s} identical")  # fmt: skip
     for r in rows:
-        fresh_cells = "".join(f" {r['fresh_s'][str(n)]:8.3f}s {r['fresh_x_floor'][str(n)]:8.2f}"
-                              for n in counts)  # fmt: skip
         print(f"{r['case']:16s} {r['whole_s']:8.3f}s {r['streamed_s']:8.3f}s "
-              f"{r['streamed_x_floor']:8.2f}{fresh_cells} {r['identical']}")  # fmt: skip
+              f"{r['streamed_x_floor']:8.2f} {r['fresh_s']:8.3f}s {r['fresh_x_floor']:8.2f} "
+              f"{r['identical']}")  # fmt: skip
     if args.json:
         head = {"size": args.size, "budget": args.budget, "h2d_gbs": h2d, "d2h_gbs": d2h,
-                "floor_s": floor_s, "reps": args.reps, "populate_threads": counts}  # fmt: skip
+                "floor_s": floor_s}  # fmt: skip
         with open(args.json, "w") as f:
             json.dump({"header": head, "rows": rows}, f, indent=1)
     return 0

@@ -580,7 +580,7 @@ def _in_bands(be, arr: np.ndarray, out: Any, shape: tuple, reach: tuple, code: i
     result = host_empty(shape, arr.dtype) if out is None else out
     dst = result if len(shape) == 2 else _as_3d(result)
     with getattr(be, "device_arrays", contextlib.nullcontext)():
-        filter_in_bands(_as_3d(arr), dst, reach, code == WRAP, run, budget, new_out=out is None)
+        filter_in_bands(_as_3d(arr), dst, reach, code == WRAP, run, budget)
     return result
 
 

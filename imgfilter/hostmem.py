@@ -10,25 +10,16 @@ mapping is advised MADV_FREE: the kernel may take its pages back under memory
 pressure (a reuse then faults in zeroed pages again, as fresh memory would), else
 they stay. At most KEEP_RESULTS mappings and 1/KEEP_FRACTION of physical memory are
 kept; `release_results()` unmaps them at once. Elsewhere (no madvise), np.empty.
-
-A new result's faults can also be taken off the path of the writes that fill it:
-`populated_ahead` faults its pages in on other threads, in the order the writes will
-come (Linux 5.14's MADV_POPULATE_WRITE, which maps pages as a write would without
-writing: the writers may run meanwhile).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import mmap
 import os
-import sys
 import threading
 import weakref
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -36,9 +27,6 @@ HUGE_PAGE_BYTES = 32 << 20  # results this large get their own mapping
 KEEP_RESULTS = 2  # dropped results' mappings kept at most
 KEEP_FRACTION = 4  # ... taking at most 1/KEEP_FRACTION of physical memory
 _PAGE = 2 << 20  # mappings in whole huge pages, so that same-size results match
-POPULATE_THREADS = 4  # threads faulting a new result's pages in ahead of its writes
-_MADV_POPULATE_WRITE = 23  # Linux >= 5.14 (Python's mmap names it from 3.13 on)
-_populate_works = sys.platform.startswith("linux")  # until a kernel refuses it
 
 _lock = threading.Lock()
 _kept: list[mmap.mmap] = []  # oldest first; no array uses them
@@ -134,42 +122,3 @@ def _physical_bytes() -> int:
     with contextlib.suppress(OSError, ValueError, AttributeError):
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     return 16 << 30
-
-
-@contextlib.contextmanager
-def populated_ahead(arr: np.ndarray, spans: list[tuple[int, int]]) -> Iterator[None]:
-    """While the block runs, fault in the pages of rows arr[a:b] for each (a, b) of
-    `spans`, in that order, on POPULATE_THREADS threads, so that the block's writes
-    into new memory (a result of `host_empty`) find them mapped. Contents are left as
-    they are, so the block may write meanwhile. Waits for the started spans at the
-    end, drops the rest. Nothing is done for a non-contiguous array, off Linux, or
-    where the kernel has no MADV_POPULATE_WRITE (before 5.14)."""
-    if not (_populate_works and POPULATE_THREADS > 0 and arr.flags.c_contiguous):
-        yield
-        return
-    base = arr.ctypes.data
-    row = arr[0].nbytes if arr.ndim else arr.nbytes
-    pool = ThreadPoolExecutor(POPULATE_THREADS, thread_name_prefix="imgfilter-populate")
-    try:
-        for a, b in spans:
-            pool.submit(_populate, base + a * row, (b - a) * row)
-        yield
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _populate(address: int, nbytes: int) -> None:
-    """madvise(MADV_POPULATE_WRITE) over the pages holding [address, address + nbytes);
-    a kernel that does not know the advice turns `populated_ahead` off."""
-    global _populate_works
-    if not _populate_works or nbytes <= 0:
-        return
-    page = mmap.PAGESIZE
-    start = address - address % page
-    if _libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(address + nbytes - start),
-                     _MADV_POPULATE_WRITE) != 0:  # fmt: skip
-        if ctypes.get_errno() == errno.EINVAL:
-            _populate_works = False
-
-
-_libc = ctypes.CDLL(None, use_errno=True) if _populate_works else None

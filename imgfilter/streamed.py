@@ -17,10 +17,8 @@ whatever the budget: page-locking host memory costs about as much as copying it
 several times over (an H100 host: 0.65 s for 1 GiB), so the pinned buffers stay small
 and are kept for the next call (`release_pinned` gives them back). A large result
 is allocated by `imgfilter.hostmem.host_empty` (huge pages, and the memory of a
-dropped result of the same size reused: its first writes fault nothing); a new
-one has its pages faulted in by other threads ahead of the bands' copies
-(`hostmem.populated_ahead`). On Numba's simulator the same plan runs with plain
-copies.
+dropped result of the same size reused: its first writes fault nothing). On Numba's
+simulator the same plan runs with plain copies.
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -37,7 +34,7 @@ import numpy as np
 from kernels.common.arrays import SIMULATOR, empty
 
 from . import pinned
-from .hostmem import host_empty, populated_ahead
+from .hostmem import host_empty
 
 try:
     from . import _stream_copy  # the C copies (pyproject's optional extension)
@@ -201,16 +198,13 @@ def release_pinned() -> int:
 
 
 def filter_in_bands(img: np.ndarray, out: np.ndarray, reach: tuple[int, int], wrap: bool,
-                    apply: Callable[[Any, Any, int], Any], budget: int,
-                    new_out: bool = False) -> np.ndarray:  # fmt: skip
+                    apply: Callable[[Any, Any, int], Any], budget: int) -> np.ndarray:  # fmt: skip
     """Filter host image `img` (H, W, C) into host `out` (H, ...) band by band.
 
     reach: (rows above, rows below) an output row depends on. wrap: the vertical
     border is BORDER_WRAP. apply(src, dst, stream): queue the whole-image filter of
     device band `src` into device band `dst` (same rows) on `stream`. budget: device
-    bytes the bands may take. new_out: `out` was allocated for this call
-    (`hostmem.host_empty`: its pages may be new), so its pages are faulted in on other
-    threads ahead of the bands' copies (`hostmem.populated_ahead`). Returns `out`.
+    bytes the bands may take. Returns `out`.
     """
     height = img.shape[0]
     in_row = img[0].nbytes
@@ -226,9 +220,8 @@ def filter_in_bands(img: np.ndarray, out: np.ndarray, reach: tuple[int, int], wr
     streams = _streams(drv)
     slots = [_Slot((most, *img.shape[1:]), (most, *out.shape[1:]), img.dtype, drv, stream)
              for stream in streams[: min(SLOTS, len(plan))]]  # fmt: skip
-    ahead = populated_ahead(out, [(y0, y1) for y0, y1, _ in plan]) if new_out else nullcontext()
     try:
-        with ahead, ThreadPoolExecutor(COPY_THREADS) as pool:
+        with ThreadPoolExecutor(COPY_THREADS) as pool:
             for i, (y0, y1, source) in enumerate(plan):
                 slot = slots[i % len(slots)]
                 n = len(range(height)[source]) if isinstance(source, slice) else len(source)

@@ -124,28 +124,6 @@ def test_api_max_gpu_bytes_streams_with_the_same_result(border):
             np.testing.assert_array_equal(out, want)
 
 
-def test_a_new_result_is_faulted_in_band_by_band_and_a_given_out_is_not(monkeypatch):
-    import contextlib
-
-    seen = []
-
-    @contextlib.contextmanager
-    def record(arr, spans):
-        seen.append((arr.shape, list(spans)))
-        yield
-
-    monkeypatch.setattr(streamed, "populated_ahead", record)
-    img = _image((23, 9, 3), np.uint8, seed=3)
-    want = imgfilter.blur(img, 5, backend="cuda")
-    got = imgfilter.blur(img, 5, backend="cuda", max_gpu_bytes=1500)
-    np.testing.assert_array_equal(got, want)
-    [(shape, spans)] = seen
-    assert shape == (23, 9, 3) and len(spans) > 1  # the bands' output rows, in order
-    assert [a for a, _ in spans] == [0, *(b for _, b in spans[:-1])] and spans[-1][1] == 23
-    imgfilter.blur(img, 5, backend="cuda", max_gpu_bytes=1500, out=np.empty_like(img))
-    assert len(seen) == 1  # the caller's array: its pages are the caller's business
-
-
 def test_large_host_images_go_in_bands_by_default(monkeypatch):
     """On the CUDA backend a host image of BANDS_MIN_BYTES or more goes in bands
     (budget: 80% of the free device memory) even where it fits; a smaller one, or one
