@@ -26,6 +26,16 @@ TIFF_MAGIC = (b"II*\0", b"MM\0*", b"II+\0", b"MM\0+")  # classic and BigTIFF, bo
 TIFF_TYPES = {1: "B", 3: "H", 4: "I", 16: "Q"}  # BYTE, SHORT, LONG, LONG8 fields
 
 
+def pixel_limit() -> int:
+    """The most pixels an image may have to be decoded: OpenCV's limit
+    (`OPENCV_IO_MAX_IMAGE_PIXELS`, which `import imgfilter` raises to the host's memory in
+    bytes; OpenCV's default 2**30), which imgfilter's own readers follow too."""
+    try:
+        return int(os.environ.get("OPENCV_IO_MAX_IMAGE_PIXELS", 1 << 30))
+    except ValueError:
+        return 1 << 30
+
+
 def decoded_bytes(path: str | os.PathLike[str]) -> int | None:
     """Bytes of the image in `path` once decoded (height x width x channels x bytes per
     sample, as imgfilter.io reads it: JPEG 8-bit, CMYK as 3 channels), from its header;

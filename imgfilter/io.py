@@ -88,7 +88,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from .errors import InputError, OutputError, UsageError
-from .headers import TIFF_MAGIC
+from .headers import TIFF_MAGIC, pixel_limit
 
 __all__ = [
     "SUPPORTED_WRITE_EXTENSIONS",
@@ -480,12 +480,12 @@ def _decode_pillow(data: bytes, p: Path, kind: str | None, cv_detail: str) -> np
     import io as _stdio
     import warnings
 
-    from PIL import Image, UnidentifiedImageError
+    from PIL import UnidentifiedImageError
 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # e.g. "Corrupt EXIF data", decompression bombs
-            with Image.open(_stdio.BytesIO(data)) as im:
+            with _pillow_open(_stdio.BytesIO(data)) as im:
                 deep = _pillow_narrows(im)
                 im.load()
                 orientation = im.getexif().get(0x0112)
@@ -509,6 +509,31 @@ def _decode_pillow(data: bytes, p: Path, kind: str | None, cv_detail: str) -> np
     if not isinstance(orientation, int) or not 1 <= orientation <= 8:
         orientation = None
     return _apply_orientation(arr, orientation)
+
+
+_PILLOW_LIMIT_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _pillow_open(source: Any) -> Iterator[Any]:
+    """`PIL.Image.open(source)` with Pillow's decompression-bomb limit raised to
+    imgfilter's (`headers.pixel_limit`, OpenCV's): by default Pillow refuses images of
+    more than about 179 million pixels (2 x its MAX_IMAGE_PIXELS), scenes that OpenCV
+    reads, whose ICC profile, frame count or Pillow-only format would then be lost. The
+    limit is Pillow's module setting, checked while the header is parsed, so it is
+    raised for that moment only, under a lock, and put back."""
+    from PIL import Image
+
+    with _PILLOW_LIMIT_LOCK:
+        default = Image.MAX_IMAGE_PIXELS
+        if default is not None:
+            Image.MAX_IMAGE_PIXELS = max(default, pixel_limit())
+        try:
+            im = Image.open(source)
+        finally:
+            Image.MAX_IMAGE_PIXELS = default
+    with im:
+        yield im
 
 
 def _pillow_narrows(im: Any) -> bool:
@@ -828,12 +853,10 @@ def _frame_count(data: bytes, kind: str | None) -> int:
 
         return tiff.page_count(_stdio.BytesIO(data))
 
-    from PIL import Image
-
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with Image.open(_stdio.BytesIO(data)) as im:
+            with _pillow_open(_stdio.BytesIO(data)) as im:
                 return int(getattr(im, "n_frames", 1))
     except Exception:  # a file Pillow cannot parse was read by OpenCV: one frame
         return 1
@@ -1079,11 +1102,9 @@ def read_metadata(path: str | os.PathLike[str]) -> ImageMetadata:
     icc = None
     import io as _stdio
 
-    from PIL import Image
-
     with contextlib.suppress(Exception), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with Image.open(_stdio.BytesIO(data)) as im:
+        with _pillow_open(_stdio.BytesIO(data)) as im:
             icc = im.info.get("icc_profile") or None
     return ImageMetadata(exif=exif or None, icc=icc if isinstance(icc, bytes) else None)
 

@@ -35,7 +35,7 @@ from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from .headers import TIFF_MAGIC, tiff_fields
+from .headers import TIFF_MAGIC, pixel_limit, tiff_fields
 
 try:  # imgfilter/_tiff_strips.c, built by `pip install` where a C compiler is found
     from . import _tiff_strips
@@ -389,22 +389,13 @@ def _layout(f: BinaryIO, length: int) -> _Layout | None:
         return None
     if not len(offsets) == len(counts) == -(-h // block_h) * -(-w // block_w):
         return None
-    if h * w > _pixel_limit():
+    if h * w > pixel_limit():
         return None  # OpenCV refuses it, naming its limit
     # libtiff differences only compressed blocks (it ignores a predictor without one)
     predict = predictor == 2 and compression != 1
     codec = "lzw" if compression == _LZW else "deflate" if compression != 1 else None
     return _Layout(h, w, channels, dtype, codec, predict, block_h, block_w, offsets, counts,
                    tiled)  # fmt: skip
-
-
-def _pixel_limit() -> int:
-    """OpenCV's limit on an image's pixels (`OPENCV_IO_MAX_IMAGE_PIXELS`, which `import
-    imgfilter` raises to the host's memory in bytes; OpenCV's default 2**30)."""
-    try:
-        return int(os.environ.get("OPENCV_IO_MAX_IMAGE_PIXELS", 1 << 30))
-    except ValueError:
-        return 1 << 30
 
 
 def _tags(f: BinaryIO, head: bytes, length: int) -> dict[int, np.ndarray]:

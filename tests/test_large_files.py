@@ -194,3 +194,33 @@ def test_importing_imgfilter_raises_opencvs_pixel_limit_to_the_hosts_memory():
     env["OPENCV_IO_MAX_IMAGE_PIXELS"] = "12345"  # the user's setting stays
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert done.stdout.strip() == "12345"
+
+
+@pytest.fixture
+def small_pillow_limit(monkeypatch):
+    """Pillow refusing images of more than 1000 pixels (its MAX_IMAGE_PIXELS 500), as it
+    refuses a 14000x13000 scene by default; OpenCV's (and imgfilter's) limit as usual."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 500)
+    yield
+    assert Image.MAX_IMAGE_PIXELS == 500  # put back after every open
+
+
+def test_metadata_past_pillows_pixel_limit_is_kept(tmp_path, small_pillow_limit, monkeypatch):
+    icc = bytes(range(256)) * 3
+    src = tmp_path / "scene.png"
+    Image.fromarray(image((40, 40, 3), np.uint8, 1)).save(src, icc_profile=icc)
+    with pytest.raises(Image.DecompressionBombError):  # what Pillow alone does
+        Image.open(src)
+    assert iio.read_metadata(src).icc == icc
+    monkeypatch.setenv("OPENCV_IO_MAX_IMAGE_PIXELS", "100")  # never below Pillow's own
+    assert iio.read_metadata(src).icc is None
+
+
+def test_frames_and_pillow_decodes_past_pillows_pixel_limit(tmp_path, small_pillow_limit):
+    frames = [Image.fromarray(np.full((40, 40, 3), 60 * i, np.uint8)) for i in range(2)]
+    src = tmp_path / "scene.gif"
+    frames[0].save(src, save_all=True, append_images=frames[1:])
+    with pytest.warns(iio.MultiFrameWarning, match="has 2 frames"):
+        iio.read_image(src)
+    img = iio._decode_pillow(src.read_bytes(), src, "gif", "")  # OpenCV's fallback
+    assert img.shape == (40, 40, 3) and not img.any()
