@@ -71,6 +71,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import mmap
 import os
 import re
 import stat
@@ -1082,31 +1083,57 @@ class ImageMetadata:
 
 def read_metadata(path: str | os.PathLike[str]) -> ImageMetadata:
     """The EXIF block of a JPEG, PNG or WebP file and the ICC profile of any file Pillow
-    opens (JPEG, PNG, WebP, TIFF), for `write_image(..., metadata=)`.
+    opens (JPEG, PNG, WebP, TIFF), for `write_image(..., metadata=)`. A regular file is
+    read through a memory map (a raster's pixels are not copied into memory again).
 
     Raises InputError as `read_image` does for a file that cannot be read; a file whose
     metadata cannot be parsed gives an empty ImageMetadata.
     """
     p = Path(path)
-    data = _read_bytes(p, npy=True)
-    if data is None or data.startswith(NPY_MAGIC):
-        return ImageMetadata(exif=None, icc=None)
-    kind = _sniff(data)
-    exif = None
-    if kind in _SCANNERS:
-        exif = _SCANNERS[kind](data).exif
-        if exif is not None and exif.startswith(b"Exif\x00\x00"):
-            exif = exif[6:]
-        if exif is not None and exif[:2] not in (b"II", b"MM"):
-            exif = None  # not a TIFF structure: nothing a reader could use
-    icc = None
-    import io as _stdio
+    mapped = _map_file(p)
+    data = mapped if mapped is not None else _read_bytes(p)
+    try:
+        if data[: len(NPY_MAGIC)] == NPY_MAGIC:
+            return ImageMetadata(exif=None, icc=None)
+        exif = _exif_of(data)
+        icc = None
+        import io as _stdio
 
-    with contextlib.suppress(Exception), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with _pillow_open(_stdio.BytesIO(data)) as im:
-            icc = im.info.get("icc_profile") or None
-    return ImageMetadata(exif=exif or None, icc=icc if isinstance(icc, bytes) else None)
+        with contextlib.suppress(Exception), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with _pillow_open(p if mapped is not None else _stdio.BytesIO(data)) as im:
+                icc = im.info.get("icc_profile") or None
+    finally:
+        if mapped is not None:
+            with contextlib.suppress(BufferError):  # a view still open: closed when freed
+                mapped.close()
+    return ImageMetadata(exif=exif, icc=icc if isinstance(icc, bytes) else None)
+
+
+def _map_file(p: Path) -> mmap.mmap | None:
+    """A read-only memory map of `p` if it is a regular, non-empty file (its pages are
+    read as they are touched), else None (a pipe, an empty or unreadable file: the
+    caller reads it the usual way, which reports what is wrong)."""
+    try:
+        with open(p, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):  # ValueError: an empty file cannot be mapped
+        return None
+
+
+def _exif_of(data: Any) -> bytes | None:
+    """The EXIF block (a TIFF structure) of a JPEG, PNG or WebP file's bytes, or None."""
+    kind = _sniff(data[:16])
+    if kind not in _SCANNERS:
+        return None
+    exif = _SCANNERS[kind](data).exif
+    if exif is not None and exif[:6] == b"Exif\x00\x00":
+        exif = exif[6:]
+    if exif is None or exif[:2] not in (b"II", b"MM"):
+        return None  # not a TIFF structure: nothing a reader could use
+    return bytes(exif)
 
 
 # Formats `write_image` can put metadata into.

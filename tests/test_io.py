@@ -9,6 +9,7 @@ import stat
 import struct
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import cv2
@@ -928,6 +929,46 @@ def test_metadata_of_a_plain_file_is_empty_and_changes_nothing(tmp_path):
     a = iio.write_image(tmp_path / "a.png", sample_image("uint8", 3), metadata=meta)
     b = iio.write_image(tmp_path / "b.png", sample_image("uint8", 3))
     assert a.read_bytes() == b.read_bytes()
+
+
+@pytest.mark.parametrize("ext", [".jpg", ".png", ".webp", ".tif"])
+def test_metadata_of_a_file_is_read_in_place(tmp_path, monkeypatch, ext):
+    """A regular file's metadata comes through a memory map: the file is not read into
+    memory (a raster's pixels would be held twice), with the same EXIF and ICC."""
+    icc = bytes(range(256)) * 40
+    src = tmp_path / f"in{ext}"
+    Image.fromarray(sample_image("uint8", 3)[..., ::-1]).save(src, exif=_exif(6), icc_profile=icc)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the whole file was read")
+
+    monkeypatch.setattr(iio, "_read_bytes", refuse)
+    meta = iio.read_metadata(src)
+    assert meta.icc == icc
+    if ext == ".tif":
+        assert meta.exif is None  # a TIFF's EXIF is not carried over (see read_metadata)
+    else:
+        assert meta.exif and iio._exif_orientation(meta.exif) == 6
+
+
+def test_metadata_of_missing_empty_and_piped_files(tmp_path):
+    with pytest.raises(InputError, match="no such file"):
+        iio.read_metadata(tmp_path / "none.jpg")
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    with pytest.raises(InputError, match="empty"):
+        iio.read_metadata(tmp_path / "empty.jpg")
+    if not hasattr(os, "mkfifo"):
+        return
+    src = tmp_path / "in.png"
+    icc = bytes(range(256)) * 3
+    Image.fromarray(sample_image("uint8", 3)).save(src, exif=_exif(3), icc_profile=icc)
+    fifo = tmp_path / "pipe.png"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_bytes(src.read_bytes()))
+    writer.start()
+    meta = iio.read_metadata(fifo)  # not mappable: read once, as read_image reads it
+    writer.join()
+    assert meta.icc == icc and iio._exif_orientation(meta.exif) == 3
 
 
 def test_abandon_io_removes_temp_files_and_refuses_new_writes(tmp_path, monkeypatch):
