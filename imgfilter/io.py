@@ -287,7 +287,7 @@ def _sniff(data: bytes) -> str | None:
         return "png"
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return "webp"
-    if data[:4] in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"):
+    if data[:4] in TIFF_MAGIC:
         return "tiff"
     if data.startswith(b"BM"):
         return "bmp"
