@@ -198,10 +198,11 @@ def test_importing_imgfilter_raises_opencvs_pixel_limit_to_the_hosts_memory():
 
 @pytest.fixture
 def small_pillow_limit(monkeypatch):
-    """Pillow refusing images of more than 1000 pixels (its MAX_IMAGE_PIXELS 500), as it
-    refuses a 14000x13000 scene by default; OpenCV's (and imgfilter's) limit as usual."""
-    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 500)
-    yield
+    """A function that makes Pillow refuse images of more than 1000 pixels (its
+    MAX_IMAGE_PIXELS 500), as it refuses a 14000x13000 scene by default; OpenCV's (and
+    imgfilter's) limit as usual. Called once the test's files are written (older Pillow
+    checks the limit when it writes a GIF, too)."""
+    yield lambda: monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 500)
     assert Image.MAX_IMAGE_PIXELS == 500  # put back after every open
 
 
@@ -209,6 +210,7 @@ def test_metadata_past_pillows_pixel_limit_is_kept(tmp_path, small_pillow_limit,
     icc = bytes(range(256)) * 3
     src = tmp_path / "scene.png"
     Image.fromarray(image((40, 40, 3), np.uint8, 1)).save(src, icc_profile=icc)
+    small_pillow_limit()
     with pytest.raises(Image.DecompressionBombError):  # what Pillow alone does
         Image.open(src)
     assert iio.read_metadata(src).icc == icc
@@ -220,6 +222,7 @@ def test_frames_and_pillow_decodes_past_pillows_pixel_limit(tmp_path, small_pill
     frames = [Image.fromarray(np.full((40, 40, 3), 60 * i, np.uint8)) for i in range(2)]
     src = tmp_path / "scene.gif"
     frames[0].save(src, save_all=True, append_images=frames[1:])
+    small_pillow_limit()
     with pytest.warns(iio.MultiFrameWarning, match="has 2 frames"):
         iio.read_image(src)
     img = iio._decode_pillow(src.read_bytes(), src, "gif", "")  # OpenCV's fallback
