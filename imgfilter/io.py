@@ -1115,9 +1115,9 @@ def _map_file(p: Path) -> mmap.mmap | None:
     read as they are touched), else None (a pipe, an empty or unreadable file: the
     caller reads it the usual way, which reports what is wrong)."""
     try:
+        if not stat.S_ISREG(os.stat(p).st_mode):  # a pipe is not opened: read once, later
+            return None
         with open(p, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                return None
             return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError):  # ValueError: an empty file cannot be mapped
         return None
