@@ -304,8 +304,9 @@ class _Scan:
     exif: bytes | None = None
 
 
-def _scan_jpeg(d: bytes) -> _Scan:
-    """Walk the JPEG marker segments up to the first scan; the scan must end with EOI.
+def _scan_jpeg(d: bytes, whole: bool = True) -> _Scan:
+    """Walk the JPEG marker segments up to the first scan; the scan must end with EOI
+    (not looked for without `whole`: the EXIF only is wanted).
 
     Inside entropy-coded data a 0xFF byte is always followed by 0x00 or a marker, and
     FF D9 is the end-of-image marker, so its absence after the first SOS means the file
@@ -340,17 +341,19 @@ def _scan_jpeg(d: bytes) -> _Scan:
         if marker == 0xE1 and exif is None and d[pos + 2 : pos + 8] == b"Exif\x00\x00":
             exif = d[pos + 8 : end]
         if marker == 0xDA:  # start of scan
-            if d.find(b"\xff\xd9", end) < 0:
+            if whole and d.find(b"\xff\xd9", end) < 0:
                 return _Scan("truncated JPEG (no end-of-image marker)", exif)
             return _Scan(None, exif)
         pos = end
 
 
-def _scan_png(d: bytes) -> _Scan:
+def _scan_png(d: bytes, whole: bool = True) -> _Scan:
     """Walk the PNG chunks; a complete file reaches IEND. Collects the eXIf chunk.
 
     The CRC of each critical chunk (IHDR, PLTE, IDAT, IEND) is checked, as libpng does:
     Pillow, the fallback decoder, does not check IDAT's, and would return garbage.
+    Without `whole` (the EXIF only is wanted) no CRC is checked, so the image data is
+    skipped over, not read.
     """
     n, pos, exif = len(d), 8, None
     view = memoryview(d)
@@ -361,7 +364,7 @@ def _scan_png(d: bytes) -> _Scan:
         end = pos + 12 + length
         if end > n:
             return _Scan("truncated PNG (the file ends inside a chunk)", exif)
-        if not ctype[0] & 0x20:  # critical chunk: upper-case first letter
+        if whole and not ctype[0] & 0x20:  # critical chunk: upper-case first letter
             (crc,) = struct.unpack_from(">I", d, end - 4)
             if zlib.crc32(view[pos + 4 : end - 4]) != crc:
                 name = ctype.decode("latin-1", "replace")
@@ -373,8 +376,9 @@ def _scan_png(d: bytes) -> _Scan:
         pos = end
 
 
-def _scan_webp(d: bytes) -> _Scan:
-    """Check the RIFF size against the file size; collects the EXIF chunk."""
+def _scan_webp(d: bytes, whole: bool = True) -> _Scan:
+    """Check the RIFF size against the file size; collects the EXIF chunk (both cheap:
+    `whole` is taken for the scanners' common signature)."""
     if len(d) < 12:
         return _Scan("truncated WebP (the file ends inside its header)")
     riff_end = 8 + struct.unpack_from("<I", d, 4)[0]
@@ -1128,7 +1132,7 @@ def _exif_of(data: Any) -> bytes | None:
     kind = _sniff(data[:16])
     if kind not in _SCANNERS:
         return None
-    exif = _SCANNERS[kind](data).exif
+    exif = _SCANNERS[kind](data, whole=False).exif
     if exif is not None and exif[:6] == b"Exif\x00\x00":
         exif = exif[6:]
     if exif is None or exif[:2] not in (b"II", b"MM"):
