@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .errors import UsageError
-from .files import Job, Skip, Stats, _size
+from .files import Fatal, Job, Skip, Stats, _size
 
 
 def worker_threads(gpus: int, jobs: int | None) -> int:
@@ -85,7 +85,8 @@ _PRE_SPAWN = "distributed.nanny.pre-spawn-environ"
 
 
 def _one(job: Job, load: Callable, compute: Callable, save: Callable) -> tuple[str, Any]:
-    """On a worker: the whole job; ("written" | "skipped", None) or ("failed", error)."""
+    """On a worker: the whole job; ("written" | "skipped", None), ("failed", error), or
+    ("fatal", error) when compute raised `Fatal` (the GPU failed: the run stops)."""
     try:
         loaded = load(job)
     except Skip:
@@ -94,6 +95,8 @@ def _one(job: Job, load: Callable, compute: Callable, save: Callable) -> tuple[s
         return "failed", exc
     try:
         save(job, loaded, compute(job, loaded))
+    except Fatal as exc:
+        return "fatal", exc.error
     except Exception as exc:  # noqa: BLE001
         return "failed", exc
     return "written", None
@@ -109,7 +112,10 @@ def run_on_cluster(
     on_event: Callable[[str, Job, BaseException | None, Stats], None] | None = None,
 ) -> Stats:
     """Run each job as one task on `client`'s cluster; return the counts. `on_event` as
-    in `files.run_pipeline`, called here as each task ends (in completion order)."""
+    in `files.run_pipeline`, called here as each task ends (in completion order). When
+    the GPU fails in a task (compute raised `files.Fatal`) that file fails, the run
+    stops as a local one does: `stats.fatal` is set and the tasks not yet ended are
+    cancelled (their files left uncounted: not started)."""
     from distributed import as_completed
 
     stats = Stats(total=len(jobs))
@@ -123,9 +129,15 @@ def run_on_cluster(
             kind, error = future.result()
         except Exception as exc:  # noqa: BLE001 - a worker lost, a task that cannot run
             kind, error = "failed", exc
+        fatal = kind == "fatal"
+        kind = "failed" if fatal else kind
         with stats.lock:
             setattr(stats, kind, getattr(stats, kind) + 1)
             stats.bytes_in += _size(job.source)
             if on_event is not None:
                 on_event(kind, job, error, stats)
+        if fatal:
+            stats.fatal = error
+            client.cancel([f for f in futures if not f.done()])
+            break
     return stats

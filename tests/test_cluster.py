@@ -146,3 +146,61 @@ def test_local_gpu_workers_keep_glibcs_own_malloc_thresholds(monkeypatch):
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
     with local_cluster(1, 1) as plain, distributed.Client(plain) as client:
         assert set(client.run(_trim_threshold).values()) == {"65536"}  # Dask's default
+
+
+def _jobs(tmp_path, n):
+    from imgfilter.files import Job
+
+    jobs = []
+    for i in range(n):
+        source = tmp_path / f"{i}.raw"
+        source.write_bytes(bytes(i + 1))
+        jobs.append(Job(source, tmp_path / f"{i}.out"))
+    return jobs
+
+
+def test_a_gpu_failure_on_a_worker_stops_the_run(tmp_path, scheduler):
+    import time
+
+    from imgfilter import cluster, files
+
+    jobs = _jobs(tmp_path, 40)
+
+    def compute(job, loaded):
+        if job.source.name == "0.raw":
+            raise files.Fatal(RuntimeError("CUDA_ERROR_ILLEGAL_ADDRESS"))
+        time.sleep(0.05)  # the other files last long after the first one stops
+        return loaded
+
+    def save(job, loaded, result):
+        job.target.write_bytes(result)
+
+    failed = []
+    with distributed.Client(scheduler) as client:
+        stats = cluster.run_on_cluster(
+            client, jobs, load=lambda job: job.source.read_bytes(), compute=compute,
+            save=save,
+            on_event=lambda kind, job, error, s: failed.append(str(error)) if error else None,
+        )  # fmt: skip
+    assert str(stats.fatal) == "CUDA_ERROR_ILLEGAL_ADDRESS"
+    assert failed == ["CUDA_ERROR_ILLEGAL_ADDRESS"]
+    # The files queued after it are not started (two at a time here).
+    assert stats.failed == 1 and stats.done <= 3
+    assert not (tmp_path / "0.out").exists()
+
+
+def test_a_gpu_failure_on_a_cluster_ends_the_command_as_a_local_one(folder, tmp_path, scheduler,
+                                                                      monkeypatch):  # fmt: skip
+    from imgfilter import api
+    from imgfilter.errors import DeviceError
+
+    def failing(*args, **kwargs):
+        raise DeviceError("the GPU fell off the bus")
+
+    monkeypatch.setattr(api, "blur", failing)  # the in-process workers call it too
+    done = run("blur", folder, "--k", "5", "-r", "--backend", "cpu", "--out-dir",
+               tmp_path / "out", "--scheduler", scheduler)  # fmt: skip
+    assert done.exit_code == 5, done.output
+    assert "the GPU failed: the GPU fell off the bus; stopped" in done.stderr
+    assert "unexpected" not in done.stderr and "Traceback" not in done.output
+    assert "0 written, 0 skipped, 1 failed" in done.stderr
