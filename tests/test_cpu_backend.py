@@ -587,3 +587,13 @@ def test_contour_does_not_import_numba():
                           timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("border", list(BORDERS))
+def test_axis_maps(border):
+    """cpu._axis_map: the source of every padded position (OpenCV's borderInterpolate,
+    `_source`), pads wider than the axis and an axis of one pixel included."""
+    for n, before, after in ((7, 3, 4), (1, 5, 2), (4, 9, 13), (300, 0, 127), (2, 0, 0)):
+        want = [_source(p, n, border) for p in range(-before, n + after)]
+        got = cpu._axis_map(n, before, after, border)
+        assert got.dtype == np.int64 and got.tolist() == want, (n, before, after)

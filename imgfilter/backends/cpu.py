@@ -133,13 +133,24 @@ _DIRECT32_BOUND = 0.05  # float32 FMAs when at most ~10% of the outputs fall bac
 _COST_TAP = {"direct32": 0.085e-9, "direct64": 0.12e-9}  # per tap and output (see cpu_fft)
 
 
+def _axis_map(n: int, before: int, after: int, mode: int) -> np.ndarray:
+    """Source index (int64) for each of before + n + after positions along an axis of
+    n pixels: `border_index` of p - before; -1 is the constant border. NumPy and plain
+    Python (only the border positions call `border_index`): no compile on first use."""
+    out = np.empty(before + n + after, np.int64)
+    out[before : before + n] = np.arange(n)
+    for p in (*range(before), *range(before + n, before + n + after)):
+        out[p] = _bi.border_index(p - before, n, mode)
+    return out
+
+
 def _padded(img, top, bottom, left, right, border, value, dtype):
     """(H, W, C) -> (H + top + bottom, (W + left + right) * C) of `dtype`, by `border`."""
     from . import cpu_loops as loops  # Numba, on first need
 
     h, w, c = img.shape
-    rows = loops._axis_map(h, top, bottom, border)
-    cols = loops._axis_map(w, left, right, border)
+    rows = _axis_map(h, top, bottom, border)
+    cols = _axis_map(w, left, right, border)
     out = np.empty((rows.shape[0], cols.shape[0] * c), dtype)
     loops._pad_into(img.reshape(h, w * c), c, rows, cols, left, value, out)
     return out
@@ -351,8 +362,8 @@ def box(img, ksize, anchor, border, value, method, out=None, stream=None):
 
     from . import cpu_loops as loops
 
-    rows = loops._axis_map(h, ay, kh - 1 - ay, border)
-    cols = loops._axis_map(w, ax, kw - 1 - ax, border)
+    rows = _axis_map(h, ay, kh - 1 - ay, border)
+    cols = _axis_map(w, ax, kw - 1 - ax, border)
     nbands = min(h, 2 * numba.get_num_threads())
     cvalue = float(np.float32(value))  # the border as a float32 image holds it
     loops._box_float_bands(img, rows, cols, ax, cvalue, kh, kw, _box_group(kw),
@@ -370,8 +381,8 @@ def contour(img, border, value, method, out=None, stream=None):
 
     h, w, _ = img.shape
     _, hi, _ = output_limits(img.dtype)
-    rows = loops._axis_map(h, 1, 1, border)
-    cols = loops._axis_map(w, 1, 1, border)
+    rows = _axis_map(h, 1, 1, border)
+    cols = _axis_map(w, 1, 1, border)
     gray = np.empty((h + 2, w + 2), np.int64)
     loops._gray_padded(img, rows, cols, int(value), gray)
     out = np.empty((h, w), img.dtype) if out is None else out

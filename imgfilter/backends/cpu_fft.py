@@ -6,9 +6,10 @@ pixels gives (th - kh + 1) x (tw - kw + 1) outputs, which its cyclic correlation
 the kernel holds without wrap-around. Every output comes with a rigorous bound on its
 distance from the direct float64 sum (the FFT's error model plus the direct sum's
 own rounding, doubled); where a value within that bound could store differently, the
-direct float64 sum itself is computed (`_direct_dense`, from the tile's pixels) and
-stored. So the result is bit-equal to the direct path; the FFT only decides the
-outputs whose rounding it pins.
+direct float64 sum itself is computed from the tile's pixels and stored (`_redo`;
+`_redo_numpy` for uint8 images, whose outputs are almost never open). So the result
+is bit-equal to the direct path; the FFT only decides the outputs whose rounding it
+pins.
 
 Two engines, one per output type:
 - integer images: float64 cv2.dft tiles (packed CCS), the kernel's spectrum from
@@ -34,10 +35,11 @@ import threading
 import numpy as np
 from numba import njit
 
-from .cpu import _U64
-from .cpu_loops import _axis_map, _store_int
+from .cpu import _U64, _axis_map
+from .cpu_loops import _store_int
 
 _CHUNK = 512  # opened outputs per call of the direct recompute
+_REDO_VALUES = 1 << 20  # window values gathered at once by `_redo_numpy`
 _FFT_STAGE = 16.0  # assumed normwise error of one radix-2 stage of an FFT, in u64
 _MU_NUMPY = 10.0  # error of pocketfft's twiddles, in u64 (`F32Bound`)
 _FFT_MAX = 384  # largest tile side (a tile and the kernel's spectrum stay in L2)
@@ -95,7 +97,7 @@ def _cover(n: int, sides: tuple) -> int:
 
 class Source:
     """An (H, W, C) image extended by a border, as padded planes that are never built:
-    `rows` / `cols` (`cpu_loops._axis_map`) give the source row / column of each padded one
+    `rows` / `cols` (`cpu._axis_map`) give the source row / column of each padded one
     (-1: the constant `value`, rounded to float32 as the direct path pads it), `left`
     the padded column of the image's column 0."""
 
@@ -218,6 +220,30 @@ def _redo(dst, y0, x0, opened, m, plane, k64, lo, hi, is_int):
                 dst[y0 + y, x0 + x] = _store_int(acc[p], lo, hi)
             else:
                 dst[y0 + y, x0 + x] = np.float32(acc[p])
+
+
+def _redo_numpy(dst, y0, x0, opened, m, plane, k64, lo, hi) -> None:
+    """`_redo` for integer dst, by NumPy: for uint8 images, whose outputs are open
+    almost never (a handful in a photo), so that their first call need not compile
+    `_redo` (1.5-2 s). uint16 images open outputs in most tiles: there the compiled
+    `_redo` is faster (called from Python for each tile, these NumPy calls contend
+    for the GIL).
+
+    The direct sum: k64[i, j] * pixel over i, then j, in order, from +0, multiply then
+    add. Each product of a float32 weight and an integer pixel is exact in float64 and
+    `np.add.accumulate` adds strictly in order, so its last column is that sum (as
+    `_direct_dense`'s, zero taps included)."""
+    rowlen = plane.shape[1]
+    flat = plane.reshape(-1)
+    kh, kw = k64.shape
+    taps = (np.arange(kh)[:, None] * rowlen + np.arange(kw)[None, :]).reshape(-1)
+    weights = k64.reshape(-1)
+    step = max(1, _REDO_VALUES // taps.size)
+    for p0 in range(0, m, step):
+        batch = opened[p0 : min(m, p0 + step)]
+        sums = np.add.accumulate(flat[batch[:, None] + taps] * weights, axis=1)[:, -1]
+        y, x = np.divmod(batch, rowlen)
+        dst[y0 + y, x0 + x] = np.clip(np.rint(sums), lo, hi)
 
 
 def _each_tile(tasks, start):
@@ -366,19 +392,18 @@ def _is_open(v, bound, lo, hi):
 
 
 @njit(nogil=True, cache=True)
-def _fft_store(res, dst, oy, ox, bound, lo, hi, tile, k64):
+def _fft_store_open(res, dst, oy, ox, bound, lo, hi, rowlen, opened):
     """dst[oy + r, ox + q] = res[r, q] rounded and saturated (integer dst), for the
-    part of res that dst holds from (oy, ox), except where a value within `bound` of
-    res[r, q] could store differently: there the direct float64 sum over the padded
-    pixels `tile` (float64, output (r, q) at window (r, q): `_redo`) is stored. bound
-    0 means an all-zero tile (direct sums 0)."""
+    part of res that dst holds from (oy, ox); returns m, with opened[:m] the offsets
+    r * rowlen + q (in the tile, rows of `rowlen`) of the outputs where a value within
+    `bound` of res[r, q] could store differently, whose direct sums the caller stores.
+    bound 0 means an all-zero tile (direct sums 0). opened holds at least res.size
+    offsets."""
     rows = min(res.shape[0], dst.shape[0] - oy)
     n = min(res.shape[1], dst.shape[1] - ox)
     if bound == 0.0:
         dst[oy : oy + rows, ox : ox + n] = 0
-        return
-    rowlen = tile.shape[1]
-    opened = np.empty(rows * n, np.int64)  # offsets in tile of the outputs to redo
+        return 0
     m = 0
     for r in range(rows):
         src = res[r, :n]
@@ -387,6 +412,14 @@ def _fft_store(res, dst, oy, ox, bound, lo, hi, tile, k64):
                 if _is_open(src[q], bound, lo, hi):
                     opened[m] = r * rowlen + q
                     m += 1
+    return m
+
+
+@njit(nogil=True, cache=True)
+def _fft_store(res, dst, oy, ox, bound, lo, hi, tile, k64, opened):
+    """`_fft_store_open`, then the direct float64 sums of the open outputs over the
+    padded pixels `tile` (float64, output (r, q) at window (r, q): `_redo`)."""
+    m = _fft_store_open(res, dst, oy, ox, bound, lo, hi, tile.shape[1], opened)
     _redo(dst, oy, ox, opened, m, tile, k64, lo, hi, True)
 
 
@@ -421,11 +454,13 @@ def _int_tiles(source, k64, tile, outs, lo, hi, ntaps, mag):
     factor = 1.001 * fft_error_factor(kappa, beta, th * tw, twiddle_error(th, tw))
     direct = (ntaps + 2) * _U64 * float(np.abs(k64).sum()) * mag
     nch = len(outs)
+    rare_opens = hi <= 255  # uint8: `_redo_numpy`
 
     def start():
         buf = np.empty((th, tw))
         keep = np.empty((nch, th, tw))
         sumsq = np.empty(nch)
+        opened = np.empty(sh * sw, np.int64)
 
         def tile(oy, ox):
             source.load(oy, ox, keep, sumsq)
@@ -435,7 +470,11 @@ def _int_tiles(source, k64, tile, outs, lo, hi, ntaps, mag):
                 if sumsq[c] > 0.0:  # else an all-zero tile: direct sums 0, no transform
                     bound = 2.0 * (math.sqrt(1.001 * sumsq[c]) * factor + direct)
                     transform(buf)
-                _fft_store(buf[:sh, :sw], outs[c], oy, ox, bound, lo, hi, keep[c], k64)
+                res, out = buf[:sh, :sw], outs[c]
+                if not rare_opens:
+                    _fft_store(res, out, oy, ox, bound, lo, hi, keep[c], k64, opened)
+                elif m := _fft_store_open(res, out, oy, ox, bound, lo, hi, tw, opened):
+                    _redo_numpy(out, oy, ox, opened, m, keep[c], k64, lo, hi)
 
         return tile
 

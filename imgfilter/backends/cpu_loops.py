@@ -1,9 +1,10 @@
 """The CPU backend's compiled loops (`imgfilter.backends.cpu`): Numba `@njit` code,
 in a module of its own so that calls OpenCV answers alone (uint8 blur, small
 kernels) never import Numba. `imgfilter.backends.cpu` imports it on first need.
-Border handling, rounding and the gray conversion are the plain-Python helpers in
-`kernels` (`border_index`, `saturate_int`, `bgr_to_gray`), compiled here with `njit`,
-so CPU and CUDA code share one source of truth.
+Rounding and the gray conversion are the plain-Python helpers in `kernels`
+(`saturate_int`, `bgr_to_gray`), compiled here with `njit`, so CPU and CUDA code share
+one source of truth; borders come as index maps (`cpu._axis_map`, from the same
+`border_index`).
 """
 
 from __future__ import annotations
@@ -12,24 +13,13 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from kernels.common import border_index as _bi
 from kernels.common import gray as _gray
 from kernels.common import saturate as _sat
 
 from .cpu import _BOX_CHUNK, _BOX_COPY, _BOX_F32, _BOX_FIXED, _CHUNK, _FIXED_SHIFT
 
-border_index = njit(inline="always", cache=True)(_bi.border_index)
 saturate_int = njit(inline="always", cache=True)(_sat.saturate_int)
 bgr_to_gray = njit(inline="always", cache=True)(_gray.bgr_to_gray)
-
-
-@njit(cache=True)
-def _axis_map(n, before, after, mode):
-    """Source index for each of before + n + after positions; -1 is the constant border."""
-    out = np.empty(before + n + after, np.int64)
-    for p in range(out.shape[0]):
-        out[p] = border_index(p - before, n, mode)
-    return out
 
 
 @njit(inline="always")
