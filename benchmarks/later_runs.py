@@ -11,7 +11,8 @@ compared with. The kernel cache is warmed first (two runs of each imgfilter comm
 the background after it exits, see `imgfilter.backends.handoff`: with no gap the next
 command meets that teardown). `--variant NAME=PYTHONPATH` (repeatable) adds every
 imgfilter command once more, run with that PYTHONPATH and labelled [NAME]: an A/B of
-two trees in the same rounds.
+two trees in the same rounds. `--only LABEL` (repeatable) runs only those commands and
+the one-liners they are compared with: more rounds in the same time.
 
 Needs the seed-size JPEG that `benchmarks/cli_setup.sh` makes (`--workdir`); the 21x21
 kernel is made there if missing.
@@ -110,6 +111,12 @@ def main() -> None:
     parser.add_argument("--machine", default="", help="named in the JSON")
     parser.add_argument("--variant", action="append", default=[], help="NAME=PYTHONPATH")
     parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        help="run only this command (a label of the table; repeatable) and its one-liner",
+    )
+    parser.add_argument(
         "--gap",
         type=float,
         default=0.0,
@@ -121,7 +128,11 @@ def main() -> None:
     if not kernel.exists():
         rng = np.random.default_rng(0)
         np.save(kernel, rng.standard_normal((21, 21)).astype(np.float32) / 21)
-    cmds = with_variants(commands(args.workdir), args.variant)
+    base = commands(args.workdir)
+    if args.only:
+        keep = set(args.only) | {base[label][1] for label in args.only} - {None}
+        base = {label: cmd for label, cmd in base.items() if label in keep}
+    cmds = with_variants(base, args.variant)
     for label, (argv, _, env) in cmds.items():
         if label.startswith("imgfilter"):
             wall(argv, args.workdir, env), wall(argv, args.workdir, env)

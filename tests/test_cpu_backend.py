@@ -597,3 +597,99 @@ def test_axis_maps(border):
         want = [_source(p, n, border) for p in range(-before, n + after)]
         got = cpu._axis_map(n, before, after, border)
         assert got.dtype == np.int64 and got.tolist() == want, (n, before, after)
+
+
+def _one_call_box(img, ksize, anchor, border, value, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(cpu, "BAND_BYTES", 1 << 62)
+        return cpu.box(img, ksize, anchor, border, value, "auto")
+
+
+@pytest.mark.parametrize("border", list(BORDERS))
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16], ids=lambda d: d.__name__)
+def test_integer_box_in_row_bands_equals_one_call(border, dtype, monkeypatch):
+    """cv2.blur in bands of rows on several threads gives every pixel of one call:
+    every border, off-centre anchors, kernels as tall as a band allows, wide and
+    tall boxes, 1 and 4 channels, saturated values."""
+    calls = []
+    real = cpu._in_row_bands
+
+    def counted(*args):
+        done = real(*args)
+        calls.append(done)
+        return done
+
+    monkeypatch.setattr(cpu, "_in_row_bands", counted)
+    monkeypatch.setattr(cpu, "BAND_BYTES", 1)
+    monkeypatch.setattr(cpu, "band_threads", lambda: 3)
+    value = value_for(border, dtype)
+    top = np.iinfo(dtype).max
+    for s, (shape, ksize, anchor) in enumerate([
+        ((97, 61, 3), (21, 21), (10, 10)),
+        ((131, 7, 1), (5, 1), (0, 0)),
+        ((64, 33, 4), (9, 15), (8, 2)),
+        ((50, 40, 3), (1, 9), (0, 4)),
+        ((200, 19, 1), (31, 3), (30, 1)),
+        ((33, 50, 3), (3, 3), (1, 1)),
+        ((60, 9, 1), (25, 3), (24, 1)),
+        ((60, 9, 3), (25, 3), (0, 1)),
+    ]):  # fmt: skip
+        img = image(shape, dtype, 300 + s)
+        img[::7] = top  # saturated runs
+        got = cpu.box(img, ksize, anchor, border, value, "auto")
+        want = _one_call_box(img, ksize, anchor, border, value, monkeypatch)
+        np.testing.assert_array_equal(got, want, f"{shape} {ksize} {anchor}")
+    assert calls == [True, False] * 8  # in bands, then the one call to compare
+
+
+def test_integer_box_bands_only_where_they_pay(monkeypatch):
+    """As many bands as threads, one per BAND_BYTES of output, and one per top + bottom
+    + 1 rows allow; one call where that is fewer than 2; into `out` when given."""
+    img = image((600, 700, 3), np.uint8, 7)  # 1.26 MB
+    bands = []  # the rows of each band filtered
+    real = cpu._in_row_bands
+
+    def counted(fn, src, crop, top, bottom, out):
+        def counted_fn(part):
+            bands.append(part.shape[0])
+            return fn(part)
+
+        return real(counted_fn, src, crop, top, bottom, out)
+
+    def band_rows(*args):
+        bands.clear()
+        cpu.box(*args, bi.REFLECT101, 0.0, "auto")
+        return sorted(bands)
+
+    monkeypatch.setattr(cpu, "_in_row_bands", counted)
+    monkeypatch.setattr(cpu, "BAND_BYTES", img.nbytes // 3)
+    monkeypatch.setattr(cpu, "band_threads", lambda: 4)
+    out = np.zeros_like(img)
+    assert cpu.box(img, (21, 21), (10, 10), bi.REFLECT101, 0.0, "auto", out=out) is out
+    assert sorted(bands) == [210, 210, 220]  # 3 bands of 200 rows, 10 or 20 rows more
+    want = _one_call_box(img, (21, 21), (10, 10), bi.REFLECT101, 0.0, monkeypatch)
+    np.testing.assert_array_equal(out, want)
+    assert band_rows(img[:300], (21, 21), (10, 10)) == []  # under 2 x BAND_BYTES: one call
+    assert band_rows(img, (301, 3), (150, 1)) == []  # bands of 301 rows: one call
+    monkeypatch.setattr(cpu, "BAND_BYTES", 1)
+    assert band_rows(img, (3, 3), (1, 1)) == [151, 151, 152, 152]  # one per thread
+    monkeypatch.setattr(cpu, "band_threads", lambda: 1)
+    assert band_rows(img, (3, 3), (1, 1)) == []
+
+
+def test_a_failing_band_raises_in_the_caller(monkeypatch):
+    """An error in any band's thread reaches the caller; the other bands still end."""
+    img = image((64, 10, 1), np.uint8, 3)
+    monkeypatch.setattr(cpu, "band_threads", lambda: 4)
+    monkeypatch.setattr(cpu, "BAND_BYTES", 1)
+    seen = []
+
+    def fn(part):
+        seen.append(part.shape[0])
+        if len(seen) == 2:
+            raise MemoryError("band")
+        return part.copy()
+
+    with pytest.raises(MemoryError, match="band"):
+        cpu._in_row_bands(fn, img[:, :, 0], None, 1, 1, np.empty_like(img))
+    assert len(seen) == 4

@@ -45,7 +45,9 @@ correlate (`correlate_plan` says which path a call takes):
   others in float32 in its SIMD body and double in its scalar tail), except the
   2-pixel uint8 box: cv2.blur's scalar tail stores (255 + 255 + 2) >> 1 = 256 as 0
   there, so exact sums (cv2.boxFilter, normalize=False, int32) go through OpenCV's
-  fixed point here, saturated (`box_scaling`). float32 images: float64 sums that
+  fixed point here, saturated (`box_scaling`). cv2.blur runs on one thread; images
+  from 8 MiB go to it in bands of rows, one thread each (`_in_row_bands`): exact
+  sums make every band's values those of one call. float32 images: float64 sums that
   never subtract, so huge, inf or NaN values reach only the boxes that hold them
   (cv2.blur's double running sums carry them along the row): column sums from the
   suffix and prefix sums of blocks of kh rows (van Herk / Gil-Werman, flat in kh),
@@ -323,6 +325,63 @@ def correlate(img, kernel, anchor, border, value, method, out=None, stream=None,
 _BOX_CHUNK = 1024  # outputs per chunk of a row's box sums (the chunk stays in L1)
 
 
+# cv2.blur runs on one thread (OpenCV's box filter has no parallel loop), so integer
+# boxes are filtered in bands of rows, a thread each, one band per BAND_BYTES of
+# output at most: a thread costs about 0.1 ms to start, a band of 4 MiB 1-3 ms of work.
+BAND_BYTES = 4 << 20
+_BAND_MIN_ROWS = 16
+
+
+def band_threads() -> int:
+    """Threads for `_in_row_bands`: OpenCV's own count (cv2.setNumThreads)."""
+    import cv2
+
+    return cv2.getNumThreads()
+
+
+def _in_row_bands(fn, src, crop, top, bottom, out) -> bool:
+    """Fill `out` (H, W, C) with fn(src) (its crop at `crop` = (row, column) when `src`
+    is padded; `src` as cv2 shapes it, (H', W') for one channel) computed in bands of
+    rows, each band given with the `top` rows above and `bottom` rows below it that its
+    kernel reads, on `band_threads()` threads. Equal to one call for filters whose
+    every output is a function of its window's values alone, wherever the rows start
+    (cv2.blur of integer images: exact integer sums): inner bands never read their
+    border, and the first and last ones, at least top + bottom + 1 rows, end where the
+    image does and hold every row the border rule reflects there. As many bands as
+    `band_threads()`, one per BAND_BYTES of `out`, and one per that many rows allow;
+    False, with nothing done, where that is fewer than 2 (one call)."""
+    h, w, _ = out.shape
+    rows = max(_BAND_MIN_ROWS, top + bottom + 1)
+    nbands = min(band_threads(), out.nbytes // BAND_BYTES, h // rows)
+    if nbands < 2:
+        return False
+    import threading
+
+    r0, c0 = crop if crop is not None else (0, 0)
+    dst = out.reshape(h, w) if src.ndim == 2 else out
+    edges = [h * i // nbands for i in range(nbands + 1)]
+    errors: list[BaseException] = []
+
+    def band(i: int) -> None:
+        try:
+            y0, y1 = edges[i] + r0, edges[i + 1] + r0  # rows of src
+            a, b = max(0, y0 - top), min(src.shape[0], y1 + bottom)
+            dst[y0 - r0 : y1 - r0] = fn(src[a:b])[y0 - a : y1 - a, c0 : c0 + w]
+        except BaseException as e:  # noqa: BLE001 - raised in the calling thread
+            errors.append(e)
+
+    # Plain threads: concurrent.futures would cost a command 5-10 ms to import.
+    threads = [threading.Thread(target=band, args=(i,)) for i in range(1, nbands)]
+    for t in threads:
+        t.start()
+    band(0)
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return True
+
+
 def _box_group(kw: int) -> int:
     """The group size g of `_box_row` for boxes kw pixels wide: about sqrt(kw), 1 (plain
     sums) below 8."""
@@ -344,9 +403,14 @@ def box(img, ksize, anchor, border, value, method, out=None, stream=None):
 
         src, cvb, crop = _cv_plan(img, kh, kw, anchor, border, value)
         if not (mode == _BOX_FIXED and area == 2):
+
+            def blur(part, dst=None):
+                return cv2.blur(part, (kw, kh), dst=dst, anchor=(ax, ay), borderType=cvb)
+
+            if _in_row_bands(blur, src, crop, ay, kh - 1 - ay, out):
+                return out
             dst = _cv_dst(out, crop)
-            res = cv2.blur(src, (kw, kh), dst=dst, anchor=(ax, ay), borderType=cvb)
-            return _cv_finish(res, crop, out, dst)
+            return _cv_finish(blur(src, dst), crop, out, dst)
         depth = cv2.CV_64F if mode == _BOX_F64 else cv2.CV_32S
         sums = cv2.boxFilter(src, depth, (kw, kh), anchor=(ax, ay), normalize=False,
                              borderType=cvb)  # fmt: skip
