@@ -130,6 +130,9 @@ def main() -> None:
         np.save(kernel, rng.standard_normal((21, 21)).astype(np.float32) / 21)
     base = commands(args.workdir)
     if args.only:
+        unknown = [label for label in args.only if label not in base]
+        if unknown:
+            parser.error(f"--only: no command labelled {unknown[0]!r} (see the table's labels)")
         keep = set(args.only) | {base[label][1] for label in args.only} - {None}
         base = {label: cmd for label, cmd in base.items() if label in keep}
     cmds = with_variants(base, args.variant)
