@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from threaded import run_in_threads
 
 from imgfilter.backends import cpu, cpu_fft
 from kernels.common import border_index as bi
@@ -693,3 +694,19 @@ def test_a_failing_band_raises_in_the_caller(monkeypatch):
     with pytest.raises(MemoryError, match="band"):
         cpu._in_row_bands(fn, img[:, :, 0], None, 1, 1, np.empty_like(img))
     assert len(seen) == 4
+
+
+def test_banded_boxes_from_several_threads_at_once(monkeypatch):
+    """Calls from several threads, each in bands on threads of its own: each result is
+    its one call's, bit for bit."""
+    monkeypatch.setattr(cpu, "band_threads", lambda: 3)
+    monkeypatch.setattr(cpu, "BAND_BYTES", 1)
+    imgs = [image((90 + 7 * t, 41, 3), [np.uint8, np.uint16][t % 2], 500 + t) for t in range(6)]
+    want = [_one_call_box(img, (9, 5), (4, 2), bi.REFLECT101, 0.0, monkeypatch) for img in imgs]
+
+    def run(t):
+        for _ in range(4):
+            got = cpu.box(imgs[t], (9, 5), (4, 2), bi.REFLECT101, 0.0, "auto")
+            np.testing.assert_array_equal(got, want[t])
+
+    assert run_in_threads(6, run) == []
