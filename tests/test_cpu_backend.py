@@ -645,7 +645,8 @@ def test_integer_box_in_row_bands_equals_one_call(border, dtype, monkeypatch):
 
 def test_integer_box_bands_only_where_they_pay(monkeypatch):
     """As many bands as threads, one per BAND_BYTES of output, and one per top + bottom
-    + 1 rows allow; one call where that is fewer than 2; into `out` when given."""
+    + 1 rows allow; one call where that is fewer than 2 or while another call runs in
+    bands; into `out` when given."""
     img = image((600, 700, 3), np.uint8, 7)  # 1.26 MB
     bands = []  # the rows of each band filtered
     real = cpu._in_row_bands
@@ -674,6 +675,8 @@ def test_integer_box_bands_only_where_they_pay(monkeypatch):
     assert band_rows(img, (301, 3), (150, 1)) == []  # bands of 301 rows: one call
     monkeypatch.setattr(cpu, "BAND_BYTES", 1)
     assert band_rows(img, (3, 3), (1, 1)) == [151, 151, 152, 152]  # one per thread
+    with cpu._banding:  # another call filtering in bands: one call
+        assert band_rows(img, (3, 3), (1, 1)) == []
     monkeypatch.setattr(cpu, "band_threads", lambda: 1)
     assert band_rows(img, (3, 3), (1, 1)) == []
 
@@ -697,8 +700,8 @@ def test_a_failing_band_raises_in_the_caller(monkeypatch):
 
 
 def test_banded_boxes_from_several_threads_at_once(monkeypatch):
-    """Calls from several threads, each in bands on threads of its own: each result is
-    its one call's, bit for bit."""
+    """Calls from several threads at once (one in bands at a time, the others as one
+    call each): every result is its one call's, bit for bit."""
     monkeypatch.setattr(cpu, "band_threads", lambda: 3)
     monkeypatch.setattr(cpu, "BAND_BYTES", 1)
     imgs = [image((90 + 7 * t, 41, 3), [np.uint8, np.uint16][t % 2], 500 + t) for t in range(6)]

@@ -46,13 +46,13 @@ correlate (`correlate_plan` says which path a call takes):
   2-pixel uint8 box: cv2.blur's scalar tail stores (255 + 255 + 2) >> 1 = 256 as 0
   there, so exact sums (cv2.boxFilter, normalize=False, int32) go through OpenCV's
   fixed point here, saturated (`box_scaling`). cv2.blur runs on one thread; images
-  from 8 MiB go to it in bands of rows, one thread each (`_in_row_bands`): exact
-  sums make every band's values those of one call. float32 images: float64 sums that
-  never subtract, so huge, inf or NaN values reach only the boxes that hold them
-  (cv2.blur's double running sums carry them along the row): column sums from the
-  suffix and prefix sums of blocks of kh rows (van Herk / Gil-Werman, flat in kh),
-  row sums from groups of about sqrt(kw) column sums (`_box_float_bands`), then
-  float32(sum * (1 / area)).
+  from 8 MiB go to it in bands of rows, one thread each, one such call at a time
+  (`_in_row_bands`): exact sums make every band's values those of one call.
+  float32 images: float64 sums that never subtract, so huge, inf or NaN values reach
+  only the boxes that hold them (cv2.blur's double running sums carry them along the
+  row): column sums from the suffix and prefix sums of blocks of kh rows (van Herk /
+  Gil-Werman, flat in kh), row sums from groups of about sqrt(kw) column sums
+  (`_box_float_bands`), then float32(sum * (1 / area)).
 - contour: gray as cv2.cvtColor (`bgr_to_gray`), four integer responses, saturated,
   OR-ed: bit-exact, in one fused Numba pass (`cpu_loops._contour_rows`) once Numba is
   loaded in the process; before that, through OpenCV (cvtColor, four cv2.filter2D:
@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 
 import numpy as np
 
@@ -330,6 +331,9 @@ _BOX_CHUNK = 1024  # outputs per chunk of a row's box sums (the chunk stays in L
 # output at most: a thread costs about 0.1 ms to start, a band of 4 MiB 1-3 ms of work.
 BAND_BYTES = 4 << 20
 _BAND_MIN_ROWS = 16
+# One call in bands at a time: callers that filter at once (a Dask worker's threads, a
+# pipeline's) keep the CPUs busy already, and bands on top would only add threads.
+_banding = threading.Lock()
 
 
 def band_threads() -> int:
@@ -349,14 +353,23 @@ def _in_row_bands(fn, src, crop, top, bottom, out) -> bool:
     border, and the first and last ones, at least top + bottom + 1 rows, end where the
     image does and hold every row the border rule reflects there. As many bands as
     `band_threads()`, one per BAND_BYTES of `out`, and one per that many rows allow;
-    False, with nothing done, where that is fewer than 2 (one call)."""
+    False, with nothing done, where that is fewer than 2 or another call is filtering in
+    bands (one call then)."""
     h, w, _ = out.shape
     rows = max(_BAND_MIN_ROWS, top + bottom + 1)
     nbands = min(band_threads(), out.nbytes // BAND_BYTES, h // rows)
-    if nbands < 2:
+    if nbands < 2 or not _banding.acquire(blocking=False):
         return False
-    import threading
+    try:
+        _run_bands(fn, src, crop, top, bottom, out, nbands)
+    finally:
+        _banding.release()
+    return True
 
+
+def _run_bands(fn, src, crop, top, bottom, out, nbands: int) -> None:
+    """`_in_row_bands`' work: nbands bands, the calling thread filtering the first."""
+    h, w, _ = out.shape
     r0, c0 = crop if crop is not None else (0, 0)
     dst = out.reshape(h, w) if src.ndim == 2 else out
     edges = [h * i // nbands for i in range(nbands + 1)]
@@ -379,7 +392,6 @@ def _in_row_bands(fn, src, crop, top, bottom, out) -> bool:
         t.join()
     if errors:
         raise errors[0]
-    return True
 
 
 def _box_group(kw: int) -> int:
