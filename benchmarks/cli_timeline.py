@@ -61,6 +61,9 @@ def child(argv: list[str], marks_path: str) -> None:
 
     _mark("cli imported")
     from imgfilter import __main__ as entry
+    from imgfilter.cli import filtering
+
+    _wrap(filtering, "run", "command (parsed)")
     from imgfilter import api, io
 
     _wrap(io, "read_image", "read")

@@ -67,7 +67,7 @@ def main() -> int:
     args = parser.parse_args()
     try:
         import imgfilter
-        from imgfilter.cli.options import gpu_bytes
+        from imgfilter.cli.values import gpu_bytes
         from kernels.common.cudadrv import driver
 
         driver()

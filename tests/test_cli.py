@@ -2,8 +2,9 @@
 error is one line on stderr with the exit code docs/design.md gives it (2 usage, 3 input,
 4 output, 5 device, 1 anything else).
 
-Runs through Typer's CliRunner (in process, `--backend cpu`) and, for a few cases, as
-`python -m imgfilter` in a subprocess.
+Runs through `imgfilter.cli.main` under Click's test runner (in process, `--backend cpu`;
+the common command lines through `quick`, the rest through Typer, as the installed
+command runs them) and, for a few cases, as `python -m imgfilter` in a subprocess.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import cv2
@@ -34,11 +36,40 @@ SAMPLES = sorted(
 SOBEL = "-1,0,1;-2,0,2;-1,0,1"
 SOBEL_K = np.array([[-1, 0, 1], [-2, 0, 2], [-1, 0, 1]], dtype=np.float32)
 
+
+
 runner = CliRunner()
 
 
-def run(*args: str | Path):
-    return runner.invoke(cli.app, [str(a) for a in args])
+@dataclass
+class Ran:
+    """What a command run under `run` did (as Click's test result gives it)."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    output: str  # stdout and stderr as they were written, interleaved
+    exception: BaseException | None
+
+
+def run(*args: str | Path) -> Ran:
+    """`imgfilter ARGS` in this process through the command's entry point,
+    `cli.main` (`quick`, else Typer), with Typer's test runner's isolated streams."""
+    exception: BaseException | None = None
+    with runner.isolation() as (out, err, both):
+        try:
+            cli.main([str(a) for a in args])
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            exception = e if code else None
+        except Exception as e:  # noqa: BLE001 - reported as the runner would
+            code, exception = 1, e
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        texts = [s.getvalue().decode(runner.charset, "replace") for s in (out, err, both)]
+    return Ran(code, *texts, exception)
 
 
 def assert_ok(result) -> None:
@@ -132,7 +163,7 @@ def gpu_asked(monkeypatch):
     """What the filters asked of the GPU: warmup.start_for calls and auto resolved
     (to "cpu": no GPU here)."""
     from imgfilter.backends import warmup
-    from imgfilter.cli import filters
+    from imgfilter.cli import filtering
 
     asked: list = []
     monkeypatch.setattr(warmup, "start_for", lambda *args: asked.append(("start", *args)))
@@ -141,7 +172,7 @@ def gpu_asked(monkeypatch):
         asked.append(("resolve", backend.value))
         return "cpu"
 
-    monkeypatch.setattr(filters, "resolve_backend", resolve)
+    monkeypatch.setattr(filtering, "resolve_backend", resolve)
     return asked
 
 
@@ -629,7 +660,7 @@ def test_no_arguments_shows_help():
 def test_help_lists_every_command_in_order():
     result = run("--help")
     assert_ok(result)
-    from imgfilter.cli.app import COMMANDS
+    from imgfilter.cli.typer_app import COMMANDS
 
     listed = [line.split()[1] for line in result.stdout.splitlines() if line[:2] == "│ "]
     commands = [word for word in listed if word in COMMANDS]
@@ -638,7 +669,7 @@ def test_help_lists_every_command_in_order():
 
 def test_every_command_is_registered_by_its_module():
     run("--help")  # loads every command module
-    from imgfilter.cli.app import COMMANDS
+    from imgfilter.cli.typer_app import COMMANDS
 
     registered = {c.name: c.callback.__module__ for c in cli.app.registered_commands}
     assert registered == {name: f"imgfilter.cli.{mod}" for name, mod in COMMANDS.items()}
@@ -654,8 +685,8 @@ def test_unknown_command_suggests_the_close_one():
 def test_a_command_imports_and_builds_only_its_own_module():
     code = (
         "import sys\n"
-        "import imgfilter.cli\n"
-        "group = sys.modules['imgfilter.cli.app']._Commands\n"
+        "import imgfilter.cli.typer_app\n"
+        "group = sys.modules['imgfilter.cli.typer_app']._Commands\n"
         "built = []\n"
         "add = group._add\n"
         "group._add = lambda self, name: (built.append(name), add(self, name))\n"
@@ -1098,9 +1129,9 @@ def test_npy_output_is_filtered_straight_into_the_file(tmp_path, monkeypatch, av
     """A single .npy output whose result would take more than half the available
     memory: the filter's `out` is a memory map of the file being written (the result
     is never made in memory and then encoded); a smaller one is made in memory."""
-    from imgfilter.cli import filters
+    from imgfilter.cli import filtering
 
-    monkeypatch.setattr(filters, "available_memory", lambda: available)
+    monkeypatch.setattr(filtering, "available_memory", lambda: available)
     mapped = available < 40 * 33 * 3 * 2 * 2
     img = random_image((40, 33, 3), np.uint16, seed=7)
     np.save(tmp_path / "a.npy", img)
@@ -1141,9 +1172,9 @@ def test_gpu_npy_in_npy_out_equals_the_api(tmp_path, monkeypatch, available):
     that goes through host bands) give the CUDA array API's result, bit for bit
     (contour: integer images only), filtered into a map of the output file (no
     memory available) or in memory."""
-    from imgfilter.cli import filters
+    from imgfilter.cli import filtering
 
-    monkeypatch.setattr(filters, "available_memory", lambda: available)
+    monkeypatch.setattr(filtering, "available_memory", lambda: available)
     rng = np.random.default_rng(8)
     images = {
         "u8": rng.integers(0, 256, (3001, 4003, 3), dtype=np.uint8),

@@ -10,9 +10,10 @@ from typing import Annotated
 import typer
 
 from ..errors import DeviceError, OutputError, UsageError
-from .app import app_command, command
-from .options import Backend, DebugOpt, ForceOpt, QuietOpt, resolve_backend
+from .options import DebugOpt, ForceOpt, QuietOpt
 from .output import shown
+from .typer_app import app_command, command
+from .values import Backend, resolve_backend
 
 SizesOpt = Annotated[
     str,

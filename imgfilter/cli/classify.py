@@ -23,9 +23,7 @@ import typer
 
 from ..errors import InputError, OutputError, UsageError
 from . import many
-from .app import app_command, command
 from .options import (
-    Backend,
     BackendOpt,
     DebugOpt,
     ForceOpt,
@@ -38,11 +36,10 @@ from .options import (
     RecursiveOpt,
     SchedulerOpt,
     SkipExistingOpt,
-    check_gpu_first,
-    engine,
-    resolve_backend,
 )
 from .output import PROG, describe, info, note, shown, stage
+from .typer_app import app_command, command
+from .values import Backend, check_gpu_first, engine, resolve_backend
 
 MethodClassify = Enum("MethodClassify", {n: n for n in ("auto", "gemv", "fused")}, type=str)
 LABELS_TEMPLATE = "{stem}.labels.png"  # each label map's default name

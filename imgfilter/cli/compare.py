@@ -13,27 +13,29 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import UsageError
-from .app import app_command, command
 from .options import (
-    Backend,
     BackendOpt,
-    Border,
     BorderOpt,
     BorderValueOpt,
     DebugOpt,
     InPath,
-    Method,
     MethodOpt,
     NormalizeOpt,
     QuietOpt,
-    border_value,
     box_side_option,
+)
+from .output import describe, fail
+from .typer_app import app_command, command
+from .values import (
+    Backend,
+    Border,
+    Method,
+    border_value,
     check_gpu_first,
     engine,
     parse_kernel,
     resolve_backend,
 )
-from .output import describe, fail
 
 CompareBoxOpt = Annotated[
     int | None, box_side_option("Compare the box blur of side K with cv2.blur.")

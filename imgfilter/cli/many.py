@@ -20,12 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import typer
-
 from ..errors import DeviceError, ImgFilterError, OutputError, UsageError
-from .app import gpu_failure
 from .output import PROG, Run, emit, fail, info, note, one_line, shown
-from .worker import is_terminal
+from .worker import Exit, gpu_failure, is_terminal
 
 
 @dataclass
@@ -108,7 +105,7 @@ def plan_many(
     for problem in problems:
         fail(problem)
     if not plan.jobs and not plan.left_out:  # nothing to do: the lines above say why
-        raise typer.Exit(3 if problems else 0)
+        raise Exit(3 if problems else 0)
     if plan.left_out:
         example, source = plan.left_out[0]
         note(
@@ -354,4 +351,4 @@ def run_many(
         fail(f"the GPU failed: {stats.fatal}; stopped (try --backend cpu)")
     code = _exit_code(stats.fatal, failures)
     if code:
-        raise typer.Exit(code)
+        raise Exit(code)

@@ -1,4 +1,5 @@
-"""Running a command in a worker thread: Ctrl-C at once, and the spinner.
+"""Running a command: in a worker thread (Ctrl-C at once, the spinner), its errors as
+one line and an exit code (`run_command`).
 
 Python runs a signal handler only in the main thread, between bytecodes. A command
 that filtered in the main thread would sit in OpenCV or a Numba parallel loop (native
@@ -19,7 +20,9 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from .output import INTERRUPTED, PROG, Run, interrupted_line, note
+from .. import prefetch
+from ..errors import DeviceError, ImgFilterError
+from .output import INTERRUPTED, PROG, Run, fail, interrupted_line, note
 
 _python_showwarning = warnings.showwarning
 
@@ -156,3 +159,64 @@ def _abandon(show: Spinner | None) -> None:
     with contextlib.suppress(Exception):
         sys.stderr.flush()
     os._exit(INTERRUPTED)
+
+
+class Exit(Exception):  # noqa: N818 - named as typer.Exit and SystemExit are
+    """End the command with exit status `code` (its lines already printed)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def run_command(
+    call: Callable[[], Any],
+    *,
+    quiet: bool = False,
+    debug: bool = False,
+    spinner: bool = False,
+    passthrough: tuple[type[BaseException], ...] = (),
+) -> Any:
+    """call() as a command: in a worker thread (`in_worker`; the spinner when
+    `spinner` and not `quiet`), its value returned; an ImgFilterError raised as
+    Exit(its exit code) after its one line on stderr, a GPU failure as Exit(5),
+    anything else as Exit(1) (with its traceback when `debug`). Exit and the
+    exceptions in `passthrough` (Click's, under Typer) go through as they are.
+    `quiet` is --quiet: informational lines off."""
+    # The input being read in the background (its decoder holding descriptor 2) is
+    # read before the command prints anything or a spinner takes descriptor 2.
+    prefetch.settle()
+    Run.quiet = quiet
+    Run.stage = ""
+    try:
+        return in_worker(call, (), {}, spinner=spinner and not quiet)
+    except (Exit, *passthrough):
+        raise
+    except Exception as e:
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        raise Exit(report(e, debug)) from None
+
+
+def report(e: Exception, debug: bool) -> int:
+    """The one line for an exception that ended a command; its exit code."""
+    if isinstance(e, ImgFilterError):
+        fail(e.cli_message or str(e))
+        return e.exit_code
+    if gpu_failure(e):
+        fail(f"the GPU failed: {e}; try --backend cpu")
+        return DeviceError.exit_code
+    hint = "" if debug else " (run with --debug for the traceback)"
+    fail(f"unexpected {type(e).__name__}: {e}{hint}")
+    return 1
+
+
+def gpu_failure(e: BaseException) -> bool:
+    """A CUDA error that reached the command (the driver's or Numba's), or a GPU
+    allocation that failed: a device problem (exit 5), not an unexpected one."""
+    from kernels.common.cudadrv import CudaError
+
+    module = type(e).__module__
+    return isinstance(e, CudaError) or module.startswith(("numba.cuda", "cuda."))

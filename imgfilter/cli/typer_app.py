@@ -2,8 +2,8 @@
 
 The commands' modules are imported when a command is first needed (`COMMANDS`): a run
 of `imgfilter blur` imports and builds `blur` alone, `--help` all of them.
-`command` wraps every command: it runs in a worker thread (Ctrl-C, the spinner:
-`worker.in_worker`), and an ImgFilterError becomes one stderr line and its exit code
+`command` wraps every command in `worker.run_command`: it runs in a worker thread
+(Ctrl-C, the spinner), and an ImgFilterError becomes one stderr line and its exit code
 (imgfilter.errors: 2 usage, 3 input, 4 output, 5 device; 1 anything else). Click's
 own usage errors are reported the same way (`_Commands`).
 """
@@ -26,10 +26,9 @@ try:  # recent Typer vendors Click as typer._click; older Typer depends on Click
 except ImportError:  # pragma: no cover - depends on the installed Typer
     from click import exceptions as click_exc
 
-from .. import __version__, prefetch
-from ..errors import DeviceError, ImgFilterError
-from .output import INTERRUPTED, PROG, Run, fail, interrupted_line
-from .worker import in_worker
+from .. import __version__
+from .output import INTERRUPTED, PROG, fail, interrupted_line
+from .worker import Exit, run_command
 
 # Each command and the module (in imgfilter.cli) that registers it, in the order --help
 # lists them.
@@ -180,6 +179,10 @@ app = typer.Typer(
 )
 
 
+# Click's and Typer's own ways out of a command, which Click reports itself.
+_CLICK_EXITS = (click_exc.ClickException, typer.Exit, typer.Abort)
+
+
 def app_command(name: str) -> Callable[..., Any]:
     """`app.command` with the clean help (`_CleanHelp`); `name` is a key of `COMMANDS`."""
     return app.command(name, cls=_CleanHelp)
@@ -226,52 +229,23 @@ def _main(
 
 
 def command(fn: Callable[..., Any] | None = None, *, spinner: bool = False) -> Any:
-    """Decorator: run the command in a worker thread (Ctrl-C, the spinner when
-    `spinner`: `worker.in_worker`), turning ImgFilterError into one stderr line and
-    its exit code, a GPU failure into exit 5, anything else into exit 1. The command's
-    `quiet` and `debug` keyword arguments set --quiet and the tracebacks."""
+    """Decorator: the command runs through `worker.run_command` (worker thread, Ctrl-C,
+    the spinner when `spinner`, one-line errors), its exit status given to Typer. The
+    command's `quiet` and `debug` keyword arguments are --quiet and --debug."""
     if fn is None:
         return functools.partial(command, spinner=spinner)
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        # The input being read in the background (its decoder holding descriptor 2) is
-        # read before the command prints anything or a spinner takes descriptor 2.
-        prefetch.settle()
-        debug = bool(kwargs.get("debug"))
-        Run.quiet = bool(kwargs.get("quiet"))
-        Run.stage = ""
         try:
-            return in_worker(fn, args, kwargs, spinner=spinner and not Run.quiet)
-        except (click_exc.ClickException, typer.Exit, typer.Abort):
-            raise
-        except Exception as e:
-            if debug:
-                import traceback
-
-                traceback.print_exc()
-            raise typer.Exit(_report(e, debug)) from None
+            return run_command(
+                functools.partial(fn, *args, **kwargs),
+                quiet=bool(kwargs.get("quiet")),
+                debug=bool(kwargs.get("debug")),
+                spinner=spinner,
+                passthrough=_CLICK_EXITS,
+            )
+        except Exit as e:
+            raise typer.Exit(e.code) from None
 
     return wrapper
-
-
-def _report(e: Exception, debug: bool) -> int:
-    """The one line for an exception that ended a command; its exit code."""
-    if isinstance(e, ImgFilterError):
-        fail(e.cli_message or str(e))
-        return e.exit_code
-    if gpu_failure(e):
-        fail(f"the GPU failed: {e}; try --backend cpu")
-        return DeviceError.exit_code
-    hint = "" if debug else " (run with --debug for the traceback)"
-    fail(f"unexpected {type(e).__name__}: {e}{hint}")
-    return 1
-
-
-def gpu_failure(e: BaseException) -> bool:
-    """A CUDA error that reached the command (the driver's or Numba's), or a GPU
-    allocation that failed: a device problem (exit 5), not an unexpected one."""
-    from kernels.common.cudadrv import CudaError
-
-    module = type(e).__module__
-    return isinstance(e, CudaError) or module.startswith(("numba.cuda", "cuda."))
