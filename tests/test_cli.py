@@ -37,7 +37,6 @@ SOBEL = "-1,0,1;-2,0,2;-1,0,1"
 SOBEL_K = np.array([[-1, 0, 1], [-2, 0, 2], [-1, 0, 1]], dtype=np.float32)
 
 
-
 runner = CliRunner()
 
 

@@ -2,8 +2,8 @@
 files, patterns and directories, write through a bounded decode/filter/encode pipeline,
 report each bad file on one line and go on, and end with a summary and an exit code.
 
-Runs through `imgfilter.cli.main` (test_cli.run: in process, `--backend cpu`) and, for the exit codes,
-the progress bar and Ctrl-C, as `python -m imgfilter` in a subprocess.
+Runs through `imgfilter.cli.main` (test_cli.run: in process, `--backend cpu`) and, for
+the exit codes, the progress bar and Ctrl-C, as `python -m imgfilter` in a subprocess.
 """
 
 from __future__ import annotations
