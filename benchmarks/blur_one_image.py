@@ -1,7 +1,7 @@
 """Where one image's blur is quicker on the CPU than on the GPU, whole command included.
 
 `imgfilter blur --backend auto` runs a blur of one image on the CPU up to
-`warmup.ONE_IMAGE_ON_CPU_BYTES` (file and pixels). This times `imgfilter blur --k 21` of
+`warmup.cpu_limit("blur")` (file and pixels). This times `imgfilter blur --k 21` of
 one JPEG per size with `--backend cpu`, `--backend cuda` and `auto`, each in a fresh
 process, in shuffled rounds (a slow spell of the machine falls on all alike), beside the
 cv2 one-liner doing the same I/O, and prints the medians:
@@ -23,7 +23,7 @@ from pathlib import Path
 import cv2
 from later_runs import wall
 
-SIZES = ((2495, 2167), (3840, 2160), (6000, 4000), (7680, 4320), (12000, 8000))
+SIZES = ((2495, 2167), (3840, 2160), (6000, 4000), (7680, 4320), (12000, 8000), (16000, 12000))
 
 
 def main() -> None:

@@ -176,7 +176,7 @@ def gpu_asked(monkeypatch):
 
 
 def test_auto_blurs_one_small_image_on_the_cpu(color_png, tmp_path, gpu_asked):
-    """--backend auto: a blur of one image no larger than ONE_IMAGE_ON_CPU_BYTES (file
+    """--backend auto: a blur of one image no larger than warmup.cpu_limit("blur") (file
     and pixels) runs on the CPU without asking for a GPU, and says so."""
     out = tmp_path / "auto.png"
     result = run("blur", color_png, "--k", "21", "-o", out)
@@ -191,6 +191,7 @@ def test_auto_blur_takes_the_gpu_past_the_size_or_when_asked(tmp_path, monkeypat
 
     flat = imwrite(tmp_path / "flat.png", np.full((40, 60, 3), 7, np.uint8))  # small file
     noisy = imwrite(tmp_path / "noisy.png", random_image((40, 60, 3), seed=3))
+    monkeypatch.setattr(warmup, "BLUR_ON_CPU_BYTES_PER_CPU", 0)  # the limit: the constant
     monkeypatch.setattr(warmup, "ONE_IMAGE_ON_CPU_BYTES", 40 * 60 * 3 - 1)
     assert flat.stat().st_size < warmup.ONE_IMAGE_ON_CPU_BYTES < noisy.stat().st_size
     assert_ok(run("blur", noisy, "--k", "3", "-o", tmp_path / "a.png"))  # a large file

@@ -81,9 +81,30 @@ def test_command_line_starts_before_numpy_and_only_for_gpu_commands(tmp_path, mo
     assert not warmup.wanted(["blur", "in.jpg"])
 
 
+def test_the_cpu_limit_of_a_blur_grows_with_the_cpus(tmp_path, monkeypatch):
+    """A blur (banded over the CPUs) goes to the CPU up to BLUR_ON_CPU_BYTES_PER_CPU per
+    CPU, never less than ONE_IMAGE_ON_CPU_BYTES; a contour up to that constant."""
+    import cv2
+
+    from imgfilter.backends import warmup
+
+    for cpus, blur in ((1, 1 << 27), (2, 1 << 27), (3, 120 << 20), (16, 640 << 20)):
+        monkeypatch.setattr(warmup, "_cpus", lambda cpus=cpus: cpus)
+        assert warmup.cpu_limit("blur") == max(blur, 1 << 27), cpus
+        assert warmup.cpu_limit("contour") == 1 << 27
+    # 64x60x3 pixels in a small file: within the blur's limit on 16 CPUs only.
+    flat = tmp_path / "flat.png"
+    cv2.imwrite(str(flat), np.full((64, 60, 3), 9, np.uint8))
+    monkeypatch.setattr(warmup, "ONE_IMAGE_ON_CPU_BYTES", 64 * 60 * 3 - 1)
+    monkeypatch.setattr(warmup, "BLUR_ON_CPU_BYTES_PER_CPU", 64 * 60 * 3 // 16)
+    assert warmup.one_image_on_cpu(flat, "blur") and not warmup.one_image_on_cpu(flat, "contour")
+    monkeypatch.setattr(warmup, "_cpus", lambda: 15)
+    assert not warmup.one_image_on_cpu(flat, "blur")
+
+
 def test_auto_blur_of_an_image_past_the_cpu_limit_opens_the_gpu_at_start(tmp_path, monkeypatch):
     """--backend auto, blur and contour: the context starts with the process when the input's file
-    or its header's pixels pass ONE_IMAGE_ON_CPU_BYTES, for a folder (several images)
+    or its header's pixels pass warmup.cpu_limit(command), for a folder (several images)
     and with --method; otherwise the CLI decides later (`start_for`)."""
     import cv2
 
@@ -99,10 +120,11 @@ def test_auto_blur_of_an_image_past_the_cpu_limit_opens_the_gpu_at_start(tmp_pat
     pixels = 40 * 60 * 3
     assert flat.stat().st_size < pixels - 1
     blur = ["blur", str(flat), "--k", "3"]
+    monkeypatch.setattr(warmup, "BLUR_ON_CPU_BYTES_PER_CPU", 0)  # the limit: the constant
     monkeypatch.setattr(warmup, "ONE_IMAGE_ON_CPU_BYTES", pixels)
-    assert warmup.one_image_on_cpu(flat) and not warmup.wanted(blur)
+    assert warmup.one_image_on_cpu(flat, "blur") and not warmup.wanted(blur)
     monkeypatch.setattr(warmup, "ONE_IMAGE_ON_CPU_BYTES", pixels - 1)  # the header says more
-    assert not warmup.one_image_on_cpu(flat) and warmup.wanted(blur)
+    assert not warmup.one_image_on_cpu(flat, "blur") and warmup.wanted(blur)
     monkeypatch.setattr(warmup, "ONE_IMAGE_ON_CPU_BYTES", flat.stat().st_size - 1)  # the file
     assert warmup.wanted(blur)
     monkeypatch.setattr(warmup, "ONE_IMAGE_ON_CPU_BYTES", 1 << 27)
@@ -112,10 +134,11 @@ def test_auto_blur_of_an_image_past_the_cpu_limit_opens_the_gpu_at_start(tmp_pat
     assert warmup.wanted([*blur, "--method", "tiled"]) and warmup.wanted([*blur, "--method=tiled"])
     assert not warmup.wanted([*blur, "--method", "auto"])
     assert warmup.wanted(["blur", str(tmp_path), "--k", "3"])  # a folder: several images
-    assert not warmup.one_image_on_cpu(tmp_path)
+    assert not warmup.one_image_on_cpu(tmp_path, "blur")
     assert not warmup.wanted(["blur", "--k", "3", str(flat)])  # input not first: the CLI decides
     assert not warmup.wanted(["blur", str(tmp_path / "*.png"), "--k", "3"])  # a pattern: same
-    assert warmup.one_image_on_cpu(tmp_path / "missing.png")  # its read will say what is wrong
+    missing = tmp_path / "missing.png"
+    assert warmup.one_image_on_cpu(missing, "contour")  # its read will say what is wrong
     # Decided before NumPy is imported (the context thread starts first thing).
     code = f"import sys; from imgfilter.backends import warmup; warmup.wanted({blur!r}); "
     done = _python(code + "print('numpy' in sys.modules)", {})

@@ -13,7 +13,7 @@ then finds the context open).
 Commands that will not use it (help, the CPU backend, filters without cached
 kernels) start nothing, and neither do `blur` and `contour` with `--backend auto` of an
 image that may run on the CPU (`one_image_on_cpu`: its file and the pixels its header
-promises at most ONE_IMAGE_ON_CPU_BYTES); the CLI calls `start_for` once it knows the
+promises at most `cpu_limit(command)` bytes); the CLI calls `start_for` once it knows the
 GPU will run (several inputs, or the pixels read). Only the standard library is
 imported here.
 """
@@ -34,6 +34,11 @@ CLASSIFIER_COMMANDS = ("classify", "train")
 # command ends before a CUDA context could be opened (0.2-0.3 s) and used.
 DEFERRED_COMMANDS = ("blur", "contour")
 ONE_IMAGE_ON_CPU_BYTES = 1 << 27
+# The CPU backend's blur runs in bands of rows on every CPU (`backends.cpu`), so a blur
+# goes to the CPU up to this much per CPU when that is more: on 16 CPUs (640 MiB) a
+# 16000x12000 photo's blur command took 2.2 s on the CPU against 2.5 s on an H200, a
+# 12000x8000 one's 1.2 against 1.5 (`benchmarks/blur_one_image.py`).
+BLUR_ON_CPU_BYTES_PER_CPU = 40 << 20
 # kernels/prebuilt/manifest.json (`kernels.common.shipped`), found without importing `kernels`.
 PREBUILT_MANIFEST = Path(__file__).parents[2] / "kernels" / "prebuilt" / "manifest.json"
 
@@ -56,22 +61,40 @@ def _option(argv: list[str], name: str) -> str:
     return "auto"
 
 
-def one_image_on_cpu(path: str | os.PathLike[str]) -> bool:
-    """Whether --backend auto may filter the image in `path` on the CPU (with a
-    DEFERRED_COMMANDS command): a regular file of at most ONE_IMAGE_ON_CPU_BYTES whose
-    header (PNG, JPEG, TIFF; `imgfilter.headers`) promises no more pixels than that, or
-    one that cannot be looked at (its read will say why). The CLI checks the pixels
-    again once read."""
+def cpu_limit(command: str) -> int:
+    """Bytes (of the file, and of its pixels) up to which --backend auto filters one
+    image on the CPU for `command`, a DEFERRED_COMMANDS one: ONE_IMAGE_ON_CPU_BYTES, or
+    for blur BLUR_ON_CPU_BYTES_PER_CPU per CPU this process may run on when that is
+    more (as many as OpenCV's threads by default)."""
+    if command != "blur":
+        return ONE_IMAGE_ON_CPU_BYTES
+    return max(ONE_IMAGE_ON_CPU_BYTES, BLUR_ON_CPU_BYTES_PER_CPU * _cpus())
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def one_image_on_cpu(path: str | os.PathLike[str], command: str) -> bool:
+    """Whether --backend auto may filter the image in `path` on the CPU with `command`
+    (a DEFERRED_COMMANDS one): a regular file of at most `cpu_limit(command)` bytes
+    whose header (PNG, JPEG, TIFF; `imgfilter.headers`) promises no more pixels than
+    that, or one that cannot be looked at (its read will say why). The CLI checks the
+    pixels again once read."""
     from .. import headers
 
     try:
         st = os.stat(path)
     except (OSError, ValueError):
         return True
-    if not stat.S_ISREG(st.st_mode) or st.st_size > ONE_IMAGE_ON_CPU_BYTES:
+    limit = cpu_limit(command)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
         return False
     pixels = headers.decoded_bytes(path)
-    return pixels is None or pixels <= ONE_IMAGE_ON_CPU_BYTES
+    return pixels is None or pixels <= limit
 
 
 def _cubins_cached() -> bool:
@@ -101,7 +124,7 @@ def wanted(argv: list[str]) -> bool:
         from ..prefetch import input_of
 
         path = input_of(argv)
-        if path is None or one_image_on_cpu(path):
+        if path is None or one_image_on_cpu(path, command):
             return False
     return _wanted(command, backend)
 

@@ -168,7 +168,7 @@ def filter_file(
     metadata = _metadata(image, target) if keep_metadata else None
     # Resolved only now, so that the "using the CPU backend" note of --backend auto
     # never comes before a one-line input or output error.
-    if on_cpu and img.nbytes <= warmup.ONE_IMAGE_ON_CPU_BYTES:
+    if on_cpu and img.nbytes <= warmup.cpu_limit(op):
         backend_name, shown_engine = "cpu", f"cpu: one {op}, done before a GPU could start"
     else:
         backend_name = resolve_backend(backend)
@@ -200,7 +200,7 @@ def _one_image_on_cpu(op: str, image: Path, backend: Backend, method: Method) ->
 
     if op not in warmup.DEFERRED_COMMANDS or backend is not Backend.auto:
         return False
-    return method is Method.auto and warmup.one_image_on_cpu(image)
+    return method is Method.auto and warmup.one_image_on_cpu(image, op)
 
 
 def _result_bytes(op: str, img: Any) -> int:

@@ -108,8 +108,9 @@ BackendOpt = Annotated[
         case_sensitive=False,
         help=(
             "cuda (Numba CUDA), cpu (OpenCV and Numba, parallel), or auto: cuda when a "
-            "usable GPU exists, except a blur of one image up to 128 MiB, which the CPU "
-            "ends before a GPU could start."
+            "usable GPU exists, except a contour of one image up to 128 MiB or a blur of "
+            "one up to 40 MiB per CPU (at least 128), which the CPU ends before a GPU "
+            "could start."
         ),
     ),
 ]
