@@ -13,7 +13,7 @@ import math
 from enum import Enum
 from typing import Any
 
-from ..api import METHODS  # imgfilter/__init__ has imported api already
+from ..api import METHODS
 from ..backends import BACKENDS
 from ..border import BORDERS
 from ..errors import UsageError
