@@ -15,10 +15,10 @@ exit 130, no output or temporary file left (see `worker.in_worker`).
 Informational lines (what was written, notes) go to stderr too; `--quiet` drops them.
 Heavy modules (numba, cv2, imgfilter.io, the backends) are imported inside the
 commands, so `imgfilter --help` stays quick, and a command's own module is imported
-when the command is first looked up (`app.COMMANDS`): `imgfilter blur` builds `blur`
-alone.
+when the command is first looked up (`typer_app.COMMANDS`): `imgfilter blur` builds
+`blur` alone.
 
-The common command lines of blur, filter and contour (one input, the usual options)
+The common command lines of blur, filter and contour (inputs and the usual options)
 are parsed without Typer, whose import would cost such a run tens of milliseconds
 (`quick`); every other command line goes through Typer. Both call the same
 `filtering.run` with the same values (tests/test_cli_quick.py checks them alike).
