@@ -297,15 +297,39 @@ def _collect_and_run(items: list, handle: int):
 MAX_GRID_ROWS = 32768
 
 
+def _row_bands(height: int, rows: tuple, wrap: bool) -> list[tuple[int, int]]:
+    """The (y0, y1) bands `_in_row_bands` filters, in order, covering rows 0 .. height - 1
+    with at most MAX_GRID_ROWS rows each. Under the wrap rule the first band holds
+    `above` rows and the last `below` (at least one each), so only those two reach
+    past the image's ends and need its far rows gathered; the bands between them
+    read real rows only."""
+    above, below = max(rows[0], 1), max(rows[1], 1)
+    if not wrap or above + below >= height:
+        return [(y0, min(height, y0 + MAX_GRID_ROWS)) for y0 in range(0, height, MAX_GRID_ROWS)]
+    inner = range(above, height - below, MAX_GRID_ROWS)
+    middle = [(y0, min(height - below, y0 + MAX_GRID_ROWS)) for y0 in inner]
+    return [(0, above), *middle, (height - below, height)]
+
+
 def _in_row_bands(key: tuple, img, out, handle: int, record, rows: tuple, border: int) -> None:
-    """Filter a device image taller than MAX_GRID_ROWS in bands of that many rows.
-    Each band is the image's rows with `rows` = (above, below) more on each side (a
-    view; for the wrap rule the first and last bands gather the rows from the far
-    end), filtered into a scratch band whose middle rows, which read only real
-    neighbours, are copied into `out`: the result equals the whole image's."""
+    """Filter a device image taller than MAX_GRID_ROWS in bands of at most that many
+    rows (`_row_bands`), queued on `handle`; the result equals the whole image's.
+
+    rows = (above, below): the rows of neighbours an output row reads. A band is
+    filtered as an image of its own from the image's rows lo = y0 - above .. hi - 1 =
+    y1 + below - 1 (cut at the image's ends, where the image's border rule is then the
+    band's): its output rows y0 .. y1 - 1 read real neighbours only, the rows before
+    and after them do not. The band writes straight into `out`'s rows lo .. hi - 1:
+    the rows after y1 are written again by the next band, and the rows before y0,
+    which the bands before wrote right, are saved before the launch and put back
+    after it (a copy of at most max(above, below) rows, where a scratch band would cost
+    a copy of the whole result and its memory). Under wrap the first and last bands,
+    which read rows from the far end, are a few rows each, gathered into scratch."""
     height = img.shape[0]
     above, below = rows
     wrap = border == WRAP
+    most = min(height, max(above, below))  # rows before y0 a band may write
+    kept = empty((most, *out.shape[1:]), out.dtype, handle) if most else None
 
     def run(src, dst) -> None:
         if config.ENABLE_CUDASIM:
@@ -314,26 +338,37 @@ def _in_row_bands(key: tuple, img, out, handle: int, record, rows: tuple, border
         else:
             _replay_or_record(key, src, dst, handle, lambda s, d: record(s, d, handle))
 
-    for y0 in range(0, height, MAX_GRID_ROWS):
-        y1 = min(height, y0 + MAX_GRID_ROWS)
+    for y0, y1 in _row_bands(height, rows, wrap):
         lo, hi = y0 - above, y1 + below
         if wrap and (lo < 0 or hi > height):
-            parts = [(lo % height, height)] if lo < 0 else []
-            parts.append((max(lo, 0), min(hi, height)))
-            if hi > height:
-                parts.append((0, hi - height))
-            src = empty((hi - lo, *img.shape[1:]), img.dtype, handle)
-            at = 0
-            for a, b in parts:
-                copy_rows(src[at : at + b - a], img[a:b], handle)
-                at += b - a
-            skip = above
-        else:
-            src = img[max(lo, 0) : min(hi, height)]
-            skip = y0 - max(lo, 0)
-        band = empty((src.shape[0], *out.shape[1:]), out.dtype, handle)
-        run(src, band)
-        copy_rows(out[y0:y1], band[skip : skip + y1 - y0], handle)
+            src = _gathered_rows(img, lo, hi, handle)
+            band = empty((hi - lo, *out.shape[1:]), out.dtype, handle)
+            run(src, band)
+            copy_rows(out[y0:y1], band[above : above + y1 - y0], handle)
+            continue
+        # A band at the image's top (bottom) also holds the rows a reflecting border
+        # reads there: `above` (`below`) rows into the image, past a short band.
+        lo = max(0, min(lo, height - 1 - below))
+        hi = min(height, max(hi, above + 1))
+        if lo < y0:
+            copy_rows(kept[: y0 - lo], out[lo:y0], handle)
+        run(img[lo:hi], out[lo:hi])
+        if lo < y0:
+            copy_rows(out[lo:y0], kept[: y0 - lo], handle)
+
+
+def _gathered_rows(img, lo: int, hi: int, handle: int):
+    """Rows lo .. hi - 1 of `img` under the wrap rule (rows before 0 or from `height`
+    on come from the far end), gathered into a new device array."""
+    height = img.shape[0]
+    src = empty((hi - lo, *img.shape[1:]), img.dtype, handle)
+    at = lo
+    while at < hi:
+        y = at % height
+        n = min(hi - at, height - y)
+        copy_rows(src[at - lo : at - lo + n], img[y : y + n], handle)
+        at += n
+    return src
 
 
 @functools.lru_cache(maxsize=64)
