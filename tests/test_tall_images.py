@@ -67,11 +67,8 @@ def test_bands_of_rows_equal_the_whole_image(monkeypatch, border, where):
 @pytest.mark.parametrize("wrap", [False, True])
 @pytest.mark.parametrize("height,rows", [(23, (2, 2)), (23, (0, 4)), (40, (3, 0)), (15, (9, 9)),
                                          (8, (1, 1)), (30, (7, 7))])  # fmt: skip
-def test_row_bands_cover_the_image_and_reach_past_it_only_at_its_ends(
-    monkeypatch, height, rows, wrap
-):
-    monkeypatch.setattr(backend, "MAX_GRID_ROWS", 7)
-    bands = backend._row_bands(height, rows, wrap)
+def test_row_bands_cover_the_image_and_reach_past_it_only_at_its_ends(height, rows, wrap):
+    bands = backend._row_bands(height, rows, wrap, 7)
     assert [y for band in bands for y in range(*band)] == list(range(height))
     assert all(0 < y1 - y0 <= 7 for y0, y1 in bands)
     above, below = rows
@@ -128,6 +125,70 @@ def test_bands_need_no_scratch_the_size_of_a_band(monkeypatch, border):
     assert made and max(shape[0] for shape in made) <= 2 + 2 + 2, made
     want = ref.filter2d(img.copy_to_host(), KERNEL, border=border)
     _close(out.copy_to_host(), want, np.uint8, border)
+
+
+def test_box_bands_for_images_too_large_for_the_fast_kernels():
+    """uint8 images of 2**31 bytes or more get bands of fewer bytes, where the fast box
+    kernels run (box_fused, which box_auto gives the whole image, is slower)."""
+    from kernels.box import dispatch
+
+    rows = (10, 10)
+    for shape in [(10923, 65536, 3), (40000, 40000, 3), (2**20, 2048, 1)]:
+        most = backend._box_band_rows(shape, np.dtype(np.uint8), (21, 21), rows)
+        band = (most + 20, *shape[1:])
+        assert most < shape[0] and np.prod(band) <= backend.BOX_BAND_BYTES, shape
+        assert dispatch.box_method(band, np.uint8, (21, 21)) == "tiled", shape
+        assert dispatch.box_method(shape, np.uint8, (21, 21)) == "fused", shape
+    for shape, dtype in [((10880, 65536, 3), np.uint8), ((10923, 65536, 3), np.uint16),
+                         ((64, 2**24, 3), np.uint8)]:  # fmt: skip
+        # Under the limit; no fast uint16 kernel; bands of a few rows would be mostly reach.
+        assert backend._box_band_rows(shape, np.dtype(dtype), (21, 21), rows) == 32768
+
+
+@pytest.mark.parametrize("border", BORDERS)
+def test_box_bands_of_large_images_equal_one_call(monkeypatch, border):
+    """Bands where `_box_band_rows` asks for them (made small here), from a device
+    image, a device batch, a device list and a host image in one piece."""
+    from numba import cuda
+
+    # On a GPU a host image would run on the quick start (`backends.cached`), which
+    # leaves a large one to the streamed bands: the Numba path's one piece is tested.
+    monkeypatch.setenv("IMGFILTER_NO_QUICK_START", "1")
+    dtype = (np.uint8, np.uint16)[BORDERS.index(border) % 2]
+    img = _image((19, 5, 3), dtype, seed=60 + BORDERS.index(border))
+    batch = np.stack([img, img[::-1].copy()])
+    kw = {"anchor": (1, 3), "border": border, "border_value": 9}
+
+    def calls():
+        return {
+            "device": imgfilter.blur(cuda.to_device(img), (3, 5), **kw).copy_to_host(),
+            "batch": imgfilter.blur_batch(cuda.to_device(batch), (3, 5), **kw).copy_to_host(),
+            "list": [o.copy_to_host() for o in imgfilter.blur_batch(
+                [cuda.to_device(img), cuda.to_device(batch[1])], (3, 5), **kw)],
+            "host": imgfilter.blur(img, (3, 5), backend="cuda", max_gpu_bytes=1 << 30, **kw),
+        }  # fmt: skip
+
+    whole = calls()
+    bands = []
+    real = backend._row_bands
+
+    def spy(*args):
+        bands.append(real(*args))
+        return bands[-1]
+
+    monkeypatch.setattr(backend, "_box_band_rows", lambda *a: 4)
+    monkeypatch.setattr(backend, "_row_bands", spy)
+    banded = calls()
+    # One image, two of a batch, two of a list, one host image; bands of 4 rows, the
+    # last fewer (wrap's first and last bands: the rows the box reaches).
+    assert len(bands) == 6, bands
+    for made in bands:
+        sizes = [y1 - y0 for y0, y1 in made]
+        inner = sizes[1:-1] if border == "wrap" else sizes
+        assert inner[:-1] and all(n == 4 for n in inner[:-1]) and 0 < inner[-1] <= 4, made
+        assert sum(sizes) == 19, made
+    for name in whole:
+        np.testing.assert_array_equal(banded[name], whole[name], err_msg=f"{name}, {border}")
 
 
 def test_a_batch_of_tall_frames(monkeypatch):

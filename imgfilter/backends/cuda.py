@@ -127,12 +127,13 @@ _RECIPES: dict = {}
 _RECIPES_KEEP = 256
 
 
-def _queue(key: tuple, call: _Call, out_shape: tuple, run, rows: tuple = (0, 0), border: int = 0):
+def _queue(key: tuple, call: _Call, out_shape: tuple, run, rows: tuple = (0, 0), border: int = 0,
+           band_rows: int | None = None):  # fmt: skip
     """`_on_device` for a call's device image (a host image once uploaded, or one of
     a batch's): `run(img, out)` queued on the call's stream into the call's out, or a
     new array of `out_shape`, which is returned."""
     return _on_device(key, call.img, call.out, call.stream, out_shape,
-                      lambda src, dst, handle: run(src, dst), rows, border)  # fmt: skip
+                      lambda src, dst, handle: run(src, dst), rows, border, band_rows)  # fmt: skip
 
 
 def _queue_batch(key: tuple, batch, out, stream: int, run):
@@ -181,7 +182,7 @@ def _replay_or_record(key: tuple, img, out, stream: int, run, batching=None):
 
 
 def _on_device(key: tuple, img, out, stream, out_shape: tuple, record, rows: tuple,
-               border: int):  # fmt: skip
+               border: int, band_rows: int | None = None):  # fmt: skip
     """A device image's call: queued on its stream (`kernels.common.arrays.resolve_stream`)
     into `out` (allocated there when None), which is returned at once. `record(src,
     dst, handle)` makes the launches: on a first call of its key, shapes, alignments
@@ -189,18 +190,20 @@ def _on_device(key: tuple, img, out, stream, out_shape: tuple, record, rows: tup
     microseconds of Python. `key` holds every option that shapes the launches
     besides the arrays (kernel size, anchor, border, value, method...). `rows` =
     (above, below): the rows of neighbours an output row reads, and `border` the
-    vertical border rule, for images too tall for one grid (`_in_row_bands`). CUDA
-    failures as `_run` says."""
+    vertical border rule, for images filtered in bands of at most `band_rows` rows
+    (`_in_row_bands`; default MAX_GRID_ROWS, the rows one grid covers). CUDA failures
+    as `_run` says."""
     handle = resolve_stream(stream, img)
     try:
         if out is None:
             same = out_shape is img.shape  # C-contiguous, as the API checked
             out = empty_like(img, handle) if same else empty(out_shape, img.dtype, handle)
         ndim = len(img.shape)
-        if img.shape[ndim - 3] > MAX_GRID_ROWS:
+        band_rows = band_rows or MAX_GRID_ROWS
+        if img.shape[ndim - 3] > band_rows:
             images = [(img, out)] if ndim == 3 else [(img[i], out[i]) for i in range(len(img))]
             for one, dst in images:
-                _in_row_bands(key, one, dst, handle, record, rows, border)
+                _in_row_bands(key, one, dst, handle, record, rows, border, band_rows)
             return out
         if ndim == 4:
             return _queue_batch(key, img, out, handle, lambda s, d: record(s, d, handle))
@@ -226,7 +229,7 @@ _VAR_RECIPES_KEEP = 64
 
 
 def _on_device_list(imgs: list, values: list, outs, stream, out_shapes: list, plan_for,
-                    rows: tuple, border: int) -> list:  # fmt: skip
+                    rows: tuple, border: int, band_rows=None) -> list:  # fmt: skip
     """Device images of any sizes (a list of (H, W, C) arrays) filtered in a number of
     launches that does not grow with their number (`kernels.common.launch.var_shape_plan`):
     each image's launch function runs once under a `Collecting`, images of equal plans
@@ -236,7 +239,8 @@ def _on_device_list(imgs: list, values: list, outs, stream, out_shapes: list, pl
     cast to its dtype) gives (key, record): the options that shape the image's
     launches and `record(src, dst, handle)`. Later calls with the same shapes,
     dtypes, keys, alignments and stream replay a `kernels.common.launch.VarShapeRecipe`.
-    Images taller than one grid go alone (`_in_row_bands`)."""
+    Images taller than one grid, or than `band_rows(img)` rows where given, go alone
+    (`_in_row_bands`)."""
     handle = resolve_stream(stream, imgs[0])
     try:
         if outs is None:
@@ -244,8 +248,9 @@ def _on_device_list(imgs: list, values: list, outs, stream, out_shapes: list, pl
         plans = [plan_for(img, value) for img, value in zip(imgs, values, strict=True)]
         short = []
         for img, out, (key, record) in zip(imgs, outs, plans, strict=True):
-            if img.shape[0] > MAX_GRID_ROWS:
-                _in_row_bands(key, img, out, handle, record, rows, border)
+            most = band_rows(img) if band_rows is not None else MAX_GRID_ROWS
+            if img.shape[0] > most:
+                _in_row_bands(key, img, out, handle, record, rows, border, most)
             else:
                 short.append((img, out, key, record))
         if not short:
@@ -295,25 +300,48 @@ def _collect_and_run(items: list, handle: int):
 # Rows of an image that one launch covers: every kernel's grid then stays within
 # CUDA's 65535 blocks along y (the kernels give each block at least one row).
 MAX_GRID_ROWS = 32768
+# The fast uint8 box kernels (box_tiled, box_twopass, box_packed) address images of
+# fewer than FAST_BOX_BYTES bytes; box_auto gives larger ones to box_fused, which ran
+# about half as fast on an H200 (benchmarks/tall_device.py). Such images are boxed in
+# bands of rows of at most BOX_BAND_BYTES instead: box_twopass's 16-bit scratch is
+# twice a band.
+FAST_BOX_BYTES = 2**31
+BOX_BAND_BYTES = 2**29
 
 
-def _row_bands(height: int, rows: tuple, wrap: bool) -> list[tuple[int, int]]:
+def _box_band_rows(shape: tuple, dtype, ksize: tuple, rows: tuple) -> int:
+    """Rows per band for box_auto on an (H, W, C) image, rows = (above, below) its box's
+    reach: MAX_GRID_ROWS, or fewer where the image is too large for the fast uint8
+    kernels: bands of at most BOX_BAND_BYTES with their reach, at least 8 times the
+    reach (so that the rows filtered twice stay few), where the fast kernels take them."""
+    h, w, c = shape
+    if dtype != np.uint8 or h * w * c < FAST_BOX_BYTES:
+        return MAX_GRID_ROWS
+    reach = rows[0] + rows[1]
+    most = min(MAX_GRID_ROWS, BOX_BAND_BYTES // (w * c) - reach)
+    if most < 8 * max(reach, 1):
+        return MAX_GRID_ROWS
+    band = _box.box_method((most + reach, w, c), dtype, ksize)
+    return most if band != _box.box_method(shape, dtype, ksize) else MAX_GRID_ROWS
+
+
+def _row_bands(height: int, rows: tuple, wrap: bool, most: int) -> list[tuple[int, int]]:
     """The (y0, y1) bands `_in_row_bands` filters, in order, covering rows 0 .. height - 1
-    with at most MAX_GRID_ROWS rows each. Under the wrap rule the first band holds
-    `above` rows and the last `below` (at least one each), so only those two reach
-    past the image's ends and need its far rows gathered; the bands between them
-    read real rows only."""
+    with at most `most` rows each. Under the wrap rule the first band holds `above`
+    rows and the last `below` (at least one each), so only those two reach past the
+    image's ends and need its far rows gathered; the bands between them read real
+    rows only."""
     above, below = max(rows[0], 1), max(rows[1], 1)
     if not wrap or above + below >= height:
-        return [(y0, min(height, y0 + MAX_GRID_ROWS)) for y0 in range(0, height, MAX_GRID_ROWS)]
-    inner = range(above, height - below, MAX_GRID_ROWS)
-    middle = [(y0, min(height - below, y0 + MAX_GRID_ROWS)) for y0 in inner]
+        return [(y0, min(height, y0 + most)) for y0 in range(0, height, most)]
+    middle = [(y0, min(height - below, y0 + most)) for y0 in range(above, height - below, most)]
     return [(0, above), *middle, (height - below, height)]
 
 
-def _in_row_bands(key: tuple, img, out, handle: int, record, rows: tuple, border: int) -> None:
-    """Filter a device image taller than MAX_GRID_ROWS in bands of at most that many
-    rows (`_row_bands`), queued on `handle`; the result equals the whole image's.
+def _in_row_bands(key: tuple, img, out, handle: int, record, rows: tuple, border: int,
+                  most: int) -> None:  # fmt: skip
+    """Filter a device image in bands of at most `most` rows (`_row_bands`), queued on
+    `handle`; the result equals the whole image's.
 
     rows = (above, below): the rows of neighbours an output row reads. A band is
     filtered as an image of its own from the image's rows lo = y0 - above .. hi - 1 =
@@ -328,8 +356,8 @@ def _in_row_bands(key: tuple, img, out, handle: int, record, rows: tuple, border
     height = img.shape[0]
     above, below = rows
     wrap = border == WRAP
-    most = min(height, max(above, below))  # rows before y0 a band may write
-    kept = empty((most, *out.shape[1:]), out.dtype, handle) if most else None
+    before = min(height, max(above, below))  # rows before y0 a band may write
+    kept = empty((before, *out.shape[1:]), out.dtype, handle) if before else None
 
     def run(src, dst) -> None:
         if config.ENABLE_CUDASIM:
@@ -338,7 +366,7 @@ def _in_row_bands(key: tuple, img, out, handle: int, record, rows: tuple, border
         else:
             _replay_or_record(key, src, dst, handle, lambda s, d: record(s, d, handle))
 
-    for y0, y1 in _row_bands(height, rows, wrap):
+    for y0, y1 in _row_bands(height, rows, wrap, most):
         lo, hi = y0 - above, y1 + below
         if wrap and (lo < 0 or hi > height):
             src = _gathered_rows(img, lo, hi, handle)
@@ -646,18 +674,30 @@ def box(img, ksize, anchor, border, value, method, out=None, stream=None):
 
                 call = _keep_call(options, (options, record, (anchor[0], kh - 1 - anchor[0])))
             key, record, rows = call
-            return _on_device(key, img, out, stream, img.shape, record, rows, border)
+            most = (
+                _box_band_rows(img.shape[-3:], img.dtype, ksize, rows)
+                if run is _box.box_auto
+                else None
+            )
+            return _on_device(key, img, out, stream, img.shape, record, rows, border, most)
 
         def go():
             call = begin(img, out, stream)
             key = ("box", method, ksize, anchor, border, value)
+            rows = (anchor[0], kh - 1 - anchor[0])
+            most = (
+                _box_band_rows(call.img.shape, call.img.dtype, ksize, rows)
+                if method == "auto"
+                else None
+            )
             dout = _queue(
                 key,
                 call,
                 call.img.shape,
                 lambda src, dst: run(src, ksize, anchor, border, value, dst, call.stream),
-                (anchor[0], kh - 1 - anchor[0]),
+                rows,
                 border,
+                most,
             )
             if method == "auto" and call.from_host:
                 _export_box(call.img, ksize)
@@ -821,7 +861,14 @@ def box_list(imgs: list, ksize, anchor, border, values: list, method, outs=None,
 
     rows = (anchor[0], kh - 1 - anchor[0])
     shapes = [i.shape for i in imgs]
-    return _on_device_list(imgs, values, outs, stream, shapes, _memo_by_image(make), rows, border)
+
+    def band_rows(img) -> int:
+        return (
+            _box_band_rows(img.shape, img.dtype, ksize, rows) if method == "auto" else MAX_GRID_ROWS
+        )
+
+    return _on_device_list(imgs, values, outs, stream, shapes, _memo_by_image(make), rows, border,
+                           band_rows)  # fmt: skip
 
 
 def contour_list(imgs: list, border, values: list, method, outs=None, stream=None) -> list:
