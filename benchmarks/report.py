@@ -42,7 +42,11 @@ each area simply takes the newest file by name among those matching its patterns
   newest date (one per image size and content); TIFFs of every size:
   `benchmarks/tiff_read_sizes.py --json` (`*-tiff-read-sizes.json`), the newest run;
   tiled TIFFs: `benchmarks/tiff_tiles.py --json` (`*-tiff-tiles*.json`), the newest run's
-  files (one per tile size).
+  files (one per tile size);
+- large device images: runs of `benchmarks/tall_device.py --json` gathered in one file
+  (`*-tall-device.json`, `*-large-box-bands.json`: {"device", "current": the run of the
+  tree as committed, "before": runs of the tree before, "runs": label -> the script's
+  JSON}), the newest file.
 
 tests/test_report.py regenerates the page and compares it with the committed file.
 """
@@ -74,6 +78,7 @@ AREAS = {
     "cpu": ["*-cpu-bench*.json", "*-cpu-fft*.json"],
     "scale": ["*-scale.json"],
     "streamed": ["*-streamed.json"],
+    "large_device": ["*-tall-device.json", "*-large-box-bands.json"],
     "host_bands": ["*-host-bands.txt"],
     "tiff_io": ["*-tiff-io-*.json"],
     "tiff_read_sizes": ["*-tiff-read-sizes.json"],
@@ -848,6 +853,43 @@ def section_large_images(results: Path) -> list[str]:
     return out
 
 
+def section_large_device(results: Path) -> list[str]:
+    """Large device images (`*-tall-device.json`, `*-large-box-bands.json`: runs of
+    benchmarks/tall_device.py), the newest file: its current run beside the runs before."""
+    files = _files("large_device", results)
+    if not files:
+        return []
+    path = files[-1]
+    data = _load(path)
+    runs = data["runs"]
+    before = defaultdict(list)
+    for label in data["before"]:
+        for r in runs[label]["rows"]:
+            before[(r["case"], tuple(r["shape"]))].append(r["gpu_ms"])
+    body = []
+    for r in runs[data["current"]]["rows"]:
+        old = before.get((r["case"], tuple(r["shape"])), [])
+        span = "-".join(dict.fromkeys(f"{t:.1f}" for t in (min(old), max(old)))) if old else ""
+        body.append([r["case"], "x".join(map(str, r["shape"])), span, f"{r['gpu_ms']:.1f}",
+                     f"{r['x_floor']:.2f}", f"{r['extra_device_mb']:.0f}"])  # fmt: skip
+    return [
+        "## Large device images",
+        "",
+        f"`benchmarks/tall_device.py` ({_link(path)}, {data['device']}): uint8 CuPy images "
+        "of more than 32768 rows or 2 GiB, GPU ms per call (CUDA events, median of 5); "
+        "x floor: over the image's and the result's bytes at the device copy bandwidth of "
+        f"the run; extra MB: device memory the call takes besides image and result. "
+        f"{data['note'].capitalize()}.",
+        "",
+        *_table(
+            ["case", "image", "before ms", "now ms", "x floor", "extra MB"],
+            ["---", "---", "---:", "---:", "---:", "---:"],
+            body,
+        ),  # fmt: skip
+        "",
+    ]
+
+
 def section_large_files(results: Path) -> list[str]:
     """Writing and reading large TIFF files (`*-tiff-io-*.json` of benchmarks/tiff_io.py):
     the runs of the newest date, one table row per run and writer."""
@@ -1054,6 +1096,7 @@ def render(results: Path = RESULTS) -> str:
         section_cpu,
         section_many_files,
         section_large_images,
+        section_large_device,
         section_large_files,
         section_tiff_read_sizes,
         section_tiff_tiles,
