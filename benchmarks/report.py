@@ -123,6 +123,12 @@ def _load(path: Path):
     return json.loads(path.read_text())
 
 
+def _newest(area: str, results: Path) -> tuple[Path, dict] | None:
+    """The newest JSON file of an area and its data, None if there is none."""
+    files = _files(area, results)
+    return (files[-1], _load(files[-1])) if files else None
+
+
 def _run_date(path: Path) -> str:
     """The run's tag: the file name up to the device (2026-11-26q)."""
     m = re.match(r"\d{4}-\d\d-\d\d[a-z]*", path.name)
@@ -803,11 +809,10 @@ def section_many_files(results: Path) -> list[str]:
 def section_large_images(results: Path) -> list[str]:
     """Large host images in row bands (`*-streamed.json` from benchmarks/streamed_bench.py;
     the newest `*-host-bands.txt` is linked)."""
-    files = _files("streamed", results)
-    if not files:
+    newest = _newest("streamed", results)
+    if newest is None:
         return []
-    path = files[-1]
-    data = _load(path)
+    path, data = newest
     head = data["header"]
     n = head["size"]
     fresh = all("fresh_s" in r for r in data["rows"])  # files before it lack the column
@@ -856,11 +861,10 @@ def section_large_images(results: Path) -> list[str]:
 def section_large_device(results: Path) -> list[str]:
     """Large device images (`*-tall-device.json`, `*-large-box-bands.json`: runs of
     benchmarks/tall_device.py), the newest file: its current run beside the runs before."""
-    files = _files("large_device", results)
-    if not files:
+    newest = _newest("large_device", results)
+    if newest is None:
         return []
-    path = files[-1]
-    data = _load(path)
+    path, data = newest
     runs = data["runs"]
     before = defaultdict(list)
     for label in data["before"]:
