@@ -686,7 +686,7 @@ def box(img, ksize, anchor, border, value, method, out=None, stream=None):
             key = ("box", method, ksize, anchor, border, value)
             rows = (anchor[0], kh - 1 - anchor[0])
             most = (
-                _box_band_rows(call.img.shape, call.img.dtype, ksize, rows)
+                _box_band_rows(call.img.shape[-3:], call.img.dtype, ksize, rows)
                 if method == "auto"
                 else None
             )
