@@ -268,6 +268,23 @@ def _metadata(image: Path, target: Path) -> Any:
 # ---------------------------------------------------------------------- many inputs
 
 
+@contextlib.contextmanager
+def _files_client(op: str, backend: Backend, cluster: tuple[int | None, str | None], jobs: int):
+    """The Dask client many files run on (--gpus or --scheduler), or None: threads here,
+    the GPU checked and warmed up first."""
+    if cluster == (None, None):
+        from ..backends import warmup
+
+        check_gpu_first(backend)
+        warmup.start_for(op, backend.value)
+        yield None
+        return
+    from .. import cluster as dask_cluster
+
+    with dask_cluster.connect(*cluster, jobs=jobs) as client:
+        yield client
+
+
 def _filter_many(
     op: str,
     outs: many.Outputs,
@@ -280,30 +297,14 @@ def _filter_many(
 ) -> None:
     """Filter many files: many.plan_many, then many.run_many with the filter (on a Dask
     cluster with --gpus or --scheduler)."""
-    if cluster == (None, None):
-        from ..backends import warmup
-
-        check_gpu_first(backend)
-        warmup.start_for(op, backend.value)
-        _run_many(op, outs, template, backend=backend, method=method, apply=apply, client=None)
-        return
-    from .. import cluster as dask_cluster
-
-    with dask_cluster.connect(*cluster, jobs=outs.jobs) as client:
-        _run_many(op, outs, template, backend=backend, method=method, apply=apply, client=client)
+    with _files_client(op, backend, cluster, outs.jobs) as client:
+        _run_files(op, outs, template, backend=backend, method=method, apply=apply,
+                   client=client)  # fmt: skip
 
 
-def _run_many(
-    op: str,
-    outs: many.Outputs,
-    template: str,
-    *,
-    backend: Backend,
-    method: Method,
-    apply: Apply,
-    client: Any,
-) -> None:
-    """`_filter_many` once the files' runner is known: threads here, or a Dask client."""
+def _run_files(op: str, outs: many.Outputs, template: str, *, backend: Backend, method: Method,
+               apply: Apply, client: Any) -> None:  # fmt: skip
+    """`_filter_many`'s work on its runner: threads here (client None) or a Dask client."""
     import numpy as np
 
     from .. import io
