@@ -295,3 +295,34 @@ def test_cupy_band_tasks_run_after_the_work_that_made_their_band():
         got = ifd.blur(x, 9).compute(scheduler="sync")
     expected = cp.asarray(imgfilter.blur(cp.asarray(img), 9))
     assert bool(cp.array_equal(got, expected))
+
+
+@pytest.mark.gpu
+def test_cupy_bands_on_two_workers():
+    """CuPy bands on two worker processes, so the rows next to the seam between them
+    travel from one worker's GPU to the other's: the result equals imgfilter on the
+    whole image (filter2d, bands with their seams redone; blur with a kernel taller
+    than two bands' halos, bands joined whole with their neighbours' rows)."""
+    cp = pytest.importorskip("cupy")
+    distributed = pytest.importorskip("dask.distributed")
+    img = image((301, 413, 3), np.uint8, seed=18)
+    whole = cp.asarray(img)
+    k = kernel(9, 5, 19)
+    with (
+        distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        x = da.from_array(img, chunks=(40, -1, -1)).map_blocks(cp.asarray, dtype=img.dtype)
+        first, second = sorted(client.scheduler_info()["workers"])
+        halves = [client.persist(x.blocks[:4], workers=[first]),
+                  client.persist(x.blocks[4:], workers=[second])]  # fmt: skip
+        x = da.concatenate(halves).persist()  # bands 0-3 on one worker, 4-7 on the other
+        distributed.wait(x)
+        assert len({w for ws in client.who_has(x).values() for w in ws}) == 2
+        for border in ("reflect101", "wrap"):
+            y = ifd.filter2d(x, k, border=border).compute()
+            expected = imgfilter.filter2d(whole, k, border=border)
+            assert bool(cp.array_equal(cp.asarray(y), cp.asarray(expected))), border
+            y = ifd.blur(x, (3, 45), border=border).compute()  # depth 22: joined whole
+            expected = imgfilter.blur(whole, (3, 45), border=border)
+            assert bool(cp.array_equal(cp.asarray(y), cp.asarray(expected))), border
