@@ -852,6 +852,8 @@ def section_large_images(results: Path) -> list[str]:
             "call.",
             "",
         ]
+    if head.get("note"):
+        out += [head["note"], ""]
     bands = _files("host_bands", results)
     if bands:
         out += [f"One piece against bands by image size: {_link(bands[-1])}.", ""]
