@@ -22,6 +22,8 @@ each area simply takes the newest file by name among those matching its patterns
   file holding rows of that size, and its plot from the .png of the same name;
 - large boxes at 4K/8K: `benchmarks/sweep_uint8_box.py` sizes sweeps
   (`*-sweep-twopass-sizes.json`);
+- size-generic filter kernels: `benchmarks/generic_filter.py --json`
+  (`*-generic-filter.json`);
 - softmax: `benchmarks/softmax_bench.py --json` (`*-softmax.json`);
 - GEMV: `benchmarks/gemv_bench.py --json` (`*-gemv.json`);
 - in a pipeline: `imgfilter bench --pipeline --json` (`*-pipeline*.json`); where the
@@ -68,6 +70,7 @@ SHAPES = {"seed": "2167x2495x3", "4k": "3840x2160x3", "8k": "7680x4320x3"}
 AREAS = {
     "bench": ["*-bench*.json", "*-seed.json", "*-4k.json", "*-8k.json"],
     "box_sizes": ["*-sweep-twopass-sizes.json"],
+    "generic_filter": ["*-generic-filter.json"],
     "softmax": ["*-softmax.json"],
     "gemv": ["*-gemv.json"],
     "pipeline": ["*-pipeline*.json"],
@@ -241,8 +244,53 @@ def section_kernels(results: Path) -> list[str]:
             out += _image(path.with_suffix(".png"), f"time vs kernel size, {path.stem}")
     out += section_box_sizes(results)
     out += section_low_rank(results, by_size.get("seed"))
+    out += section_generic_filter(results)
     out += section_seed_article(results, by_size.get("seed"))
     return out
+
+
+GENERIC_METHODS = ("imgfilter window", "imgfilter blocked", "imgfilter tiled", "imgfilter padded")
+GENERIC_PEERS = ("torch conv2d float32", "cupy correlate float32")
+
+
+def section_generic_filter(results: Path) -> list[str]:
+    """Kernel us of the size-generic filter kernels beside blocked and the peers."""
+    newest = _newest("generic_filter", results)
+    if not newest:
+        return []
+    path, data = newest
+    cases: dict[tuple, dict[str, dict]] = defaultdict(dict)
+    for r in data["rows"]:
+        case = cases[r["dtype"], r["size"], r["k"]]
+        key = "per call" if "call_us" in r else r["method"]
+        case[key] = r
+    rows = []
+    for (dtype, size, k), c in cases.items():
+        window = c.get("imgfilter window", {}).get("kernel_us")
+        row = [dtype, size, f"{k}x{k}"]
+        for m in (*GENERIC_METHODS, *GENERIC_PEERS):
+            us = c.get(m, {}).get("kernel_us")
+            ratio = f" ({_x(us / window)})" if us and window and m != GENERIC_METHODS[0] else ""
+            row.append(_us(us) + ratio if us else "")
+        row.append(_us(c.get("per call", {}).get("call_us")))
+        rows.append(row)
+    head = ["dtype", "size", "kernel", "window", "blocked", "tiled", "padded",
+            "torch conv2d", "CuPy correlate", "window per call"]  # fmt: skip
+    keep = [i for i in range(len(head)) if i < 3 or any(row[i] for row in rows)]
+    head, rows = [head[i] for i in keep], [[row[i] for i in keep] for row in rows]
+    meta = data.get("meta", {})
+    return [
+        "### Size-generic filter kernels",
+        "",
+        "Kernel us of the kernels that take the kernel size at run time: `window` (what "
+        "method auto runs while a size's `blocked` kernel compiles, and for kernels past "
+        "31x31) and the seed's `tiled` (`padded` where tiled's tile does not fit), beside "
+        "`blocked` and the float32 peers; (N.Nx) is the time over window's. From "
+        f"{_link(path)} ({meta.get('device', '?')}, {meta.get('date', '?')[:10]}).",
+        "",
+        *_table(head, ["---"] * 3 + ["---:"] * (len(head) - 3), rows),
+        "",
+    ]
 
 
 def section_box_sizes(results: Path) -> list[str]:

@@ -31,7 +31,7 @@ from .errors import UsageError
 DTYPES = (np.uint8, np.uint16, np.float32)
 _DTYPES = frozenset(np.dtype(t) for t in DTYPES)
 CHANNELS = (1, 3, 4)
-METHODS = ("auto", "naive", "padded", "tiled", "blocked", "separable")
+METHODS = ("auto", "naive", "padded", "tiled", "window", "blocked", "separable")
 MAX_KERNEL_SIDE = 255  # general kernels: taps per output grow as side**2
 MAX_BOX_SIDE = 4095  # box filters cost O(side) per output, but bigger is surely a typo
 
@@ -298,8 +298,10 @@ def filter2d(
             rule).
         backend: "cuda" (Numba CUDA kernels), "cpu" (Numba parallel CPU) or "auto"
             (cuda when a usable GPU exists). Device images need the cuda backend.
-        method: The CUDA variant: "auto", "naive", "padded", "tiled", "blocked"
-            (register-blocked tiles) or "separable" (a kernel of low rank as one pair of
+        method: The CUDA variant: "auto", "naive", "padded", "tiled", "window" (any
+            kernel size up to 61x61, each thread a column of outputs from registers),
+            "blocked" (register-blocked tiles, compiled for each kernel size, up to
+            31x31) or "separable" (a kernel of low rank as one pair of
             1-D passes per term: rank 1, an outer product, or a sum of up to
             (kh * kw - 1) // (kh + kw) of them).
         out: An array of the result's shape and dtype to write into: host for a host

@@ -254,10 +254,10 @@ def _bench_filter(ctx: _Context, size: str, img: np.ndarray, weights: np.ndarray
     t = ctx.timer
     # The seed's slow variants once, at the seed size; the fast path everywhere.
     seed_variants = kh == 21 and size == "seed"
-    methods = ("blocked", "tiled", "padded", "naive") if seed_variants else ("blocked",)
+    methods = ("blocked", "window", "tiled", "padded", "naive") if seed_variants else ("blocked",)
     ctx.blocked_ready(kh, kw)
     for method in methods:
-        slow = method in ("naive", "padded", "tiled")
+        slow = method in ("naive", "padded", "tiled", "window")
         call = functools.partial(imgfilter.filter2d, d_img, weights, method=method)
         kernel_us, call_us = _ours(t, call, d_out, 5 if slow else 20, 5)
         row = Row(op, size, f"imgfilter cuda {method}", kernel_us, call_us)

@@ -76,6 +76,10 @@ ONE_LAUNCH_OPS = {
                            lambda b, **o: imgfilter.filter2d_batch(b, KERNEL, method="blocked",
                                                                    **o),
                            lambda i, **o: imgfilter.filter2d(i, KERNEL, method="blocked", **o)),
+    "filter2d (window)": (np.float32,
+                          lambda b, **o: imgfilter.filter2d_batch(b, KERNEL, method="window",
+                                                                  **o),
+                          lambda i, **o: imgfilter.filter2d(i, KERNEL, method="window", **o)),
     "filter2d (separable)": (np.uint16,
                              lambda b, **o: imgfilter.filter2d_batch(b, OUTER, method="separable",
                                                                      **o),
@@ -189,7 +193,7 @@ def test_list_mixing_dtypes_channels_and_kinds():
 
 
 # One kernel family each: box_tiled (uint8), box_fused (uint16), running sums (float32,
-# two kernels), the register-blocked filter, the contour kernel.
+# two kernels), the register-blocked and window filters, the contour kernel.
 LIST_LAUNCH_OPS = {
     "box uint8": (np.uint8, 3, lambda b: imgfilter.blur_batch(b, 3, border="wrap"),
                   lambda i: imgfilter.blur(i, 3, border="wrap")),
@@ -200,6 +204,9 @@ LIST_LAUNCH_OPS = {
     "filter2d blocked": (np.uint16, 3, lambda b: imgfilter.filter2d_batch(b, KERNEL,
                                                                           border="reflect"),
                          lambda i: imgfilter.filter2d(i, KERNEL, border="reflect")),
+    "filter2d window": (np.uint8, 1, lambda b: imgfilter.filter2d_batch(b, KERNEL,
+                                                                        method="window"),
+                        lambda i: imgfilter.filter2d(i, KERNEL, method="window")),
     "contour": (np.uint8, 4, lambda b: imgfilter.contour_batch(b, border="replicate"),
                 lambda i: imgfilter.contour(i, border="replicate")),
 }  # fmt: skip

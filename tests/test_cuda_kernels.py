@@ -18,7 +18,7 @@ from kernels.contour import kernel as kcontour
 from kernels.conv import dispatch as kconv
 from kernels.conv import plan as kconv_plan
 
-METHODS = ("naive", "padded", "tiled", "blocked")
+METHODS = ("naive", "padded", "tiled", "window", "blocked")
 
 
 def _image(shape, dtype, seed=0):
@@ -105,6 +105,18 @@ def test_blocked_interior_tiles_match_border_tiles():
     kernel = np.array([[0, 1, 0], [1, -4, 1], [0, 1, 0]], dtype=np.float32)
     got = _correlate(img, kernel, "reflect101", "blocked")
     np.testing.assert_array_equal(got[:, :, 0], ref.filter2d(img[:, :, 0], kernel))
+
+
+@pytest.mark.parametrize("border", ["reflect101", "constant"])
+def test_window_interior_tiles_match_border_tiles(border):
+    # 90 x 75: the window kernel's 32 x 32 output tiles include one whose input tile
+    # (with the 9x5 kernel's halo) lies inside the image: the path without border
+    # mapping. The kernel is not symmetric.
+    img = _image((90, 75, 1), np.uint8, seed=5)
+    kernel = np.random.default_rng(6).integers(-3, 4, (9, 5)).astype(np.float32)
+    got = _correlate(img, kernel, border, "window", cval=7)
+    want = ref.filter2d(img[:, :, 0], kernel, None, border, 7)
+    np.testing.assert_array_equal(got[:, :, 0], want)
 
 
 def _box(fn, img, k, border, cval=0):
@@ -245,7 +257,11 @@ def test_auto_takes_separable_passes_where_measured_cheaper():
     assert auto(_rank_kernel(25, 2)) == "blocked"
     assert auto(_rank_kernel(31, 3)) == "blocked"
     assert auto(np.random.default_rng(0).random((31, 31))) == "blocked"
-    assert auto(np.ones((33, 33))) in ("tiled", "padded")  # past the passes' 31
+    # Past the blocked kernel's and the passes' 31: the size-generic kernels.
+    assert auto(np.ones((33, 33))) == "window"
+    assert auto(np.ones((61, 61))) == "window"
+    assert auto(np.ones((62, 62))) == "tiled"  # window's tile no longer fits
+    assert auto(np.ones((69, 69))) == "padded"
 
 
 @pytest.mark.parametrize("border", list(BORDERS))

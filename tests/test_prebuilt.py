@@ -62,6 +62,7 @@ def test_the_first_use_kernels_ship():
                     assert cubins.box_name(geo, channels, dtype) in names, (dtype, ksize)
     for dtype in (np.uint8, np.uint16, np.float32):
         assert cubins.conv_tiled_name(dtype) in names
+        assert cubins.conv_window_name(dtype) in names
 
 
 def _write_manifest(folder, digest: str, entry="_Zcontour") -> None:
@@ -212,7 +213,7 @@ def test_without_background_compiles_a_first_box_goes_to_numba(monkeypatch):
     assert len(asked) == 1
 
 
-def test_first_filter_of_a_size_runs_tiled_and_compiles_blocked(monkeypatch):
+def test_first_filter_of_a_size_runs_window_and_compiles_blocked(monkeypatch):
     asked = _quick_runs(monkeypatch, "blocked")
     started = []
     monkeypatch.setattr(background, "start", lambda name, code: started.append(code) or True)
@@ -222,8 +223,26 @@ def test_first_filter_of_a_size_runs_tiled_and_compiles_blocked(monkeypatch):
     monkeypatch.setattr(cached, "_driver", lambda: None)
     out = cached.correlate(img, kernel, (5, 6), 4, 0.0, "auto")
     assert out.shape == img.shape
-    assert asked == ["blocked-uint16-11x13", "conv_tiled-uint16"]
+    assert asked == ["blocked-uint16-11x13", "conv_window-uint16"]
     assert started == ["import imgfilter.backends.cuda as c; c.compile_blocked(11, 13, 'uint16')"]
+
+
+@pytest.mark.parametrize(
+    "ksize, method, want",
+    [((41, 41), "auto", "conv_window"), ((64, 64), "auto", "conv_tiled"),
+     ((5, 5), "window", "conv_window"), ((5, 5), "tiled", "conv_tiled")],
+)  # fmt: skip
+def test_generic_kernels_run_from_their_cubins(monkeypatch, ksize, method, want):
+    """Kernels past the blocked kernel's 31x31 (not of low rank) run the window kernel,
+    or tiled where window's tile does not fit, as do those methods asked for by name:
+    all from their cubins, with nothing to compile."""
+    asked = _quick_runs(monkeypatch, "none")
+    monkeypatch.setattr(background, "start", lambda name, code: pytest.fail("compiled"))
+    kernel = np.random.default_rng(1).random(ksize).astype(np.float32)
+    img = np.zeros((50, 60, 3), np.uint8)
+    out = cached.correlate(img, kernel, (ksize[0] // 2, ksize[1] // 2), 4, 0.0, method)
+    assert out.shape == img.shape
+    assert asked == [f"{want}-uint8"]
 
 
 def test_one_background_compile_per_kernel_until_its_marker_goes_stale(tmp_path, monkeypatch):

@@ -3,8 +3,9 @@
 Two users, no compile on a first use:
 - the quick start (`imgfilter.backends.cached`, without Numba): the size-generic
   kernels that stand in for the size-specialised ones while those compile in the
-  background (box_twopass for uint8 boxes, conv's tiled kernel for filters), and the
-  kernels that are generic already (box_fused, contour);
+  background (box_twopass for uint8 boxes, conv's window kernel for filters), the
+  kernels that are generic already (box_fused, contour, conv's window for kernels
+  larger than 31x31) and conv's tiled kernel (method tiled);
 - the launch layer (`kernels.common.launch`; without Numba for the kernels it names by
   `kernels.common.refs.KernelRef`): every kernel the workloads here compile: the ones
   above, box_running, softmax on common widths, GEMV on common shapes, and the
@@ -128,6 +129,16 @@ def _conv_tiled(backend, rng):
         yield cubins.conv_tiled_name(dtype), conv.correlate_tiled, (dtype, np.float32, dtype)
 
 
+def _conv_window(backend, rng):
+    from imgfilter.backends import cubins
+    from kernels.conv import window as conv
+
+    kernel = rng.standard_normal((5, 5)).astype(np.float32)
+    for dtype in (np.uint8, np.uint16, np.float32):
+        backend.correlate(_random((40, 56, 3), dtype, rng), kernel, (2, 2), 0, 0.0, "window")
+        yield cubins.conv_window_name(dtype), conv.correlate_window, (dtype, np.float32, dtype)
+
+
 def _running(rng) -> None:
     """box_running (`kernels.box.running`), which takes any box: the box of float32
     images and of the boxes the one-pass kernels decline, for every dtype and both
@@ -227,7 +238,7 @@ def build(out: Path) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     noted = _recording_compiles()
-    named = [spec for specs in (_twopass, _fused, _contour, _conv_tiled)
+    named = [spec for specs in (_twopass, _fused, _contour, _conv_tiled, _conv_window)
              for spec in specs(backend, rng)]  # fmt: skip
     for workload in (_running, _softmax, _gemv, _classify):
         workload(rng)

@@ -17,8 +17,8 @@ Contract shared by every backend (the array API validates before calling):
 - `border` is a code from `kernels.common.border_index`; `value` the constant-border value.
 - `out` has the dtype and shape of `img` (contour: (H, W) of img's dtype, uint8 or
   uint16), rounded half-to-even and saturated for integer dtypes, as cv2.filter2D does.
-- `method` names a CUDA variant ("auto", "naive", "padded", "tiled", "separable");
-  the CPU backend has one implementation and ignores it.
+- `method` names a CUDA variant ("auto", "naive", "padded", "tiled", "window", "blocked",
+  "separable"); the CPU backend has one implementation and ignores it.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Importing Numba's CUDA target and loading its kernel cache take about two second
 far longer than filtering a photo. When cubins exported by the CUDA backend
 (`imgfilter.backends.cubins`) exist for this GPU, `get_backend` hands out this module
 instead: box blurs and contour maps of host images, filters that method auto gives the
-register-blocked kernel and filters with method tiled, run from those cubins through the
+register-blocked kernel and filters with the size-generic window or tiled kernels, run
+from those cubins through the
 CUDA driver (`kernels.common.cudadrv`, the package's one launch layer, and its memory
 pool) with the very kernels and arguments the Numba path would launch, so results are
 identical; box_running (float32 boxes) runs through `kernels.common.launch`, which finds
@@ -374,17 +375,26 @@ def _blocked_quick(img, kernel, anchor, border, value) -> np.ndarray | None:
     return _run(name, img, img.shape, launch, extra=weights)
 
 
-def _conv_tiled_quick(img, kernel, anchor, border, value) -> np.ndarray | None:
-    """`kernels.conv.generic.correlate_tiled`, which takes any kernel size that fits its tile."""
+def _conv_generic_quick(method, img, kernel, anchor, border, value) -> np.ndarray | None:
+    """A size-generic correlation kernel, which takes the kernel size as an argument:
+    method "window" (`kernels.conv.window.correlate_window`) or "tiled"
+    (`kernels.conv.generic.correlate_tiled`); None where its tile does not fit."""
     kh, kw = kernel.shape
-    smem = conv_plan.tiled_smem_bytes(kh, kw)
+    if method == "window":
+        smem = conv_plan.window_smem_bytes(kh, kw)
+        grid = conv_plan.window_grid(img.shape)
+        block = (conv_plan.WINDOW_TX, conv_plan.WINDOW_TY, 1)
+        name = cubins.conv_window_name(img.dtype)
+    else:
+        smem = conv_plan.tiled_smem_bytes(kh, kw)
+        grid, block = image_grid(*img.shape)
+        name = cubins.conv_tiled_name(img.dtype)
     if smem > conv_plan.SMEM_LIMIT:
         return None
     weights = np.ascontiguousarray(kernel, dtype=np.float32)
     lo, hi, is_int = output_limits(img.dtype)
     cval = np.dtype(img.dtype).type(value)
     args = (anchor[0], anchor[1], border, cval, lo, hi, is_int)
-    grid, block = image_grid(*img.shape)
 
     def launch(drv, fn, stream, d_img, d_out, d_weights):
         params = array_params(d_img, img.shape, img.dtype)
@@ -393,18 +403,18 @@ def _conv_tiled_quick(img, kernel, anchor, border, value) -> np.ndarray | None:
         params += array_params(d_out, img.shape, img.dtype)
         drv.launch_params(fn, grid, block, smem, stream, params)
 
-    return _run(cubins.conv_tiled_name(img.dtype), img, img.shape, launch, extra=weights)
+    return _run(name, img, img.shape, launch, extra=weights)
 
 
 def _correlate_first_use(img, kernel, anchor, border, value) -> np.ndarray | None:
-    """The filter through the tiled kernel while a detached process compiles the
+    """The filter through the window kernel while a detached process compiles the
     register-blocked kernel for this size; None when that cannot be."""
     kh, kw = kernel.shape
-    if not conv_plan.tiled_fits(kh, kw):
+    if not conv_plan.window_fits(kh, kw):
         return None
     if not background.compile_blocked(kh, kw, img.dtype.name):
         return None
-    return _conv_tiled_quick(img, kernel, anchor, border, value)
+    return _conv_generic_quick("window", img, kernel, anchor, border, value)
 
 
 def _into(result: np.ndarray, out):
@@ -441,12 +451,16 @@ def contour(img, border, value, method, out=None, stream=None, fallback=None):
 def correlate(img, kernel, anchor, border, value, method, out=None, stream=None,
               fallback=None):  # fmt: skip
     """cv2.filter2D semantics; the register-blocked kernel runs from its cubin where
-    method auto (or blocked) picks it, the shared-memory tiled kernel where method
-    tiled is asked for, anything else through Numba."""
-    if method == "tiled" and _quick_input(img, stream):
+    method auto (or blocked) picks it, the size-generic window and tiled kernels where
+    asked for or where auto runs them (kernels larger than the blocked kernel takes),
+    anything else through Numba."""
+    generic = method if method in ("window", "tiled") else None
+    if method == "auto" and conv_plan.auto_method(kernel) is None:
+        generic = conv_plan.generic_method(*kernel.shape)
+    if generic in ("window", "tiled") and _quick_input(img, stream):
         img = _contiguous(img)
         with _results_into(out, stream):
-            result = _conv_tiled_quick(img, kernel, anchor, border, value)
+            result = _conv_generic_quick(generic, img, kernel, anchor, border, value)
         if result is not None:
             return _into(result, out)
     quick = method == "blocked" or (method == "auto" and conv_plan.auto_method(kernel) == "blocked")

@@ -79,6 +79,11 @@ def conv_tiled_name(dtype) -> str:
     return f"conv_tiled-{np.dtype(dtype).name}"
 
 
+def conv_window_name(dtype) -> str:
+    """Name of `kernels.conv.window.correlate_window` on `dtype` images (any kernel size)."""
+    return f"conv_window-{np.dtype(dtype).name}"
+
+
 def _numba_cuda_version() -> str:
     """numba-cuda's version from its VERSION file (importlib.metadata costs ~80 ms)."""
     spec = importlib.util.find_spec("numba_cuda")
@@ -98,6 +103,7 @@ _FAMILY_MODULES = {
     "contour": ("contour.kernel",),
     "blocked": ("conv.blocked",),
     "conv_tiled": ("conv.generic",),
+    "conv_window": ("conv.window",),
 }
 
 

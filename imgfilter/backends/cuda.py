@@ -432,12 +432,16 @@ def _resolve_correlation_method(method: str, kernel: np.ndarray) -> str:
             raise UsageError(f"method 'separable' handles kernels up to {_conv_plan.MAX_SIDE} wide")
         return method
     if method == "auto":
-        fallback = "tiled" if _conv_plan.tiled_fits(kh, kw) else "padded"
-        return _conv_plan.auto_method(kernel) or fallback
+        return _conv_plan.auto_method(kernel) or _conv_plan.generic_method(kh, kw)
     if method == "blocked" and not _conv_plan.fits(kh, kw):
         raise UsageError(
             f"method 'blocked' handles kernels up to {_conv_plan.MAX_SIDE}x{_conv_plan.MAX_SIDE}; "
             "use tiled, padded or naive"
+        )
+    if method == "window" and not _conv_plan.window_fits(kh, kw):
+        raise UsageError(
+            f"method 'window' needs {_conv_plan.window_smem_bytes(kh, kw)} bytes of shared memory "
+            f"for a {kh}x{kw} kernel (limit {SMEM_LIMIT}); use tiled, padded or naive"
         )
     if method == "tiled" and not _conv_plan.tiled_fits(kh, kw):
         raise UsageError(
@@ -515,7 +519,7 @@ def _correlate_launches(src, dst, handle: int, kernel, terms, anchor, border, va
 #
 # Method auto's register-blocked kernel is generated and compiled for each kernel
 # size (NVVM: 3-10 s). Until that compile is on disk (its cubin, exported by the
-# compile), auto runs the shared-memory tiled kernel, which takes any size as an
+# compile), auto runs the register-window kernel, which takes any size as an
 # argument (compiled once per dtype; the same results), and a detached process
 # compiles the blocked kernel into the caches: not a thread, whose Numba compile would
 # hold the GIL and slow the caller's every call meanwhile. The calls after it load the
@@ -526,9 +530,9 @@ _BLOCKED_PENDING: dict = {}  # (kh, kw, dtype name) -> when its cubin was last l
 _LOOK_EVERY_S = 0.5
 
 
-def _blocked_or_tiled(kh: int, kw: int, dtype) -> str:
+def _blocked_or_window(kh: int, kw: int, dtype) -> str:
     """ "blocked" when its kernel for this size and dtype is compiled (its cubin on
-    disk), else "tiled", starting the blocked kernel's compile (once)."""
+    disk), else "window", starting the blocked kernel's compile (once)."""
     key = (kh, kw, _dtype_name(dtype))
     if key in _BLOCKED_READY:
         return "blocked"
@@ -538,14 +542,14 @@ def _blocked_or_tiled(kh: int, kw: int, dtype) -> str:
         if cubins.load(cubins.blocked_name(kh, kw, dtype), driver().cc) is not None:
             _BLOCKED_READY.add(key)
             return "blocked"
-        if not _conv_plan.tiled_fits(kh, kw):
+        if not _conv_plan.window_fits(kh, kw):
             return "blocked"
         with _lock:
             start = key not in _BLOCKED_PENDING
             _BLOCKED_PENDING[key] = now
         if start and not background.compile_blocked(*key):
             return "blocked"  # no cache to compile into: compile here, at once
-    return "tiled"
+    return "window"
 
 
 _DTYPE_NAMES: dict = {}
@@ -563,7 +567,7 @@ def compile_blocked(kh: int, kw: int, dtype: str) -> None:
     """Compile (or load) the register-blocked kernel for a kh x kw kernel on `dtype`
     images by running it once on a small image, and export its cubin (the sign for
     method auto, in this and other processes, that it is ready). Never raises: a
-    failure leaves auto on the tiled kernel."""
+    failure leaves auto on the window kernel."""
     name = cubins.blocked_name(kh, kw, dtype)
     with background.compiling(name):
         stream = PER_THREAD_STREAM
@@ -592,7 +596,7 @@ def _keep_call(options: tuple, call: tuple) -> tuple:
 
 def _correlate_call(kernel: np.ndarray, data: bytes, anchor, border, value, method, dtype):
     """(key, record, rows, final) of a device correlation: `final` False while method
-    auto runs the tiled kernel until the blocked one is compiled (not to be kept).
+    auto runs the window kernel until the blocked one is compiled (not to be kept).
     The closure keeps the kernel as read-only bytes: a caller's array may change."""
     kernel = np.frombuffer(data, dtype=np.float32).reshape(kernel.shape)
     requested = method
@@ -600,7 +604,7 @@ def _correlate_call(kernel: np.ndarray, data: bytes, anchor, border, value, meth
     final = True
     if requested == "auto" and method == "blocked" and background.ENABLED:
         if not config.ENABLE_CUDASIM:  # the simulator compiles nothing
-            method = _blocked_or_tiled(*kernel.shape, dtype)
+            method = _blocked_or_window(*kernel.shape, dtype)
             final = method == "blocked"
     key = ("correlate", method, kernel.shape, data, anchor, border, value)
 
@@ -627,7 +631,7 @@ def correlate(img, kernel, anchor, border, value, method, out=None, stream=None)
     method, terms = _prepared(kernel.shape, data, method)
     if requested == "auto" and method == "blocked" and background.ENABLED:
         if not config.ENABLE_CUDASIM:  # the simulator compiles nothing
-            method = _blocked_or_tiled(*kernel.shape, img.dtype)
+            method = _blocked_or_window(*kernel.shape, img.dtype)
 
     def go():
         call = begin(img, out, stream)
@@ -822,7 +826,7 @@ def correlate_list(imgs: list, kernel, anchor, border, values: list, method, out
         method = resolved
         if requested == "auto" and method == "blocked" and background.ENABLED:
             if not config.ENABLE_CUDASIM:
-                method = _blocked_or_tiled(*kernel.shape, dtype)
+                method = _blocked_or_window(*kernel.shape, dtype)
 
         def record(src, dst, handle):
             _correlate_launches(src, dst, handle, kernel, terms, anchor, border, value, method)

@@ -20,7 +20,8 @@ from ..common.launch import SMEM_LIMIT, image_grid, launch, scratch
 from ..common.saturate import output_limits
 from .blocked import correlate_blocked
 from .generic import correlate_naive, correlate_tiled, correlate_valid, pad_image
-from .plan import tiled_smem_bytes
+from .plan import WINDOW_TX, WINDOW_TY, tiled_smem_bytes, window_grid, window_smem_bytes
+from .window import correlate_window
 
 
 def correlate(img, weights, anchor, mode, cval, method, out=None, stream: int = 0):
@@ -52,6 +53,14 @@ def correlate(img, weights, anchor, mode, cval, method, out=None, stream: int = 
             raise ValueError(f"a {kh}x{kw} kernel needs {smem} bytes of shared memory")
         args = (img, weights, ay, ax, mode, cval, lo, hi, is_int, out)
         launch(correlate_tiled, grid, block, args, stream, smem)
+    elif method == "window":
+        smem = window_smem_bytes(kh, kw)
+        if smem > SMEM_LIMIT:
+            raise ValueError(f"a {kh}x{kw} kernel needs {smem} bytes of shared memory")
+        args = (img, weights, ay, ax, mode, cval, lo, hi, is_int, out)
+        launch(
+            correlate_window, window_grid(img.shape), (WINDOW_TX, WINDOW_TY, 1), args, stream, smem
+        )
     else:
         raise ValueError(f"unknown correlation method {method!r}")
     return out

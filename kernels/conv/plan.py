@@ -141,7 +141,7 @@ def separable_pays(kh: int, kw: int, rank: int) -> bool:
 
 def auto_method(kernel: np.ndarray) -> str | None:
     """ "separable" or "blocked" where method auto takes them for this kernel, else None
-    (then the shared-memory tiled kernel, or padded when its tile does not fit).
+    (then `generic_method`).
 
     Separable where `separable_pays` for the kernel's rank: rank 1 above 250 taps (16x16
     and up, or 9x31), rank 2 above 680 (27x27, 23x31); rank 3 would need 1110 taps,
@@ -161,3 +161,48 @@ def tiled_smem_bytes(kh: int, kw: int) -> int:
 def tiled_fits(kh: int, kw: int) -> bool:
     """Whether the tiled kernel can launch for this kernel size."""
     return tiled_smem_bytes(kh, kw) <= SMEM_LIMIT
+
+
+# The register-window kernel (`kernels.conv.window`): blocks of WINDOW_TX x WINDOW_TY
+# threads, each thread WINDOW_RY outputs down one column (its body writes out 8).
+WINDOW_TX = 32  # threads along a row: a warp reads 32 consecutive columns
+WINDOW_TY = 4  # threads down the tile
+WINDOW_RY = 8
+WINDOW_ROWS = WINDOW_TY * WINDOW_RY  # output rows per block
+
+
+def window_tile_shape(kh: int, kw: int) -> tuple[int, int, int]:
+    """(tile_h, tile_w, pitch) of the window kernel's input tile; pitch, the float32
+    stride of a tile column in shared memory, is odd: the 32 threads of a warp read 32
+    columns at one row, 32 distinct banks."""
+    tile_h, tile_w = WINDOW_ROWS + kh - 1, WINDOW_TX + kw - 1
+    return tile_h, tile_w, tile_h | 1
+
+
+def window_smem_bytes(kh: int, kw: int) -> int:
+    """Dynamic shared memory (bytes) the window kernel needs: its tile and the weights."""
+    _, tile_w, pitch = window_tile_shape(kh, kw)
+    return 4 * (tile_w * pitch + kh * kw)
+
+
+def window_fits(kh: int, kw: int) -> bool:
+    """Whether the window kernel can launch for this kernel size."""
+    return window_smem_bytes(kh, kw) <= SMEM_LIMIT
+
+
+def window_grid(shape: tuple) -> tuple[int, int, int]:
+    """The window kernel's grid for an (H, W, C) image, block (WINDOW_TX, WINDOW_TY, 1).
+    blockIdx.x counts channels fastest (block x is channel x % C of tile column x // C),
+    so a tile's channels run together and share the L2 sectors of their pixels."""
+    height, width, channels = shape
+    return cdiv(width, WINDOW_TX) * channels, cdiv(height, WINDOW_ROWS), 1
+
+
+def generic_method(kh: int, kw: int) -> str:
+    """The method auto runs for a kernel that `auto_method` gives to neither the
+    blocked kernel nor separable passes (larger than 31x31): the register-window
+    kernel where its tile fits shared memory (up to 61x61), else the one-output-per-
+    thread tiled kernel (up to 68x68), else padded (any size)."""
+    if window_fits(kh, kw):
+        return "window"
+    return "tiled" if tiled_fits(kh, kw) else "padded"
