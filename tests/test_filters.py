@@ -37,7 +37,7 @@ from kernels.conv.plan import auto_method
 
 BORDERS = ("reflect101", "reflect", "replicate", "constant", "wrap")
 DTYPES = (np.uint8, np.uint16, np.float32)
-CUDA_METHODS = ("naive", "padded", "tiled", "auto")
+CUDA_METHODS = ("naive", "padded", "tiled", "window", "auto")
 KSHAPES = ((1, 1), (2, 2), (3, 3), (4, 7), (1, 9), (9, 1), (6, 6), (21, 21), (31, 31))
 # Image shapes for the CPU matrix: 2-D gray, 1/3/4 channels, 1xN, Nx1, smaller than
 # most kernels, sides that are not multiples of 16/32.
@@ -540,6 +540,22 @@ def test_filter2d_full_size(kshape, kind, border, method, shape):
         kernel = make_kernel(kind, kshape, 71)
         assert check_filter2d(
             "cuda", method, img, kernel, kind=kind, border=border, what=dt_name(dtype)
+        )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", FULL_SHAPES, ids=FULL_IDS)
+@pytest.mark.parametrize("method", ["auto", "window", "tiled", "padded"])
+@pytest.mark.parametrize(
+    "k, border", [(41, "reflect101"), (61, "constant")], ids=["41x41-r101", "61x61-constant"]
+)
+def test_filter2d_larger_than_the_blocked_kernel_full_size(k, border, method, shape):
+    """Past blocked's 31x31 auto runs window (up to 61x61): the size-generic kernels."""
+    for dtype in (np.uint8, np.uint16, np.float32) if len(shape) == 2 else (np.uint8,):
+        img = make_image(shape, dtype, 74)
+        kernel = make_kernel("float", (k, k), 75)
+        assert check_filter2d(
+            "cuda", method, img, kernel, kind="float", border=border, what=dt_name(dtype)
         )
 
 

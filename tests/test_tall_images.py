@@ -214,7 +214,9 @@ def test_tall_and_wide_images_on_the_gpu(shape, dtype):
         for name, (ours, theirs) in _cases(border).items():
             if name == "contour" and dtype == np.float32:
                 continue
-            for method in ("naive", "padded", "tiled") if name == "filter2d naive" else ():
+            for method in (
+                ("naive", "padded", "tiled", "window") if name == "filter2d naive" else ()
+            ):
                 got = imgfilter.filter2d(cp.asarray(img), KERNEL, method=method, border=border,
                                          border_value=9).copy_to_host()  # fmt: skip
                 _close(got, theirs(img), dtype, f"{name} {method}, {border}")
