@@ -454,8 +454,9 @@ def correlate(img, kernel, anchor, border, value, method, out=None, stream=None,
     method auto (or blocked) picks it, the size-generic window and tiled kernels where
     asked for or where auto runs them (kernels larger than the blocked kernel takes),
     anything else through Numba."""
+    auto = conv_plan.auto_method(kernel) if method == "auto" else None
     generic = method if method in ("window", "tiled") else None
-    if method == "auto" and conv_plan.auto_method(kernel) is None:
+    if method == "auto" and auto is None:
         generic = conv_plan.generic_method(*kernel.shape)
     if generic in ("window", "tiled") and _quick_input(img, stream):
         img = _contiguous(img)
@@ -463,7 +464,7 @@ def correlate(img, kernel, anchor, border, value, method, out=None, stream=None,
             result = _conv_generic_quick(generic, img, kernel, anchor, border, value)
         if result is not None:
             return _into(result, out)
-    quick = method == "blocked" or (method == "auto" and conv_plan.auto_method(kernel) == "blocked")
+    quick = method == "blocked" or auto == "blocked"
     # The exported cubin is the 32-bit-offset variant: larger images go through Numba.
     fits = conv_plan.fits(*kernel.shape) and conv_plan.offsets_fit(img.shape)
     if quick and fits and _quick_input(img, stream):
