@@ -15,11 +15,18 @@ values (idx and down/xor clamp at 31; up at 0): an out-of-range source gives the
 caller's own value. Reading a lane outside the mask is undefined on hardware, so it
 raises here. A barrier that waits more than TIMEOUT_S seconds (a lane named in the
 mask never arrived) raises instead of hanging the test run.
+
+The simulator's block manager polls its threads in a loop that holds the GIL, so a
+thread released from a barrier waited for the interpreter's switch interval before it
+ran, and how long depended on what ran earlier in the process (a test took 11 s alone
+and 70 s after others). `install()` makes each poll yield the GIL (`time.sleep(0)`):
+the same threads and barriers, scheduled without that wait.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 
 WARP = 32
 TIMEOUT_S = 60.0
@@ -145,6 +152,7 @@ def install() -> None:
     import functools
 
     from numba import cuda as simulator_cuda
+    from numba.cuda.simulator import kernel as simulator_kernel
     from numba.cuda.simulator import kernelapi
     from numba.cuda.simulator.cudadrv import devices
 
@@ -172,3 +180,11 @@ def install() -> None:
     for name, value in FAKE_DEVICE_ATTRIBUTES.items():
         if not hasattr(devices.FakeCUDADevice, name):
             setattr(devices.FakeCUDADevice, name, value)
+    simulator_kernel.BlockThread.is_alive = _is_alive_yielding
+
+
+def _is_alive_yielding(self) -> bool:
+    """threading.Thread.is_alive, after giving the GIL to any thread waiting for it (the
+    block manager's poll; see the module docstring)."""
+    time.sleep(0)
+    return threading.Thread.is_alive(self)
