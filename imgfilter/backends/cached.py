@@ -5,10 +5,9 @@ far longer than filtering a photo. When cubins exported by the CUDA backend
 (`imgfilter.backends.cubins`) exist for this GPU, `get_backend` hands out this module
 instead: box blurs and contour maps of host images, filters that method auto gives the
 register-blocked kernel and filters with the size-generic window or tiled kernels, run
-from those cubins through the
-CUDA driver (`kernels.common.cudadrv`, the package's one launch layer, and its memory
-pool) with the very kernels and arguments the Numba path would launch, so results are
-identical; box_running (float32 boxes) runs through `kernels.common.launch`, which finds
+from those cubins through the CUDA driver (`kernels.common.cudadrv`, the package's one
+launch layer, and its memory pool) with the very kernels and arguments the Numba path
+would launch, so results are identical; box_running (float32 boxes) runs through `kernels.common.launch`, which finds
 its shipped cubins by name (`kernels.common.refs`). Anything else (other kernels, other
 methods, device arrays, a missing cubin, a driver error) is passed to
 `imgfilter.backends.cuda`, which imports Numba then. Same contract as every backend.
