@@ -7,10 +7,11 @@ instead: box blurs and contour maps of host images, filters that method auto giv
 register-blocked kernel and filters with the size-generic window or tiled kernels, run
 from those cubins through the CUDA driver (`kernels.common.cudadrv`, the package's one
 launch layer, and its memory pool) with the very kernels and arguments the Numba path
-would launch, so results are identical; box_running (float32 boxes) runs through `kernels.common.launch`, which finds
-its shipped cubins by name (`kernels.common.refs`). Anything else (other kernels, other
-methods, device arrays, a missing cubin, a driver error) is passed to
-`imgfilter.backends.cuda`, which imports Numba then. Same contract as every backend.
+would launch, so results are identical; box_running (float32 boxes) runs through
+`kernels.common.launch`, which finds its shipped cubins by name (`kernels.common.refs`).
+Anything else (other kernels, other methods, device arrays, a missing cubin, a driver
+error) is passed to `imgfilter.backends.cuda`, which imports Numba then. Same contract
+as every backend.
 Device arrays run here too inside `device_arrays()`: the row bands of a large host image
 (`imgfilter.streamed`) and the pixel classifier's feature planes (`imgfilter.classify.cuda`).
 Set IMGFILTER_NO_QUICK_START=1 to always use the Numba path.
