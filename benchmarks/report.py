@@ -8,8 +8,7 @@
 
 The page holds current results only: for each area, the newest committed run. Nothing
 on it is typed by hand except HEADER and the short section intros below; every figure
-is read from a file in benchmarks/results, named next to it. How each kernel got
-there is in docs/history/.
+is read from a file in benchmarks/results, named next to it.
 
 How a new run gets on the page: commit it to benchmarks/results under the usual name,
 DATE[letters]-DEVICE-WHAT.EXT (e.g. 2026-11-26r-h100-pipeline-quick.json), then run
@@ -94,8 +93,8 @@ HEADER = """\
 Current results, one section per area: the newest committed run of each, with its peers
 from the same run. This page is generated: `python benchmarks/report.py --write
 BENCHMARKS.md` rebuilds it from `benchmarks/results/` (the script's docstring says how a
-new run is picked up; `tests/test_report.py` fails if page and data disagree). How each
-kernel got here, and the runs along the way: [docs/history/](docs/history/README.md).
+new run is picked up; `tests/test_report.py` fails if page and data disagree). What
+changed when: [CHANGELOG.md](CHANGELOG.md); earlier runs are in git history.
 
 How it measures (`imgfilter/bench.py`): **kernel us** is GPU time per launch, the
 launches queued behind a spin kernel so that Python's launch cost is not counted
