@@ -253,15 +253,39 @@ def as_kernel(kernel: Any) -> np.ndarray:
     return k.astype(np.float32)
 
 
+_BOX_FORMS = "an int side k, or OpenCV's (width, height) pair of ints"
+
+
+def _side(value: Any) -> int | None:
+    """An int (or integral float) box side as int; None for anything else (bools and
+    strings included)."""
+    if isinstance(value, bool | np.bool_ | str | bytes):
+        return None
+    if isinstance(value, int | np.integer):
+        return int(value)
+    if isinstance(value, float | np.floating) and float(value).is_integer():
+        return int(value)
+    return None
+
+
 def box_size(k: int | tuple[int, int]) -> tuple[int, int]:
-    """Return (kh, kw) for `k` (a side, or OpenCV's (width, height)); UsageError if absurd."""
-    kw, kh = (k, k) if np.isscalar(k) else tuple(k)
+    """Return (kh, kw) for `k` (a side, or OpenCV's (width, height)); UsageError naming
+    the accepted forms for anything else, and for sides below 1 or above MAX_BOX_SIDE."""
+    if np.ndim(k) == 0:
+        sides = [_side(k)] * 2
+    elif np.ndim(k) == 1 and len(k) == 2:
+        sides = [_side(s) for s in k]
+    else:
+        sides = [None]
+    if None in sides:
+        raise UsageError(f"kernel size must be {_BOX_FORMS}, got {k!r}")
+    kw, kh = sides
     for side in (kw, kh):
-        if int(side) != side or side < 1:
-            raise UsageError(f"kernel size must be a positive integer, got {side}")
+        if side < 1:
+            raise UsageError(f"kernel size must be positive ({_BOX_FORMS}), got {k!r}")
         if side > MAX_BOX_SIDE:
             raise UsageError(f"kernel size {side} is too large (at most {MAX_BOX_SIDE})")
-    return int(kh), int(kw)
+    return kh, kw
 
 
 def filter2d(
@@ -453,7 +477,8 @@ def _box_options(k, anchor, border, border_value, method, dtype) -> tuple:
         ksize = box_size(k)
         return (ksize, *_options(anchor, ksize, border, border_value, method, dtype))
 
-    return _remember(("blur", k, anchor, border, border_value, method, dtype), make)
+    # type(k): True == 1 and hashes as 1, but is no kernel size
+    return _remember(("blur", k, type(k), anchor, border, border_value, method, dtype), make)
 
 
 def contour(

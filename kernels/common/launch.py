@@ -513,7 +513,8 @@ def batched_kernel(kernel, per_image: tuple):
     those with blockIdx.z == b, and array argument i (where per_image[i]) arrives as
     the batch's arrays (N, ...) of which the kernel's body gets the b-th. The body is
     the kernel's own Python source compiled as a device function: the same code as
-    the single-image kernel, for kernels that do not use blockIdx.z themselves."""
+    the single-image kernel, for kernels that do not use blockIdx.z themselves
+    (`_mergeable`)."""
     key = (kernel, per_image)
     with compile_lock:
         found = _batched.get(key)
@@ -597,7 +598,7 @@ class Batching:
         grid = _dims(grid)
         pairs = list(zip(args, steps, strict=True))
         views = [a if s is None else batched_view(a, self.n, s) for a, s in pairs]
-        together = grid[2] == 1 and self.n <= 65535 and hasattr(kernel, "py_func")
+        together = grid[2] == 1 and self.n <= 65535 and _mergeable(kernel)
         per_image = tuple(s is not None for s in steps)
         if not any(per_image):  # the same for every image: once
             _launch(kernel, grid, block, args, stream, smem)
@@ -696,11 +697,16 @@ def _same_array(a, b) -> bool:
             and tuple(a.strides) == tuple(b.strides))  # fmt: skip
 
 
-def _uses_grid_size(kernel) -> bool:
-    """Whether a kernel reads the grid's size (a merged launch's grid is the largest
-    image's, not its own)."""
+def _mergeable(kernel) -> bool:
+    """Whether a kernel's launches for several images can be one launch whose
+    blockIdx.z picks the image: it has Python source and reads neither the grid's size
+    (a merged grid is the largest image's) nor blockIdx.z (the generic kernels take
+    their channel from it, even with one channel)."""
+    if not hasattr(kernel, "py_func"):
+        return False
     names = kernel.py_func.__code__.co_names
-    return "gridDim" in names or "gridsize" in names
+    reads_z = "blockIdx" in names and "z" in names
+    return not (reads_z or "gridDim" in names or "gridsize" in names)
 
 
 def _kinds(steps: list) -> tuple | None:
@@ -711,7 +717,7 @@ def _kinds(steps: list) -> tuple | None:
     image, a grid using z, a kernel without Python source or reading its grid size,
     per-image arrays inside tuples or not C-contiguous)."""
     kernel, grid, _, args, _ = steps[0]
-    if not 1 < len(steps) <= 65535 or not hasattr(kernel, "py_func") or _uses_grid_size(kernel):
+    if not 1 < len(steps) <= 65535 or not _mergeable(kernel):
         return None
     if any(s[1][2] != 1 for s in steps):
         return None

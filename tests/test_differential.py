@@ -1,0 +1,318 @@
+"""Seeded differential test: random calls of the array API against OpenCV.
+
+Each case draws, from its own seed, an operation (filter2d, blur, contour), an image
+shape (1x1 up to tall and wide strips), dtype, channel count, border (and constant
+value), anchor, kernel size and rank (full, rank 1, rank 2; integer or float taps), a
+method, a backend, the input's kind (host, or a device array: Numba's, CuPy's or
+torch's where present), the call's form (one image, a 4-D batch, a list of images of
+different sizes) and, for host images on the GPU, a `max_gpu_bytes` that forces row
+bands. Every case is compared with OpenCV (`tests/test_filters.py`'s references and
+agreement bars). Mismatches are collected, so one run reports them all with the
+seeds that reproduce them (`case(seed)`).
+
+On Numba's simulator (CI) a few dozen small cases run; on a real GPU the `gpu` test
+runs IMGFILTER_DIFF_CASES cases (default 10,000) at full range.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+from conftest import ON_GPU
+from test_filters import (
+    BORDERS,
+    DTYPES,
+    assert_agrees,
+    blur_reference,
+    border_value,
+    float_tolerance,
+    make_image,
+    make_kernel,
+)
+
+import imgfilter
+from imgfilter.backends import opencv as ref
+
+FILTER_METHODS = ("auto", "naive", "padded", "tiled", "window", "blocked", "separable")
+BLUR_METHODS = ("auto", "separable", "naive", "padded", "tiled")
+BLOCKED_MAX_SIDE = 31  # the register-blocked kernel's largest kernel side
+SEED0 = 20_000
+
+
+@dataclass
+class Case:
+    """One call and what it is compared with."""
+
+    seed: int
+    op: str
+    shape: tuple
+    dtype: type
+    border: str
+    backend: str
+    method: str
+    source: str  # "host", "numba", "cupy", "torch"
+    form: str  # "one", "batch", "list"
+    ksize: tuple = (1, 1)
+    rank: str = "full"
+    kind: str = "float"
+    anchor: tuple | None = None
+    huge: bool = False
+    budget: int | None = None
+    extra_shapes: list = field(default_factory=list)
+
+    def __str__(self) -> str:
+        parts = [f"seed={self.seed}", self.op, f"{self.shape}", np.dtype(self.dtype).name,
+                 self.border, self.backend, self.method, self.source, self.form]  # fmt: skip
+        if self.op != "contour":
+            parts += [f"k={self.ksize}", self.rank, self.kind, f"anchor={self.anchor}"]
+        if self.huge:
+            parts.append("huge")
+        if self.budget:
+            parts.append(f"max_gpu_bytes={self.budget}")
+        return " ".join(parts)
+
+
+def _side(rng: np.random.Generator, full: bool) -> int:
+    """An image side: mostly small, sometimes 1, on a GPU sometimes long."""
+    if not full:
+        return int(rng.choice([1, 2, 3, 5, 7, 9, 12]))
+    roll = rng.random()
+    if roll < 0.08:
+        return 1
+    if roll < 0.5:
+        return int(rng.integers(2, 40))
+    if roll < 0.92:
+        return int(rng.integers(40, 400))
+    return int(rng.integers(400, 3000))
+
+
+def _kernel_side(rng: np.random.Generator, full: bool) -> int:
+    if not full:
+        return int(rng.choice([1, 2, 3, 4, 5]))
+    return int(rng.choice([1, 2, 3, 3, 4, 5, 5, 6, 7, 9, 11, 15, 21, 21, 31, 41]))
+
+
+def _sources(backend: str) -> list[str]:
+    if backend == "cpu":
+        return ["host"]
+    found = ["host", "numba"]
+    if ON_GPU:
+        for name in ("cupy", "torch"):
+            try:
+                __import__(name)
+                found.append(name)
+            except ImportError:
+                pass
+    return found
+
+
+def case(seed: int, full: bool, backend: str | None = None) -> Case:
+    """The case of this seed (`full`: the GPU's range of sizes, else the simulator's)."""
+    rng = np.random.default_rng(seed)
+    op = str(rng.choice(["filter2d", "filter2d", "blur", "blur", "contour"]))
+    backend = backend or str(rng.choice(["cuda", "cuda", "cuda", "cpu"]))
+    dtype = DTYPES[int(rng.integers(len(DTYPES)))]
+    if op == "contour" and dtype == np.float32:  # contour takes integer images only
+        dtype = np.uint8
+    h, w = _side(rng, full), _side(rng, full)
+    if h * w > 400_000:  # a long strip, not a huge image
+        w = max(1, 400_000 // h)
+    channels = rng.choice([0, 1, 3, 4])
+    shape = (h, w) if channels == 0 else (h, w, int(channels))
+    border = str(rng.choice(BORDERS))
+    source = str(rng.choice(_sources(backend)))
+    form = str(rng.choice(["one", "one", "one", "batch", "list"]))
+    c = Case(seed, op, shape, dtype, border, backend, "auto", source, form)
+    c.huge = dtype == np.float32 and rng.random() < 0.1
+    if op != "contour":
+        c.ksize = (_kernel_side(rng, full), _kernel_side(rng, full))
+        c.kind = str(rng.choice(["int", "float"]))
+        if rng.random() < 0.3:
+            c.anchor = (int(rng.integers(c.ksize[1])), int(rng.integers(c.ksize[0])))
+    if op == "filter2d":
+        c.rank = str(rng.choice(["full", "full", "rank1", "rank2"]))
+        c.method = str(rng.choice(FILTER_METHODS))
+        if c.method == "separable":
+            c.rank = "rank1"
+        if c.method == "blocked" and max(c.ksize) > BLOCKED_MAX_SIDE:
+            c.method = "auto"
+    elif op == "blur":
+        c.method = str(rng.choice(BLUR_METHODS))
+    if form == "list":
+        c.extra_shapes = [(_side(rng, full), _side(rng, full)) + shape[2:] for _ in range(2)]
+    elif form == "batch":
+        c.extra_shapes = [shape] * int(rng.integers(1, 3))
+    if backend == "cuda" and source == "host" and form == "one" and rng.random() < 0.3:
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        c.budget = max(1, nbytes // int(rng.integers(2, 6)))
+    return c
+
+
+def _rank_kernel(c: Case) -> np.ndarray:
+    """The case's kernel: taps as tests/test_filters.py makes them, of the case's rank
+    (a sum of outer products; integer factors in {-1, 1} keep integer sums exact)."""
+    kh, kw = c.ksize
+    if c.rank == "full":
+        return make_kernel(c.kind, (kh, kw), c.seed + 1)
+    rng = np.random.default_rng(c.seed + 1)
+    terms = 1 if c.rank == "rank1" else 2
+    k = np.zeros((kh, kw))
+    for _ in range(terms):
+        if c.kind == "int":
+            u = rng.choice([-1.0, 1.0], kh) * (rng.random(kh) < 0.6)
+            v = rng.choice([-1.0, 1.0], kw) * (rng.random(kw) < 0.6)
+            u[kh // 2], v[kw // 2] = 1.0, 1.0
+        else:
+            u, v = rng.standard_normal(kh), rng.standard_normal(kw)
+        k += np.outer(u, v)
+    if c.kind == "float":
+        k *= 2.0 / max(np.abs(k).sum(), 1e-6)
+    if k.sum() < 0:
+        k = -k
+    return k.astype(np.float32)
+
+
+def _to_device(img: np.ndarray, source: str):
+    if source == "cupy":
+        import cupy
+
+        return cupy.asarray(img)
+    if source == "torch":
+        import torch
+
+        return torch.from_numpy(np.ascontiguousarray(img)).cuda()
+    from numba import cuda
+
+    return cuda.to_device(np.ascontiguousarray(img))
+
+
+def _to_host(arr) -> np.ndarray:
+    if isinstance(arr, np.ndarray):
+        return arr
+    if hasattr(arr, "copy_to_host"):
+        return arr.copy_to_host()
+    if hasattr(arr, "get"):
+        return arr.get()
+    return arr.cpu().numpy()
+
+
+def _reference(c: Case, img: np.ndarray, kernel: np.ndarray | None) -> np.ndarray:
+    value = border_value(c.border, c.dtype)
+    if c.op == "filter2d":
+        return ref.filter2d(img, kernel, c.anchor, c.border, value).reshape(img.shape)
+    if c.op == "blur":
+        return _blur_reference(c, img, value)
+    return ref.contour(img, c.border, value)
+
+
+def _blur_reference(c: Case, img: np.ndarray, value: float) -> np.ndarray:
+    """cv2.blur with the case's anchor: the box is an all-ones kernel over its area,
+    so cv2.filter2D of the same box (anchor as given) is the reference when an anchor is
+    set; without one, tests/test_filters.py's cv2.blur reference."""
+    kh, kw = c.ksize
+    if c.anchor is None:
+        return blur_reference(img, (kh, kw), c.border, value)
+    box = np.full((kh, kw), 1.0 / (kh * kw), np.float64)
+    return ref.filter2d(img, box, c.anchor, c.border, value).reshape(img.shape)
+
+
+def _call(c: Case, images, kernel):
+    value = border_value(c.border, c.dtype)
+    common = dict(border=c.border, border_value=value, backend=c.backend, method=c.method)
+    batch = c.form != "one"
+    if c.op == "filter2d":
+        fn = imgfilter.filter2d_batch if batch else imgfilter.filter2d
+        common.update(anchor=c.anchor)
+        args = (images, kernel)
+    elif c.op == "blur":
+        fn = imgfilter.blur_batch if batch else imgfilter.blur
+        common.update(anchor=c.anchor)
+        args = (images, (c.ksize[1], c.ksize[0]))
+    else:
+        fn = imgfilter.contour_batch if batch else imgfilter.contour
+        args = (images,)
+    if c.budget is not None:
+        common.update(max_gpu_bytes=c.budget)
+    return fn(*args, **common)
+
+
+def _inputs(c: Case) -> list[np.ndarray]:
+    shapes = [c.shape] + list(c.extra_shapes)
+    return [make_image(s, c.dtype, c.seed + 2 + i, huge=c.huge) for i, s in enumerate(shapes)]
+
+
+def run_case(c: Case) -> bool:
+    """Run case `c` and assert agreement with OpenCV; returns whether some reference
+    value is non-zero."""
+    hosts = _inputs(c)
+    kernel = _rank_kernel(c) if c.op == "filter2d" else None
+    if c.form == "batch":
+        given = np.stack(hosts)
+        if c.source != "host":
+            given = _to_device(given, c.source)
+    elif c.source == "host":
+        given = hosts if c.form == "list" else hosts[0]
+    else:
+        devices = [_to_device(h, c.source) for h in hosts]
+        given = devices if c.form == "list" else devices[0]
+    got = _call(c, given, kernel)
+    results = [_to_host(r) for r in got] if c.form != "one" else [_to_host(got)]
+    nonzero = False
+    for img, result in zip(hosts, results, strict=True):
+        want = _reference(c, img, kernel)
+        l1 = float(np.abs(kernel).sum()) if kernel is not None else 1.0
+        exact = c.op == "contour" or (c.op == "filter2d" and c.kind == "int")
+        if c.op == "blur":  # as tests/test_filters.py's check_blur
+            exact = (c.backend == "cpu" and c.dtype == np.uint8 and c.anchor is None
+                     and c.ksize[0] * c.ksize[1] <= 256)  # fmt: skip
+        tol = float_tolerance(l1, img, border_value(c.border, c.dtype))
+        nonzero |= assert_agrees(np.asarray(result).reshape(want.shape), want, exact=exact,
+                                 tol=tol, what=str(c))  # fmt: skip
+    return nonzero
+
+
+def _run_many(seeds, full: bool, backend: str | None = None) -> None:
+    failures, nonzero = [], 0
+    for seed in seeds:
+        c = case(seed, full, backend)
+        try:
+            nonzero += run_case(c)
+        except Exception as exc:  # noqa: BLE001 - every mismatch is collected and reported
+            failures.append(f"{c}: {type(exc).__name__}: {str(exc)[:300]}")
+    assert not failures, f"{len(failures)} of {len(seeds)} cases failed:\n" + "\n".join(
+        failures[:20]
+    )
+    assert nonzero > len(seeds) // 2, "most references were all zero: the test is vacuous"
+
+
+def test_differential_cpu_backend():
+    """The CPU backend over the full range of sizes (it is fast here)."""
+    _run_many(range(SEED0, SEED0 + 60), full=True, backend="cpu")
+
+
+def test_differential_cuda_simulator():
+    """Small cases through the CUDA backend (the simulator in CI, the GPU elsewhere)."""
+    _run_many(range(SEED0 + 1000, SEED0 + 1024), full=False, backend="cuda")
+
+
+@pytest.mark.gpu
+def test_differential_gpu_full():
+    """IMGFILTER_DIFF_CASES cases at full range on the real GPU: 0 mismatches."""
+    n = int(os.environ.get("IMGFILTER_DIFF_CASES", "10000"))
+    _run_many(range(SEED0 + 100_000, SEED0 + 100_000 + n), full=True)
+
+
+def test_case_draws_every_dimension():
+    """The generator reaches every operation, form, border, dtype and method."""
+    seen = [case(s, True) for s in range(SEED0, SEED0 + 2000)]
+    assert {c.op for c in seen} == {"filter2d", "blur", "contour"}
+    assert {c.form for c in seen} == {"one", "batch", "list"}
+    assert {c.border for c in seen} == set(BORDERS)
+    assert {np.dtype(c.dtype) for c in seen} == {np.dtype(d) for d in DTYPES}
+    assert {c.method for c in seen if c.op == "filter2d"} == set(FILTER_METHODS)
+    assert {c.rank for c in seen} >= {"full", "rank1", "rank2"}
+    assert any(c.budget for c in seen) and any(1 in c.shape[:2] for c in seen)
+    assert any(max(c.shape[:2]) >= 400 for c in seen)
