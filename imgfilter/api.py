@@ -549,7 +549,7 @@ def contour(
 
     out_bytes = arr.shape[0] * arr.shape[1] * arr.dtype.itemsize
     if not device and (budget := _band_budget(be, arr, out_bytes, max_gpu_bytes)):
-        return _in_bands(be, arr, out, arr.shape[:2], (1, 1), code, run, budget)
+        return _in_bands(be, arr, out, arr.shape[:2], (1, 1), code, run, budget, gray=True)
     result = run(_as_3d(arr), dout, stream)
     if out is not None:
         return out
@@ -593,10 +593,12 @@ def _band_budget(be, arr: np.ndarray, out_bytes: int, max_gpu_bytes: int | None)
 
 
 def _in_bands(be, arr: np.ndarray, out: Any, shape: tuple, reach: tuple, code: int, run,
-              budget: int) -> np.ndarray:  # fmt: skip
+              budget: int, gray: bool = False) -> np.ndarray:  # fmt: skip
     """`run(src, dst, stream)` (a call of backend `be`) over host `arr` in row bands
-    into `out` (or a new array of `shape`): `imgfilter.streamed.filter_in_bands`. A
-    backend with `device_arrays()` (the quick start) is told that device bands are coming."""
+    into `out` (or a new array of `shape`): `imgfilter.streamed.filter_in_bands`. The
+    bands of dst are (H, W, C) as the backend's filters take them, or (H, W) for
+    `gray` results (contour). A backend with `device_arrays()` (the quick start) is told
+    that device bands are coming."""
     import contextlib
 
     from kernels.common.border_index import WRAP
@@ -605,7 +607,7 @@ def _in_bands(be, arr: np.ndarray, out: Any, shape: tuple, reach: tuple, code: i
     from .streamed import filter_in_bands
 
     result = host_empty(shape, arr.dtype) if out is None else out
-    dst = result if len(shape) == 2 else _as_3d(result)
+    dst = result if gray else _as_3d(result)
     with getattr(be, "device_arrays", contextlib.nullcontext)():
         filter_in_bands(_as_3d(arr), dst, reach, code == WRAP, run, budget)
     return result

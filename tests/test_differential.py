@@ -316,3 +316,15 @@ def test_case_draws_every_dimension():
     assert {c.rank for c in seen} >= {"full", "rank1", "rank2"}
     assert any(c.budget for c in seen) and any(1 in c.shape[:2] for c in seen)
     assert any(max(c.shape[:2]) >= 400 for c in seen)
+
+
+@pytest.mark.parametrize("op", ["blur", "filter2d", "contour"])
+@pytest.mark.parametrize("shape", [(9, 6), (9, 6, 1), (9, 6, 3)])
+def test_row_bands_of_gray_and_colour_images(op, shape):
+    """Host images forced into row bands (max_gpu_bytes) on the CUDA backend equal
+    OpenCV for 2-D images too (their bands were once 2-D where the kernels take
+    (H, W, C): an IndexError on the simulator, a TypeError on the GPU)."""
+    c = Case(0, op, shape, np.uint8, "reflect101", "cuda", "auto", "host", "one")
+    c.ksize, c.kind = (3, 5), "int"
+    c.budget = int(np.prod(shape)) // 3
+    assert run_case(c)
