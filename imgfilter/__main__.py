@@ -1,21 +1,25 @@
 """The `imgfilter` command (console script and `python -m imgfilter`).
 
-A GPU command line starts opening the CUDA context in the background before the CLI
-and NumPy are imported (`imgfilter.backends.warmup`), and a filtering command starts
-reading its input while the CLI imports (`imgfilter.prefetch`); then `imgfilter.cli`
-runs, and the process ends without tearing the interpreter down or waiting for the
-CUDA context's teardown (`_exit`).
+Ctrl-C is handled first (`_handle_ctrl_c`). A GPU command line then starts opening the
+CUDA context in the background before the CLI and NumPy are imported
+(`imgfilter.backends.warmup`), and a filtering command starts reading its input while
+the CLI imports (`imgfilter.prefetch`); then `imgfilter.cli` runs, and the process ends
+without tearing the interpreter down or waiting for the CUDA context's teardown
+(`_exit`).
 """
 
 import atexit
 import os
+import signal
 import sys
 import threading
 
-from .backends import warmup
-
 
 def main() -> None:
+    """Run the `imgfilter` command line of sys.argv; ends the process."""
+    _handle_ctrl_c()
+    from .backends import warmup
+
     warmup.start(sys.argv[1:])
     from . import prefetch
 
@@ -28,6 +32,30 @@ def main() -> None:
         _exit(done.code)
         raise
     _exit(0)
+
+
+def _handle_ctrl_c() -> None:
+    """From here on, SIGINT ends the process with one line and exit 130 whatever it is
+    doing (`_interrupted`), instead of a KeyboardInterrupt that would unwind an import
+    or a library with a traceback. A SIGINT that the parent left ignored (a script's
+    background job) stays ignored. Before this runs (Python's own start, about 20-60
+    ms), Ctrl-C ends the process as it ends any Python program."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, _interrupted)
+    from .cli import output  # noqa: F401 - what `_interrupted` ends with, from now on
+
+
+def _interrupted(signum, frame) -> None:
+    """The SIGINT handler: `cli.output.end_interrupted` (spinner erased, temporary
+    files removed, one line, os._exit(130)) once that module is imported, which
+    `_handle_ctrl_c` does before anything is read, written or drawn; until then, the
+    line and the exit alone."""
+    output = sys.modules.get(__package__ + ".cli.output")
+    end = getattr(output, "end_interrupted", None)
+    if end is not None:
+        end()
+    os.write(2, b"imgfilter: interrupted\n")
+    os._exit(130)
 
 
 def _exit(status) -> None:

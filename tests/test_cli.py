@@ -2,9 +2,9 @@
 error is one line on stderr with the exit code docs/design.md gives it (2 usage, 3 input,
 4 output, 5 device, 1 anything else).
 
-Runs through `imgfilter.cli.main` under Click's test runner (in process, `--backend cpu`;
-the common command lines through `quick`, the rest through Typer, as the installed
-command runs them) and, for a few cases, as `python -m imgfilter` in a subprocess.
+Runs through `imgfilter.cli.main` under Click's test runner (in process, `--backend cpu`,
+through Typer as the installed command runs them) and, for a few cases, as
+`python -m imgfilter` in a subprocess.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class Ran:
 
 def run(*args: str | Path) -> Ran:
     """`imgfilter ARGS` in this process through the command's entry point,
-    `cli.main` (`quick`, else Typer), with Typer's test runner's isolated streams."""
+    `cli.main`, with Typer's test runner's isolated streams."""
     exception: BaseException | None = None
     with runner.isolation() as (out, err, both):
         try:

@@ -1,8 +1,11 @@
-"""Ctrl-C (SIGINT) stops a running `imgfilter` command at once (issue 25, item 3).
+"""Ctrl-C (SIGINT) stops an `imgfilter` command at once (issue 25, item 3; issue 57,
+section 4, items 1 and 2), whatever it is doing.
 
-The command runs in a worker thread while the main thread waits, so Python's SIGINT
-handler runs even while the filter sits in OpenCV or a Numba parallel loop; the process
-then removes any temporary output file, prints `imgfilter: interrupted` and exits 130.
+The command runs in a worker thread while the main thread waits, so the process's SIGINT
+handler (`cli.output.end_interrupted`, installed first thing by `imgfilter.__main__`)
+runs even while the filter sits in OpenCV or a Numba parallel loop, or a large input
+decodes in the background; the process then removes any temporary output file, prints
+`imgfilter: interrupted` and exits 130. The same holds while the command imports.
 
 Each test starts `python -m imgfilter` on a large image and sends SIGINT once the
 command has started for certain: the input is a named pipe, which the command opens
@@ -26,6 +29,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+
+from imgfilter import prefetch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -128,3 +133,90 @@ def test_sigint_while_the_output_is_written_leaves_no_file(tmp_path, big_png):
     else:  # the rename won the race: a whole image
         assert proc.returncode == 0, stderr
         assert cv2.imread(str(out)).shape == (*SIDES, 3)
+
+
+# The command line run by `python -c CHILD FD ARGS...`: it writes a byte to FD once
+# Python itself has started and imported the package, then runs `imgfilter ARGS`. Before
+# that, a Ctrl-C ends Python's own start-up as it ends any Python program.
+CHILD = (
+    "import os, sys\n"
+    "ready = int(sys.argv.pop(1))\n"
+    "sys.argv[0] = 'imgfilter'\n"
+    "from imgfilter.__main__ import main\n"
+    "os.write(ready, b'.')\n"
+    "main()\n"
+)
+
+
+def test_sigint_at_any_moment_is_one_line_and_130(tmp_path):
+    """A Ctrl-C at any moment of a short command, from its first imports (NumPy and
+    OpenCV for the background read, Typer) through parsing, the filter and the write
+    to its exit: `imgfilter: interrupted` alone on stderr, exit 130, no output or
+    temporary file; or, sent too late, the command's own success."""
+    src = REPO / "samples" / "astronaut.jpg"
+    outcomes = []
+    for i in range(16):
+        out = tmp_path / f"out{i}.png"
+        ready_r, ready_w = os.pipe()
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(ready_w), "blur", str(src), "--k", "21",
+             "--backend", "cpu", "-o", str(out)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(), pass_fds=(ready_w,),
+            preexec_fn=sigint_as_in_a_terminal,
+        )  # fmt: skip
+        os.close(ready_w)
+        try:
+            assert os.read(ready_r, 1) == b".", proc.communicate()
+        finally:
+            os.close(ready_r)
+        time.sleep(0.003 + 0.025 * i)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+        if proc.returncode == 0:  # the command had ended: its own output, complete
+            assert cv2.imread(str(out)).shape == (512, 512, 3)
+            outcomes.append("done")
+            continue
+        assert (proc.returncode, stderr.decode(), stdout) == (130, "imgfilter: interrupted\n", b"")
+        assert not out.exists()
+        outcomes.append("interrupted")
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert outcomes.count("interrupted") >= 8, outcomes
+
+
+def _maps(pid: int, path: Path) -> bool:
+    """Whether process `pid` has `path` open or mapped."""
+    try:
+        if str(path) in Path(f"/proc/{pid}/maps").read_text():
+            return True
+        fds = Path(f"/proc/{pid}/fd")
+        return any(os.readlink(fd) == str(path) for fd in fds.iterdir())
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc")
+def test_sigint_while_a_large_png_decodes_ends_within_a_tenth_of_a_second(tmp_path, big_png):
+    """A PNG of 50 MB decodes for a second or more; the command reads it in the
+    background while it imports (`imgfilter.prefetch`). A Ctrl-C meanwhile waits for
+    neither that read nor anything else."""
+    assert len(big_png) <= prefetch.MAX_BYTES  # read in the background
+    src, out = tmp_path / "big.png", tmp_path / "out.png"
+    src.write_bytes(big_png)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "imgfilter", "blur", str(src), "--k", "3", "--backend", "cpu",
+         "-o", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
+        preexec_fn=sigint_as_in_a_terminal,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not _maps(proc.pid, src) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    time.sleep(0.2)  # well inside the decode
+    assert proc.poll() is None, "the decode ended before the signal: make the PNG larger"
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    latency = time.monotonic() - sent
+    assert (proc.returncode, stderr.decode(), stdout) == (130, "imgfilter: interrupted\n", b"")
+    assert latency < 0.15, latency
+    assert not out.exists()

@@ -10,27 +10,23 @@
 Every error is one line on stderr, `imgfilter: error: <message>`, with the exit code of
 its class (imgfilter.errors: 2 usage, 3 input, 4 output, 5 device; 1 anything else);
 `--debug` adds the traceback. Click's own usage errors are reported the same way.
-Ctrl-C ends a command within a fraction of a second: one line `imgfilter: interrupted`,
-exit 130, no output or temporary file left (see `worker.in_worker`).
+`imgfilter` alone prints the help on stdout and exits 2, as a Typer app does.
+Ctrl-C ends a command at once: one line `imgfilter: interrupted`, exit 130, no output
+or temporary file left (`output.end_interrupted`, the command line's SIGINT handler).
 Informational lines (what was written, notes) go to stderr too; `--quiet` drops them.
-Heavy modules (numba, cv2, imgfilter.io, the backends) are imported inside the
-commands, so `imgfilter --help` stays quick, and a command's own module is imported
-when the command is first looked up (`typer_app.COMMANDS`): `imgfilter blur` builds
-`blur` alone.
 
-The common command lines of blur, filter and contour (inputs and the usual options)
-are parsed without Typer, whose import would cost such a run tens of milliseconds
-(`quick`); every other command line goes through Typer. Both call the same
-`filtering.run` with the same values (tests/test_cli_quick.py checks them alike).
+One parser, Typer. Heavy modules (NumPy, OpenCV, Numba, rich, imgfilter.io, the
+backends) are imported inside the commands, and a command's own module when the
+command is first looked up (`typer_app.COMMANDS`): `imgfilter blur` builds `blur`
+alone.
 
 Modules: `typer_app` (the Typer app `app`, its one-line Click errors, the `command`
-decorator), `quick` (the command lines parsed without Typer), `worker` (worker
-thread, Ctrl-C, spinner, one-line errors and exit codes), `output` (stderr lines),
-`options` (the shared Typer options), `values` (what option values are and resolve
-to), `many` (several inputs), `filtering` (what blur, filter and contour do), and the
-commands' Typer declarations: `filters` (blur, filter, contour), `compare`, `bench`,
-`classify` (train, classify). Only `typer_app`, `options` and the declarations import
-Typer.
+decorator), `worker` (worker thread, spinner, one-line errors and exit codes),
+`output` (stderr lines, Ctrl-C), `options` (the shared Typer options), `values` (what
+option values are and resolve to), `many` (several inputs), `filtering` (what blur,
+filter and contour do), and the commands' Typer declarations: `filters` (blur,
+filter, contour), `compare`, `bench`, `classify` (train, classify). Only `typer_app`,
+`options` and the declarations import Typer.
 """
 
 from __future__ import annotations
@@ -44,27 +40,21 @@ __all__ = ["app", "main"]
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point for `python -m imgfilter` and the `imgfilter` console script: the
-    command line `argv` (default sys.argv[1:]) through `quick` where it can take it,
-    else through Typer. Ends with SystemExit as Typer does."""
+    """Run the command line `argv` (default sys.argv[1:]) through the Typer app. Ends
+    with SystemExit as Typer does. (`python -m imgfilter` and the `imgfilter` console
+    script come through `imgfilter.__main__`, which also handles Ctrl-C.)"""
     args = sys.argv[1:] if argv is None else argv
     try:
-        from . import quick
-
-        parsed = quick.parse(args)
-        if parsed is not None:
-            sys.exit(quick.run(*parsed))
         from .typer_app import app
 
         app(args=args, prog_name=PROG)
-    except KeyboardInterrupt:  # before or after a command (parsing, exiting)
+    except KeyboardInterrupt:  # in a process without the SIGINT handler (tests)
         interrupted_line()
         sys.exit(INTERRUPTED)
 
 
 def __getattr__(name: str) -> Any:
-    # `imgfilter.cli.app`, the Typer app, imported when first asked for (Typer's import
-    # is what `quick` saves).
+    # `imgfilter.cli.app`, the Typer app, imported when first asked for.
     if name == "app":
         from .typer_app import app
 

@@ -1,5 +1,5 @@
 """`python -m imgfilter.cli`: the same as `python -m imgfilter`."""
 
-from . import main
+from ..__main__ import main
 
 main()

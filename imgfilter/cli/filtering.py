@@ -1,9 +1,8 @@
 """The filtering commands' work, `blur`, `filter` and `contour`, without Typer.
 
-`run(op, options)` is each command's body, given the options as parsed: by Typer (the
-commands declared in `filters`) or by `quick` (the common command lines, without
-importing Typer). One input is read, filtered and written here (`filter_file`);
-several go through many.run_many (`_filter_many`).
+`run(op, options)` is each command's body, given the options as Typer parsed them (the
+commands declared in `filters`). One input is read, filtered and written here
+(`filter_file`); several go through many.run_many (`_filter_many`).
 """
 
 from __future__ import annotations

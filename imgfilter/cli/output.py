@@ -8,10 +8,11 @@ is drawn, lines go above it (`emit`). `Run` holds the state of the command being
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import prefetch
 
@@ -73,11 +74,42 @@ def stage(text: str) -> None:
 
 
 def interrupted_line() -> None:
-    """`imgfilter: interrupted` on stderr, after whatever stdout holds."""
+    """`imgfilter: interrupted` on stderr, after whatever stdout holds (a Ctrl-C that
+    reached a command run in this thread as KeyboardInterrupt; see `end_interrupted`)."""
     prefetch.settle()
     with contextlib.suppress(Exception):
         sys.stdout.flush()
     print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
+
+
+def end_interrupted(signum: int | None = None, frame: Any = None) -> NoReturn:
+    """Ctrl-C: end the process now with the line `imgfilter: interrupted` and exit 130.
+
+    The `imgfilter` process's SIGINT handler (`imgfilter.__main__`): Python runs it in
+    the main thread at its next bytecode, wherever that thread is (importing, parsing,
+    waiting for the command's worker thread), so no KeyboardInterrupt ever unwinds an
+    import or a library. Nothing is waited for, neither the worker (inside OpenCV or
+    Numba) nor a background read (a 28 MB PNG decodes for a second): the spinner or the
+    progress bar is erased, the temporary files of unfinished writes are removed and
+    descriptor 2 points at stderr again (`io.abandon_io`; outputs are renamed into
+    place only when complete, so none is partial), stdout is flushed, and os._exit
+    skips the interpreter's teardown, which would wait for those threads. The line
+    goes to descriptor 2 itself: the main thread may have been inside a write to
+    sys.stderr."""
+    for drawn in (Run.spinner, Run.bar):
+        if drawn is not None:
+            with contextlib.suppress(Exception):
+                drawn.stop()
+    io = sys.modules.get(__name__.partition(".")[0] + ".io")  # imported if it read or wrote
+    abandon = getattr(io, "abandon_io", None)
+    if abandon is not None:
+        with contextlib.suppress(Exception):
+            abandon()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    with contextlib.suppress(OSError):
+        os.write(2, f"{PROG}: interrupted\n".encode())
+    os._exit(INTERRUPTED)
 
 
 def shown(path: Path) -> str:

@@ -1,8 +1,7 @@
 """What the commands' option values are and resolve to, without Typer.
 
 The choices (`Border`, `Backend`, `Method`) and the functions that turn parsed values
-into what imgfilter.api takes. `options` declares the Typer options that give them;
-`quick` parses the common command lines into the same values without Typer.
+into what imgfilter.api takes. `options` declares the Typer options that give them.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ Python runs a signal handler only in the main thread, between bytecodes. A comma
 that filtered in the main thread would sit in OpenCV or a Numba parallel loop (native
 code) for the whole of a long filter, and Ctrl-C would wait for it (19 s for an
 8000x8000 31x31 filter on 2 cores). Those native calls release the GIL, so the main
-thread, waiting for the worker with a timeout, gets KeyboardInterrupt at once
-(`in_worker`).
+thread, waiting for the worker with a timeout, runs the SIGINT handler at once
+(`output.end_interrupted`, `in_worker`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 from .. import prefetch
 from ..errors import DeviceError, ImgFilterError
-from .output import INTERRUPTED, PROG, Run, fail, interrupted_line, note
+from .output import PROG, Run, end_interrupted, fail, note
 
 _python_showwarning = warnings.showwarning
 
@@ -105,10 +105,9 @@ def in_worker(fn: Callable[..., Any], args: Any, kwargs: Any, *, spinner: bool) 
     its value returned or its exception raised here.
 
     Ctrl-C meanwhile cannot stop the worker (no thread can be cancelled inside native
-    code), so the main thread removes what an unfinished write left (io.abandon_io:
-    the temporary file; outputs are renamed into place only when complete, so no
-    partial output exists), prints one line and ends the process with os._exit(130):
-    a normal exit would wait for the worker, or tear down Numba's and OpenCV's thread
+    code), so the main thread ends the process without it (`output.end_interrupted`:
+    the temporary file of an unfinished write removed, one line, os._exit(130)): a
+    normal exit would wait for the worker, or tear down Numba's and OpenCV's thread
     pools under it. The same loop drives the spinner (`spinner` and a terminal).
     Outside the main thread, fn simply runs here (signals do not arrive there).
     """
@@ -134,8 +133,8 @@ def in_worker(fn: Callable[..., Any], args: Any, kwargs: Any, *, spinner: bool) 
             worker.join(0.05)
             if show is not None and worker.is_alive():
                 show.tick(time.monotonic() - start)
-    except KeyboardInterrupt:
-        _abandon(show)
+    except KeyboardInterrupt:  # a process without the SIGINT handler: the same end
+        end_interrupted()
     finally:
         Run.spinner = None
         if show is not None:
@@ -143,22 +142,6 @@ def in_worker(fn: Callable[..., Any], args: Any, kwargs: Any, *, spinner: bool) 
     if "error" in outcome:
         raise outcome["error"]
     return outcome.get("value")
-
-
-def _abandon(show: Spinner | None) -> None:
-    """Ctrl-C while the worker runs: clean up, say so, exit 130 now (see in_worker)."""
-    if show is not None:
-        show.stop()
-    if Run.bar is not None:
-        with contextlib.suppress(Exception):
-            Run.bar.stop()
-    io = sys.modules.get(__name__.partition(".")[0] + ".io")  # imported if it read or wrote
-    if io is not None:
-        io.abandon_io()  # temp files gone, descriptor 2 back on the terminal
-    interrupted_line()
-    with contextlib.suppress(Exception):
-        sys.stderr.flush()
-    os._exit(INTERRUPTED)
 
 
 class Exit(Exception):  # noqa: N818 - named as typer.Exit and SystemExit are
