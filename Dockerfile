@@ -27,17 +27,11 @@ RUN case "${CUDA_MAJOR}" in \
     esac \
     && python -m venv /opt/imgfilter
 WORKDIR /src
-# A C compiler in this stage only: pip builds the package's small C launcher
-# (kernels/common/_launch.c, a microsecond less per GPU call) into the venv.
-# hadolint ignore=DL3008
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends gcc libc6-dev \
-    && rm -rf /var/lib/apt/lists/*
 COPY pyproject.toml README.md ./
 COPY imgfilter ./imgfilter
 COPY kernels ./kernels
 RUN /opt/imgfilter/bin/pip install ".[cu${CUDA_MAJOR}]" \
-    && cd / && /opt/imgfilter/bin/python -c "import kernels.common._launch"
+    && cd / && /opt/imgfilter/bin/imgfilter --version
 
 FROM python:${PYTHON_VERSION}-slim
 ARG CUDA_MAJOR=12

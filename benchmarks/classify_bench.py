@@ -26,7 +26,7 @@ and a matrix product (cuBLAS), each followed by torch.softmax over the classes a
 torch.argmax. Skipped with a note when torch (with CUDA) is not importable.
 
 Kernel times: launches queued behind a spin kernel, CUDA events, median of repeats
-(imgfilter.bench.Timer); per-call times: wall time of the call plus a synchronisation.
+(benchmarks/bench.py's Timer); per-call times: wall time of the call plus a synchronisation.
 
     python benchmarks/classify_bench.py --json out/classify.json
 """
@@ -47,7 +47,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from imgfilter.bench import Timer, copy_bandwidth_gbs, wall_us  # noqa: E402
+from bench import Timer, copy_bandwidth_gbs, wall_us  # noqa: E402
 
 
 def _torch():

@@ -2,7 +2,7 @@
 
 For each (N, K) and dtype: autotune (kernels.linalg.gemv.autotune, verified against float64
 NumPy, cached) then, per method, the kernel time per launch from launches queued
-behind a spin kernel (imgfilter.bench's Timer, CUDA events; Numba's Python launch cost
+behind a spin kernel (bench.py's Timer, CUDA events; Numba's Python launch cost
 excluded), the effective bandwidth (bytes of A / kernel time) and its share of the
 device-to-device copy bandwidth measured in the same run. Per-call times (synchronised
 wall time of one Python call on device arrays) and enqueue times (Python cost of a
@@ -31,7 +31,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from imgfilter.bench import Timer, copy_bandwidth_gbs  # noqa: E402
+from bench import Timer, copy_bandwidth_gbs  # noqa: E402
+
 from kernels.common.arrays import as_device_array  # noqa: E402
 from kernels.common.refs import dispatcher_of  # noqa: E402
 from kernels.linalg import gemv as G  # noqa: E402

@@ -16,38 +16,28 @@ DATE[letters]-DEVICE-WHAT.EXT (e.g. 2026-11-26r-h100-pipeline-quick.json), then 
 each area simply takes the newest file by name among those matching its patterns
 (AREAS below):
 
-- image kernels: `imgfilter bench --json` output (`*-bench*.json`, `*-seed.json`,
-  `*-4k.json`, `*-8k.json`); each image size (seed, 4k, 8k) comes from the newest
-  file holding rows of that size, and its plot from the .png of the same name;
-- large boxes at 4K/8K: `benchmarks/sweep_uint8_box.py` sizes sweeps
-  (`*-sweep-twopass-sizes.json`);
-- size-generic filter kernels: `benchmarks/generic_filter.py --json`
-  (`*-generic-filter.json`);
+- image kernels: `benchmarks/bench.py --json` (or `imgfilter bench --json`) output
+  (`*-bench*.json`, `*-seed.json`, `*-4k.json`, `*-8k.json`); each image size (seed,
+  4k, 8k) comes from the newest file holding rows of that size, and its plot from the
+  .png of the same name;
 - softmax: `benchmarks/softmax_bench.py --json` (`*-softmax.json`);
 - GEMV: `benchmarks/gemv_bench.py --json` (`*-gemv.json`);
-- in a pipeline: `imgfilter bench --pipeline --json` (`*-pipeline*.json`); where the
+- in a pipeline: `benchmarks/pipeline.py --json` (`*-pipeline*.json`); where the
   newest run lacks CV-CUDA, its figures come from the newest run that has it, with
   ours from that same run beside them;
-- batches: `benchmarks/sweep_batch.py --json` (`*-batch-sweep.json`);
-- first use and many files: `*-first-use*.json` (rows of {section, case, wall_s});
-  each case from the newest file that measured it (the two 2026-11-26 runs exist only
-  as text and were transcribed once into the .json beside each .txt);
-- cold start: `bash benchmarks/cold_start.sh` output, parsed from the text
-  (`*-cold-start.txt`: lines `LABEL  SECONDS s`);
+- cold start: `benchmarks/first_use.py` output, parsed from the text
+  (`*-cold-start.txt`: lines `LABEL  SECONDS s` and `first OP ...`);
 - CPU backend: `benchmarks/cpu_bench.py --json` (`*-cpu-bench*.json`);
-- scale: `*-scale.json`, gathered from the results files of
-  `benchmarks/many_files_cv2.py`, `imgfilter ... --gpus N` and
-  `benchmarks/dask_scale.py` (each named in it): folders through the GPU pipeline
-  against decoding and encoding alone, folders over 1 and 2 GPUs, Dask arrays;
-- large files: `benchmarks/tiff_io.py --json` (`*-tiff-io-*.json`), every run of the
-  newest date (one per image size and content); TIFFs of every size:
-  `benchmarks/tiff_read_sizes.py --json` (`*-tiff-read-sizes.json`), the newest run;
-  tiled TIFFs: `benchmarks/tiff_tiles.py --json` (`*-tiff-tiles*.json`), the newest run's
-  files (one per tile size);
+- classify: `benchmarks/classify_bench.py --json` (`*-classify.json`);
+- large host images: `benchmarks/streamed_bench.py --json` (`*-streamed.json`);
 - large device images: runs of `benchmarks/tall_device.py --json` gathered in one file
   (`*-tall-device.json`, `*-large-box-bands.json`: {"device", "current": the run of the
   tree as committed, "before": runs of the tree before, "runs": label -> the script's
-  JSON}), the newest file.
+  JSON}), the newest file;
+- scale: `*-scale.json`, gathered from the results files of
+  `benchmarks/many_files_cv2.py`, `imgfilter ... --gpus N` and
+  `benchmarks/dask_scale.py` (each named in it): folders through the GPU pipeline
+  against decoding and encoding alone, folders over 1 and 2 GPUs, Dask arrays.
 
 tests/test_report.py regenerates the page and compares it with the committed file.
 """
@@ -68,23 +58,15 @@ SHAPES = {"seed": "2167x2495x3", "4k": "3840x2160x3", "8k": "7680x4320x3"}
 
 AREAS = {
     "bench": ["*-bench*.json", "*-seed.json", "*-4k.json", "*-8k.json"],
-    "box_sizes": ["*-sweep-twopass-sizes.json"],
-    "generic_filter": ["*-generic-filter.json"],
     "softmax": ["*-softmax.json"],
     "gemv": ["*-gemv.json"],
     "pipeline": ["*-pipeline*.json"],
-    "batch": ["*-batch-sweep.json"],
-    "first_use": ["*-first-use*.json"],
     "cold_start": ["*-cold-start.txt"],
-    "later_runs": ["*-later-runs-*.json"],
     "cpu": ["*-cpu-bench*.json", "*-cpu-fft*.json"],
+    "classify": ["*-classify.json"],
     "scale": ["*-scale.json"],
     "streamed": ["*-streamed.json"],
     "large_device": ["*-tall-device.json", "*-large-box-bands.json"],
-    "host_bands": ["*-host-bands.txt"],
-    "tiff_io": ["*-tiff-io-*.json"],
-    "tiff_read_sizes": ["*-tiff-read-sizes.json"],
-    "tiff_tiles": ["*-tiff-tiles*.json"],
 }
 
 HEADER = """\
@@ -96,7 +78,7 @@ BENCHMARKS.md` rebuilds it from `benchmarks/results/` (the script's docstring sa
 new run is picked up; `tests/test_report.py` fails if page and data disagree). What
 changed when: [CHANGELOG.md](CHANGELOG.md); earlier runs are in git history.
 
-How it measures (`imgfilter/bench.py`): **kernel us** is GPU time per launch, the
+How it measures (`benchmarks/bench.py`): **kernel us** is GPU time per launch, the
 launches queued behind a spin kernel so that Python's launch cost is not counted
 (CuPy and torch timed the same way); **per call** is the wall time of the public call
 from Python; **x floor** is kernel time over the larger of the bytes floor (input and
@@ -106,8 +88,8 @@ random uint8: seed 2167x2495x3, 4K 3840x2160x3, 8K 7680x4320x3; filter kernels
 random full-rank float32.
 
 ```sh
-imgfilter bench --sizes seed,4k,8k --json results.json   # on a GPU machine
-python benchmarks/report.py results.json                  # plot + table of that run
+python benchmarks/bench.py --sizes seed,4k,8k --json results.json   # on a GPU machine
+python benchmarks/report.py results.json                            # its plot + table
 ```
 """
 
@@ -241,89 +223,13 @@ def section_kernels(results: Path) -> list[str]:
         out += _table(KERNEL_HEAD, KERNEL_ALIGN, _kernel_rows(data, size)) + [""]
         if size == "seed":
             out += _image(path.with_suffix(".png"), f"time vs kernel size, {path.stem}")
-    out += section_box_sizes(results)
     out += section_low_rank(results, by_size.get("seed"))
-    out += section_generic_filter(results)
     out += section_seed_article(results, by_size.get("seed"))
     return out
 
 
 GENERIC_METHODS = ("imgfilter window", "imgfilter blocked", "imgfilter tiled", "imgfilter padded")
 GENERIC_PEERS = ("torch conv2d float32", "cupy correlate float32")
-
-
-def section_generic_filter(results: Path) -> list[str]:
-    """Kernel us of the size-generic filter kernels beside blocked and the peers."""
-    newest = _newest("generic_filter", results)
-    if not newest:
-        return []
-    path, data = newest
-    cases: dict[tuple, dict[str, dict]] = defaultdict(dict)
-    for r in data["rows"]:
-        case = cases[r["dtype"], r["size"], r["k"]]
-        key = "per call" if "call_us" in r else r["method"]
-        case[key] = r
-    rows = []
-    for (dtype, size, k), c in cases.items():
-        window = c.get("imgfilter window", {}).get("kernel_us")
-        row = [dtype, size, f"{k}x{k}"]
-        for m in (*GENERIC_METHODS, *GENERIC_PEERS):
-            us = c.get(m, {}).get("kernel_us")
-            ratio = f" ({_x(us / window)})" if us and window and m != GENERIC_METHODS[0] else ""
-            row.append(_us(us) + ratio if us else "")
-        row.append(_us(c.get("per call", {}).get("call_us")))
-        rows.append(row)
-    head = ["dtype", "size", "kernel", "window", "blocked", "tiled", "padded",
-            "torch conv2d", "CuPy correlate", "window per call"]  # fmt: skip
-    keep = [i for i in range(len(head)) if i < 3 or any(row[i] for row in rows)]
-    head, rows = [head[i] for i in keep], [[row[i] for i in keep] for row in rows]
-    meta = data.get("meta", {})
-    return [
-        "### Size-generic filter kernels",
-        "",
-        "Kernel us of the kernels that take the kernel size at run time: `window` (what "
-        "method auto runs while a size's `blocked` kernel compiles, and for kernels past "
-        "31x31) and the seed's `tiled` (`padded` where tiled's tile does not fit), beside "
-        "`blocked` and the float32 peers; (N.Nx) is the time over window's. From "
-        f"{_link(path)} ({meta.get('device', '?')}, {meta.get('date', '?')[:10]}).",
-        "",
-        *_table(head, ["---"] * 3 + ["---:"] * (len(head) - 3), rows),
-        "",
-    ]
-
-
-def section_box_sizes(results: Path) -> list[str]:
-    files = _files("box_sizes", results)
-    if not files:
-        return []
-    path = files[-1]
-    data = _load(path)
-    best: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
-    for r in data["rows"]:
-        if r.get("kernel_us"):
-            cell = best[(r["size"], r["k"])]
-            cell[r["impl"]] = min(r["kernel_us"], cell.get(r["impl"], r["kernel_us"]))
-    rows = []
-    for (size, k), cell in best.items():
-        if size == "seed" or "box_twopass" not in cell:
-            continue
-        t = cell["box_twopass"]
-        rows.append(
-            [f"{size.upper()} k={k}", f"**{t:.1f}**",
-             f"{cell['box_fused']:.1f}" if "box_fused" in cell else "",
-             f"{_us(cell['cupy'])} ({_x(cell['cupy'] / t)})" if "cupy" in cell else ""]
-        )  # fmt: skip
-    return [
-        "### Large boxes at 4K and 8K (box_twopass)",
-        "",
-        f"Sweep {_link(path)} (`benchmarks/sweep_uint8_box.py`, kernel us, the best "
-        f"geometry of box_twopass, run {_run_date(path)}); it is newer than the 4K/8K bench "
-        "runs above where those name another kernel for k=101.",
-        "",
-        *_table(["case", "box_twopass us", "box_fused us", "CuPy"],
-                ["---", "---:", "---:", "---:"], rows),
-        "",
-    ]  # fmt: skip
 
 
 def section_low_rank(results: Path, path: Path | None) -> list[str]:
@@ -475,7 +381,7 @@ def section_softmax(results: Path) -> list[str]:
         rows.append(cells)
     png = path.with_suffix(".png")
     return [
-        "## Softmax (issue 4)",
+        "## Softmax",
         "",
         f"Run {_link(path)} (`benchmarks/softmax_bench.py`): {data['device']}, "
         f"{data['when'][:16].replace('T', ' ')} UTC, {data['elements']} elements per width, "
@@ -514,7 +420,7 @@ def section_gemv(results: Path) -> list[str]:
         )  # fmt: skip
     png = path.with_suffix(".png")
     return [
-        "## GEMV (issue 5) and matmul",
+        "## GEMV and matmul",
         "",
         f"Run {_link(path)} (`benchmarks/gemv_bench.py`): {data['device']}, "
         f"{data['when'][:16].replace('T', ' ')} UTC, copy bandwidth {data['copy_gbs']:.0f} GB/s "
@@ -607,9 +513,9 @@ def section_pipeline(results: Path) -> list[str]:
         align.append("---:")
         cv_line = ""
     return [
-        "## In a pipeline: per-call time of queued calls (issue 23)",
+        "## In a pipeline: per-call time of queued calls",
         "",
-        "`imgfilter bench --pipeline` (`imgfilter/pipeline_bench.py`): uint8 RGB CuPy device "
+        "`benchmarks/pipeline.py`: uint8 RGB CuPy device "
         "images, every call on one non-blocking stream, calls queued back to back. **per "
         "call** = wall time of the calls and one final synchronisation / number of calls; "
         "**kernel** = GPU time per call, queued behind a spin kernel. "
@@ -622,67 +528,7 @@ def section_pipeline(results: Path) -> list[str]:
     ]
 
 
-def section_batch(results: Path) -> list[str]:
-    files = _files("batch", results)
-    out = [
-        "## Batches",
-        "",
-        "`blur_batch` / `filter2d_batch` / `contour_batch` of a device (N, H, W, C) array run "
-        "each kernel once for the whole batch (the pipeline table's `batch` row).",
-    ]
-    if files:
-        path = files[-1]
-        d = _load(path)
-        rows = [r for r in d["rows"] if "batch_us" in r]  # the newest sweep_batch.py format
-        default = next(r for r in rows if r["geometry"] == "default")
-        times = [r["batch_us"] for r in rows]
-        single, batched_n1 = d["single_image_kernel_us"], d["batched_form_n1_us"]
-        out[-1] += (
-            f" Geometry sweep {_link(path)} (`benchmarks/sweep_batch.py`, run {_run_date(path)}): "
-            f"{d['n']} 720p frames, box {d['k']}: the default geometry "
-            f"{default['batch_us']:.1f} us "
-            f"({default['per_image_us']:.2f} us an image), {len(times) - 1} geometries "
-            f"{min(times):.1f}-{max(times):.1f} us; one image alone {single:.1f} us, the "
-            f"batched kernel at N=1 {batched_n1:.1f} us."
-        )
-    return out + [""]
-
-
 # -- first use, cold start, CPU --------------------------------------------------------------
-
-
-def _first_use_rows(results: Path, section: str) -> list[tuple[dict, Path]]:
-    """Each case from the newest file that measured it, in first-seen order."""
-    found: dict[str, tuple[dict, Path]] = {}
-    for path in _files("first_use", results):
-        for r in _load(path)["rows"]:
-            if r["section"] == section:
-                found[r["case"]] = (r, path)
-    return list(found.values())
-
-
-def section_first_use(results: Path) -> list[str]:
-    rows = _first_use_rows(results, "first-use")
-    if not rows:
-        return []
-    body = []
-    for r, path in rows:
-        comp = f"{r['compile_s']:.2f} s ({r['compiles']} kernels)" if "compile_s" in r else ""
-        body.append([r["case"], f"{r['wall_s']:g} s", comp, _short(path)])
-    srcs = sorted({p for _, p in rows})
-    setups = "; ".join(f"{_link(p)} ({_load(p)['device']}, {_load(p)['date']}, tree "
-                       f"{_load(p)['tree']})" for p in srcs)  # fmt: skip
-    return [
-        "## First use (issue 24)",
-        "",
-        "Wall time of whole commands on fresh kernel caches (a 2167x2495 JPEG; the setup of "
-        "each run is in its file), each case from the newest run that measured it: "
-        + setups + ". These runs exist as text; the .json beside each .txt was transcribed "
-        "from it once.",
-        "",
-        *_table(["command", "wall", "compiling", "run"], ["---", "---:", "---:", "---"], body),
-        "",
-    ]  # fmt: skip
 
 
 _COLD = re.compile(r"^(\S.*?)\s{2,}(\d+\.\d+) s$")
@@ -712,7 +558,7 @@ def section_cold_start(results: Path) -> list[str]:
     out = [
         "## Cold start: the whole command",
         "",
-        f"`bash benchmarks/cold_start.sh` on the GPU host, {lines[0].lstrip('# ').strip()}: "
+        f"`benchmarks/first_use.py` on the GPU host, {lines[0].lstrip('# ').strip()}: "
         f"{_link(path)} (parsed from its text). A 2167x2495 JPEG (train and classify: the "
         "512x512 sample) on a fresh kernel cache: run 1 finds only the kernels shipped in "
         "the package (or, in runs before they shipped, compiles), runs 2 and 3 come after "
@@ -724,7 +570,7 @@ def section_cold_start(results: Path) -> list[str]:
     if first:
         out += [
             "The first call of each API function in a fresh process with an empty cache "
-            "(`benchmarks/first_call.py`; 2167x2495x3 uint8, 21x21 kernels; softmax "
+            "(`benchmarks/first_use.py --call OP`; 2167x2495x3 uint8, 21x21 kernels; softmax "
             "4096x1024 float32; GEMV 4096x4096 float16; classify 512x512):",
             "",
             *_table(
@@ -737,82 +583,7 @@ def section_cold_start(results: Path) -> list[str]:
     return out  # fmt: skip
 
 
-def section_later_runs(results: Path) -> list[str]:
-    """Later (warm-cache) CLI runs beside the cv2 one-liners (`*-later-runs-*.json` of
-    benchmarks/later_runs.py): the newest run's files (DATE+letters), one column each."""
-    files = _files("later_runs", results)
-    if not files:
-        return []
-    newest = re.match(r"\d{4}-\d\d-\d\d[a-z]*-", files[-1].name)
-    runs = [path for path in files if newest and path.name.startswith(newest.group(0))]
-    runs.sort(key=lambda path: _load(path)["gap_s"])
-    data = [_load(path) for path in runs]
-    heads = [f"gap {d['gap_s']:g} s" for d in data]
-    variants = sorted({v.partition("=")[0] for d in data for v in d.get("variants", [])})
-    return [
-        *_later_runs_table(runs, data, heads, variants),
-        *_earlier_later_runs(files, newest.group(0) if newest else ""),
-    ]
-
-
-def _later_runs_table(runs: list[Path], data: list[dict], heads: list[str],
-                      variants: list[str]) -> list[str]:  # fmt: skip
-    cells: dict[str, list[str]] = {}
-    for i, d in enumerate(data):
-        for row in d["rows"]:
-            ratio = f" ({row['ratio']:.2f}x)" if row["ratio"] else ""
-            cells.setdefault(row["command"], [""] * len(data))[i] = f"{row['median_s']:.3f}{ratio}"
-    body = [[f"`{label}`" if label.startswith("imgfilter") else label, *values]
-            for label, values in cells.items()]  # fmt: skip
-    return [
-        "## Later runs: the whole command beside the cv2 one-liner",
-        "",
-        f"`benchmarks/later_runs.py` ({', '.join(_link(p) for p in runs)}; "
-        f"{data[-1]['machine']}; {data[-1]['rounds']} rounds, each command once a round "
-        "in a fresh process, shuffled): median wall seconds on a warm kernel cache, "
-        "(x the one-liner doing the same I/O). *gap*: seconds between commands (with none, "
-        "a GPU command meets the previous one's context teardown). "
-        + (
-            f"Rows marked [{'], ['.join(variants)}] ran another tree (the run's text file "
-            "says which). "
-            if variants
-            else ""
-        )  # fmt: skip
-        + "2167x2495 JPEG, blur k=21, a 21x21 kernel:",
-        "",
-        *_table(["command", *heads], ["---", *["---:"] * len(heads)], body),
-        "",
-    ]
-
-
 BLUR_ROW = "imgfilter blur --k 21"
-
-
-def _earlier_later_runs(files: list[Path], newest: str, count: int = 4) -> list[str]:
-    """One line per earlier run (the `count` before the newest): its machine and the
-    blur's ratio to the one-liner at each gap, this tree's and [old]'s."""
-    groups: dict[str, list[Path]] = defaultdict(list)
-    for path in files:
-        m = re.match(r"\d{4}-\d\d-\d\d[a-z]*-", path.name)
-        if m and m.group(0) != newest:
-            groups[m.group(0)].append(path)
-    lines = []
-    for prefix in sorted(groups)[-count:]:
-        data = sorted((_load(p) for p in groups[prefix]), key=lambda d: d["gap_s"])
-        ratios = []
-        for d in data:
-            rows = {row["command"]: row["ratio"] for row in d["rows"]}
-            pair = [rows.get(BLUR_ROW), rows.get(f"{BLUR_ROW} [old]")]
-            shown = f" ([old] {pair[1]:.2f}x)" if pair[1] else ""
-            if pair[0]:
-                ratios.append(f"gap {d['gap_s']:g} s {pair[0]:.2f}x{shown}")
-        links = ", ".join(_link(p) for p in sorted(groups[prefix]))
-        machine = data[-1]["machine"]
-        lines.append(f"- {prefix.rstrip('-')}, {machine}: {'; '.join(ratios)} ({links})")
-    if not lines:
-        return []
-    head = f"`{BLUR_ROW}` x the one-liner in the runs before it ([old]: the tree its text names):"
-    return [head, "", *lines, ""]
 
 
 def section_cpu(results: Path) -> list[str]:
@@ -825,7 +596,7 @@ def section_cpu(results: Path) -> list[str]:
     body = [[r["case"], f"{r['imgfilter_ms']:.1f}", f"{r['cv2_ms']:.1f}", f"{r['ratio']:.2f}",
              f"{r['max_abs_diff']:g}"] for r in part["results"]]  # fmt: skip
     return [
-        "## CPU backend vs OpenCV (issue 25)",
+        "## CPU backend vs OpenCV",
         "",
         f"`benchmarks/cpu_bench.py --json`: {_link(path)}, {part['header']}. imgfilter's CPU "
         "backend and the cv2 call in one process with equal thread counts, median of warm "
@@ -837,20 +608,49 @@ def section_cpu(results: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def section_many_files(results: Path) -> list[str]:
-    rows = _first_use_rows(results, "many-files")
-    body = [[r["case"], f"{r['wall_s']:g} s", _short(p)] for r, p in rows]
-    out = [
-        "## Many files",
+def section_classify(results: Path) -> list[str]:
+    """The classifier's stages on a 4K image beside torch (`*-classify.json` from
+    benchmarks/classify_bench.py), the newest run."""
+    newest = _newest("classify", results)
+    if newest is None:
+        return []
+    path, data = newest
+    stages = [[st["stage"], f"{st['us'] / 1000:.3f} ms", st["timing"],
+               f"{st['% of copy']:.0f}" if "% of copy" in st else ""]
+              for st in data["stages"]
+              if not st["stage"].lstrip().startswith(("torch", "+", "="))]  # fmt: skip
+    peers = [[name, f"{t['linear_us'] / 1000:.3f}", f"{t['softmax_us'] / 1000:.3f}",
+              f"{t['argmax_us'] / 1000:.3f}", f"{t['total_us'] / 1000:.3f}"]
+             for name, t in data["torch"].items()]  # fmt: skip
+    summary = data["summary"]
+    return [
+        "## Per-pixel classification",
         "",
-        "Throughput of folders on the CPU backend against a cv2 thread pool: "
-        "[docs/many-files.md](docs/many-files.md#measured-cpu-machine-2-cores-no-gpu) "
-        "(no results file committed). On the GPU host:",
+        f"`benchmarks/classify_bench.py` ({_link(path)}; {data['gpu']}, "
+        f"{data['when'][:10]}): {data['image']}, {data['classes']} classes, "
+        f"{data['features']} features + bias (a {data['feature_matrix_MB']:.0f} MB float32 "
+        "feature matrix). Each stage's time: *kernel* GPU time queued behind a spin kernel, "
+        "*call* a synchronised call, *wall* host wall time.",
+        "",
+        *_table(
+            ["stage", "time", "timing", "% of copy"], ["---", "---:", "---", "---:"], stages
+        ),  # fmt: skip
+        "",
+        "torch in the same run on the same feature matrix (kernel ms):",
+        "",
+        *_table(
+            ["torch", "linear", "softmax", "argmax", "total"],
+            ["---", "---:", "---:", "---:", "---:"],
+            peers,
+        ),  # fmt: skip
+        "",
+        f"Logits, softmax and argmax: ours {summary['ours fused us'] / 1000:.3f} ms fused, "
+        f"{summary['ours gemv: logits + softmax + argmax us'] / 1000:.3f} ms through GEMV, "
+        f"torch's best {summary['best torch total us'] / 1000:.3f} ms. The whole command "
+        f"(read, classify, write) takes {summary['command / (read + write)']:.2f}x the time "
+        "of reading the image and writing one image plane.",
         "",
     ]
-    if body:
-        out += _table(["command", "wall", "run"], ["---", "---:", "---"], body) + [""]
-    return out
 
 
 def section_large_images(results: Path) -> list[str]:
@@ -901,9 +701,6 @@ def section_large_images(results: Path) -> list[str]:
         ]
     if head.get("note"):
         out += [head["note"], ""]
-    bands = _files("host_bands", results)
-    if bands:
-        out += [f"One piece against bands by image size: {_link(bands[-1])}.", ""]
     return out
 
 
@@ -941,106 +738,6 @@ def section_large_device(results: Path) -> list[str]:
         ),  # fmt: skip
         "",
     ]
-
-
-def section_large_files(results: Path) -> list[str]:
-    """Writing and reading large TIFF files (`*-tiff-io-*.json` of benchmarks/tiff_io.py):
-    the runs of the newest date, one table row per run and writer."""
-    files = _files("tiff_io", results)
-    if not files:
-        return []
-    newest = files[-1].name[:10]
-    runs = [path for path in files if path.name.startswith(newest)]
-    body = []
-    for path in runs:
-        data = _load(path)
-        n = data["size"]
-        image = f"{n}x{n}x3 uint8, {'noise' if data['noise'] else 'blurred noise'}"
-        mb = n * n * 3 / 1e6
-        for r in data["results"]:
-            if not r["written"]:
-                body.append([image, r["writer"], f"failed after {r['write_s']:.1f}", "", "",
-                             "", ""])  # fmt: skip
-                continue
-            opencv = r.get("opencv_read_s")
-            body.append([image, r["writer"], f"{r['write_s']:.1f} ({mb / r['write_s']:.0f})",
-                         f"{r['file_mb']:.0f}", f"{r['read_s']:.1f} ({mb / r['read_s']:.0f})",
-                         "" if opencv is None else f"{opencv:.1f} ({mb / opencv:.0f})",
-                         "yes" if r["equal"] else "NO"])  # fmt: skip
-    machines = sorted({_load(path).get("machine") or f"{_load(path)['cpus']} CPUs"
-                       for path in runs})  # fmt: skip
-    sources = ", ".join(_link(path) for path in runs)
-    return [
-        "## Large image files",
-        "",
-        f"`benchmarks/tiff_io.py` ({sources}; {'; '.join(machines)}): OpenCV's "
-        "classic LZW TIFF (what imgfilter wrote for every TIFF) against imgfilter's BigTIFF "
-        "(`imgfilter.tiff`, for TIFF results of 2 GiB or more), each file read back with "
-        "`imgfilter.read_image` and, in runs that timed it, `cv2.imread`. Seconds (MB/s of "
-        "image bytes):",
-        "",
-        *_table(
-            ["image", "writer", "write s", "file MB", "read s", "cv2.imread s", "equal"],
-            ["---", "---", "---:", "---:", "---:", "---:", "---"],
-            body,
-        ),  # fmt: skip
-        "",
-    ]
-
-
-def section_tiff_read_sizes(results: Path) -> list[str]:
-    """TIFFs of every size read by `imgfilter.read_image` and `cv2.imread`
-    (`*-tiff-read-sizes.json` of benchmarks/tiff_read_sizes.py): the newest run."""
-    files = _files("tiff_read_sizes", results)
-    if not files:
-        return []
-    path = files[-1]
-    data = _load(path)
-    body = [[r["size"], r["compression"], f"{r['file_mb']:.2f}", f"{r['imgfilter_ms']:.1f}",
-             f"{r['cv2_ms']:.1f}", f"{r['ratio']:.2f}"] for r in data["rows"]]  # fmt: skip
-    return [
-        "## TIFF files of every size",
-        "",
-        f"`benchmarks/tiff_read_sizes.py` ({_link(path)}; {data['machine']}, "
-        f"{data['cpus']} CPUs, OpenCV {data['opencv']}; medians of {data['reps']}, the two "
-        "alternating in one process): OpenCV's 8-bit RGB TIFFs of the sample photo read by "
-        "`imgfilter.read_image` (strips through `imgfilter.tiff.read`, which refuses damaged "
-        "ones; one thread below 16 MiB) and by `cv2.imread`; ratio below 1: imgfilter quicker.",
-        "",
-        *_table(["image", "compression", "file MB", "imgfilter ms", "cv2.imread ms", "ratio"],
-                ["---", "---", "---:", "---:", "---:", "---:"], body),
-        "",
-    ]  # fmt: skip
-
-
-def section_tiff_tiles(results: Path) -> list[str]:
-    """Tiled TIFFs read by `imgfilter.read_image` and `cv2.imread` (`*-tiff-tiles*.json`
-    of benchmarks/tiff_tiles.py): the newest run's files (DATE+letters), one per tile."""
-    files = _files("tiff_tiles", results)
-    if not files:
-        return []
-    newest = re.match(r"\d{4}-\d\d-\d\d[a-z]*-", files[-1].name)
-    runs = [path for path in files if newest and path.name.startswith(newest.group(0))]
-    data = [_load(path) for path in runs]
-    body = [[r["image"], str(r["tile"]), r["compression"], f"{r['file_mb']:.1f}",
-             f"{r['imgfilter_ms']:.1f}", f"{r['cv2_imread_ms']:.1f}", f"{r['ratio']:.2f}"]
-            for d in data for r in d["rows"]]  # fmt: skip
-    return [
-        "## Tiled TIFFs",
-        "",
-        f"`benchmarks/tiff_tiles.py` ({', '.join(_link(p) for p in runs)}; "
-        f"{data[-1]['machine']}, {data[-1]['cpus']} CPUs, OpenCV {data[-1]['opencv']}; "
-        f"medians of {data[-1]['reps']}, the two alternating in one process): the sample "
-        "photo resized, 8-bit RGB in square tiles as GeoTIFF / COG scenes are laid out "
-        "(Deflate with horizontal differencing, or none), read by `imgfilter.read_image` "
-        "(tiles decoded on a pool of threads by `imgfilter.tiff.read`, from the open file) "
-        "and by `cv2.imread` (one thread); ratio below 1: imgfilter quicker.",
-        "",
-        *_table(["image", "tile", "compression", "file MB", "imgfilter ms",
-                 "cv2.imread ms", "ratio"],
-                ["---", "---:", "---", "---:", "---:", "---:", "---:"], body),
-        "",
-    ]  # fmt: skip
 
 
 def section_scale(results: Path) -> list[str]:
@@ -1142,17 +839,11 @@ def render(results: Path = RESULTS) -> str:
         section_softmax,
         section_gemv,
         section_pipeline,
-        section_batch,
-        section_first_use,
         section_cold_start,
-        section_later_runs,
         section_cpu,
-        section_many_files,
+        section_classify,
         section_large_images,
         section_large_device,
-        section_large_files,
-        section_tiff_read_sizes,
-        section_tiff_tiles,
         section_scale,
     ):
         lines = section(results)

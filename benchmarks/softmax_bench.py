@@ -1,7 +1,7 @@
 """Softmax bandwidth on the GPU: every path of kernels.softmax next to torch.softmax.
 
 For each width and dtype, a (2**26 / cols, cols) array (2**26 elements by default):
-kernel time per launch from launches queued behind a spin kernel (imgfilter.bench's
+kernel time per launch from launches queued behind a spin kernel (bench.py's
 Timer, CUDA events), per-call time of the public `kernels.softmax.softmax` on device
 arrays (the pipeline view: wall time of --calls calls queued back to back, output
 allocated by each call, then one synchronisation, divided by --calls; torch.softmax
@@ -32,7 +32,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from imgfilter.bench import Timer, copy_bandwidth_gbs  # noqa: E402
+from bench import Timer, copy_bandwidth_gbs  # noqa: E402
+
 from kernels.common import arrays  # noqa: E402
 from kernels.softmax import dispatch as sm  # noqa: E402
 

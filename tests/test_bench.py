@@ -1,12 +1,29 @@
-"""The benchmark's own logic: the pure-Python baseline, the table, and (on a GPU) a run."""
+"""The benchmark harness (benchmarks/bench.py, benchmarks/pipeline.py), loaded as
+`imgfilter bench` loads it: the pure-Python baseline, the table, and (on a GPU) a run."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
 
-from imgfilter import bench
+from imgfilter.cli.bench import SIZES, harness_module
+from imgfilter.errors import UsageError
+
+ROOT = Path(__file__).resolve().parents[1]
+bench = harness_module("bench", (ROOT,))
+pb = harness_module("pipeline", (ROOT,))
+
+
+def test_the_command_offers_the_harness_sizes():
+    assert SIZES == tuple(bench.SHAPES)
+
+
+def test_without_a_checkout_the_command_says_where_the_harness_is(tmp_path):
+    with pytest.raises(UsageError, match=r"benchmarks/bench\.py of a source checkout"):
+        harness_module("bench", (tmp_path,))
 
 
 def test_pure_python_correlate_matches_opencv():
@@ -113,8 +130,6 @@ def test_await_compile_waits_for_the_marker_and_gives_up_after_the_timeout(monke
 
 
 def test_pipeline_per_call_is_the_median_loop_and_loops_share_the_time_cap():
-    from imgfilter import pipeline_bench as pb
-
     # The median loop's own (per call, host) pair, not medians taken apart.
     assert pb.median_loop([(30.0, 1.0), (10.0, 9.0), (20.0, 5.0)]) == (20.0, 5.0)
     assert pb.median_loop([(12.0, 3.0), (11.0, 4.0)]) == (11.0, 4.0)

@@ -4,6 +4,7 @@ committed page exactly, and the script's errors are one line on stderr (no GPU n
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -42,17 +43,27 @@ def test_every_results_file_the_page_links_exists():
 
 def test_newest_run_of_an_area_wins(tmp_path):
     report = _report()
-    for name in ("2026-11-26q-h100-pipeline-quick.json", "2026-11-26n-h100-pipeline-quick.json"):
-        (tmp_path / name).write_text((report.RESULTS / name).read_text())
+    newest = report._newest("pipeline", report.RESULTS)
+    assert newest is not None and report._has_cvcuda(newest[1])
+    with_cvcuda = newest[1]
+    rows = [r for r in with_cvcuda["rows"] if not (r.get("peer") or "").startswith("cvcuda")]
+    without = dict(with_cvcuda, rows=rows)
+    (tmp_path / "2026-11-26n-h100-pipeline-quick.json").write_text(json.dumps(with_cvcuda))
+    (tmp_path / "2026-11-26q-h100-pipeline-quick.json").write_text(json.dumps(without))
     lines = report.section_pipeline(tmp_path)
     assert "2026-11-26q-h100-pipeline-quick.json" in lines[2]
     assert "CV-CUDA per call us (2026-11-26n)" in "\n".join(lines)
     # A later run with CV-CUDA replaces both.
-    (tmp_path / "2026-11-26r-h100-pipeline.json").write_text(
-        (report.RESULTS / "2026-11-26n-h100-pipeline-quick.json").read_text()
-    )
+    (tmp_path / "2026-11-26r-h100-pipeline.json").write_text(json.dumps(with_cvcuda))
     text = "\n".join(report.section_pipeline(tmp_path))
     assert "2026-11-26r-h100-pipeline.json" in text and "(2026-11-26n)" not in text
+
+
+def test_every_results_file_is_cited_by_the_page_or_the_docs():
+    report = _report()
+    cited = report.render() + "".join(p.read_text() for p in (REPO / "docs").rglob("*.md"))
+    stray = sorted(p.name for p in report.RESULTS.iterdir() if p.name not in cited)
+    assert stray == [], "results no page cites (git keeps removed runs)"
 
 
 def test_without_a_file_one_line_and_nonzero():

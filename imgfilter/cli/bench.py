@@ -1,10 +1,19 @@
-"""`imgfilter bench`: the benchmark tables of imgfilter.bench and, with --pipeline,
-imgfilter.pipeline_bench (a GPU only)."""
+"""`imgfilter bench`: runs the benchmark harness of a source checkout on the GPU.
+
+The harness is not part of the installed package: it is `benchmarks/bench.py` (kernel
+times beside OpenCV, CuPy and PyTorch) and, with --pipeline, `benchmarks/pipeline.py`
+(per-call times beside CV-CUDA), found in the checkout of the current directory or the
+one the package is installed from (an editable install). The command checks its
+options and the GPU first, so its errors are the same everywhere.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Annotated
 
 import typer
@@ -65,20 +74,20 @@ def bench(
     kernel, so Numba's launch cost is not counted), per-call time from Python,
     Mpixel/s, GB/s and the ratio to the floor (bytes at the copy bandwidth or FMAs
     at the FMA rate, both measured in the same run). Peers that are not installed
-    are skipped with a note.
+    are skipped with a note. Runs the harness of a source checkout (benchmarks/).
 
     Example: imgfilter bench --sizes seed,4k,8k --json results.json
     """
-    from .. import bench as harness
     from .. import io
 
-    chosen = _sizes(sizes, harness.SHAPES)
+    chosen = _sizes(sizes, SIZES)
     if json_path is not None:
         _check_json(json_path, force)
     _need_gpu()
     if pipeline:
         _pipeline(quick, json_path)
         return
+    harness = harness_module("bench")
     result = harness.run(chosen, quick=quick)
     print(harness.print_table(result))
     if json_path is not None:
@@ -88,7 +97,31 @@ def bench(
             print(f"wrote {shown(json_path)}")
 
 
-def _sizes(sizes: str, known: dict) -> tuple[str, ...]:
+SIZES = ("seed", "4k", "8k")  # benchmarks/bench.py's SHAPES
+
+
+def harness_module(name: str, roots: tuple[Path, ...] | None = None) -> ModuleType:
+    """benchmarks/NAME.py of a source checkout, imported; UsageError where none is found.
+
+    `roots` are the folders searched for `benchmarks/` (default: the current directory,
+    then the folder above the installed package)."""
+    if roots is None:
+        roots = (Path.cwd(), Path(__file__).resolve().parents[2])
+    for root in roots:
+        path = root / "benchmarks" / f"{name}.py"
+        if path.is_file():
+            spec = importlib.util.spec_from_file_location(f"_imgfilter_benchmarks_{name}", path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module  # dataclasses look their module up
+            spec.loader.exec_module(module)
+            return module
+    raise UsageError(
+        f"imgfilter bench runs benchmarks/{name}.py of a source checkout, and none was "
+        "found: run it from the repository's folder"
+    )
+
+
+def _sizes(sizes: str, known: tuple[str, ...]) -> tuple[str, ...]:
     """--sizes as a tuple of names; UsageError for an unknown one or none."""
     chosen = tuple(s.strip() for s in sizes.split(",") if s.strip())
     unknown = [s for s in chosen if s not in known]
@@ -117,10 +150,8 @@ def _need_gpu() -> None:
 
 
 def _pipeline(quick: bool, json_path: Path | None) -> None:
-    """--pipeline: imgfilter.pipeline_bench's table; its exit code if not 0."""
-    from .. import pipeline_bench
-
+    """--pipeline: benchmarks/pipeline.py's table; its exit code if not 0."""
     argv = (["--quick"] if quick else []) + (["--json", str(json_path)] if json_path else [])
-    rc = pipeline_bench.main(argv)
+    rc = harness_module("pipeline").main(argv)
     if rc:
         raise typer.Exit(rc)
