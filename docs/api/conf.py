@@ -51,7 +51,7 @@ exclude_patterns = ["README.md"]
 
 nitpick_ignore_regex = [
     ("py:class", r"(np|numpy|da|dask|os|pathlib|typing|collections\.abc|types)\..*"),
-    ("py:class", r"Any|Path|Callable|ModuleType|module|imgfilter\.io\.ImageMetadata"),
+    ("py:class", r"Any|Path|Callable|ModuleType|module|imgfilter\.io\w*\.ImageMetadata"),
 ]
 
 
