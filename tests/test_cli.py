@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -651,10 +652,38 @@ def test_version():
     assert result.stdout.strip().startswith("imgfilter 0.")
 
 
-def test_no_arguments_shows_help():
+def test_no_arguments_prints_the_help_once_and_exits_2():
+    """As a Typer app does: the help on stdout, exit 2 (a command is missing), and
+    nothing on stderr (Click added an empty line there)."""
     result = run()
     assert result.exit_code == 2
-    assert "Usage" in result.output and "Traceback" not in result.output
+    assert result.stderr == ""
+    assert result.stdout.rstrip("\n") == run("--help").stdout.rstrip("\n")
+    assert result.stdout.count("Usage: imgfilter") == 1
+
+
+@pytest.mark.parametrize("columns", [80, 60])
+@pytest.mark.parametrize("command", ["", "blur", "filter", "contour", "compare", "train"])
+def test_help_sentences_fill_their_lines(command, columns, monkeypatch):
+    """Each paragraph of prose in a help is wrapped at the terminal's width, not at the
+    docstring's line breaks too: no line but a paragraph's last holds a word or two."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    result = run(*command.split(), "--help")
+    assert_ok(result)
+    description = result.stdout.split("\u256d")[0]  # before the option panels
+    for paragraph in re.split(r"\n\s*\n", description):
+        lines = [line.strip() for line in paragraph.splitlines() if line.strip()]
+        if not lines or lines[0].startswith(("Usage:", "imgfilter ")):
+            continue  # examples keep their own lines
+        short = [line for line in lines[:-1] if len(line) < columns // 2]
+        assert not short, (short, paragraph)
+
+
+def test_an_output_without_an_extension_is_named_as_such(tmp_path, color_png):
+    result = run("blur", color_png, "--k", "3", "--backend", "cpu", "-o", tmp_path / "out")
+    message = assert_one_line_error(result, 4, "needs an extension naming its format")
+    assert "no extension is not" not in message and ".png" in message
+    assert list(tmp_path.iterdir()) == [color_png]
 
 
 def test_help_lists_every_command_in_order():

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import files
-from ..errors import InputError, UsageError
+from ..errors import InputError, OutputError, UsageError
 from . import many
 from .output import PROG, describe, info, note, shown, stage
 from .values import (
@@ -160,6 +160,7 @@ def filter_file(
     img = io.read_image(image)
     channels = _result_channels(op, img, image, UsageError)
     target = output if output is not None else io.default_output(image, op)
+    _check_extension(target)
     target = io.check_output(
         target, input_path=image, overwrite=force, dtype=img.dtype, channels=channels,
         quality=quality,
@@ -189,6 +190,18 @@ def filter_file(
         f"wrote {shown(written)} ({describe(out)}, {shown_engine}, "
         f"filtered in {ms:.1f} ms incl. kernel loading)"
     )
+
+
+def _check_extension(target: Path) -> None:
+    """OutputError for an output file name without an extension (`-o out`), which
+    would name no format."""
+    from .. import io
+
+    if not target.suffix and str(target) != "-" and not target.is_dir():
+        raise OutputError(
+            f"cannot write {target}: the output needs an extension naming its format, "
+            f"one of {', '.join(io.SUPPORTED_WRITE_EXTENSIONS)}"
+        )
 
 
 def _one_image_on_cpu(op: str, image: Path, backend: Backend, method: Method) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import re
 import sys
 from collections.abc import Callable
@@ -85,8 +86,11 @@ class _Commands(TyperGroup):
         try:
             rv = super().main(args, prog_name or PROG, complete_var, standalone_mode=False, **extra)
         except click_exc.NoArgsIsHelpError as e:
-            # `imgfilter` alone: the help, on stderr, then exit 2 as Click does.
-            e.show()
+            # `imgfilter` alone: the help once and exit 2, as a Typer app does. Typer's
+            # rich help is printed on stdout as it is made, which leaves the error's
+            # message empty: Click would add an empty line on stderr.
+            if e.format_message().strip():
+                e.show()
             rv = e.exit_code
         except click_exc.ClickException as e:
             rv = _click_error(e)
@@ -183,9 +187,26 @@ app = typer.Typer(
 _CLICK_EXITS = (click_exc.ClickException, typer.Exit, typer.Abort)
 
 
+def help_text(doc: str | None) -> str:
+    """A docstring as help: each paragraph of prose on one line, which rich wraps at the
+    terminal's width; paragraphs with indented lines (examples) as they are. (Typer
+    keeps the line breaks of every paragraph after the first, so a source line longer
+    than the terminal would end in a line of a word or two.)"""
+    paragraphs = inspect.cleandoc(doc or "").split("\n\n")
+    return "\n\n".join(
+        p if any(line[:1].isspace() for line in p.splitlines()) else " ".join(p.split("\n"))
+        for p in paragraphs
+    )
+
+
 def app_command(name: str) -> Callable[..., Any]:
-    """`app.command` with the clean help (`_CleanHelp`); `name` is a key of `COMMANDS`."""
-    return app.command(name, cls=_CleanHelp)
+    """`app.command` with the clean help (`_CleanHelp`, `help_text` of the docstring);
+    `name` is a key of `COMMANDS`."""
+
+    def register(fn: Callable[..., Any]) -> Any:
+        return app.command(name, cls=_CleanHelp, help=help_text(fn.__doc__))(fn)
+
+    return register
 
 
 def _version(value: bool) -> None:
@@ -194,7 +215,6 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def _main(
     version: Annotated[
         bool,
@@ -226,6 +246,9 @@ def _main(
     Exit codes: 0 ok, 1 compare disagrees or unexpected error, 2 bad usage,
     3 input problem, 4 output problem, 5 GPU problem (none usable, out of memory, CUDA failure).
     """
+
+
+app.callback(help=help_text(_main.__doc__))(_main)
 
 
 def command(fn: Callable[..., Any] | None = None, *, spinner: bool = False) -> Any:
