@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -87,3 +88,16 @@ def test_check_reports_a_stale_page(tmp_path):
     done = _run("--check", str(stale))
     assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1
     assert _run("--check", str(REPO / "BENCHMARKS.md")).returncode == 0
+
+
+def test_readme_headline_figures_are_on_the_generated_page():
+    """README's speed table quotes committed results: each figure is on BENCHMARKS.md."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Speed", 1)[1].split("\n## ", 1)[0]
+    cells = [c.strip(" *") for line in section.splitlines() if line.startswith("| ")
+             for c in line.strip("|").split("|")[1:]]  # fmt: skip
+    figures = [f for c in cells for f in re.findall(r"\d+\.\d+", c)]
+    assert len(figures) >= 10, "README's speed table is missing"
+    page = (REPO / "BENCHMARKS.md").read_text()
+    on_page = set(re.findall(r"(?<![\d.])\d+\.\d+(?![\d.])", page))
+    assert [f for f in figures if f not in on_page] == []
