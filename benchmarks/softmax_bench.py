@@ -39,8 +39,7 @@ from kernels.softmax import dispatch as sm  # noqa: E402
 
 WIDTHS = [32, 128, 512, 1000, 1024, 2048, 4096, 8192, 32768, 131072]
 DTYPES = {"float32": np.float32, "float16": np.float16}
-# --variants: split's chunks per row and block sizes where auto picks split (its own
-# geometry is swept by benchmarks/sweep_softmax_split.py).
+# --variants: split's chunks per row and block sizes where auto picks split.
 SPLIT_SWEEP = [dict(chunks=c) for c in (4, 8, 16, 32, 64)] + [
     dict(block_size=b) for b in (128, 256, 512, 1024)
 ]
