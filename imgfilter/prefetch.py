@@ -4,15 +4,16 @@ After NumPy and OpenCV, the `imgfilter` command spends 40-70 ms importing Typer 
 own modules and parsing the options before it reads its input, and reading a photo
 takes about as long; both are on the path of every run. `start(argv)` (called by
 `imgfilter.__main__` before the CLI is imported) reads the input in a background thread
-meanwhile (the decoders release the GIL), and `io.read_image` takes that image when it
-is asked for the same file, unchanged since (`take`).
+meanwhile (the decoders release the GIL) and registers `take` with `imgfilter.io`
+(`io.set_pre_reader`): `io.read_image` then takes that image when it is asked for the
+same file, unchanged since. (This module imports io, never the other way round.)
 
 Only a guess from the raw arguments, checked later: the word right after `blur`,
 `filter` or `contour` (as in `imgfilter blur photo.jpg --k 21`), when it names a regular
 file of at most MAX_BYTES and `--help` is not asked. Whatever goes wrong in the
 background (a damaged file, a changed one) is dropped and the command reads the file
 itself, so errors and notes are the ones it gives anyway. The reader points descriptor
-2 at a temporary file while a decoder runs (`io._quiet_native`), so nothing may write
+2 at a temporary file while a decoder runs (`io_native.quiet_native`), so nothing may write
 to stderr meanwhile: the CLI waits for it (`settle`) before its first line.
 """
 
@@ -42,7 +43,7 @@ class _Read:
     def __init__(self, path: str, signature: tuple[int, ...]) -> None:
         self.path = path  # absolute
         self.signature = signature
-        self.result: Any = None  # io.read_frames's (image, frames, kind); None if it failed
+        self.result: Any = None  # io_read.read_frames's (image, frames, kind); None if it failed
         self.done = threading.Event()
 
 
@@ -85,22 +86,24 @@ def start(argv: list[str]) -> bool:
     # imports for the GIL.
     import cv2  # noqa: F401
 
-    from . import io
+    from . import io, io_read
 
     read = _Read(os.path.abspath(path), signature)
     with _lock:
         if _pending:
             return False
         _pending.append(read)
-    threading.Thread(target=_read, args=(read, io), name="imgfilter-prefetch", daemon=True).start()
+    io.set_pre_reader(take)
+    threading.Thread(target=_read, args=(read, io_read), name="imgfilter-prefetch",
+                     daemon=True).start()  # fmt: skip
     return True
 
 
-def _read(read: _Read, io: Any) -> None:
+def _read(read: _Read, io_read: Any) -> None:
     interval = sys.getswitchinterval()
     sys.setswitchinterval(min(interval, SWITCH_INTERVAL_S))
     try:
-        read.result = io.read_frames(Path(read.path))
+        read.result = io_read.read_frames(Path(read.path))
     except Exception:  # noqa: BLE001 - the command reads it again and reports
         read.result = None
     finally:

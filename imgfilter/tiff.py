@@ -1,46 +1,35 @@
-"""TIFF files past what OpenCV's codec handles: BigTIFF output, large TIFF input.
+"""TIFF files through tifffile: BigTIFF output, and the TIFF input OpenCV gets wrong.
 
-A classic TIFF addresses its data with 32-bit offsets, so it ends at 4 GiB, and
-OpenCV writes only classic TIFF: a large scene's result failed after it was filtered.
-`write` writes a BigTIFF (64-bit offsets; libtiff, OpenCV, GDAL, tifffile and Pillow
-read it) of one image in strips of rows, each compressed with Deflate on a pool of
-threads (zlib releases the GIL) and written in order. `imgfilter.io` uses it for TIFF
-outputs of BIGTIFF_MIN_BYTES or more.
+Writing. A classic TIFF addresses its data with 32-bit offsets, so it ends at 4 GiB, and
+OpenCV writes only classic TIFF. `write` writes a BigTIFF of one image in strips of
+rows, each compressed with Deflate (zlib level DEFLATE_LEVEL) on a pool of threads, and
+tifffile lays out the file around them. `imgfilter.io` uses it for TIFF outputs of
+BIGTIFF_MIN_BYTES or more. Samples are interleaved in RGB(A) order, as OpenCV writes TIFF
+(`cv2.imread` gives BGR(A) back); integer samples with horizontal differencing
+(Predictor 2), float32 samples without. A fourth channel is an unspecified extra sample
+(ExtraSamples 0), as OpenCV leaves it: libtiff's RGBA reader, which OpenCV uses for 8-bit
+images, would multiply the colour by a declared alpha.
 
-Layout: the 16-byte header, the strips, then the one image directory (IFD) with its
-arrays; the header's pointer to the IFD is written last. Samples are interleaved
-(PlanarConfiguration 1) in RGB(A) order, as OpenCV writes TIFF (`cv2.imread` gives
-BGR(A) back); integer samples with horizontal differencing (Predictor 2), as OpenCV's
-LZW TIFFs, float32 samples without (Predictor 1). A fourth channel is an unspecified
-extra sample (ExtraSamples 0), as OpenCV leaves it: libtiff's RGBA reader, which
-OpenCV uses for 8-bit images, would multiply the colour by a declared alpha.
-
-Reading: `imgfilter.io` decodes files of 1 GiB or more from their path (OpenCV's
-in-memory TIFF reader fails past 4 GiB), counting a TIFF's pages with `page_count`. A
-TIFF laid out in strips or tiles, uncompressed, LZW or Deflate, goes through `read`,
-which decodes the strips or tiles on a pool of threads (OpenCV decodes on one: 26 s for
-a 4.8 GB image on the dev box) and refuses damaged ones (OpenCV returns their rows
-wrong); any other layout goes through OpenCV.
+Reading. `read` decodes, with tifffile (and imagecodecs for LZW) on a pool of threads,
+the files whose pixels it gives exactly as ``cv2.imread(path, IMREAD_UNCHANGED)`` does:
+strips or tiles, uncompressed, LZW or Deflate, uint8, uint16 or float32 samples, gray or
+RGB(A). It refuses damaged ones with `DamagedTiff`, where OpenCV returns the damaged rows
+wrong and only logs it. Every other layout is left to OpenCV (None).
 """
 
 from __future__ import annotations
 
 import collections
 import io
+import logging
 import os
-import struct
-import zlib
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, BinaryIO
 
 import numpy as np
 
-from .headers import TIFF_MAGIC, pixel_limit, tiff_fields
-
-try:  # imgfilter/_tiff_strips.c, built by `pip install` where a C compiler is found
-    from . import _tiff_strips
-except ImportError:
-    _tiff_strips = None
+from .headers import pixel_limit
 
 # Larger TIFF results go through `write`: OpenCV's LZW can grow incompressible data by
 # half, so above this size its classic TIFF could pass 4 GiB.
@@ -48,13 +37,17 @@ BIGTIFF_MIN_BYTES = 2 << 30
 STRIP_BYTES = 1 << 21  # raw bytes per strip, about: small enough for many threads
 DEFLATE_LEVEL = 1  # zlib's fastest: about twice level 6's speed for 20% larger files
 
-_SHORT, _LONG, _LONG8 = 3, 4, 16  # TIFF field types
-_DEFLATE = (8, 32946)  # Compression: Deflate (Adobe's code and the old one)
-_LZW = 5
-UNIT_BYTES = 4 << 20  # uncompressed strips that follow each other: read this much at once
-_TILES = (322, 323, 324, 325)  # TileWidth, TileLength, TileOffsets, TileByteCounts
-_TAG = struct.Struct("<HHQ8s")  # tag, type, count, value or offset
-_FORMATS = {"u": 1, "f": 3}  # SampleFormat: unsigned integer, IEEE float
+# tifffile logs what it finds odd in a file; imgfilter reports problems as one line of
+# its own, so its records go nowhere unless an application adds a handler.
+logging.getLogger("tifffile").addHandler(logging.NullHandler())
+
+_NONE, _LZW, _DEFLATE = 1, 5, (8, 32946)  # Compression
+_DTYPES = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.float32))
+_TO_BGR = {3: "COLOR_RGB2BGR", 4: "COLOR_RGBA2BGRA"}
+
+
+class DamagedTiff(ValueError):
+    """A TIFF that `read` takes, with damaged strips or tiles (the message says which)."""
 
 
 def write(f: BinaryIO, img: np.ndarray, threads: int | None = None) -> None:
@@ -65,33 +58,48 @@ def write(f: BinaryIO, img: np.ndarray, threads: int | None = None) -> None:
         img: (H, W) gray or (H, W, 3|4) BGR/BGRA, uint8, uint16 or float32, C-contiguous.
         threads: Compression threads (default: the CPUs).
     """
+    import tifffile
+
     h, w = img.shape[:2]
     channels = 1 if img.ndim == 2 else img.shape[2]
     rows = max(1, min(h, STRIP_BYTES // max(1, w * channels * img.itemsize)))
-    starts = range(0, h, rows)
-    f.write(struct.pack("<2sHHHQ", b"II", 43, 8, 0, 0))  # the IFD's offset comes last
-    offsets, counts = [], []
     predict = img.dtype.kind == "u"
     workers = threads or os.cpu_count() or 1
     with ThreadPoolExecutor(workers) as pool:
-        pending: collections.deque = collections.deque()  # in order; at most 2 per thread
-        for start in starts:
-            pending.append(pool.submit(_strip, img[start : start + rows], predict))
-            if len(pending) > 2 * workers:
-                _put(f, pending.popleft().result(), offsets, counts)
-        while pending:
-            _put(f, pending.popleft().result(), offsets, counts)
-    ifd = f.tell()
-    ifd += ifd % 2  # word-aligned
-    f.seek(ifd)
-    f.write(_directory(ifd, img, channels, rows, offsets, counts))
-    f.seek(8)
-    f.write(struct.pack("<Q", ifd))
-    f.seek(0, os.SEEK_END)
+        tifffile.imwrite(
+            tifffile.FileHandle(f, name="TIFF"),  # a name: that of os.fdopen's is an int
+            _strips(pool, img, rows, predict, 2 * workers),
+            shape=img.shape,
+            dtype=img.dtype,
+            bigtiff=True,
+            byteorder="<",
+            photometric="rgb" if channels >= 3 else "minisblack",
+            planarconfig="contig" if channels > 1 else None,
+            extrasamples=(0,) if channels == 4 else None,
+            compression="zlib",
+            predictor=predict,
+            rowsperstrip=rows,
+            metadata=None,
+        )
+
+
+def _strips(pool: ThreadPoolExecutor, img: np.ndarray, rows: int, predict: bool,
+            ahead: int) -> Iterator[bytes]:  # fmt: skip
+    """The compressed strips of `img` in order, compressed on `pool`, at most `ahead`
+    waiting at a time (tifffile writes what it is given as each strip's bytes)."""
+    pending: collections.deque = collections.deque()
+    for start in range(0, img.shape[0], rows):
+        pending.append(pool.submit(_strip, img[start : start + rows], predict))
+        if len(pending) > ahead:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
 
 
 def _strip(rows: np.ndarray, predict: bool) -> bytes:
     """One strip's Deflate stream: RGB(A) order, differenced along rows if `predict`."""
+    import zlib
+
     if rows.ndim == 3 and rows.shape[2] >= 3:
         rows = rows[:, :, [2, 1, 0, 3][: rows.shape[2]]]  # a copy
     elif predict:
@@ -103,303 +111,118 @@ def _strip(rows: np.ndarray, predict: bool) -> bytes:
     return zlib.compress(little.data, DEFLATE_LEVEL)
 
 
-def _put(f: BinaryIO, data: bytes, offsets: list, counts: list) -> None:
-    offsets.append(f.tell())
-    counts.append(len(data))
-    f.write(data)
+def page_count(f: BinaryIO | bytes) -> int:
+    """How many images (pages) the TIFF or BigTIFF file `f` (open, or its bytes) holds;
+    1 when it is not one or its chain of pages cannot be followed."""
+    import tifffile
 
-
-def _directory(at: int, img: np.ndarray, channels: int, rows: int, offsets: list,
-               counts: list) -> bytes:  # fmt: skip
-    """The image directory written at file offset `at`, its arrays after it."""
-    h, w = img.shape[:2]
-    bits = img.itemsize * 8
-    shorts = {
-        258: [bits] * channels,  # BitsPerSample
-        259: [8],  # Compression: Deflate
-        262: [2 if channels >= 3 else 1],  # Photometric: RGB, or black is zero
-        277: [channels],  # SamplesPerPixel
-        284: [1],  # PlanarConfiguration: interleaved
-        317: [2 if img.dtype.kind == "u" else 1],  # Predictor: horizontal, or none
-        339: [_FORMATS[img.dtype.kind]] * channels,  # SampleFormat
-    }
-    if channels == 4:
-        shorts[338] = [0]  # ExtraSamples: unspecified
-    longs = {256: [w], 257: [h], 278: [rows]}  # ImageWidth, ImageLength, RowsPerStrip
-    long8s = {273: offsets, 279: counts}  # StripOffsets, StripByteCounts
-    fields = sorted([(t, _SHORT, "<H", v) for t, v in shorts.items()]
-                    + [(t, _LONG, "<I", v) for t, v in longs.items()]
-                    + [(t, _LONG8, "<Q", v) for t, v in long8s.items()])  # fmt: skip
-    head = 8 + len(fields) * _TAG.size + 8  # entry count, entries, next IFD offset
-    entries, extra = [], b""
-    for tag, kind, fmt, values in fields:
-        packed = b"".join(struct.pack(fmt, v) for v in values)
-        if len(packed) <= 8:
-            value = packed.ljust(8, b"\0")
-        else:  # the array after the directory, word-aligned
-            extra += b"\0" * (len(extra) % 2)
-            value = struct.pack("<Q", at + head + len(extra))
-            extra += packed
-        entries.append(_TAG.pack(tag, kind, len(values), value))
-    return struct.pack("<Q", len(fields)) + b"".join(entries) + struct.pack("<Q", 0) + extra
-
-
-def page_count(f: BinaryIO, limit: int = 100_000) -> int:
-    """How many images (IFDs) the TIFF or BigTIFF file `f` chains, following each
-    directory's pointer to the next (at most `limit`; a loop ends the count); 1 when
-    the file is not one."""
-    f.seek(0)
-    head = f.read(16)
-    if head[:4] not in TIFF_MAGIC:
+    source = io.BytesIO(f) if isinstance(f, (bytes, bytearray, memoryview)) else f
+    try:
+        with tifffile.TiffFile(source, name="TIFF") as tif:
+            return max(1, len(tif.pages))
+    except Exception:  # noqa: BLE001 - not a TIFF tifffile can parse: one image
         return 1
-    order = "<" if head[:2] == b"II" else ">"
-    big = head[2:4] in (b"+\0", b"\0+")
-    count_fmt, entry, offset_fmt = ("Q", 20, "Q") if big else ("H", 12, "I")
-    (at,) = struct.unpack_from(order + offset_fmt, head, 8 if big else 4)
-    seen: set = set()
-    while at and at not in seen and len(seen) < limit:
-        seen.add(at)
-        f.seek(at)
-        raw = f.read(struct.calcsize(count_fmt))
-        if len(raw) < struct.calcsize(count_fmt):
-            break
-        (n,) = struct.unpack(order + count_fmt, raw)
-        f.seek(at + len(raw) + n * entry)
-        raw = f.read(struct.calcsize(offset_fmt))
-        if len(raw) < struct.calcsize(offset_fmt):
-            break
-        (at,) = struct.unpack(order + offset_fmt, raw)
-    return max(1, len(seen))
 
 
 def read(source: BinaryIO | bytes, threads: int | None = None) -> np.ndarray | None:
     """The image of a TIFF or BigTIFF file as `cv2.imread(path, IMREAD_UNCHANGED)`
-    gives it, its strips or tiles decoded on a pool of threads (each inflated by zlib or
-    decoded from LZW by the C helper `_tiff_strips`, which then puts it in place, a tile
-    cut at the image's right and bottom edges); None where this reader does not take the
-    file (OpenCV then decodes it, or says what is wrong with it), and for every file
-    where the helper is not built.
+    gives it, decoded by tifffile on a pool of threads; None where this reader does not
+    take the file (OpenCV then decodes it, or says what is wrong with it).
 
-    Taken: the first directory of a file in strips or tiles (row by row), uncompressed,
-    LZW (TIFF 5.0 and later, as libtiff writes it) or Deflate, without
-    differencing or with horizontal differencing of integer samples, interleaved
-    samples of 8-bit or 16-bit unsigned integers or 32-bit floats, gray (black is zero,
-    one sample) or RGB (three, or four with an unspecified fourth, as this module and
-    OpenCV write it), no orientation but the default, either byte order. Not taken:
-    other compressions (JPEG, PackBits, ...), other sample types or interpretations
-    (palette, white is zero, YCbCr, a declared alpha, which OpenCV's 8-bit reader
-    premultiplies), separate planes, directories that cannot be parsed.
+    Taken: the first page of a file in strips or tiles, uncompressed, LZW (TIFF 5.0 and
+    later) or Deflate, without differencing or with horizontal differencing of integer
+    samples, interleaved samples of 8-bit or 16-bit unsigned integers or 32-bit floats,
+    gray (black is zero, one sample) or RGB (three, or four with an unspecified fourth,
+    as this module and OpenCV write it), no orientation but the default, either byte
+    order, at most `headers.pixel_limit()` pixels. Not taken: other compressions (JPEG,
+    PackBits, ...), other sample types or interpretations (palette, white is zero,
+    YCbCr, a declared alpha, which OpenCV's 8-bit reader premultiplies), separate planes,
+    files tifffile cannot parse.
 
     Args:
-        source: The file's bytes, or the file opened in binary mode (its strips or
-            tiles read with os.pread on its descriptor).
+        source: The file's bytes, or the file opened in binary mode.
         threads: Decoding threads (default: the CPUs); 1 decodes on the calling thread.
     Returns: (H, W) gray or (H, W, 3|4) BGR(A), C-contiguous, or None.
     Raises:
-        DamagedTiff: A file it takes whose strips or tiles are damaged: cut short, a Deflate
-            stream that does not decode to the block's rows (its checksum catches any
-            change), or an LZW stream with a code outside its table or too short for
-            the strip (LZW has no checksum: other changes decode to other pixels, as in
-            every reader). OpenCV returns such an image with the damaged rows wrong,
-            saying so only in its log.
+        DamagedTiff: A file it takes whose strips or tiles are damaged: past the file's
+            end, a Deflate stream that does not decode to the block's rows (its checksum
+            catches any change), or an LZW stream that is corrupt or too short (LZW has
+            no checksum: other changes decode to other pixels, as in every reader).
     """
-    if isinstance(source, (bytes, bytearray, memoryview)):
-        whole = memoryview(source)
-        f: BinaryIO = io.BytesIO(source)
-        length = len(whole)
+    import tifffile
 
-        def read_at(offset: int, size: int):
-            return whole[offset : offset + size]
-    else:
-        f, fd = source, source.fileno()
-        length = os.fstat(fd).st_size
-
-        def read_at(offset: int, size: int):
-            return os.pread(fd, size, offset)
-
-    if _tiff_strips is None:
-        return None
+    whole = isinstance(source, (bytes, bytearray, memoryview))
+    f: Any = io.BytesIO(source) if whole else source
+    length = len(source) if whole else os.fstat(f.fileno()).st_size
+    f.seek(0)  # tifffile takes the file from where it stands
     try:
-        layout = _layout(f, length)
-    except (OSError, ValueError, KeyError, IndexError, struct.error):
+        tif = tifffile.TiffFile(f, name="TIFF")  # a name: that of os.fdopen's is an int
+    except Exception:  # noqa: BLE001 - not a TIFF tifffile parses: OpenCV's to judge
         return None
-    if layout is None:
-        return None
-    h, w, channels, dtype = layout.h, layout.w, layout.channels, layout.dtype
-    offsets, counts = layout.offsets, layout.counts
-    from .hostmem import host_empty
-
-    shape = (h, w) if channels == 1 else (h, w, channels)
-    out = host_empty(shape, dtype.newbyteorder("="))
-    what = "tile" if layout.tiled else "strip"
-
-    ends = offsets + counts
-    if ends.max() > length:
-        first = int(np.argmax(ends > length))
-        raise DamagedTiff(f"the file ends at byte {length}, inside {what} {first + 1} of "
-                          f"{len(offsets)}")  # fmt: skip
-
-    row_bytes = w * channels * dtype.itemsize
-    units = None
-    if layout.codec is None and not layout.tiled:
-        units = _units(offsets, counts, layout.block_h, h, row_bytes, UNIT_BYTES)
-
-    def decoded(i: int, size: int) -> bytes:
-        """Block i's `size` bytes, decompressed (never more than the block holds)."""
-        data = read_at(int(offsets[i]), int(counts[i]))
+    with tif:
         try:
-            if layout.codec == "deflate":
-                data = zlib.decompressobj().decompress(data, size)
-            elif layout.codec == "lzw":
-                if data[:1] == b"\0" and data[1:2] and data[1] & 1:
-                    raise _OldLzw  # libtiff's "old-style" LZW (before TIFF 5.0)
-                data = _tiff_strips.lzw(data, size)
-        except (zlib.error, ValueError) as e:
-            raise DamagedTiff(f"{what} {i + 1} of {len(offsets)}: {e}") from None
-        if len(data) < size:
-            raise DamagedTiff(f"{what} {i + 1} of {len(offsets)} holds {len(data)} of its "
-                              f"{size} bytes")  # fmt: skip
-        return data
+            page = tif.pages[0]
+            taken = _takes(page) and not _old_lzw(page, f)
+        except Exception:  # noqa: BLE001 - no page, fields tifffile cannot parse
+            taken = False
+        if not taken:
+            return None
+        what = "tile" if page.is_tiled else "strip"
+        ends = np.asarray(page.dataoffsets, np.int64) + np.asarray(page.databytecounts, np.int64)
+        if ends.max() > length:
+            first = int(np.argmax(ends > length))
+            raise DamagedTiff(f"the file ends at byte {length}, inside {what} {first + 1} "
+                              f"of {len(ends)}")  # fmt: skip
+        from .hostmem import host_empty
 
-    def place(dst: np.ndarray, data: Any, width: int) -> None:
-        _tiff_strips.place(dst, data, width, channels, dtype.itemsize, layout.predict,
-                           not dtype.isnative)  # fmt: skip
+        out = host_empty(page.shape, page.dtype.newbyteorder("="))
+        try:
+            page.asarray(out=out, maxworkers=threads or os.cpu_count() or 1)
+        except Exception as e:  # noqa: BLE001 - codecs raise their own types
+            detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise DamagedTiff(f"a {what} of {len(ends)} does not decode ({detail})") from None
+    if out.ndim == 3:
+        import cv2
 
-    def strip(i: int) -> None:
-        rows = layout.block_h
-        start = i * rows
-        if units is not None and units[i] > 1:  # strips that follow each other, whole
-            n = min(units[i] * rows, h - start)
-            place(out[start : start + n], read_at(int(offsets[i]), n * row_bytes), w)
-            return
-        n = min(rows, h - start)
-        place(out[start : start + n], decoded(i, n * row_bytes), w)
-
-    across = -(-w // layout.block_w)
-
-    def tile(i: int) -> None:
-        th, tw = layout.block_h, layout.block_w
-        y, x = (i // across) * th, (i % across) * tw
-        data = decoded(i, th * tw * channels * dtype.itemsize)
-        place(out[y : y + th, x : x + tw], data, tw)  # past the right or bottom edge: cropped
-
-    decode = tile if layout.tiled else strip
-    firsts = range(len(offsets)) if units is None else np.flatnonzero(units).tolist()
-    threads = min(threads or os.cpu_count() or 1, len(firsts))
-    try:
-        if threads == 1:
-            for i in firsts:
-                decode(i)
-        else:
-            with ThreadPoolExecutor(threads) as pool:
-                for _ in pool.map(decode, firsts):
-                    pass
-    except _OldLzw:
-        return None
+        cv2.cvtColor(out, getattr(cv2, _TO_BGR[out.shape[2]]), dst=out)
     return out
 
 
-def _units(offsets: np.ndarray, counts: np.ndarray, rows: int, h: int, row_bytes: int,
-           limit: int) -> np.ndarray:  # fmt: skip
-    """Uncompressed strips read and placed together: for each strip, how many strips
-    from it make one read (0 for a strip inside another's). Runs of strips that follow
-    each other in the file, each holding exactly its rows, up to `limit` bytes."""
-    n = len(offsets)
-    strip_bytes = np.minimum(rows, h - np.arange(n) * rows) * row_bytes
-    whole = counts == strip_bytes
-    joins = whole[:-1] & whole[1:] & (offsets[1:] == offsets[:-1] + counts[:-1])
-    most = max(1, limit // (rows * row_bytes))
-    units = np.zeros(n, np.int64)
-    i = 0
-    while i < n:
-        j = i + 1
-        while j < n and j - i < most and joins[j - 1]:
-            j += 1
-        units[i] = j - i
-        i = j
-    return units
+def _takes(page: Any) -> bool:
+    """Whether `read` takes this first page (see its docstring)."""
+    tags = page.tags
+
+    def value(tag: int, default: Any) -> Any:
+        return tags.valueof(tag, default)
+
+    samples, extra = page.samplesperpixel, tuple(page.extrasamples or ())
+    photometric, compression, predictor = page.photometric, page.compression, page.predictor
+    layouts = {(1, 1, ()), (2, 3, ()), (2, 4, (0,)), (2, 4, ())}  # photometric, samples, extra
+    return (
+        page.is_tiled == (322 in tags)
+        and value(274, 1) == 1  # Orientation
+        and value(266, 1) == 1  # FillOrder: bits in the usual order
+        and page.imagedepth == 1
+        and page.dtype in _DTYPES
+        and page.bitspersample == page.dtype.itemsize * 8
+        and (int(photometric), samples, extra) in layouts
+        and (samples == 1 or int(page.planarconfig) == 1)
+        and int(compression) in (_LZW, *_DEFLATE, _NONE)
+        # libtiff ignores a predictor on uncompressed data, tifffile does not: OpenCV's
+        and (
+            int(predictor) == 1
+            or (int(predictor) == 2 and page.dtype.kind == "u" and int(compression) != _NONE)
+        )  # fmt: skip
+        and len(page.dataoffsets) == len(page.databytecounts) > 0
+        and page.shape[0] * page.shape[1] <= pixel_limit()  # OpenCV refuses it, naming it
+    )
 
 
-class DamagedTiff(ValueError):
-    """A TIFF that `read` takes, with damaged strips or tiles (the message says which)."""
-
-
-class _OldLzw(Exception):
-    """A strip in the LZW variant of TIFFs before 5.0: left to OpenCV (libtiff)."""
-
-
-class _Layout(NamedTuple):
-    """What `read` needs of a file's first directory. Blocks are its strips (`block_w`
-    the image's width) or its tiles, row by row (padded past the image's right and
-    bottom edges)."""
-
-    h: int
-    w: int
-    channels: int
-    dtype: np.dtype  # in the file's byte order
-    codec: str | None  # None (uncompressed), "deflate" or "lzw"
-    predict: bool  # horizontal differencing, within each block's rows
-    block_h: int  # rows per strip, or the tiles' length
-    block_w: int
-    offsets: np.ndarray
-    counts: np.ndarray
-    tiled: bool
-
-
-def _layout(f: BinaryIO, length: int) -> _Layout | None:
-    """The `_Layout` of the first directory of `f` (`length` bytes), or None where
-    `read` does not take the file."""
-    f.seek(0)
-    head = f.read(16)
-    if head[:4] not in TIFF_MAGIC:
-        return None
-    order = "<" if head[:2] == b"II" else ">"
-    tags = _tags(f, head, length)
-    first = {tag: values[0] for tag, values in tags.items() if len(values)}
-    tiled = any(tag in tags for tag in _TILES)
-    if tiled and not all(tag in first for tag in _TILES):
-        return None
-    if first.get(274, 1) != 1 or first.get(266, 1) != 1:
-        return None  # an orientation, bits in reverse order
-    h, w = int(first[257]), int(first[256])
-    channels = int(first.get(277, 1))
-    bits, formats = set(tags.get(258, [1])), set(tags.get(339, [1]))
-    photometric, extra = first.get(262), list(tags.get(338, []))
-    if len(bits) != 1 or len(formats) != 1:
-        return None
-    kind = {(8, 1): "u1", (16, 1): "u2", (32, 3): "f4"}.get((bits.pop(), formats.pop()))
-    if kind is None:
-        return None
-    dtype = np.dtype(order + kind)
-    gray, rgb = (1, 1, []), (2, 3, [])
-    if (photometric, channels, extra) not in (gray, rgb, (2, 4, [0]), (2, 4, [])):
-        return None
-    compression, predictor = first.get(259, 1), first.get(317, 1)
-    if compression not in (1, _LZW, *_DEFLATE) or first.get(284, 1) != 1:
-        return None
-    if predictor not in (1, 2) or (predictor == 2 and dtype.kind != "u"):
-        return None
-    if tiled:
-        block_h, block_w = int(first[323]), int(first[322])
-        offsets, counts = tags[324].astype(np.int64), tags[325].astype(np.int64)
-    else:
-        block_h, block_w = min(int(first.get(278, h)), h), w
-        offsets, counts = tags[273].astype(np.int64), tags[279].astype(np.int64)
-    if h < 1 or w < 1 or block_h < 1 or block_w < 1:
-        return None
-    if not len(offsets) == len(counts) == -(-h // block_h) * -(-w // block_w):
-        return None
-    if h * w > pixel_limit():
-        return None  # OpenCV refuses it, naming its limit
-    # libtiff differences only compressed blocks (it ignores a predictor without one)
-    predict = predictor == 2 and compression != 1
-    codec = "lzw" if compression == _LZW else "deflate" if compression != 1 else None
-    return _Layout(h, w, channels, dtype, codec, predict, block_h, block_w, offsets, counts,
-                   tiled)  # fmt: skip
-
-
-def _tags(f: BinaryIO, head: bytes, length: int) -> dict[int, np.ndarray]:
-    """The first directory's fields (`head`: the file's first 16 bytes) as arrays
-    (`headers.tiff_fields`); ValueError for a field said to be longer than the file."""
-    fields = tiff_fields(f, head, length)
-    return {tag: np.frombuffer(raw, fmt, count) for tag, (fmt, count, raw) in fields.items()}
+def _old_lzw(page: Any, f: Any) -> bool:
+    """Whether the strips are in the LZW of TIFFs before 5.0 (libtiff: a first byte 0,
+    a second one odd), which OpenCV's libtiff decodes and imagecodecs does not."""
+    if int(page.compression) != _LZW:
+        return False
+    f.seek(int(page.dataoffsets[0]))
+    head = f.read(2)
+    return len(head) == 2 and head[0] == 0 and bool(head[1] & 1)
