@@ -749,10 +749,6 @@ def header(env: Env, opts: Options, quick: bool) -> dict:
 # ------------------------------------------------------------------------ output
 
 
-def _us(x: float | None) -> str:
-    return "-" if x is None else f"{x:.1f}"
-
-
 def header_lines(head: dict) -> list[str]:
     """Device, date, commit, versions, bandwidth and options, as text lines."""
     vers = ", ".join(f"{k} {v}" for k, v in head["versions"].items() if v is not None)

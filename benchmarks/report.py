@@ -124,10 +124,6 @@ def _link(path: Path) -> str:
     return f"[`{path.name}`]({rel.as_posix()})"
 
 
-def _short(path: Path) -> str:
-    return f"[{_run_date(path)}]({path.relative_to(REPO).as_posix()})"
-
-
 def _image(png: Path, alt: str) -> list[str]:
     return [f"![{alt}]({png.relative_to(REPO).as_posix()})", ""] if png.exists() else []
 
