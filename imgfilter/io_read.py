@@ -238,16 +238,20 @@ def open_input(p: Path) -> Iterator[BinaryIO]:
         raise InputError(f"cannot read {p}: permission denied") from e
     except OSError as e:
         raise InputError(f"cannot read {p}: {e.strerror or e}") from e
+    st = os.fstat(fd)
+    problem = None
+    if stat.S_ISDIR(st.st_mode):
+        problem = "it is a directory, not an image file"
+    elif not stat.S_ISREG(st.st_mode):
+        problem = "not a regular file (a pipe or a device)"
+    elif st.st_size == 0:
+        problem = "the file is empty (0 bytes)"
+    if problem is not None:
+        os.close(fd)
+        raise InputError(f"cannot read {p}: {problem}")
+    if hasattr(os, "set_blocking"):
+        os.set_blocking(fd, True)
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise InputError(f"cannot read {p}: it is a directory, not an image file")
-        if not stat.S_ISREG(st.st_mode):
-            raise InputError(f"cannot read {p}: not a regular file (a pipe or a device)")
-        if st.st_size == 0:
-            raise InputError(f"cannot read {p}: the file is empty (0 bytes)")
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
         yield f
 
 

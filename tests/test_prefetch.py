@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from imgfilter import io, prefetch
+from imgfilter import io, io_read, prefetch
 from imgfilter.cli import output
+from imgfilter.errors import InputError
 
 
 @pytest.fixture(autouse=True)
@@ -74,9 +75,9 @@ def test_a_file_that_cannot_be_read_gives_the_usual_error(tmp_path):
     bad = tmp_path / "bad.png"
     bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"junk" * 50)
     assert prefetch.start(["blur", str(bad), "--k", "3"])
-    with pytest.raises(io.InputError) as background:
+    with pytest.raises(InputError) as background:
         io.read_image(bad)
-    with pytest.raises(io.InputError) as direct:
+    with pytest.raises(InputError) as direct:
         io.read_image(bad)
     assert str(background.value) == str(direct.value) and "bad.png" in str(direct.value)
 
@@ -103,13 +104,13 @@ def test_an_error_line_waits_for_the_background_read(tmp_path, monkeypatch, caps
     """While the read runs, its decoder may hold descriptor 2: `fail` waits for it."""
     path = _png(tmp_path / "a.png", 1)
     release = threading.Event()
-    read_frames = io.read_frames
+    read_frames = io_read.read_frames
 
     def slow(p):
         release.wait(10)
         return read_frames(p)
 
-    monkeypatch.setattr(io, "read_frames", slow)
+    monkeypatch.setattr(io_read, "read_frames", slow)  # what the background read calls
     assert prefetch.start(["blur", str(path), "--k", "3"])
     timer = threading.Timer(0.3, release.set)
     timer.start()
@@ -119,3 +120,15 @@ def test_an_error_line_waits_for_the_background_read(tmp_path, monkeypatch, caps
     assert release.is_set()
     assert capsys.readouterr().err == "imgfilter: error: bad --k\n"
     timer.join()
+
+
+def test_io_never_imports_prefetch():
+    """prefetch hands its read to io (`io.set_pre_reader`); no io module imports it back."""
+    import ast
+
+    folder = Path(io.__file__).parent
+    for module in sorted(folder.glob("io*.py")):
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [a.name for a in node.names]
+                assert not any("prefetch" in n for n in names), module.name

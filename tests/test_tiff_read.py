@@ -290,7 +290,8 @@ def test_a_damaged_tiff_is_a_one_line_error_exit_3(tmp_path, monkeypatch):
             with pytest.raises(InputError, match="damaged TIFF") as e:
                 imgfilter.read_image(path)
             assert str(path) in str(e.value) and "\n" not in str(e.value)
-    run = subprocess.run([sys.executable, "-m", "imgfilter", "blur", str(path), "--k", "3",
-                          "-o", str(tmp_path / "o.tif")], capture_output=True, text=True)  # fmt: skip
+    command = [sys.executable, "-m", "imgfilter", "blur", str(path), "--k", "3", "-o",
+               str(tmp_path / "o.tif")]  # fmt: skip
+    run = subprocess.run(command, capture_output=True, text=True)
     assert run.returncode == 3, run
     assert run.stderr.count("\n") == 1 and "damaged TIFF" in run.stderr, run.stderr
