@@ -2,7 +2,7 @@
 
 Each takes INPUT... and the same output, border, backend and many-files options
 (`_COMMON`); a `Filter` adds its own options. What a command does with them is
-`filtering.run`.
+`filtering.run` (imported when a command runs: `--help` needs none of it).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import filtering
 from .options import (
     BackendOpt,
     BorderOpt,
@@ -133,6 +132,8 @@ def _register(spec: Filter) -> Callable[..., Any]:
     """The Typer command of `spec`: INPUT..., its own options, then `_COMMON`."""
 
     def run(**options: Any) -> None:
+        from . import filtering
+
         filtering.run(spec.op, options)
 
     declared = (("images", InPaths, _REQUIRED), *spec.own, *_COMMON)
