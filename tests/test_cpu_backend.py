@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from threaded import run_in_threads
 
-from imgfilter.backends import cpu, cpu_fft
+from imgfilter.backends import cpu, cpu_box, cpu_common, cpu_fft
 from kernels.common import border_index as bi
 from kernels.common.saturate import output_limits
 
@@ -204,6 +204,27 @@ def test_float64_direct_path(border, dtype):
             np.testing.assert_array_equal(got, stored(want, dtype), f"{kshape} {shape}")
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.float32], ids=lambda d: d.__name__)
+def test_separable_path_in_row_bands(dtype, monkeypatch):
+    """The separable passes in bands of rows on several threads: integer outputs equal
+    the direct float64 result, every output equals one call's, for every border."""
+    kernel = gaussian(13, 2.5).astype(np.float32)
+    img = image((97, 61, 3), dtype, 70)
+    monkeypatch.setattr(cpu, "band_threads", lambda: 3)
+    for border in BORDERS:
+        value = value_for(border, dtype)
+        assert cpu.correlate_plan(img, kernel, value)[0] == "separable"
+        with monkeypatch.context() as m:
+            m.setattr(cpu, "BAND_BYTES", 1 << 62)
+            one = run(img, kernel, (3, 9), border, value)
+        monkeypatch.setattr(cpu, "BAND_BYTES", 1)
+        got = run(img, kernel, (3, 9), border, value)
+        np.testing.assert_array_equal(got, one)
+        if np.dtype(dtype) != np.float32:
+            want = reference(img, kernel, (3, 9), border, value)
+            np.testing.assert_array_equal(got, stored(want, dtype))
+
+
 def full_rank(k, seed, dtype=np.float32):
     """A random k x k kernel of full rank (normal taps, |K|_1 = 1)."""
     w = np.random.default_rng(seed).standard_normal((k, k))
@@ -347,10 +368,12 @@ def test_fft_float32_transform_and_bound():
         assert bound < 1e-12 * scale * np.abs(k64).sum() * 64 * 80
 
 
-def test_fft_plan_by_cost():
+def test_fft_plan_by_cost(monkeypatch):
     """The cost model sends large full-rank kernels on large images to FFT tiles, and
     small images and low-rank kernels to the others; float32 images with inf or NaN
-    take the direct sums."""
+    take the direct sums. While Numba is not loaded, the direct paths' cost includes
+    its import and load: small images then take FFT tiles too."""
+    monkeypatch.setattr(cpu, "_numba_loaded", lambda: True)
     big = np.zeros((2000, 2000, 1), np.uint8)
     assert cpu.correlate_plan(big, full_rank(21, 0), 0.0)[0] == "fft"
     assert cpu.correlate_plan(big, gaussian(21, 3.0).astype(np.float32), 0.0)[0] == "separable"
@@ -362,6 +385,10 @@ def test_fft_plan_by_cost():
     assert cpu.correlate_plan(f32[:9, :9], full_rank(21, 0), 0.0, fft=True)[0] == "fft"
     f32[5, 5] = np.inf
     assert cpu.correlate_plan(f32, full_rank(21, 0), 0.0, fft=True)[0] == "direct64"
+    monkeypatch.setattr(cpu, "_numba_loaded", lambda: False)
+    assert cpu.correlate_plan(small, full_rank(21, 0), 0.0)[0] == "fft"
+    assert cpu.correlate_plan(np.ones((9, 9, 1), np.float32), full_rank(21, 0), 0.0)[0] == "fft"
+    assert cpu.correlate_plan(f32, full_rank(21, 0), 0.0)[0] == "direct64"  # inf
 
 
 @pytest.mark.parametrize("border", [bi.REFLECT101, bi.CONSTANT, bi.WRAP])
@@ -496,6 +523,24 @@ def test_float32_box_direct_sums(border):
     assert np.isnan(got[4:7, 34:37]).all() and np.isinf(got[19:22, 29:32]).all()
 
 
+def test_float32_box_pieces_equal_one_piece(monkeypatch):
+    """Bands cut into pieces of whole blocks of kh rows (on several threads) give the
+    sums of one piece a band, bit for bit: every sum's order depends on the band
+    layout alone."""
+    img = image((157, 45, 3), np.float32, 140)
+    cases = [((5, 5), (2, 2)), ((23, 11), (4, 10)), ((1, 9), (0, 4)), ((9, 1), (8, 0))]
+    for border in (bi.REFLECT101, bi.CONSTANT, bi.WRAP):
+        value = value_for(border, np.float32)
+        for ksize, anchor in cases:
+            with monkeypatch.context() as m:
+                m.setattr(cpu_box, "_BLOCK_VALUES", 1 << 40)
+                want = cpu.box(img, ksize, anchor, border, value, "auto")
+            m = monkeypatch
+            m.setattr(cpu_box, "_BLOCK_VALUES", 1)
+            got = cpu.box(img, ksize, anchor, border, value, "auto")
+            np.testing.assert_array_equal(got, want, f"{ksize} {border}")
+
+
 def cv2_blur_padded(img, ksize, anchor, border, value):
     """cv2.blur of the image padded as `border` says (`np_pad`), cropped: cv2's own
     arithmetic for every border, the constant one with a value included."""
@@ -592,11 +637,11 @@ def test_contour_does_not_import_numba():
 
 @pytest.mark.parametrize("border", list(BORDERS))
 def test_axis_maps(border):
-    """cpu._axis_map: the source of every padded position (OpenCV's borderInterpolate,
+    """cpu_common.axis_map: the source of every padded position (OpenCV's borderInterpolate,
     `_source`), pads wider than the axis and an axis of one pixel included."""
     for n, before, after in ((7, 3, 4), (1, 5, 2), (4, 9, 13), (300, 0, 127), (2, 0, 0)):
         want = [_source(p, n, border) for p in range(-before, n + after)]
-        got = cpu._axis_map(n, before, after, border)
+        got = cpu_common.axis_map(n, before, after, border)
         assert got.dtype == np.int64 and got.tolist() == want, (n, before, after)
 
 

@@ -1,11 +1,14 @@
-"""The CPU backend: OpenCV where it computes our semantics exactly, Numba loops elsewhere.
+"""The CPU backend: OpenCV where it computes our semantics exactly, NumPy and Numba loops
+elsewhere.
 
 Host arrays only. See `imgfilter.backends` for the contract shared with the CUDA
-backend. The Numba loops live in `imgfilter.backends.cpu_loops`, imported on first
-need: calls that OpenCV answers alone (integer boxes, kernels below the direct limit,
-with borders cv2 applies) never import Numba. Borders cv2 cannot apply itself (wrap;
-a constant border with a non-zero value) are padded by index maps
-(`cpu_loops._pad_into`), and cv2 filters the padded image, whose middle is the result.
+backend. What a command that filters one image needs is OpenCV and NumPy alone: it
+imports no Numba and compiles nothing (a first use from empty caches is as fast as the
+next). Numba (`cpu_loops`, compiled loops cached on disk) is imported only for the
+direct sums (`correlate`'s direct32 and direct64 paths) and, once loaded, for
+`contour`'s fused pass. Borders cv2 cannot apply itself (wrap; a constant border with
+a non-zero value) are padded by index maps (`cpu_common.padded`), and cv2 filters the
+padded image, whose middle is the result.
 
 correlate (`correlate_plan` says which path a call takes):
 - kernels below `direct_area_limit` taps (130; uint16 50): cv2.filter2D itself. There
@@ -17,29 +20,29 @@ correlate (`correlate_plan` says which path a call takes):
   in row-major order from 0, multiply then add, then round half to even and saturate
   (integers) or round to float32. Four ways to it:
   - separable: kernels equal to a sum of r outer products within 1e-6 of |K|_1
-    (`low_rank`, SVD; taken when r * (kh + kw) <= taps / 2) are filtered as r pairs
-    of float64 1-D passes. For integer outputs each value comes with a rigorous
-    bound on its distance from the direct result (|E|_1 * max|x| plus rounding of
-    both summations); where an output within that bound could round differently, it
-    is recomputed by the direct sum (`_direct_one`), so integer outputs are bit-equal
-    to the direct path. float32 outputs are stored from the passes: within
-    (|E|_1 + ~1e-15 |K|_1) * max|x| of the direct result (images with inf or NaN take
-    the direct sums).
-  - fft (full rank, where a cost model expects it faster than the direct loops: on
-    a 2495x2167 image from about 13x13 (uint8 with direct32 from 15x15); float32
-    images finite): overlap-save tiles (`cpu_fft`), float64 cv2.dft tiles for
-    integer images, numpy.fft tiles for float32 ones. Every output's distance from
-    the direct sum is bounded (a normwise FFT error model, 16 u per radix-2 stage
-    plus the twiddles' error, and the direct sum's own rounding, doubled); where a
-    value within that bound could round or saturate differently, the direct float64
-    sum is computed and stored: bit-equal to the direct path. Integer outputs are
-    almost never open; float32 outputs, whose rounding steps scale with the value,
-    about 1% (near zero, mostly).
+    (`low_rank`, SVD; taken when r * (kh + kw) <= taps / 2) are filtered as r
+    float64 cv2.sepFilter2D passes, summed. For integer outputs each value comes with
+    a rigorous bound on its distance from the direct result (|E|_1 * max|x| plus
+    rounding of both summations); where an output within that bound could round
+    differently, it is recomputed by the direct sum (`_direct_at`), so integer
+    outputs are bit-equal to the direct path. float32 outputs are stored from the
+    passes: within (|E|_1 + ~1e-15 |K|_1) * max|x| of the direct result (images with
+    inf or NaN take the direct sums).
+  - fft (full rank, where a cost model expects it faster than the direct loops, Numba's
+    import and load counted while it is not loaded: on a 2495x2167 image from about
+    13x13 (uint8 with direct32 from 15x15); float32 images finite): overlap-save tiles
+    (`cpu_fft`), float64 cv2.dft tiles for integer images, numpy.fft tiles for
+    float32 ones. Every output's distance from the direct sum is bounded (a normwise
+    FFT error model, 16 u per radix-2 stage plus the twiddles' error, and the direct
+    sum's own rounding, doubled); where a value within that bound could round or
+    saturate differently, the direct float64 sum is computed and stored: bit-equal to
+    the direct path. Integer outputs are almost never open; float32 outputs, whose
+    rounding steps scale with the value, about 1% (near zero, mostly).
   - direct32 (uint8, full rank, bound < `_DIRECT32_BOUND`): float32 FMAs, twice the
     SIMD width of float64, with the same bound-and-recompute check: bit-equal.
   - direct64 (otherwise): the float64 direct sums themselves.
-  The direct loops run four taps per pass over a chunk of 512 accumulators: the same
-  operations in the same order as one tap at a time.
+  The direct loops (Numba) run four taps per pass over a chunk of 512 accumulators: the
+  same operations in the same order as one tap at a time.
 - box: integer images go to cv2.blur (its running sums are exact integers; its
   scaling is the semantics: uint8 boxes up to 256 pixels in 23-bit fixed point,
   others in float32 in its SIMD body and double in its scalar tail), except the
@@ -50,9 +53,7 @@ correlate (`correlate_plan` says which path a call takes):
   (`_in_row_bands`): exact sums make every band's values those of one call.
   float32 images: float64 sums that never subtract, so huge, inf or NaN values reach
   only the boxes that hold them (cv2.blur's double running sums carry them along the
-  row): column sums from the suffix and prefix sums of blocks of kh rows (van Herk /
-  Gil-Werman, flat in kh), row sums from groups of about sqrt(kw) column sums
-  (`_box_float_bands`), then float32(sum * (1 / area)).
+  row): `cpu_box`, in NumPy.
 - contour: gray as cv2.cvtColor (`bgr_to_gray`), four integer responses, saturated,
   OR-ed: bit-exact, in one fused Numba pass (`cpu_loops._contour_rows`) once Numba is
   loaded in the process; before that, through OpenCV (cvtColor, four cv2.filter2D:
@@ -72,49 +73,11 @@ import numpy as np
 from kernels.common import border_index as _bi
 from kernels.common.saturate import output_limits
 
+from .cpu_common import BOX_FIXED, FIXED_SHIFT, U32, U64, axis_map, box_scaling, padded
+
 NAME = "cpu"
 
-# box scaling modes (see box_scaling)
-_BOX_FLOAT = 0  # float32 image: float32(sum * (1.0 / area)), sum and scale in double
-_BOX_COPY = 1  # area 1: the sum itself
-_BOX_FIXED = 2  # uint8, area <= 256: ((sum + delta) * mul) >> 23, OpenCV's fixed point
-_BOX_F32 = 3  # int sums: round(float32(sum) * float32(1 / area))
-_BOX_F64 = 4  # double sums (huge boxes): round(sum * (1.0 / area))
-_FIXED_SHIFT = 23
-
-
-def box_scaling(dtype, area: int) -> tuple[int, int, int]:
-    """(mode, delta, mul): how cv2.blur turns an exact box sum into the output value.
-
-    OpenCV (box_filter.simd.hpp, checked against cv2.blur on random data):
-    - uint8 with area <= 256 sums in uint16 and scales in fixed point with a 23-bit
-      shift: d = area, mul = 2**23 / d rounded to the nearer integer and delta = d // 2,
-      plus 1 when mul was rounded down. ((s + delta) * mul) >> 23 is round(s / d) except
-      where it rounds up below a tie (2 pixels: (s + 2) >> 1, so a 2x1 box of zeros is 1).
-      OpenCV's SIMD body saturates at 255; its scalar tail wraps 256 to 0 (a 2x1 box of
-      255s then gives 0, an OpenCV bug). We saturate.
-    - uint8 with larger boxes and uint16 sum in int32 and multiply in float32
-      (SIMD body; the scalar tail multiplies in double) then round half to even.
-    - sums too large for int32 (uint8 area > 2**23, uint16 area > 2**15) are double,
-      scaled in double. float32 images sum in double and store float32(s * (1 / d)).
-    """
-    dt = np.dtype(dtype)
-    if dt == np.float32:
-        return _BOX_FLOAT, 0, 0
-    if area == 1:
-        return _BOX_COPY, 0, 0
-    if dt == np.uint8 and area <= 256:
-        scalef = float(1 << _FIXED_SHIFT) / area
-        mul = math.floor(scalef)
-        delta = area // 2
-        if scalef - mul < 0.5:
-            delta += 1
-        else:
-            mul += 1
-        return _BOX_FIXED, delta, mul
-    if area > (1 << 23 if dt == np.uint8 else 1 << 15):
-        return _BOX_F64, 0, 0
-    return _BOX_F32, 0, 0
+__all__ = ["NAME", "box", "box_scaling", "contour", "correlate", "correlate_plan"]
 
 
 def direct_area_limit(dtype) -> int:
@@ -129,34 +92,12 @@ def direct_area_limit(dtype) -> int:
     return 50 if np.dtype(dtype) == np.uint16 else 130
 
 
-_CHUNK = 512  # output elements per task of the direct loops (accumulators stay in L1)
-_U32 = 2.0**-24  # unit roundoff of float32
-_U64 = 2.0**-53  # unit roundoff of float64
 _DIRECT32_BOUND = 0.05  # float32 FMAs when at most ~10% of the outputs fall back
 _COST_TAP = {"direct32": 0.085e-9, "direct64": 0.12e-9}  # per tap and output (see cpu_fft)
-
-
-def _axis_map(n: int, before: int, after: int, mode: int) -> np.ndarray:
-    """Source index (int64) for each of before + n + after positions along an axis of
-    n pixels: `border_index` of p - before; -1 is the constant border. NumPy and plain
-    Python (only the border positions call `border_index`): no compile on first use."""
-    out = np.empty(before + n + after, np.int64)
-    out[before : before + n] = np.arange(n)
-    for p in (*range(before), *range(before + n, before + n + after)):
-        out[p] = _bi.border_index(p - before, n, mode)
-    return out
-
-
-def _padded(img, top, bottom, left, right, border, value, dtype):
-    """(H, W, C) -> (H + top + bottom, (W + left + right) * C) of `dtype`, by `border`."""
-    from . import cpu_loops as loops  # Numba, on first need
-
-    h, w, c = img.shape
-    rows = _axis_map(h, top, bottom, border)
-    cols = _axis_map(w, left, right, border)
-    out = np.empty((rows.shape[0], cols.shape[0] * c), dtype)
-    loops._pad_into(img.reshape(h, w * c), c, rows, cols, left, value, out)
-    return out
+# Seconds a process pays to import Numba and load the direct loops from its cache
+# before its first direct sum (the FFT tiles need neither): the cost model adds it to
+# the direct paths while Numba is not loaded.
+_COST_NUMBA_LOAD = 0.5
 
 
 # OpenCV's border constants for the modes cv2 applies itself (wrap and a constant
@@ -168,13 +109,13 @@ def _cv_plan(img, kh, kw, anchor, border, value):
     """(source, borderType, crop): what to hand cv2 so that it sees our border.
 
     cv2 applies reflect101, reflect, replicate and a zero constant border itself
-    (crop None). Otherwise the image is padded here (`_pad_into`, our index maps) and
+    (crop None). Otherwise the image is padded here (`padded`, our index maps) and
     cv2 filters the padded image; the output is its crop (top, left)."""
     h, w, c = img.shape
     if border in _CV_BORDER and (border != _bi.CONSTANT or value == 0):
         return (img.reshape(h, w) if c == 1 else img), _CV_BORDER[border], None
     ay, ax = anchor
-    pad = _padded(img, ay, kh - 1 - ay, ax, kw - 1 - ax, border, value, img.dtype)
+    pad = padded(img, ay, kh - 1 - ay, ax, kw - 1 - ax, border, value, img.dtype)
     pad = pad.reshape(pad.shape[0], -1, c)
     return (pad[:, :, 0] if c == 1 else pad), 4, (ay, ax)
 
@@ -232,7 +173,8 @@ def correlate_plan(img, kernel, value, fft=None):
     fft None: the FFT tiles where the cost model (`fft_tile_shape`, `_COST_TAP`)
     expects them faster than the direct loops; True: whenever they apply (a kernel
     from the limit that is not of low rank; float32 images finite and below
-    `cpu_fft.FFT_F32_MAX`); False: never."""
+    `cpu_fft.FFT_F32_MAX`); False: never. While Numba is not loaded, the direct paths'
+    modelled time includes its import and load (`_COST_NUMBA_LOAD`)."""
     return _plan(img, kernel, value, fft)[:2]
 
 
@@ -259,12 +201,12 @@ def _plan(img, kernel, value, fft):
         # |separable - exact| <= (|E|_1 + rounding of E and of the passes) * max|x|;
         # |direct float64 - exact| <= (ntaps + 2) * 2 u64 * |K|_1 * max|x|.
         rounding = (rank + 2) * (l1 + uv) + (kh + kw + rank + 2) * uv + (ntaps + 2) * l1
-        bound = 1.5 * mag * (err + 2 * _U64 * rounding) if is_int else -1.0
+        bound = 1.5 * mag * (err + 2 * U64 * rounding) if is_int else -1.0
         return "separable", (u, v, bound), mag
     direct = ("direct64", None)
     if img.dtype == np.uint8:
         # float32 FMAs: |error| <= (ntaps + 1) * u32 * (1 + ntaps * u32) * |K|_1 * max|x|
-        bound = 1.5 * mag * l1 * ((ntaps + 1) * _U32 * (1 + ntaps * _U32) + (ntaps + 2) * _U64)
+        bound = 1.5 * mag * l1 * ((ntaps + 1) * U32 * (1 + ntaps * U32) + (ntaps + 2) * U64)
         if bound < _DIRECT32_BOUND:
             direct = ("direct32", bound)
     from .cpu_fft import FFT_F32_MAX, fft_tile_shape
@@ -272,7 +214,8 @@ def _plan(img, kernel, value, fft):
     if fft is False or not (is_int or mag < FFT_F32_MAX):
         return *direct, mag
     th, tw, seconds = fft_tile_shape(kh, kw, h, w, 0 if is_int else kh * kw)
-    if fft or seconds < _COST_TAP[direct[0]] * ntaps * h * w:
+    load = 0.0 if _numba_loaded() else _COST_NUMBA_LOAD
+    if fft or seconds < _COST_TAP[direct[0]] * ntaps * h * w + load:
         return "fft", (th, tw), mag
     return *direct, mag
 
@@ -306,24 +249,78 @@ def correlate(img, kernel, anchor, border, value, method, out=None, stream=None,
         from .cpu_fft import correlate_fft
 
         return correlate_fft(img, weights, anchor, border, value, params, out, lo, hi, mag)
+    if path == "separable":
+        return _separable(img, weights, anchor, border, value, params, out)
     from . import cpu_loops as loops  # Numba, on first need
 
-    pad = _padded(img, ay, kh - 1 - ay, ax, kw - 1 - ax, border, value, np.float32)
+    pad = padded(img, ay, kh - 1 - ay, ax, kw - 1 - ax, border, value, np.float32)
     rowlen = pad.shape[1]
     offs, ws = _taps(weights, rowlen, c)
     flat = pad.reshape(-1)
     out2 = out.reshape(h, w * c)
-    if path == "separable":
-        u, v, bound = params
-        loops._separable_rows(pad, c, u, v, out2, lo, hi, is_int, bound, flat, offs, ws)
-    elif path == "direct32":
+    if path == "direct32":
         loops._direct_rows(flat, rowlen, offs, ws, out2, lo, hi, is_int, False, params)
     else:
         loops._direct_rows(flat, rowlen, offs, ws, out2, lo, hi, is_int, True, -1.0)
     return out
 
 
-_BOX_CHUNK = 1024  # outputs per chunk of a row's box sums (the chunk stays in L1)
+def _separable(img, weights, anchor, border, value, params, out):
+    """The separable path: sum_r cv2.sepFilter2D(img, CV_64F, v[r], u[r]) (each output
+    a float64 sum of its window's products, in bands of rows on several threads), in
+    order of r; then integer outputs whose value within `bound` could round or
+    saturate differently take the direct float64 sum (`_direct_at`); float32 outputs
+    are stored as computed."""
+    import cv2
+
+    u, v, bound = params
+    h, w, c = img.shape
+    kh, kw = weights.shape
+    ay, ax = anchor
+    src, cvb, crop = _cv_plan(img, kh, kw, anchor, border, value)
+
+    def passes(part):
+        acc = None
+        for r in range(u.shape[0]):
+            res = cv2.sepFilter2D(part, cv2.CV_64F, v[r], u[r], anchor=(ax, ay), borderType=cvb)
+            acc = res if acc is None else np.add(acc, res, out=acc)
+        return acc
+
+    acc = np.empty((h, w, c))
+    if not _in_row_bands(passes, src, crop, ay, kh - 1 - ay, acc):
+        _cv_finish(passes(src), crop, acc)
+    lo, hi, is_int = output_limits(img.dtype)
+    if not is_int:
+        out[...] = acc
+        return out
+    below = np.clip(np.rint(acc - bound), lo, hi)
+    out[...] = below
+    opened = np.flatnonzero(below != np.clip(np.rint(acc + bound), lo, hi))
+    if opened.size:
+        sums = _direct_at(img, weights, anchor, border, value, opened)
+        out.reshape(-1)[opened] = np.clip(np.rint(sums), lo, hi)
+    return out
+
+
+def _direct_at(img, weights, anchor, border, value, index) -> np.ndarray:
+    """The direct float64 sums (non-zero taps in row-major order, multiply then add)
+    of the outputs at flat positions `index` of the (H, W, C) result. Each product of
+    a float32 weight and an integer pixel is exact in float64, and `np.add.accumulate`
+    adds strictly in order."""
+    h, w, c = img.shape
+    kh, kw = weights.shape
+    ay, ax = anchor
+    pad = padded(img, ay, kh - 1 - ay, ax, kw - 1 - ax, border, value, img.dtype)
+    offs, ws = _taps(weights, pad.shape[1], c)
+    y, xc = np.divmod(index, w * c)
+    bases = y * pad.shape[1] + xc
+    flat = pad.reshape(-1)
+    step = max(1, (1 << 20) // offs.size)
+    sums = np.empty(index.shape[0])
+    for p0 in range(0, index.shape[0], step):
+        part = flat[bases[p0 : p0 + step, None] + offs] * ws.astype(np.float64)
+        sums[p0 : p0 + step] = np.add.accumulate(part, axis=1)[:, -1]
+    return sums
 
 
 # cv2.blur runs on one thread (OpenCV's box filter has no parallel loop), so integer
@@ -394,12 +391,6 @@ def _run_bands(fn, src, crop, top, bottom, out, nbands: int) -> None:
         raise errors[0]
 
 
-def _box_group(kw: int) -> int:
-    """The group size g of `_box_row` for boxes kw pixels wide: about sqrt(kw), 1 (plain
-    sums) below 8."""
-    return 1 if kw < 8 else int(math.isqrt(kw))
-
-
 def box(img, ksize, anchor, border, value, method, out=None, stream=None):
     """cv2.blur semantics (exact sums, OpenCV's scaling); `method` and `stream` are
     ignored; the result is written into `out` when given. See the module docstring."""
@@ -408,42 +399,31 @@ def box(img, ksize, anchor, border, value, method, out=None, stream=None):
     ay, ax = anchor
     out = np.empty_like(img) if out is None else out
     lo, hi, is_int = output_limits(img.dtype)
+    if not is_int:
+        from .cpu_box import box_float
+
+        return box_float(img, ksize, anchor, border, value, out)
+    import cv2
+
     area = kh * kw
     mode, delta, mul = box_scaling(img.dtype, area)
-    if is_int:
-        import cv2
+    src, cvb, crop = _cv_plan(img, kh, kw, anchor, border, value)
+    if not (mode == BOX_FIXED and area == 2):
 
-        src, cvb, crop = _cv_plan(img, kh, kw, anchor, border, value)
-        if not (mode == _BOX_FIXED and area == 2):
+        def blur(part, dst=None):
+            return cv2.blur(part, (kw, kh), dst=dst, anchor=(ax, ay), borderType=cvb)
 
-            def blur(part, dst=None):
-                return cv2.blur(part, (kw, kh), dst=dst, anchor=(ax, ay), borderType=cvb)
-
-            if _in_row_bands(blur, src, crop, ay, kh - 1 - ay, out):
-                return out
-            dst = _cv_dst(out, crop)
-            return _cv_finish(blur(src, dst), crop, out, dst)
-        depth = cv2.CV_64F if mode == _BOX_F64 else cv2.CV_32S
-        sums = cv2.boxFilter(src, depth, (kw, kh), anchor=(ax, ay), normalize=False,
-                             borderType=cvb)  # fmt: skip
-        if crop is not None:
-            sums = sums[crop[0] : crop[0] + h, crop[1] : crop[1] + w]
-        sums = sums.reshape(h, w * c)
-        scale32, scale64 = np.float32(1.0 / area), 1.0 / area
-        from . import cpu_loops as loops  # Numba, on first need
-
-        loops._box_scale(sums, out.reshape(h, w * c), mode, delta, mul, scale32, scale64, lo, hi)
-        return out
-    import numba
-
-    from . import cpu_loops as loops
-
-    rows = _axis_map(h, ay, kh - 1 - ay, border)
-    cols = _axis_map(w, ax, kw - 1 - ax, border)
-    nbands = min(h, 2 * numba.get_num_threads())
-    cvalue = float(np.float32(value))  # the border as a float32 image holds it
-    loops._box_float_bands(img, rows, cols, ax, cvalue, kh, kw, _box_group(kw),
-                           out.reshape(h, w * c), 1.0 / area, nbands)  # fmt: skip
+        if _in_row_bands(blur, src, crop, ay, kh - 1 - ay, out):
+            return out
+        dst = _cv_dst(out, crop)
+        return _cv_finish(blur(src, dst), crop, out, dst)
+    # cv2.blur's fixed point, saturated (its scalar tail stores 256 as 0 here)
+    sums = cv2.boxFilter(src, cv2.CV_32S, (kw, kh), anchor=(ax, ay), normalize=False,
+                         borderType=cvb)  # fmt: skip
+    if crop is not None:
+        sums = sums[crop[0] : crop[0] + h, crop[1] : crop[1] + w]
+    scaled = ((sums.astype(np.int64) + delta) * mul) >> FIXED_SHIFT
+    out.reshape(h, w, c)[...] = np.minimum(scaled, hi).reshape(h, w, c)
     return out
 
 
@@ -457,8 +437,8 @@ def contour(img, border, value, method, out=None, stream=None):
 
     h, w, _ = img.shape
     _, hi, _ = output_limits(img.dtype)
-    rows = _axis_map(h, 1, 1, border)
-    cols = _axis_map(w, 1, 1, border)
+    rows = axis_map(h, 1, 1, border)
+    cols = axis_map(w, 1, 1, border)
     gray = np.empty((h + 2, w + 2), np.int64)
     loops._gray_padded(img, rows, cols, int(value), gray)
     out = np.empty((h, w), img.dtype) if out is None else out

@@ -6,10 +6,9 @@ pixels gives (th - kh + 1) x (tw - kw + 1) outputs, which its cyclic correlation
 the kernel holds without wrap-around. Every output comes with a rigorous bound on its
 distance from the direct float64 sum (the FFT's error model plus the direct sum's
 own rounding, doubled); where a value within that bound could store differently, the
-direct float64 sum itself is computed from the tile's pixels and stored (`_redo`;
-`_redo_numpy` for uint8 images, whose outputs are almost never open). So the result
-is bit-equal to the direct path; the FFT only decides the outputs whose rounding it
-pins.
+direct float64 sum itself is computed from the tile's pixels and stored (`_redo`). So
+the result is bit-equal to the direct path; the FFT only decides the outputs whose
+rounding it pins.
 
 Two engines, one per output type:
 - integer images: float64 cv2.dft tiles (packed CCS), the kernel's spectrum from
@@ -23,8 +22,11 @@ Two engines, one per output type:
   steps scale with the value, so about 1% of the outputs (those near zero, mostly)
   are open and recomputed.
 
-Threads: numba.get_num_threads() Python threads take tiles in turn; cv2.dft,
-numpy.fft and the Numba loads and stores release the GIL.
+Threads: `cpu_common.threads()` Python threads take tiles in turn; cv2.dft, numpy.fft
+and the NumPy loads and stores release the GIL. NumPy and OpenCV alone: a process that
+filters one image compiles and loads nothing (the Numba loads and stores this path
+used took 2-7 s to compile on a first use, and ~0.5 s to import and load from Numba's
+cache in every later process).
 """
 
 from __future__ import annotations
@@ -33,13 +35,11 @@ import math
 import threading
 
 import numpy as np
-from numba import njit
 
-from .cpu import _U64, _axis_map
-from .cpu_loops import _store_int
+from .cpu_common import U64 as _U64
+from .cpu_common import axis_map, run_parallel, threads
 
-_CHUNK = 512  # opened outputs per call of the direct recompute
-_REDO_VALUES = 1 << 20  # window values gathered at once by `_redo_numpy`
+_REDO_VALUES = 1 << 20  # window values gathered at once by `_redo`
 _FFT_STAGE = 16.0  # assumed normwise error of one radix-2 stage of an FFT, in u64
 _MU_NUMPY = 10.0  # error of pocketfft's twiddles, in u64 (`F32Bound`)
 _FFT_MAX = 384  # largest tile side (a tile and the kernel's spectrum stay in L2)
@@ -97,181 +97,92 @@ def _cover(n: int, sides: tuple) -> int:
 
 class Source:
     """An (H, W, C) image extended by a border, as padded planes that are never built:
-    `rows` / `cols` (`cpu._axis_map`) give the source row / column of each padded one
-    (-1: the constant `value`, rounded to float32 as the direct path pads it), `left`
-    the padded column of the image's column 0."""
+    `rows` / `cols` (`cpu_common.axis_map`) give the source row / column of each padded
+    one (-1: the constant `value`, rounded to float32 as the direct path pads it)."""
 
     def __init__(self, img, top, bottom, left, right, border, value):
         h, w, _ = img.shape
         self.img = img
-        self.rows = _axis_map(h, top, bottom, border)
-        self.cols = _axis_map(w, left, right, border)
-        self.left = left
+        self.rows = axis_map(h, top, bottom, border)
+        self.cols = axis_map(w, left, right, border)
+        self.row_run = (top, top + h)  # padded rows that are image rows 0 .. h - 1
+        self.col_run = (left, left + w)
         self.value = float(np.float32(value))
 
     def load(self, oy, ox, keep, sumsq):
-        """`_tile_load` from padded (oy, ox) into keep (C, th, tw), sumsq (C,)."""
-        _tile_load(self.img, self.rows, self.cols, self.left, self.value, oy, ox, keep, sumsq)
+        """keep[c, r, q] = the padded channel c at (oy + r, ox + q) as float64, zero
+        beyond the padded image; sumsq[c] = the sum of squares of keep[c] (non-negative
+        terms: within 1e-9 of exact for any tile; callers scale it by 1.001). Finite
+        images only."""
+        _, th, tw = keep.shape
+        rows = self.rows[oy : oy + th]
+        cols = self.cols[ox : ox + tw]
+        nrow, ncol = rows.shape[0], cols.shape[0]
+        part = _take(self.img, 0, rows, oy, self.row_run)
+        part = _take(part, 1, cols, ox, self.col_run)
+        view = keep[:, :nrow, :ncol]
+        view[...] = part.transpose(2, 0, 1)
+        if rows[0] < 0 or rows[-1] < 0:
+            view[:, rows < 0] = self.value
+        if cols[0] < 0 or cols[-1] < 0:
+            view[:, :, cols < 0] = self.value
+        keep[:, nrow:] = 0.0
+        keep[:, :nrow, ncol:] = 0.0
+        sumsq[:] = np.einsum("crq,crq->c", view, view)
 
 
-@njit(nogil=True, cache=True, fastmath={"reassoc"})
-def _tile_load(img, rows, cols, left, value, oy, ox, keep, sumsq):
-    """keep[c, r, q] = the padded channel c at (oy + r, ox + q) as float64 (`Source`),
-    zero beyond the padded image; sumsq[c] = the sum of squares of keep[c]:
-    non-negative terms in any order, within 1e-9 of exact for any tile (callers scale
-    it by 1.001). One pass over the interleaved rows. Finite images only."""
-    nch, th, tw = keep.shape
-    w = img.shape[1]
-    nrow = min(th, rows.shape[0] - oy)
-    ncol = min(tw, cols.shape[0] - ox)
-    q0 = min(max(left - ox, 0), ncol)  # columns q0 .. q1 - 1 map to image columns
-    q1 = max(min(left + w - ox, ncol), q0)  # ox + q - left
-    keep[:, nrow:] = 0.0
-    keep[:, :nrow, ncol:] = 0.0
-    for r in range(nrow):
-        sy = rows[oy + r]
-        if sy < 0:
-            keep[:, r, :ncol] = value
-            continue
-        src = img[sy]
-        for q in range(q0, q1):
-            for c in range(nch):
-                keep[c, r, q] = src[ox + q - left, c]
-        for q in range(ncol):
-            if q0 <= q < q1:
-                continue
-            sx = cols[ox + q]
-            for c in range(nch):
-                keep[c, r, q] = value if sx < 0 else src[sx, c]
-    for c in range(nch):
-        s = 0.0
-        for r in range(nrow):
-            row = keep[c, r]
-            for q in range(ncol):
-                s += row[q] * row[q]
-        sumsq[c] = s
+def _take(a, axis, index, first, run):
+    """a's entries index (-1 read as 0) along axis: a slice where the padded positions
+    first .. first + len(index) - 1 lie inside `run` (the image's own), else a gather."""
+    n = index.shape[0]
+    if run[0] <= first and first + n <= run[1]:
+        start = int(index[0])
+        return a[start : start + n] if axis == 0 else a[:, start : start + n]
+    return np.take(a, np.maximum(index, 0), axis=axis)
 
 
-@njit(nogil=True, cache=True, fastmath={"contract"})
-def _direct_dense(flat, bases, rowlen, k64, acc):
-    """acc[p] = the direct float64 sum of the output whose window starts at flat
-    offset bases[p] (rows of `rowlen` values): k64[i, j] * flat[bases[p] + i * rowlen
-    + j] over i, then j, in order, from 0.
-
-    Zero taps are included: for finite pixels each adds a zero to a sum that is never
-    -0 (it starts at +0), so the sums equal those over the non-zero taps alone. Every
-    product of a float32 weight and a pixel (float32, uint8 or uint16) is exact in
-    float64, so the fused multiply-adds the compiler may form give the same sums as
-    multiply-then-add. Eight outputs share each pass over a kernel row (eight
-    independent chains over contiguous runs)."""
-    kh, kw = k64.shape
-    m = bases.shape[0]
-    p = 0
-    while p + 8 <= m:
-        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
-        for i in range(kh):
-            k = k64[i]
-            r = i * rowlen
-            s0 = flat[bases[p] + r : bases[p] + r + kw]
-            s1 = flat[bases[p + 1] + r : bases[p + 1] + r + kw]
-            s2 = flat[bases[p + 2] + r : bases[p + 2] + r + kw]
-            s3 = flat[bases[p + 3] + r : bases[p + 3] + r + kw]
-            s4 = flat[bases[p + 4] + r : bases[p + 4] + r + kw]
-            s5 = flat[bases[p + 5] + r : bases[p + 5] + r + kw]
-            s6 = flat[bases[p + 6] + r : bases[p + 6] + r + kw]
-            s7 = flat[bases[p + 7] + r : bases[p + 7] + r + kw]
-            for j in range(kw):
-                w = k[j]
-                a0 += w * np.float64(s0[j])
-                a1 += w * np.float64(s1[j])
-                a2 += w * np.float64(s2[j])
-                a3 += w * np.float64(s3[j])
-                a4 += w * np.float64(s4[j])
-                a5 += w * np.float64(s5[j])
-                a6 += w * np.float64(s6[j])
-                a7 += w * np.float64(s7[j])
-        acc[p], acc[p + 1], acc[p + 2], acc[p + 3] = a0, a1, a2, a3
-        acc[p + 4], acc[p + 5], acc[p + 6], acc[p + 7] = a4, a5, a6, a7
-        p += 8
-    while p < m:
-        a0 = 0.0
-        for i in range(kh):
-            for j in range(kw):
-                a0 += k64[i, j] * np.float64(flat[bases[p] + i * rowlen + j])
-        acc[p] = a0
-        p += 1
-
-
-@njit(nogil=True, cache=True)
-def _redo(dst, y0, x0, opened, m, plane, k64, lo, hi, is_int):
-    """dst[y0 + y, x0 + x] = the direct float64 sum (`_direct_dense`) of the output
-    whose window starts at (y, x) of `plane`, for the first m offsets y * rowlen + x
-    in `opened`; rounded and saturated (integer dst) or rounded to float32."""
-    rowlen = plane.shape[1]
-    flat = plane.reshape(-1)
-    acc = np.empty(min(m, _CHUNK), np.float64)
-    for p0 in range(0, m, _CHUNK):
-        batch = opened[p0 : min(m, p0 + _CHUNK)]
-        _direct_dense(flat, batch, rowlen, k64, acc)
-        for p in range(batch.shape[0]):
-            y = batch[p] // rowlen
-            x = batch[p] - y * rowlen
-            if is_int:
-                dst[y0 + y, x0 + x] = _store_int(acc[p], lo, hi)
-            else:
-                dst[y0 + y, x0 + x] = np.float32(acc[p])
-
-
-def _redo_numpy(dst, y0, x0, opened, m, plane, k64, lo, hi) -> None:
-    """`_redo` for integer dst, by NumPy: for uint8 images, whose outputs are open
-    almost never (a handful in a photo), so that their first call need not compile
-    `_redo` (1.5-2 s). uint16 images open outputs in most tiles: there the compiled
-    `_redo` is faster (called from Python for each tile, these NumPy calls contend
-    for the GIL).
+def _redo(dst, y0, x0, opened, plane, k64, lo, hi, is_int) -> None:
+    """dst[y0 + y, x0 + x] = the direct float64 sum of the output whose window starts
+    at (y, x) of `plane` (float64, rows of `rowlen`), for the offsets y * rowlen + x in
+    `opened`; rounded half to even and saturated to [lo, hi] (is_int), else rounded to
+    float32.
 
     The direct sum: k64[i, j] * pixel over i, then j, in order, from +0, multiply then
-    add. Each product of a float32 weight and an integer pixel is exact in float64 and
-    `np.add.accumulate` adds strictly in order, so its last column is that sum (as
-    `_direct_dense`'s, zero taps included)."""
+    add (zero taps included: for finite pixels each adds a zero to a sum that is never
+    -0, so the sums equal those over the non-zero taps alone). Each product of a
+    float32 weight and a pixel (float32, uint8 or uint16) is exact in float64 and
+    `np.add.accumulate` adds strictly in order, so its last column, plus +0 (a sum from
+    +0 is never -0), is that sum."""
+    if opened.size == 0:
+        return
     rowlen = plane.shape[1]
     flat = plane.reshape(-1)
     kh, kw = k64.shape
     taps = (np.arange(kh)[:, None] * rowlen + np.arange(kw)[None, :]).reshape(-1)
     weights = k64.reshape(-1)
     step = max(1, _REDO_VALUES // taps.size)
-    for p0 in range(0, m, step):
-        batch = opened[p0 : min(m, p0 + step)]
+    for p0 in range(0, opened.shape[0], step):
+        batch = opened[p0 : p0 + step]
         sums = np.add.accumulate(flat[batch[:, None] + taps] * weights, axis=1)[:, -1]
         y, x = np.divmod(batch, rowlen)
-        dst[y0 + y, x0 + x] = np.clip(np.rint(sums), lo, hi)
+        if is_int:
+            dst[y0 + y, x0 + x] = np.clip(np.rint(sums), lo, hi)
+        else:
+            dst[y0 + y, x0 + x] = sums + 0.0
 
 
 def _each_tile(tasks, start):
     """Run start() once per thread, giving a function tile, then tile(*task) for
-    every task, on numba.get_num_threads() threads (one: this one)."""
-    import numba
+    every task, on `threads()` threads (one: this one)."""
+    tiles: dict[int, object] = {}
 
-    lock = threading.Lock()
-    pending = iter(tasks)
+    def one(i: int) -> None:
+        key = threading.get_ident()
+        if key not in tiles:
+            tiles[key] = start()
+        tiles[key](*tasks[i])
 
-    def work():
-        tile = start()
-        while True:
-            with lock:
-                task = next(pending, None)
-            if task is None:
-                return
-            tile(*task)
-
-    workers = max(1, min(numba.get_num_threads(), len(tasks)))
-    if workers == 1:
-        work()
-        return
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(workers) as pool:
-        for f in [pool.submit(work) for _ in range(workers)]:
-            f.result()
+    run_parallel(one, len(tasks), threads())
 
 
 # ------------------------------------------------ integer images: cv2.dft tiles
@@ -303,24 +214,12 @@ def kernel_spectrum(k64: np.ndarray, th: int, tw: int) -> tuple[np.ndarray, floa
     return spec, beta, float(np.abs(spec).max()) + beta
 
 
-@njit(cache=True)
 def _spectrum_products(a, k64, b):
-    """a (th, kh) @ (k64 (kh, kw) @ b.T (kw, nb)), complex, each entry a plain sum."""
-    kh, kw = k64.shape
-    nb = b.shape[0]
-    m = np.zeros((kh, nb), np.complex128)
-    for i in range(kh):
-        for t in range(kw):
-            k = k64[i, t]
-            for j in range(nb):
-                m[i, j] += k * b[j, t]
-    out = np.zeros((a.shape[0], nb), np.complex128)
-    for i in range(a.shape[0]):
-        for t in range(kh):
-            ait = a[i, t]
-            for j in range(nb):
-                out[i, j] += ait * m[t, j]
-    return out
+    """a (th, kh) @ (k64 (kh, kw) @ b.T (kw, nb)), complex, each entry a plain sum of
+    products (np.einsum's own loops: a multithreaded BLAS call would leave its threads
+    spinning for a while, which halves the throughput of the tiles that follow)."""
+    m = np.einsum("it,jt->ij", k64.astype(np.complex128), b, optimize=False)
+    return np.einsum("it,tj->ij", a, m, optimize=False)
 
 
 def ccs_packed(spec: np.ndarray, th: int, tw: int) -> np.ndarray:
@@ -366,61 +265,29 @@ def fft_error_factor(kappa: float, beta: float, n: int, mu: float = 0.0) -> floa
     return 1.01 * (a + (eps + _U64) * (kappa + a))
 
 
-@njit(inline="always")
-def _round_row_int(src, dst, bound, lo, hi):
-    """dst[q] = floor(src[q] + 0.5) clamped to [lo, hi]: round half to even and
-    saturate (`_store_int`) of every value within `bound` of src[q] unless that
-    interval reaches a tie (distance 0.5 from the candidate) that is not saturated.
-    Returns how many outputs are open so (left for the direct sums)."""
-    count = 0
-    lo_t = lo + 0.5 - bound
-    hi_t = hi - 0.5 + bound
-    for q in range(src.shape[0]):
-        v = src[q]
-        f = math.floor(v + 0.5)
-        opened = (abs(v - f) >= 0.5 - bound) & (v <= hi_t) & (v >= lo_t)
-        dst[q] = min(max(f, lo), hi)
-        count += np.int64(opened)
-    return count
-
-
-@njit(inline="always")
-def _is_open(v, bound, lo, hi):
-    """The test of `_round_row_int` for one value."""
-    f = math.floor(v + 0.5)
-    return abs(v - f) >= 0.5 - bound and lo + 0.5 - bound <= v <= hi - 0.5 + bound
-
-
-@njit(nogil=True, cache=True)
-def _fft_store_open(res, dst, oy, ox, bound, lo, hi, rowlen, opened):
+def _store_int_tile(res, dst, oy, ox, bound, lo, hi, rowlen):
     """dst[oy + r, ox + q] = res[r, q] rounded and saturated (integer dst), for the
-    part of res that dst holds from (oy, ox); returns m, with opened[:m] the offsets
-    r * rowlen + q (in the tile, rows of `rowlen`) of the outputs where a value within
-    `bound` of res[r, q] could store differently, whose direct sums the caller stores.
-    bound 0 means an all-zero tile (direct sums 0). opened holds at least res.size
-    offsets."""
+    part of res that dst holds from (oy, ox); returns the offsets r * rowlen + q (in
+    the tile, rows of `rowlen`) of the outputs where a value within `bound` of
+    res[r, q] could store differently (it reaches a tie, distance 0.5 from the
+    candidate, that is not saturated), whose direct sums the caller stores. bound 0
+    means an all-zero tile (direct sums 0)."""
     rows = min(res.shape[0], dst.shape[0] - oy)
     n = min(res.shape[1], dst.shape[1] - ox)
+    part = dst[oy : oy + rows, ox : ox + n]
     if bound == 0.0:
-        dst[oy : oy + rows, ox : ox + n] = 0
-        return 0
-    m = 0
-    for r in range(rows):
-        src = res[r, :n]
-        if _round_row_int(src, dst[oy + r, ox : ox + n], bound, lo, hi):
-            for q in range(n):
-                if _is_open(src[q], bound, lo, hi):
-                    opened[m] = r * rowlen + q
-                    m += 1
-    return m
-
-
-@njit(nogil=True, cache=True)
-def _fft_store(res, dst, oy, ox, bound, lo, hi, tile, k64, opened):
-    """`_fft_store_open`, then the direct float64 sums of the open outputs over the
-    padded pixels `tile` (float64, output (r, q) at window (r, q): `_redo`)."""
-    m = _fft_store_open(res, dst, oy, ox, bound, lo, hi, tile.shape[1], opened)
-    _redo(dst, oy, ox, opened, m, tile, k64, lo, hi, True)
+        part[...] = 0
+        return np.empty(0, np.int64)
+    v = res[:rows, :n]
+    f = np.floor(v + 0.5)
+    near = np.abs(v - f) >= 0.5 - bound
+    np.clip(f, lo, hi, out=f)
+    part[...] = f
+    r, q = np.nonzero(near)
+    if r.size:
+        inside = (v[r, q] <= hi - 0.5 + bound) & (v[r, q] >= lo + 0.5 - bound)
+        r, q = r[inside], q[inside]
+    return r * rowlen + q
 
 
 def _tile_transform(spec, th, tw):
@@ -454,13 +321,11 @@ def _int_tiles(source, k64, tile, outs, lo, hi, ntaps, mag):
     factor = 1.001 * fft_error_factor(kappa, beta, th * tw, twiddle_error(th, tw))
     direct = (ntaps + 2) * _U64 * float(np.abs(k64).sum()) * mag
     nch = len(outs)
-    rare_opens = hi <= 255  # uint8: `_redo_numpy`
 
     def start():
         buf = np.empty((th, tw))
         keep = np.empty((nch, th, tw))
         sumsq = np.empty(nch)
-        opened = np.empty(sh * sw, np.int64)
 
         def tile(oy, ox):
             source.load(oy, ox, keep, sumsq)
@@ -470,11 +335,9 @@ def _int_tiles(source, k64, tile, outs, lo, hi, ntaps, mag):
                 if sumsq[c] > 0.0:  # else an all-zero tile: direct sums 0, no transform
                     bound = 2.0 * (math.sqrt(1.001 * sumsq[c]) * factor + direct)
                     transform(buf)
-                res, out = buf[:sh, :sw], outs[c]
-                if not rare_opens:
-                    _fft_store(res, out, oy, ox, bound, lo, hi, keep[c], k64, opened)
-                elif m := _fft_store_open(res, out, oy, ox, bound, lo, hi, tw, opened):
-                    _redo_numpy(out, oy, ox, opened, m, keep[c], k64, lo, hi)
+                out = outs[c]
+                opened = _store_int_tile(buf[:sh, :sw], out, oy, ox, bound, lo, hi, tw)
+                _redo(out, oy, ox, opened, keep[c], k64, lo, hi, True)
 
         return tile
 
@@ -518,18 +381,12 @@ class F32Bound:
                       + self.e)  # fmt: skip
 
 
-@njit(nogil=True, cache=True)
 def _spectrum_product(z, kc):
-    """z *= kc (complex, elementwise); returns the sum of |z|^2 afterwards."""
-    s = 0.0
-    for i in range(z.shape[0]):
-        zi = z[i]
-        ki = kc[i]
-        for j in range(zi.shape[0]):
-            v = zi[j] * ki[j]
-            zi[j] = v
-            s += v.real * v.real + v.imag * v.imag
-    return s
+    """z *= kc (complex, elementwise); returns the sum of |z|^2 afterwards (non-negative
+    terms, in any order: `F32Bound` scales it by 1.001)."""
+    z *= kc
+    parts = z.view(np.float64)
+    return float(np.einsum("ij,ij->", parts, parts))
 
 
 def _np_transform(kc, th, tw, sh):
@@ -558,31 +415,18 @@ def _np_transform(kc, th, tw, sh):
     return transform
 
 
-@njit(nogil=True, cache=True)
-def _fft_store_f32(res, dst, oy, ox, bound, tile, k64):
+def _store_f32_tile(res, dst, oy, ox, bound, rowlen):
     """dst[oy + r, ox + q] = float32(res[r, q]) for the part of res that dst holds
-    from (oy, ox), where every value within `bound` of res[r, q] rounds to the same
-    float32; elsewhere the direct float64 sum over the padded pixels `tile` (float64,
-    output (r, q) at window (r, q): `_redo`)."""
+    from (oy, ox); returns the offsets r * rowlen + q (in the tile, rows of `rowlen`)
+    of the outputs where a value within `bound` of res[r, q] could round to another
+    float32, whose direct sums the caller stores."""
     rows = min(res.shape[0], dst.shape[0] - oy)
     n = min(res.shape[1], dst.shape[1] - ox)
-    rowlen = tile.shape[1]
-    opened = np.empty(rows * n, np.int64)
-    m = 0
-    for r in range(rows):
-        src = res[r]
-        row = dst[oy + r]
-        count = 0
-        for q in range(n):
-            a = np.float32(src[q] - bound)
-            row[ox + q] = a
-            count += np.int64(a != np.float32(src[q] + bound))
-        if count:
-            for q in range(n):
-                if np.float32(src[q] - bound) != np.float32(src[q] + bound):
-                    opened[m] = r * rowlen + q
-                    m += 1
-    _redo(dst, oy, ox, opened, m, tile, k64, 0, 0, False)
+    v = res[:rows, :n]
+    below = (v - bound).astype(np.float32)
+    dst[oy : oy + rows, ox : ox + n] = below
+    r, q = np.nonzero(below != (v + bound).astype(np.float32))
+    return r * rowlen + q
 
 
 def _f32_tiles(source, k64, tile, outs, ntaps, mag):
@@ -611,7 +455,8 @@ def _f32_tiles(source, k64, tile, outs, ntaps, mag):
                 else:
                     buf[...] = keep[c]
                     bound = bound_of(sumsq[c], transform(buf, z))
-                _fft_store_f32(buf[:sh, :sw], outs[c], oy, ox, bound, keep[c], k64)
+                opened = _store_f32_tile(buf[:sh, :sw], outs[c], oy, ox, bound, tw)
+                _redo(outs[c], oy, ox, opened, keep[c], k64, 0, 0, False)
 
         return tile
 
