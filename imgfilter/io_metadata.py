@@ -73,15 +73,22 @@ def read_metadata(path: str | os.PathLike[str]) -> ImageMetadata:
     return ImageMetadata(exif=exif, icc=icc if isinstance(icc, bytes) and icc else None)
 
 
-def _upright_exif(exif: bytes) -> Any:
-    """The EXIF block as Pillow's Exif, with its Orientation (if any) set to 1."""
+def _upright_exif(exif: bytes) -> bytes:
+    """The EXIF block with its Orientation (if any) set to 1, re-written by Pillow, with
+    the "Exif\\0\\0" prefix; unchanged where Pillow cannot parse it."""
     from PIL import Image
 
     upright = Image.Exif()
-    upright.load(exif)
-    if 0x0112 in upright:
-        upright[0x0112] = 1
-    return upright
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Corrupt EXIF data": what it parsed is kept
+            upright.load(exif)
+            if upright.get(0x0112, 1) == 1:
+                return _EXIF_PREFIX + exif
+            upright[0x0112] = 1
+            return upright.tobytes()
+    except Exception:  # noqa: BLE001 - a block Pillow cannot parse: carried as it is
+        return _EXIF_PREFIX + exif
 
 
 def pillow_encode(p: Path, name: str, img: np.ndarray, quality: int | None,
@@ -126,7 +133,7 @@ def png_with_metadata(data: bytes, meta: ImageMetadata) -> bytes:
     if meta.icc:
         chunks += _png_chunk(b"iCCP", b"ICC profile\x00\x00" + zlib.compress(meta.icc))
     if meta.exif:
-        exif = _upright_exif(meta.exif).tobytes()[len(_EXIF_PREFIX) :]
+        exif = _upright_exif(meta.exif)[len(_EXIF_PREFIX) :]
         chunks += _png_chunk(b"eXIf", exif)
     end_of_ihdr = 8 + 12 + struct.unpack_from(">I", data, 8)[0]
     return data[:end_of_ihdr] + chunks + data[end_of_ihdr:]

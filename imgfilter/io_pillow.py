@@ -83,8 +83,10 @@ def exif_orientation(payload: bytes | None) -> int | None:
 
     exif = Image.Exif()
     try:
-        exif.load(bytes(payload))
-        value = exif.get(0x0112)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Corrupt EXIF data": None below says it
+            exif.load(bytes(payload))
+            value = exif.get(0x0112)
     except Exception:  # noqa: BLE001 - a damaged block: no orientation
         return None
     return value if isinstance(value, int) and 1 <= value <= 8 else None

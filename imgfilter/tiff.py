@@ -199,7 +199,7 @@ def _takes(page: Any) -> bool:
     photometric, compression, predictor = page.photometric, page.compression, page.predictor
     layouts = {(1, 1, ()), (2, 3, ()), (2, 4, (0,)), (2, 4, ())}  # photometric, samples, extra
     return (
-        page.is_tiled == (322 in tags)
+        page.is_tiled == (322 in tags) == (324 in tags)  # TileWidth, TileOffsets: both or none
         and value(274, 1) == 1  # Orientation
         and value(266, 1) == 1  # FillOrder: bits in the usual order
         and page.imagedepth == 1

@@ -1193,3 +1193,14 @@ def test_a_png_bomb_is_refused_from_its_header(tmp_path):
          str(tmp_path / "out.png")], capture_output=True, text=True, timeout=120, cwd=REPO,
     )  # fmt: skip
     assert cli.returncode == 3 and cli.stderr.count("\n") == 1, cli
+
+
+@pytest.mark.parametrize("ext", [".jpg", ".png", ".webp"])
+def test_an_exif_block_pillow_cannot_parse_is_carried_as_it_is(tmp_path, ext):
+    """Orientation cannot be reset in it (nor read from it): its bytes go out unchanged,
+    and nothing is printed or raised."""
+    exif = b"II*\0" + struct.pack("<I", 8) + struct.pack("<H", 40) + bytes(7)  # 40 entries cut
+    meta = iio.ImageMetadata(exif=exif, icc=None)
+    out = iio.write_image(tmp_path / f"out{ext}", sample_image("uint8", 3), metadata=meta)
+    assert exif in out.read_bytes()
+    assert io_pillow.exif_orientation(exif) is None
