@@ -206,3 +206,27 @@ def test_sigint_while_a_large_png_decodes_ends_within_a_tenth_of_a_second(tmp_pa
     assert (proc.returncode, stderr.decode(), stdout) == (130, "imgfilter: interrupted\n", b"")
     assert latency < 0.15, latency
     assert not out.exists()
+
+
+def test_a_sigint_the_parent_ignores_stays_ignored(tmp_path):
+    """A script's background job (`cmd &`) starts with SIGINT ignored: the command's
+    handler is not installed, and a Ctrl-C meant for the script leaves it running."""
+    out = tmp_path / "out.png"
+    ready_r, ready_w = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(ready_w), "blur", str(REPO / "samples" / "astronaut.jpg"),
+         "--k", "21", "--backend", "cpu", "-o", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(), pass_fds=(ready_w,),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )  # fmt: skip
+    os.close(ready_w)
+    try:
+        assert os.read(ready_r, 1) == b"."
+    finally:
+        os.close(ready_r)
+    for _ in range(5):
+        time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert cv2.imread(str(out)).shape == (512, 512, 3)
