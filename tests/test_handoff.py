@@ -45,6 +45,7 @@ def test_the_lingering_process_holds_what_it_is_given_until_its_maker_exits():
         from imgfilter.backends import handoff
         nvidia, others = handoff.open_files()
         assert {kept_w} in others and {other_w} in others, others
+        os.set_inheritable({kept_w}, False)  # as the CUDA driver opens its device files
         pid = handoff.hold([{kept_w}], others)
         os.close({kept_w}); os.close({other_w})
         print(pid, flush=True)
