@@ -21,7 +21,8 @@ correlate (`correlate_plan` says which path a call takes):
   (integers) or round to float32. Four ways to it:
   - separable: kernels equal to a sum of r outer products within 1e-6 of |K|_1
     (`low_rank`, SVD; taken when r * (kh + kw) <= taps / 2) are filtered as r
-    float64 cv2.sepFilter2D passes, summed. For integer outputs each value comes with
+    cv2.sepFilter2D passes, summed (float32 for uint8 images, where the bound below
+    opens about 0.1% of the outputs; else float64). For integer outputs each value comes with
     a rigorous bound on its distance from the direct result (|E|_1 * max|x| plus
     rounding of both summations); where an output within that bound could round
     differently, it is recomputed by the direct sum (`_direct_at`), so integer
@@ -202,7 +203,13 @@ def _plan(img, kernel, value, fft):
         # |direct float64 - exact| <= (ntaps + 2) * 2 u64 * |K|_1 * max|x|.
         rounding = (rank + 2) * (l1 + uv) + (kh + kw + rank + 2) * uv + (ntaps + 2) * l1
         bound = 1.5 * mag * (err + 2 * U64 * rounding) if is_int else -1.0
-        return "separable", (u, v, bound), mag
+        if img.dtype == np.uint8:
+            # float32 passes: kernels rounded to float32 (2 u32 |u||v|), kw then kh
+            # float32 sums, rank float32 adds: (kh + kw + rank + 4) u32 |u|_1 |v|_1.
+            bound32 = 2.0 * mag * (err + (kh + kw + rank + 4) * U32 * uv + 2 * U64 * rounding)
+            if bound32 < _DIRECT32_BOUND:
+                return "separable", (u, v, bound32, np.float32), mag
+        return "separable", (u, v, bound, np.float64), mag
     direct = ("direct64", None)
     if img.dtype == np.uint8:
         # float32 FMAs: |error| <= (ntaps + 1) * u32 * (1 + ntaps * u32) * |K|_1 * max|x|
@@ -266,14 +273,16 @@ def correlate(img, kernel, anchor, border, value, method, out=None, stream=None,
 
 
 def _separable(img, weights, anchor, border, value, params, out):
-    """The separable path: sum_r cv2.sepFilter2D(img, CV_64F, v[r], u[r]) (each output
-    a float64 sum of its window's products, in bands of rows on several threads), in
-    order of r; then integer outputs whose value within `bound` could round or
-    saturate differently take the direct float64 sum (`_direct_at`); float32 outputs
-    are stored as computed."""
+    """The separable path: sum_r cv2.sepFilter2D(img, depth, v[r], u[r]) (each output a
+    sum of its window's products in `depth`: float32 for uint8 images, whose bound
+    then opens ~0.1% of the outputs, else float64; in bands of rows on several
+    threads), in order of r; then integer outputs whose value within `bound` could
+    round or saturate differently take the direct float64 sum (`_direct_at`); float32
+    outputs are stored as computed."""
     import cv2
 
-    u, v, bound = params
+    u, v, bound, depth = params
+    cv_depth = cv2.CV_32F if depth == np.float32 else cv2.CV_64F
     h, w, c = img.shape
     kh, kw = weights.shape
     ay, ax = anchor
@@ -282,20 +291,24 @@ def _separable(img, weights, anchor, border, value, params, out):
     def passes(part):
         acc = None
         for r in range(u.shape[0]):
-            res = cv2.sepFilter2D(part, cv2.CV_64F, v[r], u[r], anchor=(ax, ay), borderType=cvb)
+            res = cv2.sepFilter2D(part, cv_depth, v[r], u[r], anchor=(ax, ay), borderType=cvb)
             acc = res if acc is None else np.add(acc, res, out=acc)
         return acc
 
-    acc = np.empty((h, w, c))
+    acc = np.empty((h, w, c), depth)
     if not _in_row_bands(passes, src, crop, ay, kh - 1 - ay, acc):
         _cv_finish(passes(src), crop, acc)
     lo, hi, is_int = output_limits(img.dtype)
     if not is_int:
         out[...] = acc
         return out
-    below = np.clip(np.rint(acc - bound), lo, hi)
-    out[...] = below
-    opened = np.flatnonzero(below != np.clip(np.rint(acc + bound), lo, hi))
+    # |acc - rint(acc)| is exact in acc's own precision; where it is within bound of
+    # 0.5 the direct sum decides (saturated outputs among them included: harmless).
+    near = np.rint(acc)
+    np.clip(near, lo, hi, out=out, casting="unsafe")  # integers in [lo, hi]: exact
+    np.subtract(acc, near, out=near)
+    np.abs(near, out=near)
+    opened = np.flatnonzero(near >= np.float64(0.5 - bound).astype(depth))
     if opened.size:
         sums = _direct_at(img, weights, anchor, border, value, opened)
         out.reshape(-1)[opened] = np.clip(np.rint(sums), lo, hi)
@@ -303,10 +316,10 @@ def _separable(img, weights, anchor, border, value, params, out):
 
 
 def _direct_at(img, weights, anchor, border, value, index) -> np.ndarray:
-    """The direct float64 sums (non-zero taps in row-major order, multiply then add)
-    of the outputs at flat positions `index` of the (H, W, C) result. Each product of
-    a float32 weight and an integer pixel is exact in float64, and `np.add.accumulate`
-    adds strictly in order."""
+    """The direct float64 sums (non-zero taps in row-major order from +0, multiply then
+    add) of the outputs at flat positions `index` of the (H, W, C) result: one tap at a
+    time over all of them. Each product of a float32 weight and an integer pixel is
+    exact in float64."""
     h, w, c = img.shape
     kh, kw = weights.shape
     ay, ax = anchor
@@ -315,11 +328,9 @@ def _direct_at(img, weights, anchor, border, value, index) -> np.ndarray:
     y, xc = np.divmod(index, w * c)
     bases = y * pad.shape[1] + xc
     flat = pad.reshape(-1)
-    step = max(1, (1 << 20) // offs.size)
-    sums = np.empty(index.shape[0])
-    for p0 in range(0, index.shape[0], step):
-        part = flat[bases[p0 : p0 + step, None] + offs] * ws.astype(np.float64)
-        sums[p0 : p0 + step] = np.add.accumulate(part, axis=1)[:, -1]
+    sums = np.zeros(index.shape[0])
+    for off, wt in zip(offs.tolist(), ws.astype(np.float64).tolist(), strict=True):
+        sums += wt * flat[bases + off]
     return sums
 
 
