@@ -36,11 +36,6 @@ from kernels.common.arrays import SIMULATOR, empty
 from . import pinned
 from .hostmem import host_empty
 
-try:
-    from . import _stream_copy  # the C copies (pyproject's optional extension)
-except ImportError:
-    _stream_copy = None
-
 SLOTS = 3
 BAND_BYTES = 64 << 20  # input bytes a band holds at most (its halo aside)
 COPY_THREADS = min(16, os.cpu_count() or 1)  # host copies: memory bandwidth, not cores
@@ -102,19 +97,14 @@ def join_rows(parts: list[np.ndarray]) -> np.ndarray:
 
 def _copy_rows(dst: np.ndarray, src: np.ndarray, pool: ThreadPoolExecutor) -> list:
     """Start dst[...] = src, split over the pool's threads by rows; returns the jobs
-    (none when the copy was small enough to make here). Contiguous rows of one dtype
-    go through `_stream_copy` where it is built (streaming stores), else np.copyto."""
+    (none when the copy was small enough to make here)."""
     chunks = max(1, min(COPY_THREADS, src.nbytes >> 22))  # pieces of 4 MiB or more
-    copy = np.copyto
-    if (_stream_copy is not None and dst.dtype == src.dtype and dst.shape == src.shape
-            and dst.flags.c_contiguous and src.flags.c_contiguous):  # fmt: skip
-        copy = _stream_copy.copy
     if chunks == 1:
-        copy(dst, src)
+        np.copyto(dst, src)
         return []
     edges = np.linspace(0, len(src), chunks + 1).astype(int)
     spans = zip(edges[:-1], edges[1:], strict=True)
-    return [pool.submit(copy, dst[a:b], src[a:b]) for a, b in spans]
+    return [pool.submit(np.copyto, dst[a:b], src[a:b]) for a, b in spans]
 
 
 def _gather(dst: np.ndarray, img: np.ndarray, source, pool: ThreadPoolExecutor) -> list:

@@ -14,16 +14,10 @@ out of memory raises `GpuOutOfMemory` (a `MemoryError`).
 from __future__ import annotations
 
 import ctypes
-import os
 import struct
 import threading
 from collections.abc import Sequence
 from typing import Any
-
-try:  # kernels/common/_launch.c, built by `pip install` where a C compiler is found
-    from ._launch import Launch as _CompiledLaunch
-except ImportError:
-    _CompiledLaunch = None
 
 _LIBS = ("libcuda.so.1", "libcuda.so", "nvcuda.dll")
 _ATTR_CC_MAJOR, _ATTR_CC_MINOR = 75, 76  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_*
@@ -383,15 +377,10 @@ class PreparedLaunch:
     """One kernel launch whose parameters are packed once: each `launch` writes only
     the pointer parameters that change (and the stream) into its own buffer and
     enqueues it. Thread-safe: a lock keeps one thread's pointers until the driver
-    has copied them (cuLaunchKernelEx copies the parameter buffer before returning).
-
-    Where the package's C launcher was built (`kernels/common/_launch.c`), `launch`
-    hands the writes and the driver call to it: one C call that holds the GIL
-    throughout (so no lock), about a microsecond less per launch. The Python steps
-    below do the same elsewhere, and with IMGFILTER_PYTHON_LAUNCH=1."""
+    has copied them (cuLaunchKernelEx copies the parameter buffer before returning)."""
 
     __slots__ = ("_drv", "_params", "_words", "_config", "_size", "_extra", "_patches",
-                 "_lock", "_stream", "_call", "_args", "_compiled")  # fmt: skip
+                 "_lock", "_stream", "_call", "_args")  # fmt: skip
 
     def __init__(
         self,
@@ -422,8 +411,6 @@ class PreparedLaunch:
         self._lock = threading.Lock()
         self._call = drv._lib.cuLaunchKernelEx
         self._args = (_c.addressof(self._config), fn, None, _c.addressof(self._extra))
-        self._compiled = _compiled_launch(self._call, self._config, fn, self._extra,
-                                          self._words, self._patches)  # fmt: skip
 
     def launch(self, stream: int, bases: Sequence[int]) -> None:
         """Enqueue on `stream` with each patched pointer parameter set to
@@ -432,37 +419,16 @@ class PreparedLaunch:
         drv = self._drv
         if not drv._tls.ready:
             drv.current()
-        compiled = self._compiled
-        if compiled is not None:
-            status = compiled.launch(stream, bases)
-        else:
-            words = self._words
-            with self._lock:
-                for index, slot, at in self._patches:
-                    words[index] = bases[slot] + at
-                if stream != self._stream:
-                    self._config.hStream = stream
-                    self._stream = stream
-                status = self._call(*self._args)
+        words = self._words
+        with self._lock:
+            for index, slot, at in self._patches:
+                words[index] = bases[slot] + at
+            if stream != self._stream:
+                self._config.hStream = stream
+                self._stream = stream
+            status = self._call(*self._args)
         if status:
             drv.check(status, "cuLaunchKernelEx")
-
-
-def _compiled_launch(call: Any, config: _LaunchConfig, fn: int, extra: Any, words: Any,
-                     patches: tuple) -> Any:  # fmt: skip
-    """The C launcher over a prepared launch's buffers (`PreparedLaunch`), or None: not
-    built, switched off (IMGFILTER_PYTHON_LAUNCH=1), or a driver function that is not
-    a C function (the tests' stand-ins for libcuda)."""
-    if _CompiledLaunch is None or os.environ.get("IMGFILTER_PYTHON_LAUNCH") == "1":
-        return None
-    if not isinstance(call, _c._CFuncPtr):
-        return None
-    config_address = _c.addressof(config)
-    return _CompiledLaunch(
-        _c.cast(call, _c.c_void_p).value, config_address,
-        config_address + _LaunchConfig.hStream.offset, fn, _c.addressof(extra),
-        _c.addressof(words), patches,
-    )  # fmt: skip
 
 
 class _NvmlMemory(_c.Structure):
