@@ -36,9 +36,9 @@ class FeatureEngine:
         return api.filter2d(a, kernel, backend="cpu")
 
     def blur(self, a: np.ndarray, k: int) -> np.ndarray:
-        # cv2.blur of the float32 planes (double sums) is the CPU backend's exact float32
-        # box to within float32 rounding, and needs none of its Numba loops, which take
-        # about 15 s to compile on a first use.
+        # cv2.blur of the float32 planes (double running sums) is the CPU backend's
+        # float32 box (sums that never subtract) to within float32 rounding on these
+        # finite [0, 1] planes, and 5-30x faster than its NumPy sums.
         import cv2
 
         out = cv2.blur(a, (k, k), borderType=cv2.BORDER_REFLECT_101)
