@@ -20,6 +20,7 @@ wrong and only logs it. Every other layout is left to OpenCV (None).
 from __future__ import annotations
 
 import collections
+import functools
 import io
 import logging
 import os
@@ -43,7 +44,6 @@ logging.getLogger("tifffile").addHandler(logging.NullHandler())
 
 _NONE, _LZW, _DEFLATE = 1, 5, (8, 32946)  # Compression
 _DTYPES = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.float32))
-_TO_BGR = {3: "COLOR_RGB2BGR", 4: "COLOR_RGBA2BGRA"}
 
 
 class DamagedTiff(ValueError):
@@ -176,16 +176,36 @@ def read(source: BinaryIO | bytes, threads: int | None = None) -> np.ndarray | N
         from .hostmem import host_empty
 
         out = host_empty(page.shape, page.dtype.newbyteorder("="))
+        place = functools.partial(_place, out, what)
         try:
-            page.asarray(out=out, maxworkers=threads or os.cpu_count() or 1)
+            for _ in page.segments(func=place, maxworkers=threads or os.cpu_count() or 1):
+                pass
+        except DamagedTiff:
+            raise
         except Exception as e:  # noqa: BLE001 - codecs raise their own types
             detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise DamagedTiff(f"a {what} of {len(ends)} does not decode ({detail})") from None
-    if out.ndim == 3:
-        import cv2
-
-        cv2.cvtColor(out, getattr(cv2, _TO_BGR[out.shape[2]]), dst=out)
     return out
+
+
+def _place(out: np.ndarray, what: str, decoded: tuple) -> None:
+    """Put one decoded strip or tile (tifffile's `segments`: the samples, their place,
+    their shape) into `out` in OpenCV's channel order, cut at the image's edges."""
+    samples, (_, _, y, x, _), _ = decoded
+    if samples is None:  # no bytes at all: tifffile would fill it with zeros
+        raise DamagedTiff(f"a {what} at row {y}, column {x} is empty")
+    h, w = out.shape[:2]
+    part = samples[0, : h - y, : w - x]  # (rows, columns, samples)
+    into = out[y : y + part.shape[0], x : x + part.shape[1]]
+    if out.ndim == 2:
+        into[...] = part[..., 0]
+        return
+    import cv2
+
+    code = cv2.COLOR_RGB2BGR if out.shape[2] == 3 else cv2.COLOR_RGBA2BGRA
+    done = cv2.cvtColor(part, code, dst=into)  # OpenCV writes into the view of `out`
+    if not np.shares_memory(done, into):  # (a binding that copied instead)
+        into[...] = done
 
 
 def _takes(page: Any) -> bool:
