@@ -201,23 +201,26 @@ def test_a_damaged_block_is_an_error_not_wrong_rows(tmp_path, compression, tile)
             read(path, threads)
 
 
-def test_a_block_shorter_than_its_rows_is_damaged(tmp_path):
-    """A strip whose byte count is short of its rows (uncompressed, and LZW cut short)."""
+@pytest.mark.parametrize(("compression", "keep", "says"),
+                         [(None, 3, "does not decode"), ("lzw", 3, "does not decode"),
+                          ("zlib", 0, "strip at row 16, column 0 is empty")])  # fmt: skip
+def test_a_block_shorter_than_its_rows_is_damaged(tmp_path, compression, keep, says):
+    """A strip whose byte count is short of its rows (uncompressed, LZW cut short), or
+    none at all (tifffile alone would fill it with zeros)."""
     img = image((47, 13, 3), np.uint16, seed=3)
-    for compression in (None, "lzw"):
-        path = tmp_path / f"short-{compression}.tif"
-        tifffile_write(path, img, compression=compression, rowsperstrip=4)
-        with tifffile.TiffFile(path) as tif:
-            tag = tif.pages[0].tags[279]  # StripByteCounts
-            fmt = tif.byteorder + {3: "u2", 4: "u4", 16: "u8"}[int(tag.dtype)]
-            at, counts = tag.valueoffset, list(tag.value)
-        counts[4] = counts[4] // 3
-        packed = np.array(counts, fmt).tobytes()
-        data = bytearray(path.read_bytes())
-        data[at : at + len(packed)] = packed
-        path.write_bytes(bytes(data))
-        with pytest.raises(tiff.DamagedTiff, match="does not decode"):
-            read(path)
+    path = tmp_path / "short.tif"
+    tifffile_write(path, img, compression=compression, rowsperstrip=4)
+    with tifffile.TiffFile(path) as tif:
+        tag = tif.pages[0].tags[279]  # StripByteCounts
+        fmt = tif.byteorder + {3: "u2", 4: "u4", 16: "u8"}[int(tag.dtype)]
+        at, counts = tag.valueoffset, list(tag.value)
+    counts[4] = counts[4] // 3 if keep else 0
+    packed = np.array(counts, fmt).tobytes()
+    data = bytearray(path.read_bytes())
+    data[at : at + len(packed)] = packed
+    path.write_bytes(bytes(data))
+    with pytest.raises(tiff.DamagedTiff, match=says):
+        read(path)
 
 
 def test_old_style_lzw_is_left_to_opencv(tmp_path):
