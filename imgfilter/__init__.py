@@ -31,6 +31,7 @@ __all__ = [
     "filter2d_batch",
     "read_image",
     "write_image",
+    "set_gpu_pool_limit",
     "ImgFilterError",
     "UsageError",
     "InputError",
@@ -47,6 +48,7 @@ _LAZY = {
     "filter2d_batch": "api",
     "read_image": "io",
     "write_image": "io",
+    "set_gpu_pool_limit": "api",
 }
 
 

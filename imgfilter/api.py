@@ -558,6 +558,27 @@ def contour(
     return result
 
 
+def set_gpu_pool_limit(nbytes: int) -> None:
+    """Bound the GPU memory imgfilter's device pool holds.
+
+    Device results and scratch come from a caching pool (freed blocks are kept for
+    later calls of the same sizes, on the same stream). When a call needs a new block
+    while the pool holds more than `nbytes` (in use and cached), the cached blocks go
+    back to CUDA first, waiting for the device once. Default: 4 GiB, or the
+    IMGFILTER_GPU_POOL_BYTES environment variable. 0 caches nothing past the arrays
+    in use whenever a new block is needed.
+
+    Raises:
+        UsageError: `nbytes` is not an int >= 0.
+    """
+    from kernels.common.devarray import set_pool_limit
+
+    try:
+        set_pool_limit(nbytes)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 # ------------------------------------------------- images larger than the GPU
 
 # Host images of this many bytes or more go through the GPU in row bands by default

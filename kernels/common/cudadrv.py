@@ -242,6 +242,13 @@ class Driver:
         self.check(status, "cuStreamQuery")
         return True
 
+    def capturing(self, stream: int) -> bool:
+        """Whether `stream` is being captured into a CUDA graph (cuStreamIsCapturing)."""
+        self.current()
+        status = _c.c_int(0)
+        self.call("cuStreamIsCapturing", _vp(stream), _c.byref(status))
+        return status.value != 0  # CU_STREAM_CAPTURE_STATUS_NONE is 0
+
     def synchronize(self, stream: int) -> None:
         self.current()
         self.check(self._lib.cuStreamSynchronize(stream), "cuStreamSynchronize")

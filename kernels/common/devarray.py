@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 import threading
 from typing import Any
@@ -77,16 +78,36 @@ def release_other_pools() -> bool:
     return asked
 
 
+# Device bytes the pool may hold (in use and cached) before a new allocation first
+# gives its cached blocks back to CUDA: IMGFILTER_GPU_POOL_BYTES, else this.
+DEFAULT_POOL_LIMIT = 4 << 30
+
+
+def _limit_from_env() -> int:
+    text = os.environ.get("IMGFILTER_GPU_POOL_BYTES", "")
+    try:
+        return max(0, int(text)) if text else DEFAULT_POOL_LIMIT
+    except ValueError:
+        return DEFAULT_POOL_LIMIT
+
+
 class Pool:
     """Stream-keyed caching allocator (see the module docstring). Thread-safe: a
     free list is only appended to and popped from (atomic operations), and the
     lists stay in the pool for good, so taking and returning a cached block needs
-    no lock; the lock guards new lists and the trim."""
+    no lock; the lock guards new lists and the trim.
+
+    Bounded: when a block must be allocated while the pool holds more than `limit`
+    bytes (`allocated_bytes`: cached and in use), its cached blocks go back to CUDA
+    first (`trim`, which waits for the device once). So the memory held stays within
+    the limit plus what arrays in use hold, whatever sizes the calls take; calls that
+    repeat their sizes reuse cached blocks and never reach the trim."""
 
     def __init__(self) -> None:
         self._free: dict[tuple, list[int]] = {}
         self._lock = threading.Lock()
         self.allocated_bytes = 0  # cuMemAlloc'd by the pool, cached or in use
+        self.limit = _limit_from_env()
 
     @property
     def cached_bytes(self) -> int:
@@ -113,14 +134,20 @@ class Pool:
             ptr = free.pop()
         except IndexError:
             ptr = 0  # device allocations are never at 0
-        return _Block(ptr or self._new(size), size, stream, free)
+        return _Block(ptr or self._new(size, stream), size, stream, free)
 
-    def _new(self, size: int) -> int:
-        """A fresh cuMemAlloc of `size` bytes; when the device is full, the cache is
+    def _new(self, size: int, stream) -> int:
+        """A fresh cuMemAlloc of `size` bytes, after a trim when the pool holds more
+        than its limit (not while `stream` is being captured into a CUDA graph, where
+        waiting for the device is not allowed); when the device is full, the cache is
         trimmed and the allocation tried once more, and then once more after the
         other memory pools of this process give back their unused blocks
         (`release_other_pools`)."""
         drv = driver()
+        if self.allocated_bytes + size > self.limit and self.cached_bytes:
+            handle = stream[0] if isinstance(stream, tuple) else stream
+            if not drv.capturing(handle):
+                self.trim()
         try:
             ptr = drv.alloc(size)
         except GpuOutOfMemory:
@@ -162,6 +189,15 @@ class Pool:
 
 
 POOL = Pool()
+
+
+def set_pool_limit(nbytes: int) -> None:
+    """Set the device bytes the pool may hold before it gives cached blocks back to
+    CUDA (`Pool`; default DEFAULT_POOL_LIMIT or IMGFILTER_GPU_POOL_BYTES). 0 keeps
+    nothing cached beyond the arrays in use on a new allocation."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        raise ValueError(f"the pool limit must be a number of bytes >= 0, got {nbytes!r}")
+    POOL.limit = nbytes
 
 
 class _Recorder(threading.local):
