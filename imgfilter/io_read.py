@@ -255,15 +255,6 @@ def open_input(p: Path) -> Iterator[BinaryIO]:
         yield f
 
 
-def read_bytes(p: Path) -> bytes:
-    """The whole file, or InputError as `open_input` says."""
-    try:
-        with open_input(p) as f:
-            return f.read()
-    except OSError as e:  # an error while reading (EIO, ...)
-        raise InputError(f"cannot read {p}: {e.strerror or e}") from e
-
-
 def normalize(img: np.ndarray, p: Path) -> np.ndarray:
     """Bring a decoded array to (H, W) / (H, W, 3|4) and uint8/uint16/float32, losslessly."""
     if img.ndim == 3 and img.shape[2] == 1:

@@ -935,9 +935,9 @@ def test_metadata_of_a_plain_file_is_empty_and_changes_nothing(tmp_path):
 
 @pytest.mark.parametrize("ext", [".jpg", ".png", ".webp", ".tif"])
 def test_metadata_of_a_file_is_read_in_place(tmp_path, monkeypatch, ext):
-    """A regular file's metadata comes through a memory map: the file is not read into
-    memory (a raster's pixels would be held twice) nor its image data checked, with the
-    same EXIF and ICC."""
+    """A file's metadata comes from its header, as Pillow parses it: the image is not
+    decoded nor its data checked (a raster's pixels would be read twice), with the same
+    EXIF and ICC."""
     icc = bytes(range(256)) * 40
     src = tmp_path / f"in{ext}"
     Image.fromarray(sample_image("uint8", 3)[..., ::-1]).save(src, exif=_exif(6), icc_profile=icc)
@@ -945,7 +945,7 @@ def test_metadata_of_a_file_is_read_in_place(tmp_path, monkeypatch, ext):
     def refuse(*args, **kwargs):
         raise AssertionError("the whole file was read")
 
-    monkeypatch.setattr(io_read, "read_bytes", refuse)
+    monkeypatch.setattr(io_read, "read_frames", refuse)
     monkeypatch.setattr(io_read, "zlib", types.SimpleNamespace(crc32=refuse))  # nor checked
     meta = iio.read_metadata(src)
     assert meta.icc == icc
