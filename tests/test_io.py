@@ -1204,3 +1204,18 @@ def test_an_exif_block_pillow_cannot_parse_is_carried_as_it_is(tmp_path, ext):
     out = iio.write_image(tmp_path / f"out{ext}", sample_image("uint8", 3), metadata=meta)
     assert exif in out.read_bytes()
     assert io_pillow.exif_orientation(exif) is None
+
+
+def test_the_most_compressed_pngs_are_not_taken_for_bombs(tmp_path):
+    """Deflate's own limit (about 1032:1) bounds the check: flat images at the highest
+    compression, by OpenCV and by Pillow, 8-bit and 1-bit, come close and still read."""
+    flat = np.zeros((3000, 4000), np.uint8)
+    ok, buf = cv2.imencode(".png", flat, [cv2.IMWRITE_PNG_COMPRESSION, 9])
+    (tmp_path / "cv.png").write_bytes(buf.tobytes())
+    Image.fromarray(flat).save(tmp_path / "pil.png", optimize=True)
+    Image.fromarray(flat.astype(bool)).save(tmp_path / "bits.png", optimize=True)
+    for name in ("cv.png", "pil.png", "bits.png"):
+        path = tmp_path / name
+        pixel_bytes = flat.size // 8 if name == "bits.png" else flat.size
+        assert path.stat().st_size * 900 < pixel_bytes  # within 15% of deflate's limit
+        np.testing.assert_array_equal(iio.read_image(path), flat)
