@@ -11,6 +11,7 @@ library: the CLI asks before NumPy is imported.
 from __future__ import annotations
 
 import os
+import stat
 import struct
 from typing import BinaryIO
 
@@ -39,9 +40,15 @@ def pixel_limit() -> int:
 def decoded_bytes(path: str | os.PathLike[str]) -> int | None:
     """Bytes of the image in `path` once decoded (height x width x channels x bytes per
     sample, as imgfilter.io reads it: JPEG 8-bit, CMYK as 3 channels), from its header;
-    None if the file is not a PNG, JPEG or TIFF or its header cannot be parsed."""
+    None if the file is not a regular PNG, JPEG or TIFF file or its header cannot be
+    parsed."""
     try:
-        with open(path, "rb") as f:
+        # Not waiting for a writer: a FIFO (or a device) is no image file to look into.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+        with os.fdopen(fd, "rb") as f:
             head = f.read(32)
             if head.startswith(PNG_SIGNATURE):
                 return _png(head)

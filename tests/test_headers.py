@@ -4,6 +4,8 @@ checked against what imgfilter.io reads; None for anything else."""
 from __future__ import annotations
 
 import io as bytes_io
+import os
+import threading
 
 import cv2
 import numpy as np
@@ -154,3 +156,14 @@ def test_jpeg_scan_before_a_frame_gives_none(tmp_path):
 def test_missing_file_and_directory(tmp_path):
     assert headers.decoded_bytes(tmp_path / "missing.png") is None
     assert headers.decoded_bytes(tmp_path) is None
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_a_fifo_gives_none_without_waiting_for_a_writer(tmp_path):
+    fifo = tmp_path / "a.png"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(headers.decoded_bytes(fifo)), daemon=True)
+    reader.start()
+    reader.join(20)
+    assert got == [None], "decoded_bytes waited for a writer"
