@@ -30,15 +30,16 @@ correlate (`correlate_plan` says which path a call takes):
     passes: within (|E|_1 + ~1e-15 |K|_1) * max|x| of the direct result (images with
     inf or NaN take the direct sums).
   - fft (full rank, where a cost model expects it faster than the direct loops, Numba's
-    import and load counted while it is not loaded: on a 2495x2167 image from about
-    13x13 (uint8 with direct32 from 15x15); float32 images finite): overlap-save tiles
+    import and load counted while it is not loaded; with Numba loaded, on a 2495x2167
+    image from about 15x15 for uint8, from about 61x61 for float32, whose tiles
+    recompute ~2% of their outputs in NumPy; finite float32 images only): overlap-save tiles
     (`cpu_fft`), float64 cv2.dft tiles for integer images, numpy.fft tiles for
     float32 ones. Every output's distance from the direct sum is bounded (a normwise
     FFT error model, 16 u per radix-2 stage plus the twiddles' error, and the direct
     sum's own rounding, doubled); where a value within that bound could round or
     saturate differently, the direct float64 sum is computed and stored: bit-equal to
     the direct path. Integer outputs are almost never open; float32 outputs, whose
-    rounding steps scale with the value, about 1% (near zero, mostly).
+    rounding steps scale with the value, about 1-3% (near zero, mostly).
   - direct32 (uint8, full rank, bound < `_DIRECT32_BOUND`): float32 FMAs, twice the
     SIMD width of float64, with the same bound-and-recompute check: bit-equal.
   - direct64 (otherwise): the float64 direct sums themselves.
@@ -74,7 +75,16 @@ import numpy as np
 from kernels.common import border_index as _bi
 from kernels.common.saturate import output_limits
 
-from .cpu_common import BOX_FIXED, FIXED_SHIFT, U32, U64, axis_map, box_scaling, padded
+from .cpu_common import (
+    BOX_FIXED,
+    FIXED_SHIFT,
+    U32,
+    U64,
+    axis_map,
+    box_scaling,
+    direct_sums,
+    padded,
+)
 
 NAME = "cpu"
 
@@ -316,22 +326,15 @@ def _separable(img, weights, anchor, border, value, params, out):
 
 
 def _direct_at(img, weights, anchor, border, value, index) -> np.ndarray:
-    """The direct float64 sums (non-zero taps in row-major order from +0, multiply then
-    add) of the outputs at flat positions `index` of the (H, W, C) result: one tap at a
-    time over all of them. Each product of a float32 weight and an integer pixel is
-    exact in float64."""
+    """The direct float64 sums (`cpu_common.direct_sums`) of the outputs at flat
+    positions `index` of the (H, W, C) result."""
     h, w, c = img.shape
     kh, kw = weights.shape
     ay, ax = anchor
     pad = padded(img, ay, kh - 1 - ay, ax, kw - 1 - ax, border, value, img.dtype)
-    offs, ws = _taps(weights, pad.shape[1], c)
     y, xc = np.divmod(index, w * c)
-    bases = y * pad.shape[1] + xc
-    flat = pad.reshape(-1)
-    sums = np.zeros(index.shape[0])
-    for off, wt in zip(offs.tolist(), ws.astype(np.float64).tolist(), strict=True):
-        sums += wt * flat[bases + off]
-    return sums
+    k64 = weights.astype(np.float64)
+    return direct_sums(pad.reshape(-1), y * pad.shape[1] + xc, pad.shape[1], c, k64)
 
 
 # cv2.blur runs on one thread (OpenCV's box filter has no parallel loop), so integer

@@ -138,3 +138,19 @@ def run_parallel(fn, count: int, workers: int) -> None:
         t.join()
     if errors:
         raise errors[0]
+
+
+def direct_sums(flat, bases, rowlen: int, nch: int, k64) -> np.ndarray:
+    """The direct float64 correlation at the outputs whose windows start at offsets
+    `bases` of `flat` (rows of `rowlen` values, `nch` interleaved channels): k64[i, j]
+    * flat[base + i * rowlen + j * nch] over the non-zero taps in row-major order, from
+    +0, multiply then add, one tap at a time over every output (the fastest order in
+    NumPy; NumPy adds pairwise only in reductions, not in these element-wise adds).
+    Each product of a float32 weight and a pixel (float32, uint8 or uint16) is exact in
+    float64. A sum from +0 is never -0."""
+    sums = np.zeros(bases.shape[0])
+    term = np.empty(bases.shape[0])
+    for i, j in zip(*np.nonzero(k64), strict=True):
+        np.multiply(flat[bases + (i * rowlen + j * nch)], k64[i, j], out=term)
+        sums += term
+    return sums

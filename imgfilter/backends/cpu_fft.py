@@ -37,9 +37,8 @@ import threading
 import numpy as np
 
 from .cpu_common import U64 as _U64
-from .cpu_common import axis_map, run_parallel, threads
+from .cpu_common import axis_map, direct_sums, run_parallel, threads
 
-_REDO_VALUES = 1 << 20  # window values gathered at once by `_redo`
 _FFT_STAGE = 16.0  # assumed normwise error of one radix-2 stage of an FFT, in u64
 _MU_NUMPY = 10.0  # error of pocketfft's twiddles, in u64 (`F32Bound`)
 _FFT_MAX = 384  # largest tile side (a tile and the kernel's spectrum stay in L2)
@@ -55,7 +54,12 @@ _NP_SIDES = tuple(n for n in _FFT_SIDES if n % 5)  # numpy.fft's radix-5 passes 
 _COST_FFT_LOG = 0.8e-9  # dft, idft and the product, per tile pixel and log2(tile size)
 _COST_FFT_PX = 3e-9  # loading, bound and store, per tile pixel
 _COST_FFT_TILE = 25e-6  # Python and call overhead per tile
-_COST_REDO_TAP = 0.18e-9  # the direct recompute, per tap of an open output
+# float32 images (numpy.fft tiles, about 2% of the outputs recomputed), fitted to
+# tiles of 96 to 384 pixels a side and kernels of 13 to 31 on a 2495x2167 image:
+_COST_NP_FFT = 1.7  # numpy.fft tiles cost this many times the above per pixel
+_COST_NP_TILE = 110e-6  # Python and call overhead per tile
+_COST_REDO_CALL = 3.6e-6  # the direct recompute's NumPy calls, per tap and tile
+_COST_REDO_TAP = 3e-9  # the direct recompute, per tap of an open output
 _OPEN_F32 = 3.5e-6  # share of float32 outputs open, per sqrt(n) log2(n) of an n-pixel tile
 FFT_F32_MAX = 1e150  # float32 images take the FFT below this magnitude (finite squares)
 
@@ -72,6 +76,8 @@ def fft_tile_shape(kh: int, kw: int, h: int, w: int, redo_taps: int = 0):
     best = (0, 0, math.inf)
     hp, wp = h + kh - 1, w + kw - 1
     sides = _NP_SIDES if redo_taps else _FFT_SIDES
+    engine = _COST_NP_FFT if redo_taps else 1.0
+    per_tile = _COST_NP_TILE + redo_taps * _COST_REDO_CALL if redo_taps else _COST_FFT_TILE
     rows = [t for t in sides if t >= kh and (t < hp or t == _cover(hp, sides))]
     cols = [t for t in sides if t >= kw and (t < wp or t == _cover(wp, sides))]
     for th in rows:
@@ -81,7 +87,7 @@ def fft_tile_shape(kh: int, kw: int, h: int, w: int, redo_taps: int = 0):
             tiles = ny * -(-w // (tw - kw + 1))
             per_px = _COST_FFT_LOG * math.log2(n) + _COST_FFT_PX
             redo = _OPEN_F32 * math.sqrt(n) * math.log2(n) * redo_taps * _COST_REDO_TAP
-            t = tiles * (n * per_px + _COST_FFT_TILE) + h * w * redo
+            t = tiles * (n * per_px * engine + per_tile) + h * w * redo
             if t < best[2]:
                 best = (th, tw, t)
     return best
@@ -142,33 +148,16 @@ def _take(a, axis, index, first, run):
 
 
 def _redo(dst, y0, x0, opened, plane, k64, lo, hi, is_int) -> None:
-    """dst[y0 + y, x0 + x] = the direct float64 sum of the output whose window starts
-    at (y, x) of `plane` (float64, rows of `rowlen`), for the offsets y * rowlen + x in
-    `opened`; rounded half to even and saturated to [lo, hi] (is_int), else rounded to
-    float32.
-
-    The direct sum: k64[i, j] * pixel over i, then j, in order, from +0, multiply then
-    add (zero taps included: for finite pixels each adds a zero to a sum that is never
-    -0, so the sums equal those over the non-zero taps alone). Each product of a
-    float32 weight and a pixel (float32, uint8 or uint16) is exact in float64 and
-    `np.add.accumulate` adds strictly in order, so its last column, plus +0 (a sum from
-    +0 is never -0), is that sum."""
+    """dst[y0 + y, x0 + x] = the direct float64 sum (`cpu_common.direct_sums`) of the
+    output whose window starts at (y, x) of `plane` (float64), for the offsets
+    y * rowlen + x in `opened`; rounded half to even and saturated to [lo, hi]
+    (is_int), else rounded to float32."""
     if opened.size == 0:
         return
     rowlen = plane.shape[1]
-    flat = plane.reshape(-1)
-    kh, kw = k64.shape
-    taps = (np.arange(kh)[:, None] * rowlen + np.arange(kw)[None, :]).reshape(-1)
-    weights = k64.reshape(-1)
-    step = max(1, _REDO_VALUES // taps.size)
-    for p0 in range(0, opened.shape[0], step):
-        batch = opened[p0 : p0 + step]
-        sums = np.add.accumulate(flat[batch[:, None] + taps] * weights, axis=1)[:, -1]
-        y, x = np.divmod(batch, rowlen)
-        if is_int:
-            dst[y0 + y, x0 + x] = np.clip(np.rint(sums), lo, hi)
-        else:
-            dst[y0 + y, x0 + x] = sums + 0.0
+    sums = direct_sums(plane.reshape(-1), opened, rowlen, 1, k64)
+    y, x = np.divmod(opened, rowlen)
+    dst[y0 + y, x0 + x] = np.clip(np.rint(sums), lo, hi) if is_int else sums
 
 
 def _each_tile(tasks, start):
