@@ -176,10 +176,20 @@ def read(source: BinaryIO | bytes, threads: int | None = None) -> np.ndarray | N
         from .hostmem import host_empty
 
         out = host_empty(page.shape, page.dtype.newbyteorder("="))
-        place = functools.partial(_place, out, what)
+        workers = threads or os.cpu_count() or 1
         try:
-            for _ in page.segments(func=place, maxworkers=threads or os.cpu_count() or 1):
-                pass
+            if int(page.compression) == _NONE and page.is_contiguous:  # read into `out`
+                if min(page.databytecounts) == 0:
+                    raise DamagedTiff(f"a {what} of {len(ends)} is empty")
+                page.asarray(out=out, maxworkers=workers)
+                if out.ndim == 3:  # in bands: OpenCV copies a source that is its target
+                    rows = max(1, (1 << 20) // (out[0].nbytes))
+                    for y in range(0, out.shape[0], rows):
+                        _to_bgr(out[y : y + rows], out[y : y + rows])
+            else:
+                place = functools.partial(_place, out, what)
+                for _ in page.segments(func=place, maxworkers=workers):
+                    pass
         except DamagedTiff:
             raise
         except Exception as e:  # noqa: BLE001 - codecs raise their own types
@@ -200,10 +210,16 @@ def _place(out: np.ndarray, what: str, decoded: tuple) -> None:
     if out.ndim == 2:
         into[...] = part[..., 0]
         return
+    _to_bgr(part, into)
+
+
+def _to_bgr(rgb: np.ndarray, into: np.ndarray) -> None:
+    """RGB(A) samples `rgb` put into `into` (a view of the image, or `rgb` itself) as
+    BGR(A)."""
     import cv2
 
-    code = cv2.COLOR_RGB2BGR if out.shape[2] == 3 else cv2.COLOR_RGBA2BGRA
-    done = cv2.cvtColor(part, code, dst=into)  # OpenCV writes into the view of `out`
+    code = cv2.COLOR_RGB2BGR if rgb.shape[2] == 3 else cv2.COLOR_RGBA2BGRA
+    done = cv2.cvtColor(rgb, code, dst=into)  # OpenCV writes into the view
     if not np.shares_memory(done, into):  # (a binding that copied instead)
         into[...] = done
 
