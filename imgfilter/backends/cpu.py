@@ -50,8 +50,8 @@ correlate (`correlate_plan` says which path a call takes):
   others in float32 in its SIMD body and double in its scalar tail), except the
   2-pixel uint8 box: cv2.blur's scalar tail stores (255 + 255 + 2) >> 1 = 256 as 0
   there, so exact sums (cv2.boxFilter, normalize=False, int32) go through OpenCV's
-  fixed point here, saturated (`box_scaling`). cv2.blur runs on one thread; images
-  from 8 MiB go to it in bands of rows, one thread each, one such call at a time
+  fixed point here, (s + 2) >> 1, saturated. cv2.blur runs on one thread; images from
+  8 MiB go to it in bands of rows, one thread each, one such call at a time
   (`_in_row_bands`): exact sums make every band's values those of one call.
   float32 images: float64 sums that never subtract, so huge, inf or NaN values reach
   only the boxes that hold them (cv2.blur's double running sums carry them along the
@@ -75,20 +75,9 @@ import numpy as np
 from kernels.common import border_index as _bi
 from kernels.common.saturate import output_limits
 
-from .cpu_common import (
-    BOX_FIXED,
-    FIXED_SHIFT,
-    U32,
-    U64,
-    axis_map,
-    box_scaling,
-    direct_sums,
-    padded,
-)
+from .cpu_common import U32, U64, axis_map, direct_sums, padded
 
 NAME = "cpu"
-
-__all__ = ["NAME", "box", "box_scaling", "contour", "correlate", "correlate_plan"]
 
 
 def direct_area_limit(dtype) -> int:
@@ -419,10 +408,8 @@ def box(img, ksize, anchor, border, value, method, out=None, stream=None):
         return box_float(img, ksize, anchor, border, value, out)
     import cv2
 
-    area = kh * kw
-    mode, delta, mul = box_scaling(img.dtype, area)
     src, cvb, crop = _cv_plan(img, kh, kw, anchor, border, value)
-    if not (mode == BOX_FIXED and area == 2):
+    if not (img.dtype == np.uint8 and kh * kw == 2):
 
         def blur(part, dst=None):
             return cv2.blur(part, (kw, kh), dst=dst, anchor=(ax, ay), borderType=cvb)
@@ -431,13 +418,13 @@ def box(img, ksize, anchor, border, value, method, out=None, stream=None):
             return out
         dst = _cv_dst(out, crop)
         return _cv_finish(blur(src, dst), crop, out, dst)
-    # cv2.blur's fixed point, saturated (its scalar tail stores 256 as 0 here)
+    # cv2.blur's fixed point for 2 pixels, ((s + 2) * 2**22) >> 23, saturated (its
+    # scalar tail stores 256 as 0 here)
     sums = cv2.boxFilter(src, cv2.CV_32S, (kw, kh), anchor=(ax, ay), normalize=False,
                          borderType=cvb)  # fmt: skip
     if crop is not None:
         sums = sums[crop[0] : crop[0] + h, crop[1] : crop[1] + w]
-    scaled = ((sums.astype(np.int64) + delta) * mul) >> FIXED_SHIFT
-    out.reshape(h, w, c)[...] = np.minimum(scaled, hi).reshape(h, w, c)
+    out.reshape(h, w, c)[...] = np.minimum((sums + 2) >> 1, hi).reshape(h, w, c)
     return out
 
 

@@ -1,11 +1,10 @@
 """What the CPU backend's modules share: roundoff units, border index maps, padding,
-OpenCV's box scaling and the worker-thread count. NumPy and plain Python only (no
-Numba), imported by `cpu`, `cpu_box`, `cpu_fft` and `cpu_loops`, importing none of them.
+direct sums at chosen outputs and the worker threads. NumPy and plain Python only (no
+Numba), imported by `cpu`, `cpu_box` and `cpu_fft`, importing none of them.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import threading
@@ -16,49 +15,6 @@ from kernels.common import border_index as _bi
 
 U32 = 2.0**-24  # unit roundoff of float32
 U64 = 2.0**-53  # unit roundoff of float64
-CHUNK = 512  # output elements per task of the direct loops (accumulators stay in L1)
-
-# box scaling modes (see box_scaling)
-BOX_FLOAT = 0  # float32 image: float32(sum * (1.0 / area)), sum and scale in double
-BOX_COPY = 1  # area 1: the sum itself
-BOX_FIXED = 2  # uint8, area <= 256: ((sum + delta) * mul) >> 23, OpenCV's fixed point
-BOX_F32 = 3  # int sums: round(float32(sum) * float32(1 / area))
-BOX_F64 = 4  # double sums (huge boxes): round(sum * (1.0 / area))
-FIXED_SHIFT = 23
-
-
-def box_scaling(dtype, area: int) -> tuple[int, int, int]:
-    """(mode, delta, mul): how cv2.blur turns an exact box sum into the output value.
-
-    OpenCV (box_filter.simd.hpp, checked against cv2.blur on random data):
-    - uint8 with area <= 256 sums in uint16 and scales in fixed point with a 23-bit
-      shift: d = area, mul = 2**23 / d rounded to the nearer integer and delta = d // 2,
-      plus 1 when mul was rounded down. ((s + delta) * mul) >> 23 is round(s / d) except
-      where it rounds up below a tie (2 pixels: (s + 2) >> 1, so a 2x1 box of zeros is 1).
-      OpenCV's SIMD body saturates at 255; its scalar tail wraps 256 to 0 (a 2x1 box of
-      255s then gives 0, an OpenCV bug). We saturate.
-    - uint8 with larger boxes and uint16 sum in int32 and multiply in float32
-      (SIMD body; the scalar tail multiplies in double) then round half to even.
-    - sums too large for int32 (uint8 area > 2**23, uint16 area > 2**15) are double,
-      scaled in double. float32 images sum in double and store float32(s * (1 / d)).
-    """
-    dt = np.dtype(dtype)
-    if dt == np.float32:
-        return BOX_FLOAT, 0, 0
-    if area == 1:
-        return BOX_COPY, 0, 0
-    if dt == np.uint8 and area <= 256:
-        scalef = float(1 << FIXED_SHIFT) / area
-        mul = math.floor(scalef)
-        delta = area // 2
-        if scalef - mul < 0.5:
-            delta += 1
-        else:
-            mul += 1
-        return BOX_FIXED, delta, mul
-    if area > (1 << 23 if dt == np.uint8 else 1 << 15):
-        return BOX_F64, 0, 0
-    return BOX_F32, 0, 0
 
 
 def axis_map(n: int, before: int, after: int, mode: int) -> np.ndarray:
