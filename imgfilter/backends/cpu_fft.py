@@ -254,29 +254,34 @@ def fft_error_factor(kappa: float, beta: float, n: int, mu: float = 0.0) -> floa
     return 1.01 * (a + (eps + _U64) * (kappa + a))
 
 
-def _store_int_tile(res, dst, oy, ox, bound, lo, hi, rowlen):
+def _store_int_tile(res, dst, oy, ox, bound, lo, hi, rowlen, near):
     """dst[oy + r, ox + q] = res[r, q] rounded and saturated (integer dst), for the
     part of res that dst holds from (oy, ox); returns the offsets r * rowlen + q (in
     the tile, rows of `rowlen`) of the outputs where a value within `bound` of
-    res[r, q] could store differently (it reaches a tie, distance 0.5 from the
-    candidate, that is not saturated), whose direct sums the caller stores. bound 0
-    means an all-zero tile (direct sums 0)."""
+    res[r, q] could round differently (it reaches a tie, distance 0.5 from rint,
+    exact in float64; saturated ones among them: harmless), whose direct sums the
+    caller stores. bound 0 means an all-zero tile (direct sums 0). `near` is float64
+    scratch at least as large as res."""
     rows = min(res.shape[0], dst.shape[0] - oy)
     n = min(res.shape[1], dst.shape[1] - ox)
     part = dst[oy : oy + rows, ox : ox + n]
     if bound == 0.0:
         part[...] = 0
-        return np.empty(0, np.int64)
+        return _NONE
     v = res[:rows, :n]
-    f = np.floor(v + 0.5)
-    near = np.abs(v - f) >= 0.5 - bound
-    np.clip(f, lo, hi, out=f)
-    part[...] = f
-    r, q = np.nonzero(near)
-    if r.size:
-        inside = (v[r, q] <= hi - 0.5 + bound) & (v[r, q] >= lo + 0.5 - bound)
-        r, q = r[inside], q[inside]
+    d = near[:rows, :n]
+    np.rint(v, out=d)
+    np.clip(d, lo, hi, out=part, casting="unsafe")  # integers in [lo, hi]: exact
+    np.subtract(v, d, out=d)
+    np.abs(d, out=d)
+    opened = d >= 0.5 - bound
+    if not opened.any():
+        return _NONE
+    r, q = np.nonzero(opened)
     return r * rowlen + q
+
+
+_NONE = np.empty(0, np.int64)
 
 
 def _tile_transform(spec, th, tw):
@@ -315,6 +320,7 @@ def _int_tiles(source, k64, tile, outs, lo, hi, ntaps, mag):
         buf = np.empty((th, tw))
         keep = np.empty((nch, th, tw))
         sumsq = np.empty(nch)
+        near = np.empty((sh, sw))
 
         def tile(oy, ox):
             source.load(oy, ox, keep, sumsq)
@@ -325,7 +331,7 @@ def _int_tiles(source, k64, tile, outs, lo, hi, ntaps, mag):
                     bound = 2.0 * (math.sqrt(1.001 * sumsq[c]) * factor + direct)
                     transform(buf)
                 out = outs[c]
-                opened = _store_int_tile(buf[:sh, :sw], out, oy, ox, bound, lo, hi, tw)
+                opened = _store_int_tile(buf[:sh, :sw], out, oy, ox, bound, lo, hi, tw, near)
                 _redo(out, oy, ox, opened, keep[c], k64, lo, hi, True)
 
         return tile
