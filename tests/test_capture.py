@@ -1,7 +1,8 @@
 """Calls captured into a CUDA graph (`torch.cuda.graph`) replay correctly: imgfilter's
 launches on torch tensors go to torch's current stream, allocate nothing from CUDA
-once warm, and wait for nothing, so a graph records them and each replay filters the
-static input's new contents. Needs a real GPU and PyTorch."""
+once warm on that stream, and wait for nothing, so a graph records them and each
+replay filters the static input's new contents. As with torch's own modules, the
+calls are warmed on the stream the graph is captured on. Needs a real GPU and PyTorch."""
 
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ def test_blur_and_filter2d_replay_from_a_captured_graph():
             imgfilter.filter2d(static, kernel)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    # Captured on the warmed stream: a first call on a stream uploads the filter's
+    # weights and takes its pool blocks, which a capture may not do.
+    with torch.cuda.graph(graph, stream=side):
         blurred = imgfilter.blur(static, 5)
         filtered = imgfilter.filter2d(static, kernel)
     views = [torch.as_tensor(r, device="cuda") if isinstance(r, DeviceArray) else r
