@@ -11,8 +11,6 @@ Backends: "cuda" (Numba CUDA kernels), "cpu" (Numba parallel CPU); "auto" picks 
 when a usable GPU exists. Importing this package does not import Numba.
 """
 
-import os as _os
-
 from .errors import (
     DeviceError,
     GpuMemoryError,
@@ -63,21 +61,5 @@ def __getattr__(name: str):
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-
-def _pixel_limit() -> int:
-    """OpenCV decodes no image of more than 2**30 pixels unless OPENCV_IO_MAX_IMAGE_PIXELS
-    says otherwise when it loads; large rasters are what imgfilter is for, so the limit
-    becomes the host's memory in bytes (a pixel takes one at least), which still refuses
-    a file that claims a size it could never hold."""
-    try:
-        memory = _os.sysconf("SC_PAGE_SIZE") * _os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):  # no sysconf (Windows)
-        memory = 1 << 34
-    return max(1 << 30, memory)
-
-
-# OpenCV reads the variable when it loads: a cv2 imported before imgfilter keeps its limit.
-_opencv_loaded_first = "cv2" in __import__("sys").modules
-_os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(_pixel_limit()))
 
 __version__ = "0.1.0"

@@ -27,13 +27,11 @@ from . import replay
 from .backends import get_backend
 from .border import border_code
 from .errors import UsageError
+from .names import MAX_BOX_SIDE, MAX_KERNEL_SIDE, METHODS
 
 DTYPES = (np.uint8, np.uint16, np.float32)
 _DTYPES = frozenset(np.dtype(t) for t in DTYPES)
 CHANNELS = (1, 3, 4)
-METHODS = ("auto", "naive", "padded", "tiled", "window", "blocked", "separable")
-MAX_KERNEL_SIDE = 255  # general kernels: taps per output grow as side**2
-MAX_BOX_SIDE = 4095  # box filters cost O(side) per output, but bigger is surely a typo
 
 
 def _c_contiguous(shape: tuple, strides: tuple, itemsize: int) -> bool:

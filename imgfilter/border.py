@@ -11,14 +11,10 @@ import numpy as np
 from kernels.common import border_index as _bi
 
 from .errors import UsageError
+from .names import BORDER_NAMES
 
-BORDERS: dict[str, int] = {
-    "reflect101": _bi.REFLECT101,
-    "reflect": _bi.REFLECT,
-    "replicate": _bi.REPLICATE,
-    "constant": _bi.CONSTANT,
-    "wrap": _bi.WRAP,
-}
+CODES = (_bi.REFLECT101, _bi.REFLECT, _bi.REPLICATE, _bi.CONSTANT, _bi.WRAP)
+BORDERS: dict[str, int] = dict(zip(BORDER_NAMES, CODES, strict=True))  # names.BORDER_NAMES order
 
 # OpenCV's numeric constants, so this module needs no cv2 import.
 OPENCV_BORDER: dict[str, int] = {

@@ -27,14 +27,25 @@ TIFF_MAGIC = (b"II*\0", b"MM\0*", b"II+\0", b"MM\0+")  # classic and BigTIFF, bo
 TIFF_TYPES = {1: "B", 3: "H", 4: "I", 16: "Q"}  # BYTE, SHORT, LONG, LONG8 fields
 
 
-def pixel_limit() -> int:
-    """The most pixels an image may have to be decoded: OpenCV's limit
-    (`OPENCV_IO_MAX_IMAGE_PIXELS`, which `import imgfilter` raises to the host's memory in
-    bytes; OpenCV's default 2**30), which imgfilter's own readers follow too."""
+def host_pixel_limit() -> int:
+    """The host's memory in bytes (at least 2**30): the most pixels imgfilter lets
+    OpenCV decode, since large rasters are what it is for (a pixel takes a byte at
+    least, so a file claiming more could never be held)."""
     try:
-        return int(os.environ.get("OPENCV_IO_MAX_IMAGE_PIXELS", 1 << 30))
-    except ValueError:
-        return 1 << 30
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows)
+        memory = 1 << 34
+    return max(1 << 30, memory)
+
+
+def pixel_limit() -> int:
+    """The most pixels an image may have to be decoded: OPENCV_IO_MAX_IMAGE_PIXELS where
+    set (OpenCV's own limit), else `host_pixel_limit` (what imgfilter sets it to before
+    it first imports cv2: `io_native.import_cv2`); imgfilter's own readers follow it."""
+    try:
+        return int(os.environ["OPENCV_IO_MAX_IMAGE_PIXELS"])
+    except (KeyError, ValueError):
+        return host_pixel_limit()
 
 
 def decoded_bytes(path: str | os.PathLike[str]) -> int | None:

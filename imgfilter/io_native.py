@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from .headers import host_pixel_limit
+
 # What an unfinished read or write holds: temporary files not yet renamed onto their
 # target, and the duplicates of file descriptor 2 saved while a decoder's chatter is
 # captured. `abandon_io` (another thread, the process about to os._exit) undoes both.
@@ -161,11 +163,26 @@ def _end_capture(start: int) -> str:
     return data.decode("utf-8", "replace")
 
 
+_CV2_BEFORE: list[bool] = []  # [whether cv2 was loaded before import_cv2 first ran]
+
+
 def import_cv2() -> Any:
-    """cv2, imported when first needed (importing this module stays cheap)."""
+    """cv2, imported when first needed (importing this module stays cheap). OpenCV
+    reads its decode limit (OPENCV_IO_MAX_IMAGE_PIXELS, default 2**30 pixels) once, as
+    it loads: the first call sets it, unless the user did, to `host_pixel_limit`
+    before cv2 loads."""
+    if not _CV2_BEFORE:
+        _CV2_BEFORE.append("cv2" in sys.modules)
+        if not _CV2_BEFORE[0]:
+            os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(host_pixel_limit()))
     import cv2
 
     return cv2
+
+
+def cv2_loaded_first() -> bool:
+    """Whether cv2 had been loaded before imgfilter could raise its decode limit."""
+    return bool(_CV2_BEFORE and _CV2_BEFORE[0])
 
 
 def cv_call(cv2: Any, call: Callable[[], Any]) -> tuple[Any, str]:

@@ -39,7 +39,7 @@ import numpy as np
 from .errors import InputError
 from .headers import TIFF_MAGIC
 from .io_formats import DTYPES
-from .io_native import cv_call, import_cv2
+from .io_native import cv2_loaded_first, cv_call, import_cv2
 from .io_pillow import KIND_NAMES, decode, exif_orientation, frame_count
 
 # Files this large are decoded from their path: cv2.imdecode takes no buffer of 2 GiB
@@ -386,11 +386,9 @@ def _check_pixel_limit(p: Path, detail: str) -> None:
     """InputError naming OpenCV's pixel limit when that is why it could not decode."""
     if "CV_IO_MAX_IMAGE_PIXELS" not in detail:
         return
-    import imgfilter
-
-    if imgfilter._opencv_loaded_first:
-        why = ("cv2 was imported before imgfilter and keeps its limit of 2^30: import "
-               "imgfilter first, or set OPENCV_IO_MAX_IMAGE_PIXELS before either")  # fmt: skip
+    if cv2_loaded_first():
+        why = ("cv2 was loaded before imgfilter first read an image, so it keeps its "
+               "limit of 2^30: set OPENCV_IO_MAX_IMAGE_PIXELS before importing cv2")  # fmt: skip
     else:
         limit = os.environ.get("OPENCV_IO_MAX_IMAGE_PIXELS")
         why = f"OPENCV_IO_MAX_IMAGE_PIXELS={limit}: set it higher before cv2 is imported"

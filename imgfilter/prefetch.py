@@ -84,9 +84,10 @@ def start(argv: list[str]) -> bool:
     # NumPy and OpenCV, which the command needs anyway: imported here, before the
     # thread starts, the read begins with the decode instead of competing with the CLI's
     # imports for the GIL.
-    import cv2  # noqa: F401
-
     from . import io, io_read
+    from .io_native import import_cv2
+
+    import_cv2()
 
     read = _Read(os.path.abspath(path), signature)
     with _lock:

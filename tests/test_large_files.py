@@ -152,12 +152,12 @@ def _tiff(width: int, height: int) -> bytes:
 @pytest.mark.parametrize("first", ("imgfilter", "cv2"))
 def test_an_image_past_opencvs_pixel_limit_says_what_to_do(tmp_path, first):
     """10**12 pixels, past any host's memory: refused in one line. With cv2 imported
-    first, OpenCV keeps its own limit: the line says to import imgfilter first;
-    otherwise it names the variable's value."""
+    before imgfilter reads, OpenCV keeps its own limit: the line says to set the
+    variable first; otherwise it names the variable's value."""
     path = tmp_path / "huge.tif"
     path.write_bytes(_tiff(1_000_000, 1_000_000))
-    second = "cv2" if first == "imgfilter" else "imgfilter"
-    code = (f"import {first}, {second}\n"
+    imports = "import cv2, imgfilter" if first == "cv2" else "import imgfilter"
+    code = (f"{imports}\n"
             f"try:\n    imgfilter.read_image({str(path)!r})\n"
             "except imgfilter.InputError as e:\n    print(e)\n")  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "OPENCV_IO_MAX_IMAGE_PIXELS"}
@@ -166,20 +166,26 @@ def test_an_image_past_opencvs_pixel_limit_says_what_to_do(tmp_path, first):
     line = done.stdout.strip()
     assert line.startswith(f"cannot read {path}: it has more pixels than OpenCV decodes")
     if first == "cv2":
-        assert "cv2 was imported before imgfilter" in line
+        assert "cv2 was loaded before imgfilter first read an image" in line
     else:
         assert "OPENCV_IO_MAX_IMAGE_PIXELS=" in line
 
 
-def test_importing_imgfilter_raises_opencvs_pixel_limit_to_the_hosts_memory():
-    code = "import os, imgfilter; print(os.environ['OPENCV_IO_MAX_IMAGE_PIXELS'])"
+def test_a_first_read_raises_opencvs_pixel_limit_and_import_writes_no_environment(tmp_path):
+    """`import imgfilter` changes no environment variable; imgfilter's first read sets
+    OpenCV's limit to the host's memory before cv2 loads, unless the user set it."""
+    sample = str(tmp_path / "small.png")
+    imgfilter.write_image(sample, np.full((4, 5, 3), 7, np.uint8))
+    show = "print(os.environ.get('OPENCV_IO_MAX_IMAGE_PIXELS'))"
+    code = f"import os, imgfilter; {show}\nimgfilter.read_image({sample!r}); {show}"
     env = {k: v for k, v in os.environ.items() if k != "OPENCV_IO_MAX_IMAGE_PIXELS"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
-    assert int(done.stdout) >= 1 << 30
+    before, after = done.stdout.split()
+    assert before == "None" and int(after) >= 1 << 30
     env["OPENCV_IO_MAX_IMAGE_PIXELS"] = "12345"  # the user's setting stays
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    assert done.stdout.strip() == "12345"
+    assert done.stdout.split() == ["12345", "12345"]
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..api import MAX_BOX_SIDE, METHODS
+from ..names import MAX_BOX_SIDE, METHODS
 from .values import Backend, Border, Method
 
 InPath = Annotated[

@@ -12,13 +12,12 @@ import math
 from enum import Enum
 from typing import Any
 
-from ..api import METHODS
 from ..backends import BACKENDS
-from ..border import BORDERS
 from ..errors import UsageError
+from ..names import BORDER_NAMES, METHODS
 from .output import Run, note
 
-Border = Enum("Border", {name: name for name in BORDERS}, type=str)
+Border = Enum("Border", {name: name for name in BORDER_NAMES}, type=str)
 Backend = Enum("Backend", {name: name for name in BACKENDS}, type=str)
 Method = Enum("Method", {name: name for name in METHODS}, type=str)
 
