@@ -22,9 +22,9 @@ correlate (`correlate_plan` says which path a call takes):
   - separable: kernels equal to a sum of r outer products within 1e-6 of |K|_1
     (`low_rank`, SVD; taken when r * (kh + kw) <= taps / 2) are filtered as r
     cv2.sepFilter2D passes, summed (float32 for uint8 images, where the bound below
-    opens about 0.1% of the outputs; else float64). For integer outputs each value comes with
-    a rigorous bound on its distance from the direct result (|E|_1 * max|x| plus
-    rounding of both summations); where an output within that bound could round
+    opens about 0.2% of the outputs; else float64). For integer outputs each value
+    comes with a rigorous bound on its distance from the direct result (|E|_1 * max|x|
+    plus rounding of both summations); where an output within that bound could round
     differently, it is recomputed by the direct sum (`_direct_at`), so integer
     outputs are bit-equal to the direct path. float32 outputs are stored from the
     passes: within (|E|_1 + ~1e-15 |K|_1) * max|x| of the direct result (images with
@@ -75,7 +75,7 @@ import numpy as np
 from kernels.common import border_index as _bi
 from kernels.common.saturate import output_limits
 
-from .cpu_common import U32, U64, axis_map, direct_sums, padded
+from .cpu_common import U32, U64, axis_map, direct_sums, padded, run_parallel, threads
 
 NAME = "cpu"
 
@@ -205,7 +205,7 @@ def _plan(img, kernel, value, fft):
         if img.dtype == np.uint8:
             # float32 passes: kernels rounded to float32 (2 u32 |u||v|), kw then kh
             # float32 sums, rank float32 adds: (kh + kw + rank + 4) u32 |u|_1 |v|_1.
-            bound32 = 2.0 * mag * (err + (kh + kw + rank + 4) * U32 * uv + 2 * U64 * rounding)
+            bound32 = 1.25 * mag * (err + (kh + kw + rank + 4) * U32 * uv + 2 * U64 * rounding)
             if bound32 < _DIRECT32_BOUND:
                 return "separable", (u, v, bound32, np.float32), mag
         return "separable", (u, v, bound, np.float64), mag
@@ -274,7 +274,7 @@ def correlate(img, kernel, anchor, border, value, method, out=None, stream=None,
 def _separable(img, weights, anchor, border, value, params, out):
     """The separable path: sum_r cv2.sepFilter2D(img, depth, v[r], u[r]) (each output a
     sum of its window's products in `depth`: float32 for uint8 images, whose bound
-    then opens ~0.1% of the outputs, else float64; in bands of rows on several
+    then opens ~0.2% of the outputs, else float64; in bands of rows on several
     threads), in order of r; then integer outputs whose value within `bound` could
     round or saturate differently take the direct float64 sum (`_direct_at`); float32
     outputs are stored as computed."""
@@ -302,28 +302,50 @@ def _separable(img, weights, anchor, border, value, params, out):
         out[...] = acc
         return out
     # |acc - rint(acc)| is exact in acc's own precision; where it is within bound of
-    # 0.5 the direct sum decides (saturated outputs among them included: harmless).
-    near = np.rint(acc)
-    np.clip(near, lo, hi, out=out, casting="unsafe")  # integers in [lo, hi]: exact
-    np.subtract(acc, near, out=near)
-    np.abs(near, out=near)
-    opened = np.flatnonzero(near >= np.float64(0.5 - bound).astype(depth))
-    if opened.size:
-        sums = _direct_at(img, weights, anchor, border, value, opened)
-        out.reshape(-1)[opened] = np.clip(np.rint(sums), lo, hi)
+    # 0.5 (the threshold rounded down to acc's precision) the direct sum decides
+    # (saturated outputs among them included: harmless). Rows in chunks on threads.
+    thr = np.asarray(0.5 - bound, depth)
+    if thr > 0.5 - bound:
+        thr = np.nextafter(thr, depth(0))
+    acc2, out2 = acc.reshape(h, -1), out.reshape(h, -1)
+    chunks = min(h, 4 * threads())
+    edges = [h * i // chunks for i in range(chunks + 1)]
+    opened: list = [None] * chunks
+
+    def check(i: int) -> None:
+        y0, y1 = edges[i], edges[i + 1]
+        near = np.rint(acc2[y0:y1])
+        np.clip(near, lo, hi, out=out2[y0:y1], casting="unsafe")  # integers: exact
+        np.subtract(acc2[y0:y1], near, out=near)
+        np.abs(near, out=near)
+        opened[i] = np.flatnonzero(near >= thr) + y0 * acc2.shape[1]
+
+    run_parallel(check, chunks, threads())
+    index = np.concatenate(opened)
+    if index.size:
+        _direct_at(img, weights, anchor, border, value, index, out)
     return out
 
 
-def _direct_at(img, weights, anchor, border, value, index) -> np.ndarray:
-    """The direct float64 sums (`cpu_common.direct_sums`) of the outputs at flat
-    positions `index` of the (H, W, C) result."""
+def _direct_at(img, weights, anchor, border, value, index, out) -> None:
+    """out (H, W, C, integer) at flat positions `index` = the direct float64 sums
+    (`cpu_common.direct_sums`) rounded half to even and saturated; in parts on
+    threads."""
     h, w, c = img.shape
     kh, kw = weights.shape
     ay, ax = anchor
+    lo, hi, _ = output_limits(img.dtype)
     pad = padded(img, ay, kh - 1 - ay, ax, kw - 1 - ax, border, value, img.dtype)
-    y, xc = np.divmod(index, w * c)
+    flat, rowlen = pad.reshape(-1), pad.shape[1]
     k64 = weights.astype(np.float64)
-    return direct_sums(pad.reshape(-1), y * pad.shape[1] + xc, pad.shape[1], c, k64)
+    parts = np.array_split(index, max(1, min(index.size // 4096, threads())))
+
+    def part(i: int) -> None:
+        y, xc = np.divmod(parts[i], w * c)
+        sums = direct_sums(flat, y * rowlen + xc, rowlen, c, k64)
+        out.reshape(-1)[parts[i]] = np.clip(np.rint(sums), lo, hi)
+
+    run_parallel(part, len(parts), threads())
 
 
 # cv2.blur runs on one thread (OpenCV's box filter has no parallel loop), so integer
