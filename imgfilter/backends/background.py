@@ -59,8 +59,8 @@ def compile_box(name: str, shape: tuple, dtype: str, ksize: tuple) -> bool:
     """Start compiling the box kernel that method auto picks for (shape, dtype, ksize),
     cubin `name`, by blurring a zero image of that shape in a detached process."""
     code = (
-        "from imgfilter.backends import background as b; "
-        f"b.run_box({name!r}, {tuple(shape)!r}, {dtype!r}, {tuple(ksize)!r})"
+        "import imgfilter.backends.cuda as c; "
+        f"c.compile_box({name!r}, {tuple(shape)!r}, {dtype!r}, {tuple(ksize)!r})"
     )
     return start(name, code)
 
@@ -80,18 +80,6 @@ def compiling(name: str) -> Iterator[None]:
             cubins.pending_marker(name).unlink()
         except OSError:
             pass
-
-
-def run_box(name: str, shape: tuple, dtype: str, ksize: tuple) -> None:
-    """In the detached process: blur a zero image through the Numba backend (which
-    compiles and exports the kernel), then remove the marker. Never raises."""
-    with compiling(name):
-        import numpy as np
-
-        from . import cuda
-
-        kh, kw = ksize
-        cuda.box(np.zeros(shape, dtype), ksize, (kh // 2, kw // 2), 0, 0.0, "auto")
 
 
 def compile_blocked(kh: int, kw: int, dtype: str) -> bool:

@@ -563,6 +563,15 @@ def _dtype_name(dtype) -> str:
     return name
 
 
+def compile_box(name: str, shape: tuple, dtype: str, ksize: tuple) -> None:
+    """In a detached process (`background.compile_box`): blur a zero image of this
+    shape, which compiles and exports box kernel `name`, then remove its marker.
+    Never raises."""
+    with background.compiling(name):
+        kh, kw = ksize
+        box(np.zeros(shape, dtype), ksize, (kh // 2, kw // 2), 0, 0.0, "auto")
+
+
 def compile_blocked(kh: int, kw: int, dtype: str) -> None:
     """Compile (or load) the register-blocked kernel for a kh x kw kernel on `dtype`
     images by running it once on a small image, and export its cubin (the sign for
