@@ -16,21 +16,35 @@ caller's own value. Reading a lane outside the mask is undefined on hardware, so
 raises here. A barrier that waits more than TIMEOUT_S seconds (a lane named in the
 mask never arrived) raises instead of hanging the test run.
 
-The simulator's block manager polls its threads in a loop that holds the GIL, so a
-thread released from a barrier waited for the interpreter's switch interval before it
-ran, and how long depended on what ran earlier in the process (a test took 11 s alone
-and 70 s after others). `install()` makes each poll yield the GIL (`time.sleep(0)`):
-the same threads and barriers, scheduled without that wait.
+Speed: a launch on the simulator cost mostly the simulator's own machinery, not the
+kernel's arithmetic, so `install()` replaces four pieces of it with equivalents:
+- an OS thread started per CUDA thread of each block -> parked threads reused from
+  block to block (`_run_block`), each given the attributes a BlockThread gets;
+- a block manager polling its threads for `syncthreads` while holding the GIL -> a
+  counted barrier (`_Block`): released once every thread of the block has arrived
+  or exited (the simulator's rule), the first exception raised as the simulator does;
+- `cuda.shared.array` reading the whole stack's source lines to key an allocation
+  -> the caller's frame gives the same key (file, line);
+- per device-function call, an import and a generator context to swap the fake
+  `cuda` module into the callee's globals -> a plain refcounted context manager;
+  and numba's `Type.__call__` (`int32(x)` in kernels) with its import hoisted.
+Kernel semantics are unchanged; `tests/test_box_tiled.py` and the band tests of
+`test_tall_images.py` ran in about a third of the CPU time.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
-import time
+
+import numpy as np
 
 WARP = 32
 TIMEOUT_S = 60.0
 FULL = 0xFFFFFFFF
+_simulator_shared_array = None  # the simulator's FakeCUDAShared.array, kept by install()
+_sim_types = _sim_numpy_support = None  # the simulator's own type modules, kept by install()
+_real_cuda = _signature = _Type = None  # kept by install()
 
 
 class _Warp:
@@ -180,11 +194,212 @@ def install() -> None:
     for name, value in FAKE_DEVICE_ATTRIBUTES.items():
         if not hasattr(devices.FakeCUDADevice, name):
             setattr(devices.FakeCUDADevice, name, value)
-    simulator_kernel.BlockThread.is_alive = _is_alive_yielding
+    global _simulator_shared_array, _sim_types, _sim_numpy_support
+    _sim_types, _sim_numpy_support = kernelapi.types, kernelapi.numpy_support
+    if kernelapi.FakeCUDAShared.array is not _shared_array:
+        _simulator_shared_array = kernelapi.FakeCUDAShared.array
+    kernelapi.FakeCUDAShared.array = _shared_array
+    simulator_kernel.BlockManager.run = _run_block
+    simulator_kernel.BlockThread.syncthreads = _syncthreads
+    simulator_kernel.swapped_cuda_module = _SwappedCuda
+    global _real_cuda, _signature, _Type
+    _real_cuda = simulator_cuda
+    from numba.core.types import abstract
+    from numba.core.typing import signature as _signature
+
+    _Type = abstract.Type
+    abstract.Type.__call__ = _type_call
 
 
-def _is_alive_yielding(self) -> bool:
-    """threading.Thread.is_alive, after giving the GIL to any thread waiting for it (the
-    block manager's poll; see the module docstring)."""
-    time.sleep(0)
-    return threading.Thread.is_alive(self)
+class _Block:
+    """One block's run: its barrier releases the waiting threads once every thread has
+    arrived or exited (the simulator's rule: all live threads blocked), counted under a
+    lock instead of polled; `done` wakes the launching thread when all have exited or
+    one has raised."""
+
+    def __init__(self, size: int):
+        self.size = size
+        lock = threading.Lock()
+        self.barrier = threading.Condition(lock)
+        self.done = threading.Condition(lock)
+        self.arrived = self.exited = self.generation = 0
+        self.failed = None  # (exception, traceback) of the first thread that raised
+        self.aborted = False
+
+    def release_if_complete(self) -> None:  # holding the lock
+        if self.arrived and self.arrived + self.exited == self.size:
+            self.arrived = 0
+            self.generation += 1
+            self.barrier.notify_all()
+
+    def exit(self, exception) -> None:
+        with self.done:
+            self.exited += 1
+            if exception is not None and self.failed is None:
+                self.failed = exception
+            self.release_if_complete()
+            if self.exited == self.size or self.failed is not None:
+                self.done.notify()
+
+
+_idle: list = []  # parked simulator threads, reused from block to block
+_idle_lock = threading.Lock()
+_worker_class = None
+
+
+def _workers(count: int) -> list:
+    """`count` parked threads: idle ones first, new ones for the rest."""
+    global _worker_class
+    if _worker_class is None:
+        _worker_class = _make_worker_class()
+    with _idle_lock:
+        taken = _idle[len(_idle) - min(count, len(_idle)) :]
+        del _idle[len(_idle) - len(taken) :]
+    return taken + [_worker_class() for _ in range(count - len(taken))]
+
+
+def _make_worker_class():
+    from numba.cuda.simulator.kernel import BlockThread
+    from numba.cuda.simulator.kernelapi import Dim3
+
+    class Worker(BlockThread):
+        """A BlockThread that runs one CUDA thread of a block, then parks to run one of
+        a later block: the simulator started an OS thread per CUDA thread, the most of
+        a launch's time on small images. Its attributes are the ones BlockThread sets."""
+
+        def __init__(self):
+            threading.Thread.__init__(self, daemon=True)
+            self._go = threading.Semaphore(0)
+            self.start()
+
+        def assign(self, target, manager, block_idx, thread_idx, block: _Block) -> None:
+            self._target, self._args, self._kwargs = target, (), {}
+            self._manager, self._block, self.debug = manager, block, manager._debug
+            self.blockIdx, self.threadIdx = Dim3(*block_idx), Dim3(*thread_idx)
+            bx, by, _ = manager._block_dim
+            self.thread_id = thread_idx[0] + bx * (thread_idx[1] + by * thread_idx[2])
+            self.exception, self.abort, self.syncthreads_blocked = None, False, False
+            self._go.release()
+
+        def run(self) -> None:
+            while True:
+                self._go.acquire()
+                block = self._block
+                BlockThread.run(self)  # the target; an exception is kept in .exception
+                exception = self.exception
+                with _idle_lock:
+                    _idle.append(self)
+                block.exit(exception)  # last: this thread may be reassigned from here
+
+    return Worker
+
+
+def _run_block(self, grid_point, *args) -> None:
+    """BlockManager.run: run the block's threads on parked threads and wait, without
+    polling, until all have exited. The first exception of a thread is raised, as the
+    simulator does, after the others are aborted and released from the barrier."""
+    if self._debug:
+
+        def target():
+            saved = np.seterr(divide="raise")
+            try:
+                self._f(*args)
+            finally:
+                np.seterr(**saved)
+    else:
+
+        def target():
+            self._f(*args)
+
+    points = list(np.ndindex(*self._block_dim))
+    block = _Block(len(points))
+    for worker, point in zip(_workers(len(points)), points, strict=True):
+        worker.assign(target, self, grid_point, point, block)
+    with block.done:
+        while block.exited < block.size and block.failed is None:
+            block.done.wait()
+        failed = block.failed
+        if failed is not None:
+            block.aborted = True
+            block.generation += 1
+            block.barrier.notify_all()
+    if failed is not None:
+        raise failed[0].with_traceback(failed[1])
+
+
+def _syncthreads(self) -> None:
+    """BlockThread.syncthreads on the block's counted barrier (same abort checks)."""
+    block = self._block
+    if self.abort or block.aborted:
+        raise RuntimeError("abort flag set on syncthreads call")
+    with block.barrier:
+        generation = block.generation
+        block.arrived += 1
+        block.release_if_complete()
+        while block.generation == generation:
+            block.barrier.wait()
+    if self.abort or block.aborted:
+        raise RuntimeError("abort flag set on syncthreads clear")
+
+
+def _shared_array(self, shape, dtype, alignment=None):
+    """FakeCUDAShared.array, keyed as the simulator keys it (the caller's file and line)
+    but read from the caller's frame: the simulator's `traceback.extract_stack` read
+    every frame's source line, a stat per file, on each call of each thread."""
+    if alignment is not None or shape == 0:  # an error, or dynamic shared memory
+        return _simulator_shared_array(self, shape, dtype, alignment)
+    frame = sys._getframe(1)
+    caller = (frame.f_code.co_filename, frame.f_lineno)
+    res = self._allocations.get(caller)
+    if res is None:  # the block's threads may race here: the first array stays
+        if isinstance(dtype, _sim_types.Type):
+            dtype = _sim_numpy_support.as_dtype(dtype)
+        res = self._allocations.setdefault(caller, np.empty(shape, dtype))
+    return res
+
+
+def _type_call(self, *args):
+    """numba's Type.__call__ (`int32(x)` casts, `int32(int32)` makes a signature) with
+    its import hoisted out: kernels on the simulator make such casts by the million."""
+    if len(args) == 1 and (type(args[0]) in _SCALARS or not isinstance(args[0], _Type)):
+        return self.cast_python_value(args[0])
+    return _signature(self, *args)
+
+
+_SCALARS = {int, float, bool, *(np.dtype(c).type for c in "?bBhHiIlLqQefd")}
+_swap_lock = threading.Lock()
+_swaps: dict = {}  # id(module globals) -> [users, the names' real values]
+
+
+class _SwappedCuda:
+    """The simulator's swapped_cuda_module (a function's module sees the fake `cuda`
+    while any simulated thread runs in it; the last to leave puts the real one back),
+    as a plain context manager: the simulator's generator version, entered on every
+    device-function call, imported and took a per-module lock each time."""
+
+    __slots__ = ("globs", "fake")
+
+    def __init__(self, fn, fake_cuda_module):
+        self.globs = fn.__globals__
+        self.fake = fake_cuda_module
+
+    def __enter__(self) -> None:
+        globs = self.globs
+        with _swap_lock:
+            entry = _swaps.get(id(globs))
+            if entry is None:
+                real = {k: v for k, v in globs.items() if v is _real_cuda}
+                for k in real:
+                    globs[k] = self.fake
+                _swaps[id(globs)] = [1, real]
+            else:
+                entry[0] += 1
+
+    def __exit__(self, *exc) -> None:
+        globs = self.globs
+        with _swap_lock:
+            entry = _swaps[id(globs)]
+            entry[0] -= 1
+            if entry[0] == 0:
+                globs.update(entry[1])
+                del _swaps[id(globs)]
