@@ -27,7 +27,7 @@ from . import replay
 from .backends import get_backend
 from .border import border_code
 from .errors import UsageError
-from .names import MAX_BOX_SIDE, MAX_KERNEL_SIDE, METHODS
+from .names import BLUR_METHODS, CONTOUR_METHODS, FILTER_METHODS, MAX_BOX_SIDE, MAX_KERNEL_SIDE
 
 DTYPES = (np.uint8, np.uint16, np.float32)
 _DTYPES = frozenset(np.dtype(t) for t in DTYPES)
@@ -151,18 +151,20 @@ def _remember(key, make):
     return value
 
 
-def _options(anchor, kshape: tuple, border, border_value, method, dtype) -> tuple:
-    """(anchor (ay, ax), border code, method, border value cast to dtype), checked."""
+def _options(anchor, kshape: tuple, border, border_value, method, dtype,
+             op: str = "filter2d") -> tuple:  # fmt: skip
+    """(anchor (ay, ax), border code, method, border value cast to dtype), checked;
+    `method` among operation `op`'s (`_check_method`)."""
 
     def make():
         return (
             _resolve_anchor(anchor, *kshape),
             border_code(border),
-            _check_method(method),
+            _check_method(method, op),
             _cast_value(border_value, dtype),
         )
 
-    return _remember(("options", anchor, kshape, border, border_value, method, dtype), make)
+    return _remember(("options", op, anchor, kshape, border, border_value, method, dtype), make)
 
 
 def _kernel_memo(kernel: Any) -> np.ndarray:
@@ -210,10 +212,15 @@ def _out_3d(out: Any) -> Any:
     return None if out is None else _as_3d(out)
 
 
-def _check_method(method: str) -> str:
+_METHODS = {"filter2d": FILTER_METHODS, "blur": BLUR_METHODS, "contour": CONTOUR_METHODS}
+
+
+def _check_method(method: str, op: str) -> str:
+    """`method` lower-cased, if it names one of operation `op`'s kernels; else a
+    UsageError listing them."""
     method = str(method).lower()
-    if method not in METHODS:
-        raise UsageError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if method not in _METHODS[op]:
+        raise UsageError(f"unknown {op} method {method!r}; choose one of {', '.join(_METHODS[op])}")
     return method
 
 
@@ -473,7 +480,7 @@ def _box_options(k, anchor, border, border_value, method, dtype) -> tuple:
 
     def make():
         ksize = box_size(k)
-        return (ksize, *_options(anchor, ksize, border, border_value, method, dtype))
+        return (ksize, *_options(anchor, ksize, border, border_value, method, dtype, "blur"))
 
     # type(k): True == 1 and hashes as 1, but is no kernel size
     return _remember(("blur", k, type(k), anchor, border, border_value, method, dtype), make)
@@ -536,7 +543,11 @@ def contour(
         raise UsageError("contour needs an integer image (uint8 or uint16), got float32")
     code, method, value = _remember(
         ("contour", border, method, border_value, arr.dtype),
-        lambda: (border_code(border), _check_method(method), _cast_value(border_value, arr.dtype)),
+        lambda: (
+            border_code(border),
+            _check_method(method, "contour"),
+            _cast_value(border_value, arr.dtype),
+        ),
     )
     dout = _check_out(out, arr, device, arr.shape[:2])
     be = get_backend(backend, device_input=device)
@@ -707,13 +718,15 @@ def _device_list(images: list, out: Any, stream: Any, backend: str, many_list,
     return [_shaped(r, shape) for r, shape in zip(results, shapes, strict=True)]
 
 
-def _list_options(imgs: list, anchor, kshape: tuple, border, border_value, method) -> tuple:
+def _list_options(imgs: list, anchor, kshape: tuple, border, border_value, method,
+                  op: str) -> tuple:  # fmt: skip
     """`_options` for a list of images: (anchor, border code, method, [each image's
     border value cast to its dtype])."""
     by_dtype = {}
     for img in imgs:
         if img.dtype not in by_dtype:
-            by_dtype[img.dtype] = _options(anchor, kshape, border, border_value, method, img.dtype)
+            by_dtype[img.dtype] = _options(anchor, kshape, border, border_value, method,
+                                           img.dtype, op)  # fmt: skip
     a, code, m, _ = by_dtype[imgs[0].dtype]
     return a, code, m, [by_dtype[img.dtype][3] for img in imgs]
 
@@ -794,7 +807,8 @@ def filter2d_batch(
         return be.correlate(batch, k, a, code, value, m, _out_4d(out), stream)
 
     def many_list(be, imgs, outs, stream):
-        a, code, m, values = _list_options(imgs, anchor, k.shape, border, border_value, method)
+        a, code, m, values = _list_options(imgs, anchor, k.shape, border, border_value, method,
+                                         "filter2d")  # fmt: skip
         return be.correlate_list(imgs, k, a, code, values, m, _outs_3d(outs), stream)
 
     return _batch(images, out, stream, backend, one, many, many_list, _same_shape)
@@ -852,11 +866,13 @@ def blur_batch(
         return blur(img, k, out=out, stream=stream, **opts)
 
     def many(be, batch, out, stream):
-        a, code, m, value = _options(anchor, (kh, kw), border, border_value, method, batch.dtype)
+        a, code, m, value = _options(anchor, (kh, kw), border, border_value, method, batch.dtype,
+                                     "blur")  # fmt: skip
         return be.box(batch, (kh, kw), a, code, value, m, _out_4d(out), stream)
 
     def many_list(be, imgs, outs, stream):
-        a, code, m, values = _list_options(imgs, anchor, (kh, kw), border, border_value, method)
+        a, code, m, values = _list_options(imgs, anchor, (kh, kw), border, border_value, method,
+                                         "blur")  # fmt: skip
         return be.box_list(imgs, (kh, kw), a, code, values, m, _outs_3d(outs), stream)
 
     return _batch(images, out, stream, backend, one, many, many_list, _same_shape)
@@ -911,13 +927,14 @@ def contour_batch(
         if np.dtype(batch.dtype) == np.float32:
             raise UsageError("contour needs an integer image (uint8 or uint16), got float32")
         value = _cast_value(border_value, batch.dtype)
-        return be.contour(batch, border_code(border), value, _check_method(method), out, stream)
+        m = _check_method(method, "contour")
+        return be.contour(batch, border_code(border), value, m, out, stream)
 
     def many_list(be, imgs, outs, stream):
         if any(np.dtype(i.dtype) == np.float32 for i in imgs):
             raise UsageError("contour needs an integer image (uint8 or uint16), got float32")
         values = [_cast_value(border_value, i.dtype) for i in imgs]
-        code, m = border_code(border), _check_method(method)
+        code, m = border_code(border), _check_method(method, "contour")
         return be.contour_list(imgs, code, values, m, outs, stream)
 
     return _batch(images, out, stream, backend, one, many, many_list, _image_shape)

@@ -879,10 +879,22 @@ def test_cli_messages_name_cli_options_and_api_messages_api_parameters(tmp_path)
 def test_a_cuda_method_on_the_cpu_backend_is_said_to_be_unused(tmp_path):
     src = tmp_path / "in.png"
     cv2.imwrite(str(src), np.full((6, 7, 3), 9, np.uint8))
-    result = run("blur", src, "--k", "3", "--backend", "cpu", "--method", "naive",
+    result = run("blur", src, "--k", "3", "--backend", "cpu", "--method", "twopass",
                  "-o", tmp_path / "o.png")  # fmt: skip
     assert result.exit_code == 0
-    assert "--method naive applies to the CUDA backend" in result.output
+    assert "--method twopass applies to the CUDA backend" in result.output
+
+
+@pytest.mark.parametrize("op, method", [("blur", "naive"), ("filter", "twopass")])
+def test_a_method_of_another_operation_is_a_usage_error(tmp_path, op, method):
+    """Each operation's --method names its own kernels: blur's box kernels, filter's
+    correlation kernels."""
+    src = tmp_path / "in.png"
+    cv2.imwrite(str(src), np.full((6, 7, 3), 9, np.uint8))
+    extra = ["--k", "3"] if op == "blur" else ["--kernel", "1,2,1"]
+    result = run(op, src, *extra, "--backend", "cpu", "--method", method, "-o", tmp_path / "o.png")
+    name = "blur" if op == "blur" else "filter2d"
+    assert_one_line_error(result, 2, f"unknown {name} method '{method}'")
 
 
 # ---------------------------------------------------------------------------------------
@@ -951,7 +963,7 @@ def test_one_frame_gif_gets_no_note(tmp_path):
 
 
 def test_quiet_leaves_only_errors(color_png, tmp_path):
-    result = run("blur", color_png, "--k", "3", "--backend", "cpu", "--method", "naive", "-q")
+    result = run("blur", color_png, "--k", "3", "--backend", "cpu", "--method", "fused", "-q")
     assert_ok(result)
     assert result.stderr == "" and color_png.with_name("photo.blur.png").exists()
     result = run("blur", color_png, "--k", "3", "--backend", "cpu", "-q")  # exists now

@@ -38,7 +38,11 @@ import imgfilter
 from imgfilter.backends import opencv as ref
 
 FILTER_METHODS = ("auto", "naive", "padded", "tiled", "window", "blocked", "separable")
-BLUR_METHODS = ("auto", "separable", "naive", "padded", "tiled")
+BLUR_METHODS = ("auto", "tiled", "twopass", "fused", "packed", "running", "separable")
+# The box kernels that take only what their plan accepts, and whether they read 32-bit
+# words (the image must start on a 4-byte boundary).
+PLANNED_BOXES = {"tiled": ("tiled_plan", True), "twopass": ("twopass_plan", True),
+                 "fused": ("plan", False), "packed": ("packed_plan", True)}  # fmt: skip
 MAX_SIDE = 31  # the largest kernel side methods blocked and separable take
 SEED0 = 20_000
 
@@ -154,10 +158,31 @@ def case(seed: int, full: bool, backend: str | None = None) -> Case:
         c.extra_shapes = [(_side(rng, full), _side(rng, full)) + shape[2:] for _ in range(2)]
     elif form == "batch":
         c.extra_shapes = [shape] * int(rng.integers(1, 3))
+    if op == "blur" and not _box_method_takes(c):
+        c.method = "auto"
     if backend == "cuda" and source == "host" and form == "one" and rng.random() < 0.3:
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
         c.budget = max(1, nbytes // int(rng.integers(2, 6)))
     return c
+
+
+def _box_method_takes(c: Case) -> bool:
+    """Whether blur method c.method takes every image of the case: its plan accepts
+    the shape, dtype and box, and a kernel reading words gets 4-byte aligned images
+    (a device batch's images follow one another at their size)."""
+    if c.method not in PLANNED_BOXES:
+        return True
+    from kernels.box import plan
+
+    name, words = PLANNED_BOXES[c.method]
+    for shape in [c.shape, *c.extra_shapes]:
+        shape3 = shape if len(shape) == 3 else (*shape, 1)
+        if getattr(plan, name)(shape3, np.dtype(c.dtype), c.ksize) is None:
+            return False
+        nbytes = int(np.prod(shape3)) * np.dtype(c.dtype).itemsize
+        if words and c.form == "batch" and c.source != "host" and nbytes % 4:
+            return False
+    return True
 
 
 def _rank_kernel(c: Case) -> np.ndarray:
@@ -368,6 +393,7 @@ def test_case_draws_every_dimension():
     assert {c.border for c in seen} == set(BORDERS)
     assert {np.dtype(c.dtype) for c in seen} == {np.dtype(d) for d in DTYPES}
     assert {c.method for c in seen if c.op == "filter2d"} == set(FILTER_METHODS)
+    assert {c.method for c in seen if c.op == "blur"} == set(BLUR_METHODS)
     assert {c.rank for c in seen} >= {"full", "rank1", "rank2"}
     assert any(c.budget for c in seen) and any(1 in c.shape[:2] for c in seen)
     assert any(max(c.shape[:2]) >= 400 for c in seen)

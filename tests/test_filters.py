@@ -405,11 +405,25 @@ def test_blur_cuda(method, shape, dtype, ksize, border):
     assert check_blur("cuda", method, img, ksize, border=border)
 
 
-@pytest.mark.parametrize("method", ["naive", "padded", "tiled"])
-def test_blur_cuda_general_methods(method):
-    """blur through the general correlation kernels (a constant 1/k**2 kernel)."""
+@pytest.mark.parametrize("method", ["tiled", "twopass", "fused", "packed", "running"])
+def test_blur_cuda_named_methods(method):
+    """blur through each box kernel by name (`method=`), and a case a kernel's plan
+    refuses (uint16 for the uint8-only kernels) is a UsageError naming the method."""
     img = make_image((7, 9), np.uint8, 41)
     assert check_blur("cuda", method, img, (4, 4), border="reflect101")
+    if method in ("tiled", "twopass", "packed"):
+        with pytest.raises(UsageError, match=f"blur method '{method}' does not take"):
+            imgfilter.blur(make_image((7, 9), np.uint16, 41), 3, method=method, backend="cuda")
+
+
+@pytest.mark.parametrize("op", ["blur", "filter2d"])
+def test_each_operation_names_its_own_methods(op):
+    img = make_image((7, 9), np.uint8, 41)
+    with pytest.raises(UsageError, match=f"unknown {op} method"):
+        if op == "blur":
+            imgfilter.blur(img, 3, method="naive", backend="cuda")
+        else:
+            imgfilter.filter2d(img, np.ones((3, 3)), method="twopass", backend="cuda")
 
 
 # --------------------------------------------------------------------- contour
@@ -579,17 +593,20 @@ def test_filter2d_low_rank_full_size(k, rank, border, shape):
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", FULL_SHAPES, ids=FULL_IDS)
 @pytest.mark.parametrize(
-    "method, k",  # the general kernels ("tiled") at small k only
-    [
-        (m, k)
-        for m in ("auto", "separable", "tiled")
-        for k in (2, 3, 21, 31)
-        if m != "tiled" or k < 5
-    ],
+    "method, k",  # the box kernels by name at a small and a large box
+    [(m, k) for m in ("auto", "separable") for k in (2, 3, 21, 31)]
+    + [(m, k) for m in ("tiled", "twopass", "fused", "packed", "running") for k in (3, 21)],
 )
 @pytest.mark.parametrize("border", BORDERS)
 def test_blur_full_size(border, method, k, shape):
+    from kernels.box import plan
+
+    plans = {"tiled": plan.tiled_plan, "twopass": plan.twopass_plan, "fused": plan.plan,
+             "packed": plan.packed_plan}  # fmt: skip
     for dtype in (np.uint8, np.uint16, np.float32) if len(shape) == 2 else (np.uint8,):
+        shape3 = shape if len(shape) == 3 else (*shape, 1)
+        if method in plans and plans[method](shape3, np.dtype(dtype), (k, k)) is None:
+            continue  # the kernel does not take this case (test_blur_cuda_named_methods)
         img = make_image(shape, dtype, 72)
         assert check_blur("cuda", method, img, (k, k), border=border, what=dt_name(dtype))
 

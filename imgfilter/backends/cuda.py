@@ -29,6 +29,7 @@ from kernels.common.arrays import (
     empty_like,
     empty_many,
     resolve_stream,
+    start_address,
     to_device,
     to_host,
 )
@@ -665,64 +666,97 @@ def correlate(img, kernel, anchor, border, value, method, out=None, stream=None)
     return _run_or_bands(go, img, out, (anchor[0], kh - 1 - anchor[0]), border, value, again)
 
 
+# The box kernels a method names that take only the cases their plan accepts:
+# method -> (plan, kernel, whether it reads the image (and tiled/packed write the
+# result) as 32-bit words, so both must start on a 4-byte boundary).
+_PLANNED_BOXES = {
+    "tiled": (_box_plan.tiled_plan, _box_tiled.box_tiled, True),
+    "twopass": (_box_plan.twopass_plan, _box_twopass.box_twopass, True),
+    "fused": (_box_plan.plan, _box_fused.box_fused, False),
+    "packed": (_box_plan.packed_plan, _box_packed.box_packed, True),
+}
+
+
+def _box_runner(method: str):
+    """The box kernel `method` names, as run(img, ksize, anchor, mode, cval, out,
+    stream): auto (`kernels.box.dispatch.box_auto`), separable, running, or a planned
+    kernel (`_PLANNED_BOXES`), which refuses with a UsageError a case its plan does
+    not take."""
+    if method == "auto":
+        return _box.box_auto
+    if method == "separable":
+        return _box_running.box_separable
+    if method == "running":
+        return _box_running.box_running
+    plan, kernel, words = _PLANNED_BOXES[method]
+
+    def run(img, ksize, anchor, mode, cval, out=None, stream: int = 0):
+        geometry = plan(tuple(img.shape), img.dtype, tuple(ksize))
+        if geometry is None:
+            raise UsageError(
+                f"blur method {method!r} does not take a {'x'.join(map(str, img.shape))} "
+                f"{np.dtype(img.dtype).name} image with a {ksize[1]}x{ksize[0]} box; "
+                "method auto takes any"
+            )
+        misaligned = start_address(img) % 4 or (out is not None and start_address(out) % 4)
+        if words and misaligned:
+            raise UsageError(f"blur method {method!r} reads 32-bit words: the image and "
+                             "the result must start on a 4-byte boundary")  # fmt: skip
+        return kernel(img, ksize, anchor, mode, cval, out, geometry, stream)
+
+    return run
+
+
 def box(img, ksize, anchor, border, value, method, out=None, stream=None):
-    """cv2.blur semantics on the GPU.
+    """cv2.blur semantics on the GPU, by the box kernel `method` names (`_box_runner`).
 
     auto: one pass for uint8/uint16 (`kernels.box.tiled` for uint8 boxes up to 41,
     else running sums in `kernels.box.fused` or `kernels.box.packed`), else a column
     running-sum pass then a row pass (cost ~ independent of k for running sums);
-    separable: a row-sum pass and a column-sum pass; naive/padded/tiled/blocked: the
-    general correlation kernels with a constant kernel of 1 / (kh * kw).
+    tiled, twopass, fused, packed, running: that kernel; separable: a row-sum pass and
+    a column-sum pass.
     """
     kh, kw = ksize
-    if method in ("auto", "separable"):
-        run = _box.box_auto if method == "auto" else _box_running.box_separable
-        if not isinstance(img, np.ndarray):
-            options = ("box", method, ksize, anchor, border, value)
-            call = _CALLS.get(options)
-            if call is None:
+    run = _box_runner(method)
+    rows = (anchor[0], kh - 1 - anchor[0])
+    if not isinstance(img, np.ndarray):
+        options = ("box", method, ksize, anchor, border, value)
+        call = _CALLS.get(options)
+        if call is None:
 
-                def record(src, dst, handle):
-                    run(src, ksize, anchor, border, value, dst, handle)
+            def record(src, dst, handle):
+                run(src, ksize, anchor, border, value, dst, handle)
 
-                call = _keep_call(options, (options, record, (anchor[0], kh - 1 - anchor[0])))
-            key, record, rows = call
-            most = (
-                _box_band_rows(img.shape[-3:], img.dtype, ksize, rows)
-                if run is _box.box_auto
-                else None
-            )
-            return _on_device(key, img, out, stream, img.shape, record, rows, border, most)
+            call = _keep_call(options, (options, record, rows))
+        key, record, rows = call
+        most = _box_band_rows(img.shape[-3:], img.dtype, ksize, rows) if method == "auto" else None
+        return _on_device(key, img, out, stream, img.shape, record, rows, border, most)
 
-        def go():
-            call = begin(img, out, stream)
-            key = ("box", method, ksize, anchor, border, value)
-            rows = (anchor[0], kh - 1 - anchor[0])
-            most = (
-                _box_band_rows(call.img.shape[-3:], call.img.dtype, ksize, rows)
-                if method == "auto"
-                else None
-            )
-            dout = _queue(
-                key,
-                call,
-                call.img.shape,
-                lambda src, dst: run(src, ksize, anchor, border, value, dst, call.stream),
-                rows,
-                border,
-                most,
-            )
-            if method == "auto" and call.from_host:
-                _export_box(call.img, ksize)
-            return call.finish(dout)
+    def go():
+        call = begin(img, out, stream)
+        key = ("box", method, ksize, anchor, border, value)
+        most = (
+            _box_band_rows(call.img.shape[-3:], call.img.dtype, ksize, rows)
+            if method == "auto"
+            else None
+        )
+        dout = _queue(
+            key,
+            call,
+            call.img.shape,
+            lambda src, dst: run(src, ksize, anchor, border, value, dst, call.stream),
+            rows,
+            border,
+            most,
+        )
+        if method == "auto" and call.from_host:
+            _export_box(call.img, ksize)
+        return call.finish(dout)
 
-        def again(band):
-            return box(band, ksize, anchor, border, value, method, None, stream)
+    def again(band):
+        return box(band, ksize, anchor, border, value, method, None, stream)
 
-        rows = (anchor[0], kh - 1 - anchor[0])
-        return _run_or_bands(go, img, out, rows, border, value, again)
-    weights = np.full((kh, kw), 1.0 / (kh * kw), dtype=np.float32)
-    return correlate(img, weights, anchor, border, value, method, out, stream)
+    return _run_or_bands(go, img, out, rows, border, value, again)
 
 
 def _export_box(dimg, ksize: tuple) -> None:
@@ -851,10 +885,7 @@ def box_list(imgs: list, ksize, anchor, border, values: list, method, outs=None,
              stream=None) -> list:  # fmt: skip
     """`box` of each device image of a list (see `correlate_list`)."""
     kh, kw = ksize
-    if method not in ("auto", "separable"):
-        weights = np.full((kh, kw), 1.0 / (kh * kw), dtype=np.float32)
-        return correlate_list(imgs, weights, anchor, border, values, method, outs, stream)
-    run = _box.box_auto if method == "auto" else _box_running.box_separable
+    run = _box_runner(method)
     tiles = functools.cache(lambda: _shared_tiles(imgs, ksize) if method == "auto" else {})
 
     def make(dtype, value):

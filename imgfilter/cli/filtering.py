@@ -24,6 +24,7 @@ from .values import (
     Method,
     border_value,
     check_gpu_first,
+    check_method,
     engine,
     gpu_bytes,
     note_unused_method,
@@ -48,6 +49,7 @@ def run(op: str, options: dict[str, Any]) -> None:
     options, then `filter_files`."""
     api_name, args_of = OPS[op]
     border, method = options["border"], options["method"]
+    check_method(api_name, method)
     value = border_value(border, options["border_value"])
     max_gpu_bytes = gpu_bytes(options["max_gpu_memory"])
     args = args_of(options)

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..names import MAX_BOX_SIDE, METHODS
+from ..names import BLUR_METHODS, FILTER_METHODS, MAX_BOX_SIDE
 from .values import Backend, Border, Method
 
 InPath = Annotated[
@@ -120,7 +120,13 @@ MethodOpt = Annotated[
         "--method",
         case_sensitive=False,
         metavar="NAME",
-        help="CUDA kernel variant: " + ", ".join(METHODS) + " (auto: the fastest for the case).",
+        help=(
+            "The CUDA kernel (auto: the fastest for the case). blur: "
+            + ", ".join(BLUR_METHODS)
+            + "; filter: "
+            + ", ".join(FILTER_METHODS)
+            + "."
+        ),
     ),
 ]
 ForceOpt = Annotated[

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..backends import BACKENDS
 from ..errors import UsageError
-from ..names import BORDER_NAMES, METHODS
+from ..names import BLUR_METHODS, BORDER_NAMES, CONTOUR_METHODS, FILTER_METHODS, METHODS
 from .output import Run, note
 
 Border = Enum("Border", {name: name for name in BORDER_NAMES}, type=str)
@@ -72,6 +72,18 @@ def check_gpu_first(backend: Backend) -> None:
     """--backend cuda without a usable GPU: DeviceError (exit 5) before any I/O."""
     if backend is Backend.cuda:
         resolve_backend(backend)
+
+
+_OP_METHODS = {"blur": BLUR_METHODS, "filter2d": FILTER_METHODS, "contour": CONTOUR_METHODS}
+
+
+def check_method(api_name: str, method: Method) -> None:
+    """UsageError unless --method names one of operation `api_name`'s kernels (checked
+    before any input is read, as `imgfilter.api` checks it again)."""
+    allowed = _OP_METHODS[api_name]
+    if method.value not in allowed:
+        raise UsageError(f"unknown {api_name} method {method.value!r}; choose one of "
+                         f"{', '.join(allowed)}")  # fmt: skip
 
 
 def note_unused_method(backend_name: str, method: Method) -> None:
