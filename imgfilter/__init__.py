@@ -39,11 +39,11 @@ __all__ = [
 ]
 _LAZY = {
     "blur": "api",
-    "blur_batch": "api",
+    "blur_batch": "batch",
     "contour": "api",
-    "contour_batch": "api",
+    "contour_batch": "batch",
     "filter2d": "api",
-    "filter2d_batch": "api",
+    "filter2d_batch": "batch",
     "read_image": "io",
     "write_image": "io",
     "set_gpu_pool_limit": "api",
