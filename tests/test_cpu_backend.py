@@ -1,9 +1,8 @@
 """The CPU backend's paths against an independent NumPy reference (not OpenCV).
 
-Reference: the image padded by `np.pad` (reflect101 -> "reflect", reflect ->
-"symmetric", replicate -> "edge", constant -> "constant" with the value, wrap ->
-"wrap"), then the float64 correlation with the kernel's non-zero taps in row-major
-order from 0 (multiply, then add): the "direct result" the backend promises for
+Reference: the image padded as OpenCV's borderInterpolate says (`np_pad`), then the
+float64 correlation with the kernel's non-zero taps in row-major order from 0
+(multiply, then add): the "direct result" the backend promises for
 kernels from `direct_area_limit` taps, rounded half to even and saturated for integer
 outputs. Each test checks which path its cases take (`cpu.correlate_plan`), so every
 path is reached: cv2.filter2D / cv2.blur delegation, separable passes with the
@@ -19,7 +18,7 @@ import numpy as np
 import pytest
 from threaded import run_in_threads
 
-from imgfilter.backends import cpu, cpu_box, cpu_common, cpu_fft
+from imgfilter.backends import cpu, cpu_common, cpu_fft
 from kernels.common import border_index as bi
 from kernels.common.saturate import output_limits
 
@@ -368,32 +367,6 @@ def test_fft_float32_transform_and_bound():
         assert bound < 1e-12 * scale * np.abs(k64).sum() * 64 * 80
 
 
-def test_fft_plan_by_cost(monkeypatch):
-    """The cost model sends large full-rank kernels on large uint8 images to FFT tiles,
-    and small images and low-rank kernels to the others; float32 images, whose FFT
-    tiles recompute ~2% of the outputs in NumPy, to the direct loops while Numba is
-    loaded; float32 images with inf or NaN take the direct sums. While Numba is not
-    loaded, the direct paths' cost includes its import and load: small images and
-    float32 ones then take FFT tiles."""
-    monkeypatch.setattr(cpu, "_numba_loaded", lambda: True)
-    big = np.zeros((2000, 2000, 1), np.uint8)
-    assert cpu.correlate_plan(big, full_rank(21, 0), 0.0)[0] == "fft"
-    assert cpu.correlate_plan(big, gaussian(21, 3.0).astype(np.float32), 0.0)[0] == "separable"
-    small = np.zeros((5, 3, 1), np.uint8)
-    assert cpu.correlate_plan(small, full_rank(21, 0), 0.0)[0] == "direct32"
-    f32 = np.ones((2000, 2000, 1), np.float32)
-    assert cpu.correlate_plan(f32, full_rank(21, 0), 0.0)[0] == "direct64"
-    assert cpu.correlate_plan(f32[:9, :9], full_rank(21, 0), 0.0)[0] == "direct64"
-    assert cpu.correlate_plan(f32[:9, :9], full_rank(21, 0), 0.0, fft=True)[0] == "fft"
-    monkeypatch.setattr(cpu, "_numba_loaded", lambda: False)
-    assert cpu.correlate_plan(small, full_rank(21, 0), 0.0)[0] == "fft"
-    assert cpu.correlate_plan(f32, full_rank(21, 0), 0.0)[0] == "fft"
-    assert cpu.correlate_plan(f32[:9, :9], full_rank(21, 0), 0.0)[0] == "fft"
-    f32[5, 5] = np.inf
-    assert cpu.correlate_plan(f32, full_rank(21, 0), 0.0)[0] == "direct64"
-    assert cpu.correlate_plan(f32, full_rank(21, 0), 0.0, fft=True)[0] == "direct64"
-
-
 @pytest.mark.parametrize("border", [bi.REFLECT101, bi.CONSTANT, bi.WRAP])
 def test_huge_and_non_finite_float32(border):
     """1e30-scale images: separable passes within 1e-6 of the scale; an inf or NaN
@@ -526,24 +499,6 @@ def test_float32_box_direct_sums(border):
     assert np.isnan(got[4:7, 34:37]).all() and np.isinf(got[19:22, 29:32]).all()
 
 
-def test_float32_box_pieces_equal_one_piece(monkeypatch):
-    """Bands cut into pieces of whole blocks of kh rows (on several threads) give the
-    sums of one piece a band, bit for bit: every sum's order depends on the band
-    layout alone."""
-    img = image((157, 45, 3), np.float32, 140)
-    cases = [((5, 5), (2, 2)), ((23, 11), (4, 10)), ((1, 9), (0, 4)), ((9, 1), (8, 0))]
-    for border in (bi.REFLECT101, bi.CONSTANT, bi.WRAP):
-        value = value_for(border, np.float32)
-        for ksize, anchor in cases:
-            with monkeypatch.context() as m:
-                m.setattr(cpu_box, "_BLOCK_VALUES", 1 << 40)
-                want = cpu.box(img, ksize, anchor, border, value, "auto")
-            m = monkeypatch
-            m.setattr(cpu_box, "_BLOCK_VALUES", 1)
-            got = cpu.box(img, ksize, anchor, border, value, "auto")
-            np.testing.assert_array_equal(got, want, f"{ksize} {border}")
-
-
 def cv2_blur_padded(img, ksize, anchor, border, value):
     """cv2.blur of the image padded as `border` says (`np_pad`), cropped: cv2's own
     arithmetic for every border, the constant one with a value included."""
@@ -618,24 +573,6 @@ def test_contour_against_its_definition(border, dtype, numba_loaded, monkeypatch
         out = np.empty(shape[:2], dtype)
         assert cpu.contour(img, border, value, "auto", out=out) is out
         np.testing.assert_array_equal(out, want)
-
-
-def test_contour_does_not_import_numba():
-    """In a process without Numba, contour does not load it (a process of its own)."""
-    import subprocess
-    import sys
-
-    code = (
-        "import sys, numpy as np\n"
-        "from imgfilter.backends import cpu\n"
-        "img = np.arange(5 * 7 * 3, dtype=np.uint8).reshape(5, 7, 3)\n"
-        "cpu.contour(img, 0, 0, 'auto')\n"
-        "print('numba' in sys.modules)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "False"
 
 
 @pytest.mark.parametrize("border", list(BORDERS))

@@ -3,6 +3,8 @@
 OpenCV and NumPy alone, in a fresh process with empty caches: no Numba import, nothing
 compiled. Its results equal those of the Numba direct sums (the direct float64
 correlation) bit for bit (float32 separable outputs: within their documented bound).
+Also here: the NumPy float32 box's pieces, the cost model that counts Numba's import
+and load while it is not loaded, and a contour that does not load it.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import textwrap
 
 import numpy as np
 import pytest
+from test_cpu_backend import full_rank, gaussian, image, value_for
 
-from imgfilter.backends import cpu, cpu_common
+from imgfilter.backends import cpu, cpu_box, cpu_common
+from kernels.common import border_index as bi
 
 # Each case: (name, image, kernel or box size, anchor, border, value). Images of a
 # few hundred pixels a side; kernels from the direct limit up.
@@ -57,7 +61,7 @@ def _fresh_run(tmp_path) -> dict:
     code = CASES_CODE + textwrap.dedent(
         f"""
         import sys
-        from imgfilter.backends import cpu, cpu_common
+        from imgfilter.backends import cpu
         res = {{}}
         paths = {{}}
         for name, img, k, anchor, border, value in cases():
@@ -134,3 +138,63 @@ def test_cpu_modules_import_no_circle(module):
                 siblings.update(a.name for a in node.names)
     allowed = set() if module == "cpu_common" else {"cpu_common"}
     assert siblings <= allowed, siblings
+
+
+def test_float32_box_pieces_equal_one_piece(monkeypatch):
+    """Bands cut into pieces of whole blocks of kh rows (on several threads) give the
+    sums of one piece a band, bit for bit: every sum's order depends on the band
+    layout alone."""
+    img = image((157, 45, 3), np.float32, 140)
+    cases = [((5, 5), (2, 2)), ((23, 11), (4, 10)), ((1, 9), (0, 4)), ((9, 1), (8, 0))]
+    for border in (bi.REFLECT101, bi.CONSTANT, bi.WRAP):
+        value = value_for(border, np.float32)
+        for ksize, anchor in cases:
+            monkeypatch.setattr(cpu_box, "_BLOCK_VALUES", 1 << 40)  # a piece a band
+            want = cpu.box(img, ksize, anchor, border, value, "auto")
+            monkeypatch.setattr(cpu_box, "_BLOCK_VALUES", 1)  # a block of kh rows a piece
+            got = cpu.box(img, ksize, anchor, border, value, "auto")
+            np.testing.assert_array_equal(got, want, f"{ksize} {border}")
+
+
+def test_fft_plan_by_cost(monkeypatch):
+    """The cost model sends large full-rank kernels on large uint8 images to FFT tiles,
+    and small images and low-rank kernels to the others; float32 images, whose FFT
+    tiles recompute ~2% of the outputs in NumPy, to the direct loops while Numba is
+    loaded; float32 images with inf or NaN take the direct sums. While Numba is not
+    loaded, the direct paths' cost includes its import and load: small images and
+    float32 ones then take FFT tiles."""
+    monkeypatch.setattr(cpu, "_numba_loaded", lambda: True)
+    big = np.zeros((2000, 2000, 1), np.uint8)
+    assert cpu.correlate_plan(big, full_rank(21, 0), 0.0)[0] == "fft"
+    assert cpu.correlate_plan(big, gaussian(21, 3.0).astype(np.float32), 0.0)[0] == "separable"
+    small = np.zeros((5, 3, 1), np.uint8)
+    assert cpu.correlate_plan(small, full_rank(21, 0), 0.0)[0] == "direct32"
+    f32 = np.ones((2000, 2000, 1), np.float32)
+    assert cpu.correlate_plan(f32, full_rank(21, 0), 0.0)[0] == "direct64"
+    assert cpu.correlate_plan(f32[:9, :9], full_rank(21, 0), 0.0)[0] == "direct64"
+    assert cpu.correlate_plan(f32[:9, :9], full_rank(21, 0), 0.0, fft=True)[0] == "fft"
+    monkeypatch.setattr(cpu, "_numba_loaded", lambda: False)
+    assert cpu.correlate_plan(small, full_rank(21, 0), 0.0)[0] == "fft"
+    assert cpu.correlate_plan(f32, full_rank(21, 0), 0.0)[0] == "fft"
+    assert cpu.correlate_plan(f32[:9, :9], full_rank(21, 0), 0.0)[0] == "fft"
+    f32[5, 5] = np.inf
+    assert cpu.correlate_plan(f32, full_rank(21, 0), 0.0)[0] == "direct64"
+    assert cpu.correlate_plan(f32, full_rank(21, 0), 0.0, fft=True)[0] == "direct64"
+
+
+def test_contour_does_not_import_numba():
+    """In a process without Numba, contour does not load it (a process of its own)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np\n"
+        "from imgfilter.backends import cpu\n"
+        "img = np.arange(5 * 7 * 3, dtype=np.uint8).reshape(5, 7, 3)\n"
+        "cpu.contour(img, 0, 0, 'auto')\n"
+        "print('numba' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
