@@ -36,16 +36,8 @@ from kernels.common.arrays import (
 from kernels.common.border_index import WRAP
 from kernels.common.border_index import border_index as _border_index
 from kernels.common.cudadrv import CudaError, GpuOutOfMemory, NoMemoryForContext, driver
-from kernels.common.launch import (
-    SMEM_LIMIT,
-    Batching,
-    Collecting,
-    Recording,
-    VarShapeRecipe,
-    compile_lock,
-    run_var_shape,
-    var_shape_plan,
-)
+from kernels.common.launch import SMEM_LIMIT, Batching, Recording, compile_lock
+from kernels.common.var_shape import Collecting, VarShapeRecipe, run_var_shape, var_shape_plan
 from kernels.contour import kernel as _contour
 from kernels.conv import blocked as _blocked
 from kernels.conv import dispatch as _conv
@@ -232,14 +224,14 @@ _VAR_RECIPES_KEEP = 64
 def _on_device_list(imgs: list, values: list, outs, stream, out_shapes: list, plan_for,
                     rows: tuple, border: int, band_rows=None) -> list:  # fmt: skip
     """Device images of any sizes (a list of (H, W, C) arrays) filtered in a number of
-    launches that does not grow with their number (`kernels.common.launch.var_shape_plan`):
+    launches that does not grow with their number (`kernels.common.var_shape.var_shape_plan`):
     each image's launch function runs once under a `Collecting`, images of equal plans
     share each launch, blocks past an image's own grid return at once. Queued on the
     first image's stream (or `stream`); returns `outs` (allocated as views of one pool
     allocation when None). `plan_for(img, value)` (values[i]: image i's border value,
     cast to its dtype) gives (key, record): the options that shape the image's
     launches and `record(src, dst, handle)`. Later calls with the same shapes,
-    dtypes, keys, alignments and stream replay a `kernels.common.launch.VarShapeRecipe`.
+    dtypes, keys, alignments and stream replay a `kernels.common.var_shape.VarShapeRecipe`.
     Images taller than one grid, or than `band_rows(img)` rows where given, go alone
     (`_in_row_bands`)."""
     handle = resolve_stream(stream, imgs[0])

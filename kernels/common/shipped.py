@@ -29,7 +29,17 @@ DIRECTORY = KERNELS_DIR / "prebuilt"
 # timing): editing them keeps the shipped kernels valid.
 HOST_MODULES = frozenset(
     "common." + m
-    for m in ("launch", "arrays", "devarray", "cudadrv", "cache", "timing", "shipped", "refs")
+    for m in (
+        "launch",
+        "var_shape",
+        "arrays",
+        "devarray",
+        "cudadrv",
+        "cache",
+        "timing",
+        "shipped",
+        "refs",
+    )
 )
 
 
