@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from test_cpu_backend import full_rank, gaussian, image, value_for
 
-from imgfilter.backends import cpu, cpu_box, cpu_common
+from imgfilter.backends import cpu, cpu_box, cpu_common, cpu_fft
 from kernels.common import border_index as bi
 
 # Each case: (name, image, kernel or box size, anchor, border, value). Images of a
@@ -122,8 +122,8 @@ def test_first_use_imports_no_numba_and_matches_the_direct_sums(tmp_path):
 
 @pytest.mark.parametrize("module", ["cpu_common", "cpu_box", "cpu_fft", "cpu_loops"])
 def test_cpu_modules_import_no_circle(module):
-    """The CPU backend's modules import only `cpu_common` among themselves (and it none
-    of them): no import circle."""
+    """Among the CPU backend's modules, `cpu_box` imports only `cpu_common`, `cpu_fft`
+    only `cpu_common` and `cpu_loops`, and these two none: no import circle."""
     import ast
     import pathlib
 
@@ -136,8 +136,8 @@ def test_cpu_modules_import_no_circle(module):
             siblings.add(node.module or "")
             if node.module is None:
                 siblings.update(a.name for a in node.names)
-    allowed = set() if module == "cpu_common" else {"cpu_common"}
-    assert siblings <= allowed, siblings
+    allowed = {"cpu_box": {"cpu_common"}, "cpu_fft": {"cpu_common", "cpu_loops"}}
+    assert siblings <= allowed.get(module, set()), siblings
 
 
 def test_float32_box_pieces_equal_one_piece(monkeypatch):
@@ -158,11 +158,9 @@ def test_float32_box_pieces_equal_one_piece(monkeypatch):
 
 def test_fft_plan_by_cost(monkeypatch):
     """The cost model sends large full-rank kernels on large uint8 images to FFT tiles,
-    and small images and low-rank kernels to the others; float32 images, whose FFT
-    tiles recompute ~2% of the outputs in NumPy, to the direct loops while Numba is
-    loaded; float32 images with inf or NaN take the direct sums. While Numba is not
-    loaded, the direct paths' cost includes its import and load: small images and
-    float32 ones then take FFT tiles."""
+    and small images and low-rank kernels to the others; float32 images with inf or
+    NaN take the direct sums. While Numba is not loaded, the direct paths' cost
+    includes its import and load: small images then take FFT tiles too."""
     monkeypatch.setattr(cpu, "_numba_loaded", lambda: True)
     big = np.zeros((2000, 2000, 1), np.uint8)
     assert cpu.correlate_plan(big, full_rank(21, 0), 0.0)[0] == "fft"
@@ -170,7 +168,7 @@ def test_fft_plan_by_cost(monkeypatch):
     small = np.zeros((5, 3, 1), np.uint8)
     assert cpu.correlate_plan(small, full_rank(21, 0), 0.0)[0] == "direct32"
     f32 = np.ones((2000, 2000, 1), np.float32)
-    assert cpu.correlate_plan(f32, full_rank(21, 0), 0.0)[0] == "direct64"
+    assert cpu.correlate_plan(f32, full_rank(21, 0), 0.0)[0] == "fft"
     assert cpu.correlate_plan(f32[:9, :9], full_rank(21, 0), 0.0)[0] == "direct64"
     assert cpu.correlate_plan(f32[:9, :9], full_rank(21, 0), 0.0, fft=True)[0] == "fft"
     monkeypatch.setattr(cpu, "_numba_loaded", lambda: False)
@@ -198,3 +196,30 @@ def test_contour_does_not_import_numba():
                           timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.float32], ids=lambda d: d.__name__)
+def test_fft_recompute_in_numpy_equals_the_compiled_one(dtype, monkeypatch):
+    """The FFT tiles' direct recompute: NumPy's (`cpu_common.direct_sums`, Numba not
+    loaded) and Numba's (`cpu_loops.direct_dense`) store the same bytes, at exact
+    ties of integer outputs and float32 outputs near zero."""
+    import numba  # noqa: F401 - loaded: the compiled recompute
+
+    img = image((70, 83, 3), dtype, 57)
+    signs = np.random.default_rng(5).choice([-1.0, 1.0], (17, 17))
+    kernel = (signs * 0.5).astype(np.float32)  # sums of halves: exact ties, open
+    opened = []
+
+    def counted(*args):
+        opened.append(args[1].size)
+        return cpu_common.direct_sums(*args)
+
+    for border in (bi.REFLECT101, bi.CONSTANT, bi.WRAP):
+        value = value_for(border, dtype)
+        compiled = cpu.correlate(img, kernel, (8, 3), border, value, "auto", fft=True)
+        with monkeypatch.context() as m:
+            m.delitem(sys.modules, "numba")  # as in a process that never loaded it
+            m.setattr(cpu_fft, "direct_sums", counted)
+            numpy = cpu.correlate(img, kernel, (8, 3), border, value, "auto", fft=True)
+        np.testing.assert_array_equal(numpy, compiled)
+    assert sum(opened) > 0

@@ -31,14 +31,14 @@ correlate (`correlate_plan` says which path a call takes):
     inf or NaN take the direct sums).
   - fft (full rank, where a cost model expects it faster than the direct loops, Numba's
     import and load counted while it is not loaded; with Numba loaded, on a 2495x2167
-    image from about 15x15 for uint8, from about 61x61 for float32, whose tiles
-    recompute ~2% of their outputs in NumPy; finite float32 images only): overlap-save tiles
-    (`cpu_fft`), float64 cv2.dft tiles for integer images, numpy.fft tiles for
-    float32 ones. Every output's distance from the direct sum is bounded (a normwise
-    FFT error model, 16 u per radix-2 stage plus the twiddles' error, and the direct
-    sum's own rounding, doubled); where a value within that bound could round or
-    saturate differently, the direct float64 sum is computed and stored: bit-equal to
-    the direct path. Integer outputs are almost never open; float32 outputs, whose
+    image from about 15x15 for uint8, 17x17 for float32; finite float32 images only):
+    overlap-save tiles (`cpu_fft`), float64 cv2.dft tiles for integer images,
+    numpy.fft tiles for float32 ones. Every output's distance from the direct sum is
+    bounded (a normwise FFT error model, 16 u per radix-2 stage plus the twiddles'
+    error, and the direct sum's own rounding, doubled); where a value within that
+    bound could round or saturate differently, the direct float64 sum is computed
+    (NumPy, or a compiled loop once Numba is loaded) and stored: bit-equal to the
+    direct path. Integer outputs are almost never open; float32 outputs, whose
     rounding steps scale with the value, about 1-3% (near zero, mostly).
   - direct32 (uint8, full rank, bound < `_DIRECT32_BOUND`): float32 FMAs, twice the
     SIMD width of float64, with the same bound-and-recompute check: bit-equal.
@@ -219,8 +219,9 @@ def _plan(img, kernel, value, fft):
 
     if fft is False or not (is_int or mag < FFT_F32_MAX):
         return *direct, mag
-    th, tw, seconds = fft_tile_shape(kh, kw, h, w, 0 if is_int else kh * kw)
-    load = 0.0 if _numba_loaded() else _COST_NUMBA_LOAD
+    loaded = _numba_loaded()
+    th, tw, seconds = fft_tile_shape(kh, kw, h, w, 0 if is_int else kh * kw, loaded)
+    load = 0.0 if loaded else _COST_NUMBA_LOAD
     if fft or seconds < _COST_TAP[direct[0]] * ntaps * h * w + load:
         return "fft", (th, tw), mag
     return *direct, mag

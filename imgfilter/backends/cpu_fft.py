@@ -26,12 +26,14 @@ Threads: `cpu_common.threads()` Python threads take tiles in turn; cv2.dft, nump
 and the NumPy loads and stores release the GIL. NumPy and OpenCV alone: a process that
 filters one image compiles and loads nothing (the Numba loads and stores this path
 used took 2-7 s to compile on a first use, and ~0.5 s to import and load from Numba's
-cache in every later process).
+cache in every later process). Only the recompute of open outputs (`_redo`) takes the
+compiled loop `cpu_loops.direct_dense`, 15x faster, in a process that has loaded Numba.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 import threading
 
 import numpy as np
@@ -60,11 +62,12 @@ _COST_NP_FFT = 1.7  # numpy.fft tiles cost this many times the above per pixel
 _COST_NP_TILE = 110e-6  # Python and call overhead per tile
 _COST_REDO_CALL = 3.6e-6  # the direct recompute's NumPy calls, per tap and tile
 _COST_REDO_TAP = 3e-9  # the direct recompute, per tap of an open output
+_COST_REDO_TAP_NUMBA = 0.18e-9  # the same compiled (`cpu_loops.direct_dense`), no calls
 _OPEN_F32 = 3.5e-6  # share of float32 outputs open, per sqrt(n) log2(n) of an n-pixel tile
 FFT_F32_MAX = 1e150  # float32 images take the FFT below this magnitude (finite squares)
 
 
-def fft_tile_shape(kh: int, kw: int, h: int, w: int, redo_taps: int = 0):
+def fft_tile_shape(kh: int, kw: int, h: int, w: int, redo_taps: int = 0, compiled=False):
     """(th, tw, seconds): the tile (even sides from `_FFT_SIDES`) that minimises the
     modelled single-thread time of overlap-save tiles for one (h, w) channel.
 
@@ -72,12 +75,15 @@ def fft_tile_shape(kh: int, kw: int, h: int, w: int, redo_taps: int = 0):
     tile side exceeds the smallest size that covers the padded image. redo_taps > 0
     (float32 outputs, numpy.fft tiles: sides from `_NP_SIDES`): the bound leaves a
     share of the outputs open that grows with the tile (~1.5% at 256 x 256 on random
-    data), each recomputed at that many taps."""
+    data), each recomputed at that many taps, by NumPy or, `compiled`, by Numba."""
     best = (0, 0, math.inf)
     hp, wp = h + kh - 1, w + kw - 1
     sides = _NP_SIDES if redo_taps else _FFT_SIDES
     engine = _COST_NP_FFT if redo_taps else 1.0
     per_tile = _COST_NP_TILE + redo_taps * _COST_REDO_CALL if redo_taps else _COST_FFT_TILE
+    per_tap = _COST_REDO_TAP
+    if compiled:
+        per_tile, per_tap = min(per_tile, _COST_NP_TILE), _COST_REDO_TAP_NUMBA
     rows = [t for t in sides if t >= kh and (t < hp or t == _cover(hp, sides))]
     cols = [t for t in sides if t >= kw and (t < wp or t == _cover(wp, sides))]
     for th in rows:
@@ -86,7 +92,7 @@ def fft_tile_shape(kh: int, kw: int, h: int, w: int, redo_taps: int = 0):
             n = th * tw
             tiles = ny * -(-w // (tw - kw + 1))
             per_px = _COST_FFT_LOG * math.log2(n) + _COST_FFT_PX
-            redo = _OPEN_F32 * math.sqrt(n) * math.log2(n) * redo_taps * _COST_REDO_TAP
+            redo = _OPEN_F32 * math.sqrt(n) * math.log2(n) * redo_taps * per_tap
             t = tiles * (n * per_px * engine + per_tile) + h * w * redo
             if t < best[2]:
                 best = (th, tw, t)
@@ -148,14 +154,21 @@ def _take(a, axis, index, first, run):
 
 
 def _redo(dst, y0, x0, opened, plane, k64, lo, hi, is_int) -> None:
-    """dst[y0 + y, x0 + x] = the direct float64 sum (`cpu_common.direct_sums`) of the
-    output whose window starts at (y, x) of `plane` (float64), for the offsets
-    y * rowlen + x in `opened`; rounded half to even and saturated to [lo, hi]
-    (is_int), else rounded to float32."""
+    """dst[y0 + y, x0 + x] = the direct float64 sum of the output whose window starts
+    at (y, x) of `plane` (float64), for the offsets y * rowlen + x in `opened`;
+    rounded half to even and saturated to [lo, hi] (is_int), else rounded to float32.
+    The sums: `cpu_common.direct_sums` (NumPy, ~3 ns a tap), or its compiled twin
+    `cpu_loops.direct_dense` (~0.2 ns a tap) in a process that has loaded Numba."""
     if opened.size == 0:
         return
     rowlen = plane.shape[1]
-    sums = direct_sums(plane.reshape(-1), opened, rowlen, 1, k64)
+    if "numba" in sys.modules:
+        from .cpu_loops import direct_dense
+
+        sums = np.empty(opened.shape[0])
+        direct_dense(plane.reshape(-1), opened, rowlen, k64, sums)
+    else:
+        sums = direct_sums(plane.reshape(-1), opened, rowlen, 1, k64)
     y, x = np.divmod(opened, rowlen)
     dst[y0 + y, x0 + x] = np.clip(np.rint(sums), lo, hi) if is_int else sums
 

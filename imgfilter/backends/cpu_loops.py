@@ -1,7 +1,8 @@
 """The CPU backend's compiled loops (`imgfilter.backends.cpu`): Numba `@njit` code,
 cached on disk (cache=True), in a module of its own so that calls OpenCV and NumPy
 answer alone (every box, small kernels, the separable and FFT paths) never import
-Numba: only the direct sums and, once Numba is loaded, the fused contour pass are here.
+Numba: only the direct sums and, used once Numba is loaded, the fused contour pass and
+the FFT tiles' recompute (`direct_dense`) are here.
 Rounding and the gray conversion are the plain-Python helpers in `kernels`
 (`saturate_int`, `bgr_to_gray`), compiled here with `njit`, so CPU and CUDA code share
 one source of truth; borders come as index maps (`cpu_common.axis_map`, from the same
@@ -188,3 +189,54 @@ def _contour_rows(g, hi, out):
             gx = (top[x + 2] + mid[x + 2] + bot[x + 2]) - (top[x] + mid[x] + bot[x])
             gy = (bot[x] + bot[x + 1] + bot[x + 2]) - (top[x] + top[x + 1] + top[x + 2])
             out[y, x] = _clip(gx, hi) | _clip(-gx, hi) | _clip(gy, hi) | _clip(-gy, hi)
+
+
+@njit(nogil=True, cache=True, fastmath={"contract"})
+def direct_dense(flat, bases, rowlen, k64, acc):
+    """acc[p] = the direct float64 sum of the output whose window starts at flat
+    offset bases[p] (rows of `rowlen` values, one channel): k64[i, j] * flat[bases[p]
+    + i * rowlen + j] over i, then j, in order, from 0: `cpu_common.direct_sums`,
+    compiled (the FFT tiles' recompute in a process that has loaded Numba).
+
+    Zero taps are included: for finite pixels each adds a zero to a sum that is never
+    -0 (it starts at +0), so the sums equal those over the non-zero taps alone. Every
+    product of a float32 weight and a pixel (float32, uint8 or uint16) is exact in
+    float64, so the fused multiply-adds the compiler may form give the same sums as
+    multiply-then-add. Eight outputs share each pass over a kernel row (eight
+    independent chains over contiguous runs)."""
+    kh, kw = k64.shape
+    m = bases.shape[0]
+    p = 0
+    while p + 8 <= m:
+        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+        for i in range(kh):
+            k = k64[i]
+            r = i * rowlen
+            s0 = flat[bases[p] + r : bases[p] + r + kw]
+            s1 = flat[bases[p + 1] + r : bases[p + 1] + r + kw]
+            s2 = flat[bases[p + 2] + r : bases[p + 2] + r + kw]
+            s3 = flat[bases[p + 3] + r : bases[p + 3] + r + kw]
+            s4 = flat[bases[p + 4] + r : bases[p + 4] + r + kw]
+            s5 = flat[bases[p + 5] + r : bases[p + 5] + r + kw]
+            s6 = flat[bases[p + 6] + r : bases[p + 6] + r + kw]
+            s7 = flat[bases[p + 7] + r : bases[p + 7] + r + kw]
+            for j in range(kw):
+                w = k[j]
+                a0 += w * np.float64(s0[j])
+                a1 += w * np.float64(s1[j])
+                a2 += w * np.float64(s2[j])
+                a3 += w * np.float64(s3[j])
+                a4 += w * np.float64(s4[j])
+                a5 += w * np.float64(s5[j])
+                a6 += w * np.float64(s6[j])
+                a7 += w * np.float64(s7[j])
+        acc[p], acc[p + 1], acc[p + 2], acc[p + 3] = a0, a1, a2, a3
+        acc[p + 4], acc[p + 5], acc[p + 6], acc[p + 7] = a4, a5, a6, a7
+        p += 8
+    while p < m:
+        a0 = 0.0
+        for i in range(kh):
+            for j in range(kw):
+                a0 += k64[i, j] * np.float64(flat[bases[p] + i * rowlen + j])
+        acc[p] = a0
+        p += 1
