@@ -37,6 +37,13 @@ from .border import border_code
 from .errors import UsageError
 
 
+def _lists():
+    """The CUDA backend's lists of device images (imported, with Numba, on first use)."""
+    from .backends import cuda_lists
+
+    return cuda_lists
+
+
 def _batch(images: Any, out: Any, stream: Any, backend: str, one, many, many_list,
            result_shape) -> Any:  # fmt: skip
     """Filter each image of a batch.
@@ -200,7 +207,7 @@ def filter2d_batch(
     def many_list(be, imgs, outs, stream):
         a, code, m, values = _list_options(imgs, anchor, k.shape, border, border_value, method,
                                          "filter2d")  # fmt: skip
-        return be.correlate_list(imgs, k, a, code, values, m, _outs_3d(outs), stream)
+        return _lists().correlate_list(imgs, k, a, code, values, m, _outs_3d(outs), stream)
 
     return _batch(images, out, stream, backend, one, many, many_list, _same_shape)
 
@@ -264,7 +271,7 @@ def blur_batch(
     def many_list(be, imgs, outs, stream):
         a, code, m, values = _list_options(imgs, anchor, (kh, kw), border, border_value, method,
                                          "blur")  # fmt: skip
-        return be.box_list(imgs, (kh, kw), a, code, values, m, _outs_3d(outs), stream)
+        return _lists().box_list(imgs, (kh, kw), a, code, values, m, _outs_3d(outs), stream)
 
     return _batch(images, out, stream, backend, one, many, many_list, _same_shape)
 
@@ -326,7 +333,7 @@ def contour_batch(
             raise UsageError("contour needs an integer image (uint8 or uint16), got float32")
         values = [_cast_value(border_value, i.dtype) for i in imgs]
         code, m = border_code(border), _check_method(method, "contour")
-        return be.contour_list(imgs, code, values, m, outs, stream)
+        return _lists().contour_list(imgs, code, values, m, outs, stream)
 
     return _batch(images, out, stream, backend, one, many, many_list, _image_shape)
 

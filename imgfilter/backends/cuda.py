@@ -19,17 +19,13 @@ from numba import config
 from kernels.box import dispatch as _box
 from kernels.box import fused as _box_fused
 from kernels.box import packed as _box_packed
-from kernels.box import plan as _box_plan
-from kernels.box import running as _box_running
 from kernels.box import tiled as _box_tiled
 from kernels.box import twopass as _box_twopass
 from kernels.common.arrays import (
     copy_rows,
     empty,
     empty_like,
-    empty_many,
     resolve_stream,
-    start_address,
     to_device,
     to_host,
 )
@@ -37,7 +33,6 @@ from kernels.common.border_index import WRAP
 from kernels.common.border_index import border_index as _border_index
 from kernels.common.cudadrv import CudaError, GpuOutOfMemory, NoMemoryForContext, driver
 from kernels.common.launch import SMEM_LIMIT, Batching, Recording, compile_lock
-from kernels.common.var_shape import Collecting, VarShapeRecipe, run_var_shape, var_shape_plan
 from kernels.contour import kernel as _contour
 from kernels.conv import blocked as _blocked
 from kernels.conv import dispatch as _conv
@@ -215,79 +210,6 @@ def _on_device(key: tuple, img, out, stream, out_shape: tuple, record, rows: tup
         raise GpuMemoryError(f"{exc}; try --backend cpu") from exc
     except CudaError as exc:  # pragma: no cover - real GPU only
         raise DeviceError(f"CUDA error: {exc}") from exc
-
-
-_VAR_RECIPES: dict = {}
-_VAR_RECIPES_KEEP = 64
-
-
-def _on_device_list(imgs: list, values: list, outs, stream, out_shapes: list, plan_for,
-                    rows: tuple, border: int, band_rows=None) -> list:  # fmt: skip
-    """Device images of any sizes (a list of (H, W, C) arrays) filtered in a number of
-    launches that does not grow with their number (`kernels.common.var_shape.var_shape_plan`):
-    each image's launch function runs once under a `Collecting`, images of equal plans
-    share each launch, blocks past an image's own grid return at once. Queued on the
-    first image's stream (or `stream`); returns `outs` (allocated as views of one pool
-    allocation when None). `plan_for(img, value)` (values[i]: image i's border value,
-    cast to its dtype) gives (key, record): the options that shape the image's
-    launches and `record(src, dst, handle)`. Later calls with the same shapes,
-    dtypes, keys, alignments and stream replay a `kernels.common.var_shape.VarShapeRecipe`.
-    Images taller than one grid, or than `band_rows(img)` rows where given, go alone
-    (`_in_row_bands`)."""
-    handle = resolve_stream(stream, imgs[0])
-    try:
-        if outs is None:
-            outs = empty_many(out_shapes, [img.dtype for img in imgs], handle)
-        plans = [plan_for(img, value) for img, value in zip(imgs, values, strict=True)]
-        short = []
-        for img, out, (key, record) in zip(imgs, outs, plans, strict=True):
-            most = band_rows(img) if band_rows is not None else MAX_GRID_ROWS
-            if img.shape[0] > most:
-                _in_row_bands(key, img, out, handle, record, rows, border, most)
-            else:
-                short.append((img, out, key, record))
-        if not short:
-            return outs
-        if config.ENABLE_CUDASIM:
-            with compile_lock:
-                _collect_and_run(short, handle)
-            return outs
-        key = (tuple([(img.shape, img.dtype.num, img.ptr & 15, out.ptr & 15, k)
-                      for img, out, k, _ in short]), handle)  # fmt: skip
-        recipe = _VAR_RECIPES.get(key)
-        if recipe is None:
-            recipe = _collect_and_run(short, handle)
-            if recipe is not None:
-                with _lock:
-                    _VAR_RECIPES[key] = recipe
-                    while len(_VAR_RECIPES) > _VAR_RECIPES_KEEP:
-                        _VAR_RECIPES.pop(next(iter(_VAR_RECIPES)))
-        else:
-            recipe.replay([p for img, out, _, _ in short for p in (img.ptr, out.ptr)], handle)
-        return outs
-    except GpuOutOfMemory as exc:  # pragma: no cover - real GPU only
-        raise GpuMemoryError(f"{exc}; try --backend cpu") from exc
-    except CudaError as exc:  # pragma: no cover - real GPU only
-        raise DeviceError(f"CUDA error: {exc}") from exc
-
-
-def _collect_and_run(items: list, handle: int):
-    """Run each (img, out, key, record)'s launch function under a `Collecting`, queue
-    the merged plan on `handle`, and return its `VarShapeRecipe` (None on the
-    simulator, or when the launches cannot be replayed: weights uploaded meanwhile)."""
-    collected, images, replayable = [], [], True
-    for img, out, _, record in items:
-        with Collecting() as collecting:
-            record(img, out, handle)
-        collected.append(collecting.steps)
-        images.append((img, out, collecting.buffers))
-        replayable = replayable and collecting.replayable
-    plan = var_shape_plan(collected)
-    run_var_shape(plan, handle)
-    if config.ENABLE_CUDASIM or not replayable:
-        return None
-    with compile_lock:
-        return VarShapeRecipe.build(plan, images)
 
 
 # Rows of an image that one launch covers: every kernel's grid then stays within
@@ -658,49 +580,9 @@ def correlate(img, kernel, anchor, border, value, method, out=None, stream=None)
     return _run_or_bands(go, img, out, (anchor[0], kh - 1 - anchor[0]), border, value, again)
 
 
-# The box kernels a method names that take only the cases their plan accepts:
-# method -> (plan, kernel, whether it reads the image (and tiled/packed write the
-# result) as 32-bit words, so both must start on a 4-byte boundary).
-_PLANNED_BOXES = {
-    "tiled": (_box_plan.tiled_plan, _box_tiled.box_tiled, True),
-    "twopass": (_box_plan.twopass_plan, _box_twopass.box_twopass, True),
-    "fused": (_box_plan.plan, _box_fused.box_fused, False),
-    "packed": (_box_plan.packed_plan, _box_packed.box_packed, True),
-}
-
-
-def _box_runner(method: str):
-    """The box kernel `method` names, as run(img, ksize, anchor, mode, cval, out,
-    stream): auto (`kernels.box.dispatch.box_auto`), separable, running, or a planned
-    kernel (`_PLANNED_BOXES`), which refuses with a UsageError a case its plan does
-    not take."""
-    if method == "auto":
-        return _box.box_auto
-    if method == "separable":
-        return _box_running.box_separable
-    if method == "running":
-        return _box_running.box_running
-    plan, kernel, words = _PLANNED_BOXES[method]
-
-    def run(img, ksize, anchor, mode, cval, out=None, stream: int = 0):
-        geometry = plan(tuple(img.shape), img.dtype, tuple(ksize))
-        if geometry is None:
-            raise UsageError(
-                f"blur method {method!r} does not take a {'x'.join(map(str, img.shape))} "
-                f"{np.dtype(img.dtype).name} image with a {ksize[1]}x{ksize[0]} box; "
-                "method auto takes any"
-            )
-        misaligned = start_address(img) % 4 or (out is not None and start_address(out) % 4)
-        if words and misaligned:
-            raise UsageError(f"blur method {method!r} reads 32-bit words: the image and "
-                             "the result must start on a 4-byte boundary")  # fmt: skip
-        return kernel(img, ksize, anchor, mode, cval, out, geometry, stream)
-
-    return run
-
-
 def box(img, ksize, anchor, border, value, method, out=None, stream=None):
-    """cv2.blur semantics on the GPU, by the box kernel `method` names (`_box_runner`).
+    """cv2.blur semantics on the GPU, by the box kernel `method` names
+    (`kernels.box.dispatch.box_by_name`; a case it does not take is a UsageError).
 
     auto: one pass for uint8/uint16 (`kernels.box.tiled` for uint8 boxes up to 41,
     else running sums in `kernels.box.fused` or `kernels.box.packed`), else a column
@@ -708,8 +590,15 @@ def box(img, ksize, anchor, border, value, method, out=None, stream=None):
     tiled, twopass, fused, packed, running: that kernel; separable: a row-sum pass and
     a column-sum pass.
     """
+    try:
+        return _box_call(img, ksize, anchor, border, value, method, out, stream)
+    except _box.MethodRefused as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _box_call(img, ksize, anchor, border, value, method, out=None, stream=None):
     kh, kw = ksize
-    run = _box_runner(method)
+    run = _box.box_by_name(method)
     rows = (anchor[0], kh - 1 - anchor[0])
     if not isinstance(img, np.ndarray):
         options = ("box", method, ksize, anchor, border, value)
@@ -746,7 +635,7 @@ def box(img, ksize, anchor, border, value, method, out=None, stream=None):
         return call.finish(dout)
 
     def again(band):
-        return box(band, ksize, anchor, border, value, method, None, stream)
+        return _box_call(band, ksize, anchor, border, value, method, None, stream)
 
     return _run_or_bands(go, img, out, rows, border, value, again)
 
@@ -807,115 +696,3 @@ def contour(img, border, value, method, out=None, stream=None):
         return contour(band, border, value, method, None, stream)
 
     return _run_or_bands(go, img, out, (1, 1), border, value, again)
-
-
-# ------------------------------------------------------- lists of images of any sizes
-
-
-def _memo_by_image(make):
-    """plan_for(img, value) for `_on_device_list`: make(dtype, value) once per dtype
-    and border value."""
-    found: dict = {}
-
-    def plan_for(img, value):
-        key = (img.dtype, value)
-        plan = found.get(key)
-        if plan is None:
-            plan = found[key] = make(img.dtype, value)
-        return plan
-
-    return plan_for
-
-
-def _shared_tiles(imgs: list, ksize: tuple) -> dict:
-    """channels -> the `kernels.box.tiled` geometry that every uint8 image of the list
-    with that many channels runs when box_auto gives it box_tiled: the plan of their
-    largest height and width, whose tiles any of them can take (a tile partly outside
-    an image is the usual last tile of a row), so that one kernel serves them all
-    (the plan of a single image narrower or shorter than a tile shrinks the tile to it,
-    a kernel of its own). Its grid is set per image."""
-    sizes: dict = {}
-    for img in imgs:
-        if img.dtype == np.uint8:
-            h, w = sizes.get(img.shape[2], (0, 0))
-            sizes[img.shape[2]] = (max(h, img.shape[0]), max(w, img.shape[1]))
-    tiles = {}
-    for channels, (h, w) in sizes.items():
-        method, geometry = _box_plan.choose((h, w, channels), np.dtype(np.uint8), ksize)
-        if method == "tiled":
-            tiles[channels] = geometry
-    return tiles
-
-
-def correlate_list(imgs: list, kernel, anchor, border, values: list, method, outs=None,
-                   stream=None) -> list:  # fmt: skip
-    """`correlate` of each device image of a list (any sizes; values[i] the border
-    value cast to image i's dtype), in launches that do not grow with the number of
-    images (`_on_device_list`)."""
-    kernel = np.ascontiguousarray(kernel, dtype=np.float32)
-    data = kernel.tobytes()
-    requested = method
-    resolved, terms = _prepared(kernel.shape, data, method)
-
-    def make(dtype, value):
-        method = resolved
-        if requested == "auto" and method == "blocked" and background.ENABLED:
-            if not config.ENABLE_CUDASIM:
-                method = _blocked_or_window(*kernel.shape, dtype)
-
-        def record(src, dst, handle):
-            _correlate_launches(src, dst, handle, kernel, terms, anchor, border, value, method)
-
-        return ("correlate", method, kernel.shape, data, anchor, border, value), record
-
-    rows = (anchor[0], kernel.shape[0] - 1 - anchor[0])
-    shapes = [i.shape for i in imgs]
-    return _on_device_list(imgs, values, outs, stream, shapes, _memo_by_image(make), rows, border)
-
-
-def box_list(imgs: list, ksize, anchor, border, values: list, method, outs=None,
-             stream=None) -> list:  # fmt: skip
-    """`box` of each device image of a list (see `correlate_list`)."""
-    kh, kw = ksize
-    run = _box_runner(method)
-    tiles = functools.cache(lambda: _shared_tiles(imgs, ksize) if method == "auto" else {})
-
-    def make(dtype, value):
-        def record(src, dst, handle):  # runs on a first call only: tiles() then
-            geometry = tiles().get(src.shape[2])
-            if geometry is not None and _box.box_choice(src, ksize, dst)[0] == "tiled":
-                grid = (
-                    -(-src.shape[1] // geometry["tile_w"]),
-                    -(-src.shape[0] // geometry["tile_h"]),
-                )
-                geometry = dict(geometry, grid=grid)
-                _box_tiled.box_tiled(src, ksize, anchor, border, value, dst, geometry, handle)
-            else:
-                run(src, ksize, anchor, border, value, dst, handle)
-
-        return ("box", method, ksize, anchor, border, value), record
-
-    rows = (anchor[0], kh - 1 - anchor[0])
-    shapes = [i.shape for i in imgs]
-
-    def band_rows(img) -> int:
-        return (
-            _box_band_rows(img.shape, img.dtype, ksize, rows) if method == "auto" else MAX_GRID_ROWS
-        )
-
-    return _on_device_list(imgs, values, outs, stream, shapes, _memo_by_image(make), rows, border,
-                           band_rows)  # fmt: skip
-
-
-def contour_list(imgs: list, border, values: list, method, outs=None, stream=None) -> list:
-    """`contour` of each device image of a list (see `correlate_list`); results (H, W)."""
-
-    def make(dtype, value):
-        def record(src, dst, handle):
-            _contour.contour(src, border, int(value), dst, handle)
-
-        return ("contour", border, value), record
-
-    shapes = [i.shape[:-1] for i in imgs]
-    return _on_device_list(imgs, values, outs, stream, shapes, _memo_by_image(make), (1, 1),
-                           border)  # fmt: skip

@@ -44,7 +44,7 @@ from ..common.arrays import start_address
 from . import plan
 from .fused import box_fused
 from .packed import box_packed
-from .running import box_running
+from .running import box_running, box_separable
 from .tiled import box_tiled
 from .twopass import box_twopass
 
@@ -97,3 +97,48 @@ def box_auto(img, ksize, anchor, mode, cval, out=None, stream: int = 0):
     if run is None:
         return box_running(img, ksize, anchor, mode, cval, out, stream)
     return run(img, ksize, anchor, mode, cval, out, geometry, stream)
+
+
+class MethodRefused(ValueError):
+    """A box kernel asked for by name does not take the case."""
+
+
+# The box kernels a name can ask for that take only what their plan accepts: name ->
+# (plan, kernel, whether it reads the image (and tiled/packed write the result) as
+# 32-bit words, so both must start on a 4-byte boundary).
+_PLANNED = {
+    "tiled": (plan.tiled_plan, box_tiled, True),
+    "twopass": (plan.twopass_plan, box_twopass, True),
+    "fused": (plan.plan, box_fused, False),
+    "packed": (plan.packed_plan, box_packed, True),
+}
+
+
+def box_by_name(method: str):
+    """The box filter `method` names, as run(img, ksize, anchor, mode, cval, out,
+    stream): "auto" (`box_auto`), "separable", "running", or a planned kernel
+    ("tiled", "twopass", "fused", "packed"), which raises MethodRefused for a case its
+    plan does not take."""
+    if method == "auto":
+        return box_auto
+    if method == "separable":
+        return box_separable
+    if method == "running":
+        return box_running
+    planner, kernel, words = _PLANNED[method]
+
+    def run(img, ksize, anchor, mode, cval, out=None, stream: int = 0):
+        geometry = planner(tuple(img.shape), img.dtype, tuple(ksize))
+        if geometry is None:
+            raise MethodRefused(
+                f"blur method {method!r} does not take a {'x'.join(map(str, img.shape))} "
+                f"{np.dtype(img.dtype).name} image with a {ksize[1]}x{ksize[0]} box; "
+                "method auto takes any"
+            )
+        misaligned = start_address(img) % 4 or (out is not None and start_address(out) % 4)
+        if words and misaligned:
+            raise MethodRefused(f"blur method {method!r} reads 32-bit words: the image and "
+                                "the result must start on a 4-byte boundary")  # fmt: skip
+        return kernel(img, ksize, anchor, mode, cval, out, geometry, stream)
+
+    return run
