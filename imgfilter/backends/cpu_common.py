@@ -50,9 +50,9 @@ def threads() -> int:
     """Worker threads of the CPU paths: Numba's thread count when Numba is loaded, else
     the count Numba would take (NUMBA_NUM_THREADS, or the CPUs this process may use),
     so that work split by it is split the same way whether or not Numba is loaded."""
-    numba = sys.modules.get("numba")
-    if numba is not None:
-        return numba.get_num_threads()
+    get = getattr(sys.modules.get("numba"), "get_num_threads", None)  # None: not loaded
+    if get is not None:
+        return get()
     env = os.environ.get("NUMBA_NUM_THREADS", "").strip()
     if env.isdigit() and int(env) > 0:
         return int(env)
