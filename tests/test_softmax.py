@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import ON_GPU
 from numba import cuda, float32, int32, uint32
 from threaded import run_in_threads
 
@@ -122,6 +123,45 @@ def test_shim_shuffles_match_hardware_semantics():
     # hardware (warp 1 of this probe reads negative there), the shim an unsigned one.
     assert (out[5] % 2**32 == ballot).all()
     assert (out[6] == [max((b + i) % 13 for i in range(32)) for b in warp_base]).all()
+
+
+@cuda.jit
+def _barrier_probe(x, out, fail):
+    s = cuda.shared.array(64, int32)
+    t = cuda.threadIdx.x
+    b = cuda.blockIdx.x
+    s[t] = x[b, t]
+    cuda.syncthreads()
+    out[b, 0, t] = s[63 - t]  # written by another thread before the barrier
+    out[b, 1, t] = cuda.syncthreads_count(s[t] % 2)
+    if t >= 48:
+        return  # exited threads do not hold later barriers up
+    if fail and b == 1 and t == 5:
+        out[99, 0, 0] = 1  # out of bounds: the simulator raises
+    cuda.syncthreads()
+    s[t] += 1
+    cuda.syncthreads()
+    out[b, 2, t] = s[(t + 1) % 48]
+
+
+@pytest.mark.skipif(ON_GPU, reason="the simulator's scheduling, as the shim replaces it")
+def test_shim_blocks_barriers_shared_memory_and_errors():
+    """tests/cuda_sim_shim.py runs blocks on reused threads with a counted barrier:
+    shared memory is one array per block, a barrier waits for every live thread,
+    a thread's exception names it and fails the launch, and the next launch runs."""
+    x = np.random.default_rng(0).integers(0, 1000, (3, 64)).astype(np.int32)
+    t = np.arange(64)
+    for fail in (0, 1, 0):
+        out = np.zeros((3, 3, 64), np.int32)
+        if fail:
+            with pytest.raises(IndexError, match=r"tid=\[5, 0, 0\] ctaid=\[1, 0, 0\]"):
+                _barrier_probe[3, 64](x, out, fail)
+            continue
+        _barrier_probe[3, 64](x, out, fail)
+        for b in range(3):
+            assert (out[b, 0] == x[b, 63 - t]).all()
+            assert (out[b, 1] == (x[b] % 2).sum()).all()
+            assert (out[b, 2, :48] == x[b, (t[:48] + 1) % 48] + 1).all()
 
 
 @cuda.jit
