@@ -2,7 +2,10 @@
 launches on torch tensors go to torch's current stream, allocate nothing from CUDA
 once warm on that stream, and wait for nothing, so a graph records them and each
 replay filters the static input's new contents. As with torch's own modules, the
-calls are warmed on the stream the graph is captured on. Needs a real GPU and PyTorch."""
+calls are warmed on the stream the graph is captured on, with the kernel named
+(method auto may switch filter2d's kernel to the register-blocked one once a detached
+compile finishes, which a capture in progress cannot take). Needs a real GPU and
+PyTorch."""
 
 from __future__ import annotations
 
@@ -29,14 +32,14 @@ def test_blur_and_filter2d_replay_from_a_captured_graph():
     with torch.cuda.stream(side):  # warm-up: plans, kernels and pool blocks made here
         for _ in range(3):
             imgfilter.blur(static, 5)
-            imgfilter.filter2d(static, kernel)
+            imgfilter.filter2d(static, kernel, method="blocked")
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     # Captured on the warmed stream: a first call on a stream uploads the filter's
     # weights and takes its pool blocks, which a capture may not do.
     with torch.cuda.graph(graph, stream=side):
         blurred = imgfilter.blur(static, 5)
-        filtered = imgfilter.filter2d(static, kernel)
+        filtered = imgfilter.filter2d(static, kernel, method="blocked")
     views = [torch.as_tensor(r, device="cuda") if isinstance(r, DeviceArray) else r
              for r in (blurred, filtered)]  # fmt: skip
     for seed in range(3):
