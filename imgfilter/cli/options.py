@@ -107,7 +107,7 @@ BackendOpt = Annotated[
         "--backend",
         case_sensitive=False,
         help=(
-            "cuda (Numba CUDA), cpu (OpenCV and Numba, parallel), or auto: cuda when a "
+            "cuda (Numba CUDA), cpu (OpenCV and NumPy, parallel), or auto: cuda when a "
             "usable GPU exists, except a contour of one image up to 128 MiB or a blur of "
             "one up to 40 MiB per CPU (at least 128), which the CPU ends before a GPU "
             "could start."
