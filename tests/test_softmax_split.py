@@ -83,12 +83,6 @@ def concurrent_blocks(resident: int):
                     if thread.is_alive():
                         raise RuntimeError(f"blocks still running after {SLOT_TIMEOUT_S} s")
 
-    def yielding_is_alive(thread):
-        # Each block's manager polls its threads in a busy loop; yielding the GIL at
-        # every poll keeps many concurrent managers from starving the threads.
-        time.sleep(0)
-        return threading.Thread.is_alive(thread)
-
     atomic_add = kernelapi.FakeCUDAAtomic.add
 
     def yielding_atomic_add(self, array, index, val):
@@ -113,7 +107,6 @@ def concurrent_blocks(resident: int):
     saved_held = sim_kernel.FakeOverload.max_cooperative_grid_blocks
     sm._PLANS.clear()  # plans made under the shim must not outlive it
     sim_kernel.BlockManager = ConcurrentBlockManager
-    sim_kernel.BlockThread.is_alive = yielding_is_alive
     kernelapi.FakeCUDAAtomic.add = yielding_atomic_add
     kernelapi.FakeCUDAModule.shared = property(block_shared)
     sim_kernel.FakeOverload.max_cooperative_grid_blocks = held
@@ -124,7 +117,6 @@ def concurrent_blocks(resident: int):
     finally:
         sim_kernel.BlockManager, kernelapi.FakeCUDAModule.shared = saved
         sim_kernel.swapped_cuda_module = saved_swap
-        del sim_kernel.BlockThread.is_alive  # back to threading.Thread's
         sim_kernel.FakeOverload.max_cooperative_grid_blocks = saved_held
         kernelapi.FakeCUDAAtomic.add = atomic_add
         sm._PLANS.clear()
