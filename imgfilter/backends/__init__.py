@@ -62,6 +62,14 @@ def _cuda_problem() -> str | None:
     return None
 
 
+@functools.cache
+def _driver_library() -> bool:
+    """Whether the NVIDIA driver's library loads (a look, no CUDA call; once)."""
+    from kernels.common.cudadrv import driver_library
+
+    return driver_library() is not None
+
+
 def _driver_problem() -> str | None:
     """Why the NVIDIA driver gives no GPU (no libcuda, cuInit fails, no memory for a
     context), asked through `kernels.common.cudadrv` alone; None when one answers."""
@@ -136,7 +144,9 @@ def get_backend(name: str = "auto", *, device_input: bool = False, quick: bool =
         from . import cpu
 
         return cpu
-    if quick and not simulator and not device_input:
+    # The quick start only where a driver library loads: without one, importing it
+    # (and the kernels' planners) costs 60-80 ms a command for nothing.
+    if quick and not simulator and not device_input and _driver_library():
         from . import cached  # shipped or earlier-compiled kernels, without importing Numba
 
         if cached.available():

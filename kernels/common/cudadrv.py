@@ -81,18 +81,22 @@ class _ThreadState(threading.local):
     ready = False
 
 
+def driver_library() -> ctypes.CDLL | None:
+    """The NVIDIA driver's library (libcuda), loaded, or None where there is none."""
+    for name in _LIBS:
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+
+
 class Driver:
     """Device 0's primary context and the calls the package makes. Thread-safe: the
     context is made current in each calling thread before its first call."""
 
     def __init__(self) -> None:
-        lib = None
-        for name in _LIBS:
-            try:
-                lib = ctypes.CDLL(name)
-                break
-            except OSError:
-                continue
+        lib = driver_library()
         if lib is None:
             raise CudaError(
                 "no NVIDIA driver found (libcuda): GPU work (device arrays, kernels.softmax, "
