@@ -202,7 +202,7 @@ def contour(
     if x.dtype == np.float32:
         raise UsageError("contour needs an integer image (uint8 or uint16), got float32")
     code = border_code(border)
-    api._check_method(method)
+    api._check_method(method, "contour")
     api._cast_value(border_value, x.dtype)
     opts = dict(border=border, border_value=border_value, backend=backend, method=method)
     band = functools.partial(_filter_band, _api_contour, (), opts, False)
