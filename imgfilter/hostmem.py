@@ -15,7 +15,6 @@ kept; `release_results()` unmaps them at once. Elsewhere (no madvise), np.empty.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import mmap
 import os
 import threading
@@ -51,11 +50,11 @@ def host_empty(shape: tuple, dtype) -> np.ndarray:
             region.madvise(advice)
         except (OSError, ValueError):
             return np.empty(shape, dt)
-    # The arrays hold `holder` (a ctypes view of the mapping, their base in every
-    # NumPy), so it lives as long as any array or view over this memory; when it
-    # goes, the mapping may serve again.
-    holder = (ctypes.c_char * size).from_buffer(region)
-    flat = np.frombuffer(holder, dt, count=nbytes // dt.itemsize)
+    # The arrays hold `holder` (a byte array over the mapping, their base), so it
+    # lives as long as any array or view over this memory; when it goes, the
+    # mapping may serve again.
+    holder = np.frombuffer(region, np.uint8)
+    flat = holder[:nbytes].view(dt)
     weakref.finalize(holder, _keep, region).atexit = False
     return flat.reshape(shape)
 

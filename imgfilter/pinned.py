@@ -15,11 +15,13 @@ Used by the row bands of `imgfilter.streamed`; a caller may also hand a buffer f
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from typing import Any
 
 import numpy as np
+
+from kernels.common.cudadrv import address as address_of
+from kernels.common.cudadrv import host_bytes
 
 LIMIT = 1 << 30  # page-locked bytes kept at most
 
@@ -36,7 +38,7 @@ def take(shape: tuple, dtype, drv: Any) -> tuple[np.ndarray, int] | None:
     (`kernels.common.cudadrv.driver()`); None (Numba's simulator) gives plain NumPy."""
     if drv is None:
         arr = np.empty(shape, dtype)
-        return arr, arr.ctypes.data
+        return arr, address_of(arr)
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     with _LOCK:
         fits = [a for a in _FREE if _SIZES[a] >= nbytes]
@@ -56,7 +58,7 @@ def take(shape: tuple, dtype, drv: Any) -> tuple[np.ndarray, int] | None:
             with _LOCK:
                 _MAKING[0] -= nbytes
     size = _SIZES[address]
-    buffer = np.ctypeslib.as_array((ctypes.c_ubyte * size).from_address(address))
+    buffer = host_bytes(address, size)
     return buffer[:nbytes].view(dtype).reshape(shape), address
 
 
@@ -75,6 +77,6 @@ def release() -> int:
         freed = [(a, _SIZES.pop(a)) for a in _FREE]
         _FREE.clear()
     drv = driver() if freed else None
-    for address, _ in freed:
-        drv.host_free(address)
+    for at, _ in freed:
+        drv.host_free(at)
     return sum(n for _, n in freed)

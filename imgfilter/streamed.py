@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from kernels.common.arrays import SIMULATOR, empty
+from kernels.common.cudadrv import address
 
 from . import pinned
 from .hostmem import host_empty
@@ -177,7 +178,7 @@ def _host_buffer(shape: tuple, dtype, drv) -> tuple[np.ndarray, int]:
     got = pinned.take(shape, dtype, drv)
     if got is None:
         arr = np.empty(shape, dtype)
-        return arr, arr.ctypes.data
+        return arr, address(arr)
     return got
 
 

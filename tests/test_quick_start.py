@@ -275,44 +275,37 @@ def test_scalar_params_are_typed_as_numba_types_them():
 def test_parameters_are_packed_at_their_c_offsets():
     """launch_params lays (code, value) pairs out as a C struct (the CUDA ABI): a
     uint8 then an int64 puts the int64 at offset 8."""
-    seen = []
 
-    class Lib:
-        def cuLaunchKernelEx(self, config_address, fn, attrs, extra_address):
-            extra = (ctypes.c_void_p * 5).from_address(extra_address)
-            size = ctypes.c_size_t.from_address(extra[3]).value
-            config = cudadrv._LaunchConfig.from_address(config_address)
-            seen.append((ctypes.string_at(extra[1], size), config.gridDimX, config.gridDimY))
-            return 0
-
-    import threading
+    from cuda.bindings import driver as bindings
 
     from kernels.common import cudadrv
 
+    seen = []
+
+    class Bindings:
+        CUlaunchConfig = bindings.CUlaunchConfig
+
+        def cuCtxSetCurrent(self, context):
+            return (0,)
+
+        def cuLaunchKernelEx(self, config, fn, params, extra_address):
+            extra = (ctypes.c_void_p * 5).from_address(extra_address)
+            size = ctypes.c_size_t.from_address(extra[3]).value
+            seen.append((ctypes.string_at(extra[1], size), config.gridDimX, config.gridDimY))
+            return (0,)
+
     drv = object.__new__(cudadrv.Driver)
-    drv._lib, drv._tls, drv._smem_opted = Lib(), threading.local(), set()
-    drv._tls.ready = False
-    drv.current = lambda: _ready(drv)
+    drv._cu, drv.context, drv._tls, drv._smem_opted = (
+        Bindings(),
+        None,
+        cudadrv._ThreadState(),
+        set(),
+    )
     params = [scalar_param(np.uint8(3)), *array_params(0x2000, (5,), np.float32)]
     drv.launch_params(7, (4,), (32,), 0, 0, params)
     ((packed, gx, gy),) = seen
     assert len(packed) == 8 + 7 * 8 and packed[0] == 3 and (gx, gy) == (4, 1)
     assert int.from_bytes(packed[8 + 4 * 8 : 8 + 5 * 8], "little") == 0x2000  # data pointer
-
-
-def _ready(drv):
-    import ctypes as c
-
-    from kernels.common import cudadrv
-
-    tls = drv._tls
-    tls.ready = True
-    tls.params = c.create_string_buffer(4096)
-    tls.size = c.c_size_t(0)
-    tls.extra = (c.c_void_p * 5)(1, c.addressof(tls.params), 2, c.addressof(tls.size), 0)
-    tls.extra_address = c.addressof(tls.extra)
-    tls.configs, tls.addresses = {}, {}
-    assert cudadrv._PARAM_BUFFER_POINTER == 1
 
 
 class _ArrayType:

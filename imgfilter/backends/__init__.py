@@ -64,10 +64,10 @@ def _cuda_problem() -> str | None:
 
 @functools.cache
 def _driver_library() -> bool:
-    """Whether the NVIDIA driver's library loads (a look, no CUDA call; once)."""
-    from kernels.common.cudadrv import driver_library
+    """Whether an NVIDIA driver may be installed (a look, no CUDA call; once)."""
+    from kernels.common.cudadrv import driver_present
 
-    return driver_library() is not None
+    return driver_present()
 
 
 def _driver_problem() -> str | None:

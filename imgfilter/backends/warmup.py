@@ -142,7 +142,7 @@ def _wanted(command: str | None, backend: str) -> bool:
 
 
 def _open() -> None:
-    from kernels.common.cudadrv import CudaError, driver  # ctypes only: no NumPy, no Numba
+    from kernels.common.cudadrv import CudaError, driver  # no Numba
 
     try:
         _result.append(driver())

@@ -1,7 +1,7 @@
 """The layer every operation package of `kernels` uses, and which uses none of them.
 
 Host side: `launch` (launching compiled kernels through the driver, launch geometry,
-recordings, batches), `cudadrv` (the CUDA driver through ctypes), `devarray` (device
+recordings, batches), `cudadrv` (the CUDA driver through cuda.bindings), `devarray` (device
 arrays and the stream-ordered pool), `arrays` (host/device array helpers), `cache`
 (where compiled kernels are kept), `shipped` (the cubins shipped in kernels/prebuilt),
 `timing`. Device side: `packs` (vector loads and stores), `reduce` (warp and block

@@ -186,15 +186,15 @@ def address_space(dtype, extents: list) -> tuple[Any, int]:
             n = ((1 << 56) - SPACE_BASE) // dtype.itemsize
             space = _SPACES[dtype] = DeviceArray(SPACE_BASE, (n,), dtype)
         return space, SPACE_BASE
-    import ctypes
-
     from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    from .cudadrv import host_bytes
 
     lo = min(first for first, _ in extents)
     lo -= lo % dtype.itemsize
     hi = max(past for _, past in extents)
     n = -(-(hi - lo) // dtype.itemsize)
-    host = np.frombuffer((ctypes.c_byte * (n * dtype.itemsize)).from_address(lo), dtype)
+    host = host_bytes(lo, n * dtype.itemsize).view(dtype)
     return FakeCUDAArray(host), lo
 
 

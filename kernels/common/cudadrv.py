@@ -1,10 +1,12 @@
-"""The CUDA driver API through ctypes: the one launch and memory layer of the package.
+"""The CUDA driver API through NVIDIA's `cuda.bindings`: the one launch and memory
+layer of the package.
 
 Numba compiles the kernels; this module runs them. Everything a call needs per launch
 (kernel launch, stream-ordered copies, allocation) is a direct driver call here, so a
 call costs microseconds of Python, never waits for the device unless asked to, and
-works on any stream a caller names. Numba-free: the quick start
-(`imgfilter.backends.cached`) uses it without importing Numba.
+works on any stream a caller names (streams, functions and pointers are plain ints).
+Numba-free: the quick start (`imgfilter.backends.cached`) uses it without importing
+Numba.
 
 Contexts: the primary context of device 0, made current in every thread that calls
 in (`current`). Every driver failure raises `CudaError` carrying the CUDA error name;
@@ -13,21 +15,28 @@ out of memory raises `GpuOutOfMemory` (a `MemoryError`).
 
 from __future__ import annotations
 
-import ctypes
+import os
 import struct
+import subprocess
+import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
 
-_LIBS = ("libcuda.so.1", "libcuda.so", "nvcuda.dll")
-_ATTR_CC_MAJOR, _ATTR_CC_MINOR = 75, 76  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_*
-_ATTR_MAX_DYNAMIC_SMEM = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+import numpy as np
+
 SMEM_DEFAULT = 48 * 1024  # dynamic shared memory a launch gets without opting in
 _OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
+_NOT_READY = 600  # CUDA_ERROR_NOT_READY
+_ATTR_CC_MAJOR, _ATTR_CC_MINOR = 75, 76  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_*
+_ATTR_MAX_DYNAMIC_SMEM = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
 # cuLaunchKernel's `extra` markers: the parameters as one packed buffer.
 _PARAM_END, _PARAM_BUFFER_POINTER, _PARAM_BUFFER_SIZE = 0, 1, 2
 _PARAM_BYTES = 4096  # CUDA's limit on kernel parameters (older GPUs) fits
+# Files whose presence says an NVIDIA driver may be installed (Linux device nodes,
+# WSL's GPU node); elsewhere the driver is asked.
+_DEVICE_NODES = ("/dev/nvidiactl", "/dev/dxg")
 
 
 class CudaError(RuntimeError):
@@ -46,31 +55,24 @@ class NoMemoryForContext(GpuOutOfMemory):
     """The GPU had not even the memory to open a CUDA context."""
 
 
-_c = ctypes
-_u64, _uint, _vp, _sz = _c.c_uint64, _c.c_uint, _c.c_void_p, _c.c_size_t
+def address(arr: np.ndarray) -> int:
+    """The address of a NumPy array's first byte (host memory)."""
+    return arr.__array_interface__["data"][0]
 
 
-class _LaunchConfig(_c.Structure):
-    """CUlaunchConfig: grid, block, dynamic shared memory, stream, no attributes."""
+class _HostMemory:
+    """`nbytes` of host memory at `address`, as NumPy sees a buffer (its array interface)."""
 
-    _fields_ = [
-        ("gridDimX", _uint), ("gridDimY", _uint), ("gridDimZ", _uint),
-        ("blockDimX", _uint), ("blockDimY", _uint), ("blockDimZ", _uint),
-        ("sharedMemBytes", _uint), ("hStream", _vp), ("attrs", _vp), ("numAttrs", _uint),
-    ]  # fmt: skip
+    def __init__(self, at: int, nbytes: int) -> None:
+        self.__array_interface__ = {
+            "data": (at, False), "shape": (nbytes,), "typestr": "|u1", "version": 3,
+        }  # fmt: skip
 
 
-def _signatures(lib) -> None:
-    """Argument types for the hot calls: ctypes then converts ints without wrappers."""
-    lib.cuLaunchKernelEx.argtypes = [_vp, _vp, _vp, _vp]
-    lib.cuMemcpyHtoDAsync_v2.argtypes = [_u64, _vp, _sz, _vp]
-    lib.cuMemcpyDtoHAsync_v2.argtypes = [_vp, _u64, _sz, _vp]
-    lib.cuMemcpyDtoDAsync_v2.argtypes = [_u64, _u64, _sz, _vp]
-    lib.cuMemsetD8Async.argtypes = [_u64, _c.c_ubyte, _sz, _vp]
-    lib.cuMemAlloc_v2.argtypes = [_c.POINTER(_u64), _sz]
-    lib.cuMemFree_v2.argtypes = [_u64]
-    lib.cuStreamSynchronize.argtypes = [_vp]
-    lib.cuCtxSetCurrent.argtypes = [_vp]
+def host_bytes(at: int, nbytes: int) -> np.ndarray:
+    """A writable uint8 array over `nbytes` of host memory at address `at` (memory this
+    process owns, e.g. from `Driver.host_alloc`); it does not own or free it."""
+    return np.asarray(_HostMemory(at, nbytes))
 
 
 class _ThreadState(threading.local):
@@ -81,44 +83,55 @@ class _ThreadState(threading.local):
     ready = False
 
 
-def driver_library() -> ctypes.CDLL | None:
-    """The NVIDIA driver's library (libcuda), loaded, or None where there is none."""
-    for name in _LIBS:
-        try:
-            return ctypes.CDLL(name)
-        except OSError:
-            continue
-    return None
+def _extra(params: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """cuLaunchKernel's `extra` array: the parameters as one buffer of `size[0]` bytes."""
+    return np.array([_PARAM_BUFFER_POINTER, address(params), _PARAM_BUFFER_SIZE,
+                     address(size), _PARAM_END], np.uint64)  # fmt: skip
+
+
+def driver_present() -> bool:
+    """Whether an NVIDIA driver may be installed: a look at the device nodes (no CUDA
+    call, no library loaded); True where there is nothing to look at (then the driver
+    itself answers)."""
+    if sys.platform.startswith("linux"):
+        return any(os.path.exists(node) for node in _DEVICE_NODES)
+    return True
+
+
+def _bindings():
+    """NVIDIA's driver bindings (`cuda.bindings.driver`), or CudaError without them."""
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError as exc:  # numba-cuda installs them; a broken environment
+        raise CudaError(f"the CUDA driver bindings are not installed ({exc}): "
+                        "pip install cuda-bindings") from None  # fmt: skip
+    return cu
 
 
 class Driver:
     """Device 0's primary context and the calls the package makes. Thread-safe: the
-    context is made current in each calling thread before its first call."""
+    context is made current in each calling thread before its first call. The calls
+    go through `cuda.bindings.driver` (`self._cu`), which releases the GIL in each."""
 
     def __init__(self) -> None:
-        lib = driver_library()
-        if lib is None:
+        cu = _bindings()
+        self._cu = cu
+        try:
+            (status,) = cu.cuInit(0)
+        except Exception:  # the bindings found no libcuda to load
             raise CudaError(
                 "no NVIDIA driver found (libcuda): GPU work (device arrays, kernels.softmax, "
                 "kernels.linalg.gemv, the cuda backend) needs an NVIDIA GPU and its driver"
-            )
-        self._lib = lib
-        _signatures(lib)
-        status = lib.cuInit(_uint(0))
+            ) from None
         if status:
             raise CudaError(f"no usable NVIDIA GPU (cuInit: {self.error_name(status)})", status)
-        dev = _c.c_int()
-        self.call("cuDeviceGet", _c.byref(dev), _c.c_int(0))
-        self.device = dev
-        major, minor = _c.c_int(), _c.c_int()
-        self.call("cuDeviceGetAttribute", _c.byref(major), _ATTR_CC_MAJOR, dev)
-        self.call("cuDeviceGetAttribute", _c.byref(minor), _ATTR_CC_MINOR, dev)
-        self.cc = (major.value, minor.value)
-        self.context = _vp()
-        status = lib.cuDevicePrimaryCtxRetain(_c.byref(self.context), dev)
+        self.device = self.call("cuDeviceGet", 0)
+        self.cc = (self.attribute(_ATTR_CC_MAJOR), self.attribute(_ATTR_CC_MINOR))
+        status, context = cu.cuDevicePrimaryCtxRetain(self.device)
         if status == _OOM:
-            raise NoMemoryForContext(context_memory_message(lib, dev), status)
+            raise NoMemoryForContext(context_memory_message(cu, self.device), status)
         self.check(status, "cuDevicePrimaryCtxRetain")
+        self.context = context
         self._tls = _ThreadState()
         self._smem_opted: set = set()
         self.current()
@@ -126,122 +139,112 @@ class Driver:
     # ------------------------------------------------------------------ basics
     def attribute(self, code: int) -> int:
         """cuDeviceGetAttribute of the device (a CUdevice_attribute code)."""
-        value = _c.c_int()
-        self.call("cuDeviceGetAttribute", _c.byref(value), _c.c_int(code), self.device)
-        return value.value
+        return self.call("cuDeviceGetAttribute", self._cu.CUdevice_attribute(code), self.device)
 
     def name(self) -> str:
         """The device's name, as cuDeviceGetName gives it (e.g. "NVIDIA H100 80GB HBM3")."""
-        buf = _c.create_string_buffer(256)
-        self.call("cuDeviceGetName", buf, _c.c_int(len(buf)), self.device)
-        return buf.value.decode(errors="replace")
+        raw = self.call("cuDeviceGetName", 256, self.device)
+        return raw.split(b"\0", 1)[0].decode(errors="replace")
 
     def error_name(self, status: int) -> str:
-        text = _c.c_char_p()
-        self._lib.cuGetErrorName(status, _c.byref(text))
-        return text.value.decode() if text.value else str(status)
+        status_, text = self._cu.cuGetErrorName(status)
+        return text.decode() if not status_ and text else str(int(status))
 
     def check(self, status: int, name: str) -> None:
         if status != 0:
             label = self.error_name(status)
             cls = GpuOutOfMemory if status == _OOM else CudaError
-            raise cls(f"{name} failed: {label}", status)
+            raise cls(f"{name} failed: {label}", int(status))
 
-    def call(self, name: str, *args) -> None:
-        self.check(getattr(self._lib, name)(*args), name)
+    def call(self, name: str, *args) -> Any:
+        """Call driver function `name`; return its one result (or a tuple of several,
+        or None), raising CudaError when it fails."""
+        status, *results = getattr(self._cu, name)(*args)
+        self.check(status, name)
+        if not results:
+            return None
+        return results[0] if len(results) == 1 else tuple(results)
 
     def current(self) -> None:
         """Make the context current in the calling thread (once per thread)."""
         tls = self._tls
         if tls.ready:
             return
-        self._lib.cuCtxSetCurrent(self.context)
+        self._cu.cuCtxSetCurrent(self.context)
         tls.ready = True
-        tls.params = _c.create_string_buffer(_PARAM_BYTES)
-        tls.size = _sz(0)
-        tls.extra = (_vp * 5)(
-            _PARAM_BUFFER_POINTER, _c.addressof(tls.params),
-            _PARAM_BUFFER_SIZE, _c.addressof(tls.size), _PARAM_END,
-        )  # fmt: skip
-        tls.extra_address = _c.addressof(tls.extra)
-        tls.configs, tls.addresses = {}, {}
+        tls.params = np.zeros(_PARAM_BYTES, np.uint8)
+        tls.size = np.zeros(1, np.uint64)
+        tls.extra = _extra(tls.params, tls.size)
+        tls.extra_address = address(tls.extra)
+        tls.configs = {}
 
     def free_and_total(self) -> tuple[int, int]:
         """(free, total) bytes of device memory."""
         self.current()
-        free, total = _sz(), _sz()
-        self.call("cuMemGetInfo_v2", _c.byref(free), _c.byref(total))
-        return free.value, total.value
+        return self.call("cuMemGetInfo")
 
     # ------------------------------------------------------------------ memory
     def alloc(self, nbytes: int) -> int:
         """cuMemAlloc: no wait for the device. Raises GpuOutOfMemory."""
         self.current()
-        ptr = _u64()
-        self.check(self._lib.cuMemAlloc_v2(_c.byref(ptr), max(nbytes, 1)), "cuMemAlloc")
-        return ptr.value
+        return int(self.call("cuMemAlloc", max(nbytes, 1)))
 
     def free(self, ptr: int) -> None:
         """cuMemFree: waits for the device; only the pool's trim calls it."""
         self.current()
-        self.check(self._lib.cuMemFree_v2(ptr), "cuMemFree")
+        self.call("cuMemFree", ptr)
 
     def upload(self, ptr: int, host_address: int, nbytes: int, stream: int) -> None:
         """Copy host bytes to the device in `stream`'s order. From pageable memory the
         driver stages the bytes before returning (the host buffer may then change) and
         does not wait for the device."""
         self.current()
-        self.check(self._lib.cuMemcpyHtoDAsync_v2(ptr, host_address, nbytes, stream), "upload")
+        self.call("cuMemcpyHtoDAsync", ptr, host_address, nbytes, stream)
 
     def download(self, host_address: int, ptr: int, nbytes: int, stream: int) -> None:
         """Copy device bytes to the host in `stream`'s order, then wait for the stream
         (the bytes are in place on return)."""
-        self.current()
-        self.check(self._lib.cuMemcpyDtoHAsync_v2(host_address, ptr, nbytes, stream), "download")
+        self.download_async(host_address, ptr, nbytes, stream)
         self.synchronize(stream)
 
     def download_async(self, host_address: int, ptr: int, nbytes: int, stream: int) -> None:
         """Copy device bytes to pinned host memory in `stream`'s order, without waiting:
         the bytes are in place once the stream has reached the copy."""
         self.current()
-        self.check(self._lib.cuMemcpyDtoHAsync_v2(host_address, ptr, nbytes, stream), "download")
+        self.call("cuMemcpyDtoHAsync", host_address, ptr, nbytes, stream)
 
     def host_alloc(self, nbytes: int) -> int:
         """Page-locked host memory (cuMemHostAlloc, portable): what copies overlap with
         kernels from. Raises GpuOutOfMemory when it cannot be had."""
         self.current()
-        address = _vp()
-        self.call("cuMemHostAlloc", _c.byref(address), _sz(max(nbytes, 1)), _uint(1))
-        return address.value
+        return int(self.call("cuMemHostAlloc", max(nbytes, 1), 1))
 
-    def host_free(self, address: int) -> None:
+    def host_free(self, at: int) -> None:
         self.current()
-        self.call("cuMemFreeHost", _vp(address))
+        self.call("cuMemFreeHost", at)
 
     def stream_create(self) -> int:
         """A new stream that does not synchronise with the legacy default stream."""
         self.current()
-        handle = _vp()
-        self.call("cuStreamCreate", _c.byref(handle), _uint(1))  # CU_STREAM_NON_BLOCKING
-        return handle.value
+        return int(self.call("cuStreamCreate", 1))  # CU_STREAM_NON_BLOCKING
 
     def stream_destroy(self, handle: int) -> None:
         self.current()
-        self.call("cuStreamDestroy_v2", _vp(handle))
+        self.call("cuStreamDestroy", handle)
 
     def copy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
         self.current()
-        self.check(self._lib.cuMemcpyDtoDAsync_v2(dst, src, nbytes, stream), "copy")
+        self.call("cuMemcpyDtoDAsync", dst, src, nbytes, stream)
 
     def memset(self, ptr: int, byte: int, nbytes: int, stream: int) -> None:
         self.current()
-        self.check(self._lib.cuMemsetD8Async(ptr, byte, nbytes, stream), "memset")
+        self.call("cuMemsetD8Async", ptr, byte, nbytes, stream)
 
     def idle(self, stream: int) -> bool:
         """Whether every piece of work queued on `stream` has finished (no waiting)."""
         self.current()
-        status = self._lib.cuStreamQuery(_vp(stream))
-        if status == 600:  # CUDA_ERROR_NOT_READY
+        (status,) = self._cu.cuStreamQuery(stream)
+        if status == _NOT_READY:
             return False
         self.check(status, "cuStreamQuery")
         return True
@@ -249,24 +252,19 @@ class Driver:
     def capturing(self, stream: int) -> bool:
         """Whether `stream` is being captured into a CUDA graph (cuStreamIsCapturing)."""
         self.current()
-        status = _c.c_int(0)
-        self.call("cuStreamIsCapturing", _vp(stream), _c.byref(status))
-        return status.value != 0  # CU_STREAM_CAPTURE_STATUS_NONE is 0
+        return int(self.call("cuStreamIsCapturing", stream)) != 0  # STATUS_NONE is 0
 
     def synchronize(self, stream: int) -> None:
         self.current()
-        self.check(self._lib.cuStreamSynchronize(stream), "cuStreamSynchronize")
+        self.call("cuStreamSynchronize", stream)
 
     # ------------------------------------------------------------------ kernels
-    def function(self, cubin: bytes, entry: str) -> int:
-        """Load a cubin image and return its kernel `entry` as a CUfunction address.
-        The module stays loaded for the life of the process."""
+    def function(self, image: bytes, entry: str) -> int:
+        """Load a module image (a cubin or fatbin) and return its kernel `entry` as a
+        CUfunction address. The module stays loaded for the life of the process."""
         self.current()
-        module = _vp()
-        self.call("cuModuleLoadData", _c.byref(module), _c.c_char_p(cubin))
-        fn = _vp()
-        self.call("cuModuleGetFunction", _c.byref(fn), module, entry.encode())
-        return fn.value
+        module = self.call("cuModuleLoadData", image)
+        return int(self.call("cuModuleGetFunction", module, entry.encode()))
 
     def opt_in_smem(self, fn: int, nbytes: int, library_kernel: bool = False) -> None:
         """Let `fn` take more than 48 KiB of dynamic shared memory; once per function
@@ -276,12 +274,21 @@ class Driver:
         if nbytes <= SMEM_DEFAULT or key in self._smem_opted:
             return
         self.current()
-        value = _c.c_int(nbytes)
+        attr = self._cu.CUfunction_attribute(_ATTR_MAX_DYNAMIC_SMEM)
         if library_kernel:
-            self.call("cuKernelSetAttribute", _ATTR_MAX_DYNAMIC_SMEM, value, _vp(fn), self.device)
+            self.call("cuKernelSetAttribute", attr, nbytes, fn, self.device)
         else:
-            self.call("cuFuncSetAttribute", _vp(fn), _ATTR_MAX_DYNAMIC_SMEM, value)
+            self.call("cuFuncSetAttribute", fn, attr, nbytes)
         self._smem_opted.add(key)
+
+    def _config(self, grid: Sequence[int], block: Sequence[int], smem: int):
+        """A CUlaunchConfig of this geometry (no stream set), made once per thread."""
+        config = self._cu.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid
+        config.blockDimX, config.blockDimY, config.blockDimZ = block
+        config.sharedMemBytes = smem
+        config.numAttrs = 0
+        return config
 
     def launch(self, fn: int, grid: Sequence[int], block: Sequence[int], smem: int,
                stream: int, packer: struct.Struct, values: Sequence) -> None:  # fmt: skip
@@ -292,16 +299,13 @@ class Driver:
         if not tls.ready:
             self.current()
         packer.pack_into(tls.params, 0, *values)
-        tls.size.value = packer.size
-        # cuLaunchKernelEx with a launch configuration kept per thread and geometry:
-        # four arguments cross ctypes instead of eleven (about 2 us less per launch).
+        tls.size[0] = packer.size
         key = (grid, block, smem)
         config = tls.configs.get(key)
         if config is None:
-            config = tls.configs[key] = _LaunchConfig(*grid, *block, smem, None, None, 0)
-            tls.addresses[key] = _c.addressof(config)
+            config = tls.configs[key] = self._config(grid, block, smem)
         config.hStream = stream
-        status = self._lib.cuLaunchKernelEx(tls.addresses[key], fn, None, tls.extra_address)
+        (status,) = self._cu.cuLaunchKernelEx(config, fn, None, tls.extra_address)
         if status:
             self.check(status, "cuLaunchKernelEx")
 
@@ -346,8 +350,6 @@ def array_params(ptr: int, shape: tuple, dtype) -> list[tuple[str, int]]:
     """The kernel parameters Numba passes for a C-contiguous array argument, as (struct
     code, value) pairs: meminfo and parent (null), the element count, the item size,
     the data pointer, then the shape and the strides in bytes, all 64-bit."""
-    import numpy as np
-
     itemsize = np.dtype(dtype).itemsize
     strides, step = [], itemsize
     for n in reversed(shape):
@@ -362,8 +364,6 @@ def scalar_param(value) -> tuple[str, Any]:
     """A scalar kernel parameter as (struct code, value), typed as Numba types it:
     Python int and np.int64 as int64, other NumPy integers as themselves, np.float32
     as float32, Python float as float64, bool as a one-byte boolean."""
-    import numpy as np
-
     if isinstance(value, np.float32):
         return "f", float(value)
     if isinstance(value, float | np.float64):
@@ -391,7 +391,7 @@ class PreparedLaunch:
     has copied them (cuLaunchKernelEx copies the parameter buffer before returning)."""
 
     __slots__ = ("_drv", "_params", "_words", "_config", "_size", "_extra", "_patches",
-                 "_lock", "_stream", "_call", "_args")  # fmt: skip
+                 "_lock", "_stream", "_call", "_fn", "_extra_address")  # fmt: skip
 
     def __init__(
         self,
@@ -406,22 +406,20 @@ class PreparedLaunch:
     ) -> None:
         self._drv = drv
         # Whole 64-bit words, so that a patched pointer is one item assignment.
-        self._params = _c.create_string_buffer(max(-(-packer.size // 8) * 8, 8))
+        self._words = np.zeros(max(-(-packer.size // 8), 1), np.int64)
+        self._params = self._words.view(np.uint8)
         packer.pack_into(self._params, 0, *values)
-        self._words = (_c.c_int64 * (len(self._params) // 8)).from_buffer(self._params)
         if any(offset % 8 for offset, _, _ in patches):
             raise ValueError("pointer parameters are 8-byte aligned")
         self._patches = tuple((offset // 8, slot, at) for offset, slot, at in patches)
-        self._size = _sz(packer.size)
-        self._extra = (_vp * 5)(
-            _PARAM_BUFFER_POINTER, _c.addressof(self._params),
-            _PARAM_BUFFER_SIZE, _c.addressof(self._size), _PARAM_END,
-        )  # fmt: skip
-        self._config = _LaunchConfig(*grid, *block, smem, None, None, 0)
+        self._size = np.array([packer.size], np.uint64)
+        self._extra = _extra(self._params, self._size)
+        self._extra_address = address(self._extra)
+        self._config = drv._config(tuple(grid), tuple(block), smem)
         self._stream = None  # the stream in _config
         self._lock = threading.Lock()
-        self._call = drv._lib.cuLaunchKernelEx
-        self._args = (_c.addressof(self._config), fn, None, _c.addressof(self._extra))
+        self._call = drv._cu.cuLaunchKernelEx
+        self._fn = fn
 
     def launch(self, stream: int, bases: Sequence[int]) -> None:
         """Enqueue on `stream` with each patched pointer parameter set to
@@ -437,38 +435,27 @@ class PreparedLaunch:
             if stream != self._stream:
                 self._config.hStream = stream
                 self._stream = stream
-            status = self._call(*self._args)
+            (status,) = self._call(self._config, self._fn, None, self._extra_address)
         if status:
             drv.check(status, "cuLaunchKernelEx")
 
 
-class _NvmlMemory(_c.Structure):
-    _fields_ = [("total", _c.c_ulonglong), ("free", _c.c_ulonglong), ("used", _c.c_ulonglong)]
-
-
-def context_memory_message(lib, dev) -> str:
+def context_memory_message(cu, device) -> str:
     """What to tell a user whose GPU had no memory left to open a CUDA context: the
-    free and total memory as NVML reports them (a context is needed to ask CUDA),
-    when NVML answers."""
+    free and total memory as nvidia-smi reports them (a context is needed to ask
+    CUDA), when it answers within a few seconds."""
     text = "the GPU has too little free memory to open a CUDA context (a few hundred MiB)"
-    try:
-        bus = _c.create_string_buffer(32)
-        if lib.cuDeviceGetPCIBusId(bus, 32, dev) != 0:
-            return text
-        nvml = _c.CDLL("libnvidia-ml.so.1")
-        if nvml.nvmlInit_v2() != 0:
-            return text
-        try:
-            handle, mem = _vp(), _NvmlMemory()
-            if nvml.nvmlDeviceGetHandleByPciBusId_v2(bus, _c.byref(handle)) != 0:
-                return text
-            if nvml.nvmlDeviceGetMemoryInfo(handle, _c.byref(mem)) != 0:
-                return text
-        finally:
-            nvml.nvmlShutdown()
-    except (OSError, AttributeError):  # no NVML library, or an old one
+    status, bus = cu.cuDeviceGetPCIBusId(32, device)
+    if status:
         return text
-    return f"{text}: {mem.free / 2**20:.0f} MiB free of {mem.total / 2**20:.0f} MiB"
+    query = ["nvidia-smi", "--query-gpu=memory.free,memory.total", "--format=csv,noheader,nounits",
+             "-i", bus.split(b"\0", 1)[0].decode()]  # fmt: skip
+    try:
+        done = subprocess.run(query, capture_output=True, text=True, timeout=5, check=True)
+        free, total = (int(v) for v in done.stdout.split(","))
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return text
+    return f"{text}: {free} MiB free of {total} MiB"
 
 
 _driver: Driver | None = None

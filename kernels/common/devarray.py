@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .cudadrv import GpuOutOfMemory, driver
+from .cudadrv import GpuOutOfMemory, address, driver
 
 LEGACY = 0  # CUstream handle of the legacy default stream (CU_STREAM_LEGACY is 1, the same)
 PER_THREAD = 2  # CU_STREAM_PER_THREAD
@@ -335,7 +335,7 @@ class DeviceArray:
         if host.nbytes != self.nbytes or not host.flags.c_contiguous:
             raise ValueError("the host array must be C-contiguous with as many bytes")
         handle = self.stream if stream is None else resolve_stream(stream)
-        driver().download(host.ctypes.data, self.ptr, self.nbytes, handle)
+        driver().download(address(host), self.ptr, self.nbytes, handle)
         return host
 
     def get(self) -> np.ndarray:
@@ -397,7 +397,7 @@ def to_device(host: np.ndarray, stream: int = LEGACY) -> DeviceArray:
         recording.replayable = False  # the data would not be there on a replay
     arr = empty(host.shape, host.dtype, stream)
     if host.nbytes:
-        driver().upload(arr.ptr, host.ctypes.data, host.nbytes, stream)
+        driver().upload(arr.ptr, address(host), host.nbytes, stream)
     return arr
 
 

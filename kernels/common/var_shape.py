@@ -24,7 +24,7 @@ from .arrays import (
     start_address,
     to_device,
 )
-from .cudadrv import driver
+from .cudadrv import address, driver
 from .devarray import POOL, DeviceArray, _recorder
 from .launch import (
     SIMULATOR,
@@ -459,7 +459,7 @@ class VarShapeRecipe:
                 at = np.array(bases, dtype=np.int64)[where] + offsets - SPACE_BASE
                 table[rows, cols] = at // itemsizes
             held = POOL.allocate(table.nbytes, stream)
-            drv.upload(held.ptr, table.ctypes.data, table.nbytes, stream)
+            drv.upload(held.ptr, address(table), table.nbytes, stream)
             bases[0] = held.ptr
         prepared = self._prepared
         if prepared is None:
