@@ -6,7 +6,6 @@ tests marked `gpu` run the full shape list on a real device.
 
 from __future__ import annotations
 
-import ctypes
 import time
 
 import numpy as np
@@ -581,18 +580,14 @@ def _new_stream() -> int:
     """A new non-blocking CUstream handle (destroy it with _destroy_stream)."""
     from kernels.common.cudadrv import driver
 
-    drv = driver()
-    drv.current()
-    handle = ctypes.c_void_p()
-    drv.call("cuStreamCreate", ctypes.byref(handle), ctypes.c_uint(1))
-    return int(handle.value)
+    return driver().stream_create()
 
 
 def _destroy_stream(handle: int) -> None:
     from kernels.common.cudadrv import driver
 
     driver().synchronize(handle)
-    driver().call("cuStreamDestroy_v2", ctypes.c_void_p(handle))
+    driver().stream_destroy(handle)
 
 
 ASYNC_CASES = [  # (rows, cols, dtype, method): one per path
