@@ -1,8 +1,9 @@
 """The kernels shipped in the package (issue 24): the quick start's first use.
 
 Without a GPU: the shipped manifest is current (its digests are the sources'), holds
-every kernel the first-use paths ask for, for every GPU generation it lists; the
-store prefers the user's cache and ignores stale or foreign shipped entries; a first
+every kernel the first-use paths ask for, each in a fatbin with a cubin for every GPU
+generation it lists, and the folder holds those files only (at most 200); the store
+prefers the user's cache and ignores stale or foreign shipped entries; a first
 use runs the generic kernel and starts one background compile of the specialised one,
 and goes to the Numba path when background compiles are off. On a GPU (`gpu`): a fresh
 process with an empty cache filters from the shipped kernels without importing Numba
@@ -11,8 +12,11 @@ and gets exactly the Numba path's results.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
+import struct
 import subprocess
 import sys
 import textwrap
@@ -38,11 +42,85 @@ def test_shipped_kernels_are_built_from_these_sources():
     assert not stale, f"rebuild with `python tools/build_cubins.py` on a GPU machine: {stale}"
 
 
-def test_every_shipped_kernel_has_a_cubin_for_every_listed_generation():
+def _fatbin_cubins(image: bytes) -> dict[str, bytes]:
+    """{"sm<XY>": cubin} of a fatbin, read by its layout: a 16-byte header (magic
+    0xBA55ED50, version, header size, size of the rest), then per entry a header (kind:
+    2 for a cubin, version, header size, payload size; the generation at byte 28, the
+    flags at byte 40) and its payload. Fails on anything but uncompressed cubins."""
+    magic, _, header, size = struct.unpack_from("<IHHQ", image, 0)
+    assert magic == 0xBA55ED50 and header + size == len(image), "not a fatbin"
+    cubins, at = {}, header
+    while at < len(image):
+        kind, _, header, size = struct.unpack_from("<HHIQ", image, at)
+        (arch,) = struct.unpack_from("<I", image, at + 28)
+        (flags,) = struct.unpack_from("<Q", image, at + 40)
+        payload = image[at + header : at + header + size]
+        assert kind == 2 and not flags & 0xA000 and payload[:4] == b"\x7fELF", (kind, flags)
+        assert f"sm{arch}" not in cubins, f"two cubins for sm{arch}"
+        cubins[f"sm{arch}"] = payload
+        at += header + size
+    return cubins
+
+
+def test_each_fatbin_holds_a_cubin_with_its_entry_for_every_listed_generation():
+    entries: dict[str, set] = {}
     for name, entry in MANIFEST["kernels"].items():
-        for arch in MANIFEST["archs"]:
-            path = shipped.DIRECTORY / f"{entry.get('file', name)}-{arch}.cubin"
-            assert path.stat().st_size > 0, path
+        entries.setdefault(entry.get("file", name), set()).add(entry["entry"].encode())
+    for file, symbols in entries.items():
+        cubins = _fatbin_cubins((shipped.DIRECTORY / f"{file}{shipped.SUFFIX}").read_bytes())
+        assert sorted(cubins) == sorted(MANIFEST["archs"]), file
+        for arch, cubin in cubins.items():
+            assert all(symbol in cubin for symbol in symbols), (file, arch)
+
+
+def test_the_folder_holds_the_manifest_and_the_files_it_names_only():
+    files = {entry.get("file", name) for name, entry in MANIFEST["kernels"].items()}
+    named = {file + shipped.SUFFIX for file in files}
+    present = {p.name for p in shipped.DIRECTORY.iterdir()}
+    assert present - named == {"manifest.json"}, "files the manifest does not name"
+    assert named <= present
+    assert len(present) <= 200
+
+
+def _build_tool():
+    spec = importlib.util.spec_from_file_location("build_cubins", f"{ROOT}/tools/build_cubins.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _symbol(function: str, n: int) -> str:
+    """Numba's mangled name of `kernels.<function>`, its `n`-th compiled function."""
+    return f"_ZN7kernels{len(function)}{function}B{len(str(n)) + 1}v{n}B4cw51Ex"
+
+
+def _ir_module(name: str, uid: int, calls: dict[str, int]) -> str:
+    """An IR module as Numba writes one: function `name`, compiled as Numba's `uid`-th
+    function, calling `calls` ({name: their uid})."""
+    return "\n".join([
+        f'; ModuleID = "{name}${uid}"',
+        f'define linkonce_odr i32 @"{_symbol(name, uid)}"() {{',
+        *[f'  call i32 @"{_symbol(c, n)}"()' for c, n in calls.items()], "}",
+        *[f'declare i32 @"{_symbol(c, n)}"()' for c, n in calls.items()],
+    ])  # fmt: skip
+
+
+def test_a_kernels_ir_is_made_canonical_whatever_the_process_compiled_before():
+    """Numba's function counters and the order of a kernel's modules vary with what
+    the process compiled before; the build's IR does not, and a module comes after
+    the first that calls into it (else NVVM drops its linkonce_odr functions)."""
+    tool = _build_tool()
+    m = _ir_module
+    first = [m("k", 1, {"f": 2, "g": 3}), m("f", 2, {"h": 4}), m("h", 4, {}), m("g", 3, {})]
+    later = [m("k", 19, {"f": 17, "g": 5}), m("g", 5, {}), m("h", 18, {}), m("f", 17, {"h": 18}),
+             m("h", 18, {})]  # fmt: skip
+    (ir, numbers), (ir_later, numbers_later) = map(tool._canonical_ir, (first, later))
+    assert ir == ir_later and "$" not in "".join(ir)
+    defined = [re.search(r"kernels1(\w)B\d+v(\d+)", text).groups() for text in ir]
+    assert defined == [("k", "1"), ("f", "2"), ("h", "4"), ("g", "3")]
+    entry = tool._renamed(_symbol("k", 1), numbers)
+    assert entry == tool._renamed(_symbol("k", 19), numbers_later) == _symbol("k", 1)
+    assert tool._renamed(_symbol("k", 1), {1: 5}) == "_ZN7kernels1kB2v5B4cw51Ex"
 
 
 def test_the_first_use_kernels_ship():
@@ -81,7 +159,7 @@ def folder(tmp_path, monkeypatch):
     """A shipped folder in tmp_path with one contour kernel for sm_90, and an empty cache."""
     folder = tmp_path / "prebuilt"
     folder.mkdir()
-    (folder / "contour-uint8-c1-sm90.cubin").write_bytes(b"shipped")
+    (folder / f"contour-uint8-c1{shipped.SUFFIX}").write_bytes(b"shipped")
     monkeypatch.setattr(shipped, "DIRECTORY", folder)
     monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("IMGFILTER_NO_PREBUILT", raising=False)

@@ -11,24 +11,42 @@ Two users, no compile on a first use:
   above, box_running, softmax on common widths, GEMV on common shapes, and the
   classifier's training and prediction.
 Each is compiled by Numba exactly as imgfilter compiles it (by running the workloads
-once) and then built for every GPU generation in ARCHS from the same NVVM IR.
+once) and then built for every GPU generation in ARCHS from the same NVVM IR, into one
+fatbin per kernel (`<name>.fatbin`, a cubin per generation, uncompressed so that any
+driver loads it) beside manifest.json (see `kernels.common.shipped`).
 
-Needs a CUDA GPU (Numba compiles device functions for the GPU it runs on) and the
-CUDA toolchain of the cu13 extra. Run from the repository root:
+Reproducible: a rebuild from the same sources writes the same bytes, and editing one
+kernel changes only the files of the kernels compiled from it. Numba names each
+compiled function with a process-wide counter (the "v<n>" ABI tag of its mangled name)
+and hands NVVM a kernel's IR modules in set order, so the binaries it makes depend on
+what else the process compiled. `_canonical_ir` renumbers those tags by first
+appearance in an order made from the IR alone (the kernel's module, then each module
+after the first that calls into it), and the binaries are built from that IR; the
+manifest is written with sorted keys and no times.
+
+Needs a CUDA GPU (the workloads run; Numba compiles device functions for the GPU it
+runs on), the CUDA toolchain of the cu13 extra (numba-cuda 0.30) and NVIDIA's fatbin
+library (`pip install "cuda-toolkit[nvfatbin]==13.0.*"`; found through cuda.bindings,
+or LD_LIBRARY_PATH). Run from the repository root:
 
     python tools/build_cubins.py [--out kernels/prebuilt]
+    python tools/build_cubins.py --check [DIR]
 
-It replaces the folder's contents: `<name>-sm<XY>.cubin` files and manifest.json (see
-`kernels.common.shipped`). Rebuild after editing a shipped kernel's sources: a kernel whose
-sources' digest no longer matches is compiled instead, and tests/test_prebuilt.py
-fails until the kernels are rebuilt.
+The first replaces the folder's contents once the build has succeeded. Rebuild after
+editing a shipped kernel's sources: a kernel whose sources' digest no longer matches is
+compiled instead, and tests/test_prebuilt.py fails until the kernels are rebuilt.
+--check builds into a temporary folder and compares it with DIR (default
+kernels/prebuilt) byte for byte: it lists the files that differ and exits 1 if any does
+(a GPU machine's CI check that the shipped binaries are the sources').
 """
 
 from __future__ import annotations
 
 import argparse
+import filecmp
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -213,20 +231,132 @@ def _recording_compiles() -> list:
     return noted
 
 
-def _export(dispatcher, argtypes: tuple, name: str, out: Path) -> str:
-    """Write the overload's cubin for every generation in ARCHS; return its entry."""
-    overload = dispatcher.overloads[argtypes]
-    library = overload._codelibrary
+_DIGITS = re.compile(r"\d+")
+
+
+def _uid_tags(text: str) -> list[tuple[int, int, int]]:
+    """(start, end, counter) of the "B<len>v<n>" ABI tag of every Numba-mangled name
+    ("_ZN" then length-prefixed parts and "B"-prefixed tags) in `text`."""
+    found = []
+    start = text.find("_ZN")
+    while start != -1:
+        i = start + 3
+        while i < len(text) and (text[i].isdigit() or text[i] == "B"):
+            j = i + (text[i] == "B")
+            digits = _DIGITS.match(text, j)
+            if digits is None:
+                break
+            body = digits.end()
+            end = body + int(digits.group())
+            tag = re.fullmatch(r"v(\d+)", text[body:end]) if text[i] == "B" else None
+            if tag is not None:
+                found.append((i, end, int(tag.group(1))))
+            i = end
+        start = text.find("_ZN", i)
+    return found
+
+
+_MODULE_ID = re.compile(r'^(; ModuleID = ".*?)\$\d+"', re.M)
+_DEFINED = re.compile(r'^define [^@\n]*@("[^"]+"|[\w.$]+)\(', re.M)
+_DECLARED = re.compile(r'^declare [^@\n]*@("[^"]+"|[\w.$]+)\(', re.M)
+
+
+def _renamed(text: str, numbers: dict[int, int] | None) -> str:
+    """`text` with each Numba counter tag renumbered by `numbers` (blanked when None)
+    and the counter dropped from the module's name."""
+    parts, last = [], 0
+    for start, end, uid in _uid_tags(text):
+        tag = "" if numbers is None else f"v{numbers[uid]}"
+        parts += [text[last:start], f"B{len(tag)}{tag}"]
+        last = end
+    return _MODULE_ID.sub(r'\1"', "".join(parts) + text[last:])
+
+
+def _canonical_ir(modules: list[str]) -> tuple[list[str], dict[int, int]]:
+    """A kernel's NVVM IR modules (Numba's `llvm_strs`: the kernel's first) in an order
+    and with names that depend on the IR alone, and the counters' renumbering.
+
+    Order: the kernel's module, then depth first, in the order each module declares
+    them, the modules defining the functions it calls (NVVM drops a linkonce_odr
+    definition that no module before it calls), each once; any module left over at
+    the end. Ties go by the text with counters blanked."""
+    key = [_renamed(m, None) for m in modules]
+    definers: dict[str, list[int]] = {}
+    for i, module in enumerate(modules):
+        for name in _DEFINED.findall(module):
+            definers.setdefault(name, []).append(i)
+    ordered: list[int] = []
+    seen: set[str] = set()
+
+    def visit(i: int) -> None:
+        if modules[i] in seen:
+            return
+        seen.add(modules[i])
+        ordered.append(i)
+        for name in _DECLARED.findall(modules[i]):
+            for j in sorted(definers.get(name, ()), key=key.__getitem__):
+                visit(j)
+
+    visit(0)
+    for i in sorted(range(len(modules)), key=key.__getitem__):
+        if modules[i] not in seen:
+            seen.add(modules[i])
+            ordered.append(i)
+    numbers: dict[int, int] = {}
+    for i in ordered:
+        for _, _, uid in _uid_tags(modules[i]):
+            numbers.setdefault(uid, len(numbers) + 1)
+    return [_renamed(modules[i], numbers) for i in ordered], numbers
+
+
+def _cubins(library) -> tuple[dict[tuple[int, int], bytes], str]:
+    """({generation: cubin}, entry) of a compiled kernel (a numba-cuda CUDACodeLibrary),
+    built from its canonical IR (`_canonical_ir`) through Numba's own NVVM and linker
+    steps, for every generation in ARCHS."""
+    irs, numbers = _canonical_ir(list(library.llvm_strs))
+    canonical = object.__new__(type(library))
+    canonical.__dict__.update(library.__dict__)
+    canonical._llvm_strs = irs
+    for cache in ("_ptx_cache", "_ltoir_cache", "_cubin_cache", "_linkerinfo_cache"):
+        setattr(canonical, cache, {})
+    images = {}
     for cc in ARCHS:
-        image = library.get_cubin(cc=cc)
-        image = getattr(image, "code", image)
-        (out / f"{name}-sm{cc[0]}{cc[1]}.cubin").write_bytes(bytes(image))
-    return library._entry_name
+        image = canonical.get_cubin(cc=cc)
+        image = getattr(image, "code", image)  # a cuda.core ObjectCode
+        images[cc] = Path(image).read_bytes() if isinstance(image, str) else bytes(image)
+    return images, _renamed(library._entry_name, numbers)
+
+
+def _fatbin(cubins: dict[tuple[int, int], bytes], name: str) -> bytes:
+    """One fatbin holding `cubins` ({(major, minor): cubin}), in ARCHS order,
+    uncompressed (a compressed fatbin needs a newer driver than the cubins do)."""
+    from cuda.bindings import nvfatbin
+
+    options = ["-64", "-compress=false"]
+    handle = nvfatbin.create(options, len(options))
+    try:
+        for cc in sorted(cubins, key=ARCHS.index):
+            nvfatbin.add_cubin(handle, cubins[cc], len(cubins[cc]), f"{cc[0]}{cc[1]}", name)
+        image = bytearray(nvfatbin.size(handle))
+        nvfatbin.get(handle, image)
+    finally:
+        nvfatbin.destroy(handle)
+    return bytes(image)
+
+
+def _export(dispatcher, argtypes: tuple, name: str, out: Path) -> str:
+    """Write the overload's fatbin (`<name>.fatbin`, every generation in ARCHS); return
+    its entry."""
+    from kernels.common import shipped
+
+    cubins, entry = _cubins(dispatcher.overloads[argtypes]._codelibrary)
+    (out / f"{name}{shipped.SUFFIX}").write_bytes(_fatbin(cubins, name))
+    return entry
 
 
 def build(out: Path) -> dict:
-    """Compile every shipped kernel, write its cubins for ARCHS and the manifest into
-    `out` (emptied first); return the manifest. Kernels are stored under the launch
+    """Compile every shipped kernel, write its fatbin (`_export`) and the manifest into
+    `out` (a new folder); return the manifest. Kernels are stored under the launch
     layer's names; the quick start's names point at those files."""
     os.environ["IMGFILTER_CACHE_DIR"] = tempfile.mkdtemp(prefix="imgfilter-build-")
     os.environ["IMGFILTER_NO_PREBUILT"] = "1"
@@ -235,7 +365,6 @@ def build(out: Path) -> dict:
     from kernels.common import shipped
 
     rng = np.random.default_rng(0)
-    shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     noted = _recording_compiles()
     named = [spec for specs in (_twopass, _fused, _contour, _conv_tiled, _conv_window)
@@ -268,19 +397,60 @@ def build(out: Path) -> dict:
         kernels[name] = {"entry": entry, "modules": modules, "closure": listed, "digest": digest,
                          "file": key}  # fmt: skip
     manifest = {"archs": [f"sm{a}{b}" for a, b in ARCHS], "kernels": dict(sorted(kernels.items()))}
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return manifest
+
+
+def differing(built: Path, other: Path) -> list[str]:
+    """The names of the files that differ between two folders or are in one only."""
+    a, b = {p.name for p in built.iterdir()}, {p.name for p in other.iterdir()}
+    _, mismatch, errors = filecmp.cmpfiles(built, other, sorted(a & b), shallow=False)
+    return sorted({*mismatch, *errors, *(a ^ b)})
+
+
+def _fatbin_problem() -> str | None:
+    """Why no fatbin can be written here, or None."""
+    try:
+        from cuda.bindings import nvfatbin
+
+        nvfatbin.version()
+    except Exception as exc:  # noqa: BLE001 - a missing module or library, said in one line
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return None
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "kernels/prebuilt")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--out", type=Path, default=ROOT / "kernels/prebuilt")
+    where.add_argument(
+        "--check", nargs="?", type=Path, const=ROOT / "kernels/prebuilt", metavar="DIR",
+        help="build in a temporary folder and compare it with DIR byte for byte",
+    )  # fmt: skip
     args = parser.parse_args()
-    manifest = build(args.out)
-    size = sum(p.stat().st_size for p in args.out.iterdir())
-    print(f"{len(manifest['kernels'])} kernels x {len(ARCHS)} GPU generations: "
-          f"{size / 2**20:.1f} MiB in {args.out}")  # fmt: skip
-    return 0
+    if args.check is not None and not args.check.is_dir():
+        print(f"build_cubins: no folder {args.check}", file=sys.stderr)
+        return 2
+    problem = _fatbin_problem()
+    if problem is not None:
+        print(f"build_cubins: NVIDIA's fatbin library is needed ({problem}); "
+              'pip install "cuda-toolkit[nvfatbin]==13.0.*"', file=sys.stderr)  # fmt: skip
+        return 2
+    with tempfile.TemporaryDirectory(prefix="imgfilter-prebuilt-") as tmp:
+        built = Path(tmp) / "prebuilt"
+        manifest = build(built)
+        files = sorted(built.iterdir())
+        size = sum(p.stat().st_size for p in files) / 2**20
+        print(f"{len(manifest['kernels'])} kernels in {len(files) - 1} fatbins of {len(ARCHS)} "
+              f"GPU generations: {size:.1f} MiB")  # fmt: skip
+        if args.check is None:  # the folder is replaced only once the build has succeeded
+            shutil.rmtree(args.out, ignore_errors=True)
+            shutil.copytree(built, args.out)
+            return 0
+        differ = differing(built, args.check)
+        print(f"{len(differ)} of {len(files)} files differ from {args.check}"
+              + "".join(f"\n  {name}" for name in differ))  # fmt: skip
+        return 1 if differ else 0
 
 
 if __name__ == "__main__":

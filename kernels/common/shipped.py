@@ -1,17 +1,20 @@
 """Kernels shipped in the package, compiled ahead of time: kernels/prebuilt/.
 
-`tools/build_cubins.py` compiles them on a GPU machine for several GPU generations and
-writes, next to the cubins (`<name>-sm<XY>.cubin`), a manifest.json: `archs` (the
-generations) and `kernels`: name -> {"entry": the kernel's symbol, "modules": the
-`kernels` modules its code comes from, by dotted name inside the package (e.g.
-"box.fused"), "closure": those and every `kernels` module they import, "digest": the
-digest of the closure's sources when it was built, and "file": the name its cubins
-are stored under when another name's (the same kernel under two names)}. A shipped
-kernel is used only while that digest still matches the sources (`sources_digest`),
-so an edited kernel is compiled again instead of running stale code. Two kinds of
-names: the quick start's (`imgfilter.backends.cubins`, e.g. "contour-uint8-c1") and
-the launch layer's ("launch-" + `signature_key`, `kernels.common.launch`).
-IMGFILTER_NO_PREBUILT=1 ignores them all. Nothing here imports Numba.
+`tools/build_cubins.py` compiles them on a GPU machine, reproducibly, into one CUDA
+fatbin per kernel (`<file>.fatbin`: an uncompressed cubin for each GPU generation the
+manifest lists; the driver's module loader picks the GPU's own) and a manifest.json:
+`archs` (the generations, "sm90" and the like) and `kernels`: name -> {"entry": the
+kernel's symbol, "modules": the `kernels` modules its code comes from, by dotted name
+inside the package (e.g. "box.fused"), "closure": those and every `kernels` module
+they import, "digest": the digest of the closure's sources when it was built, and
+"file": the file its fatbin is stored under when that is another name's (the same
+kernel under two names)}; every file in the folder is manifest.json or a `file`.
+A shipped kernel is used only while that digest still matches the sources
+(`sources_digest`), so an edited kernel is compiled again instead of running stale
+code. Two kinds of names: the quick start's (`imgfilter.backends.cubins`, e.g.
+"contour-uint8-c1") and the launch layer's ("launch-" + `signature_key`,
+`kernels.common.launch`). IMGFILTER_NO_PREBUILT=1 ignores them all. Nothing here
+imports Numba.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 
 KERNELS_DIR = Path(__file__).parent.parent
 DIRECTORY = KERNELS_DIR / "prebuilt"
+SUFFIX = ".fatbin"  # a shipped kernel's file: its name (`file`, else the kernel's) and this
 # Modules that hold no code a kernel is compiled from (launching, memory, caches,
 # timing): editing them keeps the shipped kernels valid.
 HOST_MODULES = frozenset(
@@ -165,8 +169,8 @@ def ships_for(cc: tuple[int, int]) -> bool:
 
 
 def find(name: str, cc: tuple[int, int]) -> tuple[Path, str] | None:
-    """(cubin path, entry point) of shipped kernel `name` for this compute capability,
-    or None when none ships or it was built from other sources."""
+    """(fatbin path, entry point) of shipped kernel `name` for a GPU of this compute
+    capability, or None when none ships for it or it was built from other sources."""
     entry = manifest().get("kernels", {}).get(name)
     if not isinstance(entry, dict) or not ships_for(cc):
         return None
@@ -176,11 +180,13 @@ def find(name: str, cc: tuple[int, int]) -> tuple[Path, str] | None:
     symbol, file = entry.get("entry"), entry.get("file", name)
     if not isinstance(symbol, str) or not isinstance(file, str):
         return None
-    return DIRECTORY / f"{file}-sm{cc[0]}{cc[1]}.cubin", symbol
+    return DIRECTORY / f"{file}{SUFFIX}", symbol
 
 
 def load(name: str, cc: tuple[int, int]) -> tuple[bytes, str] | None:
-    """(cubin image, entry point) of shipped kernel `name`, or None (see `find`)."""
+    """(module image, entry point) of shipped kernel `name` for a GPU of this compute
+    capability, or None (see `find`). The image is the kernel's fatbin, which the
+    driver loads as it loads a cubin (`cuModuleLoadData`), taking this GPU's cubin."""
     found = find(name, cc)
     if found is None:
         return None
