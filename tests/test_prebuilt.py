@@ -491,3 +491,18 @@ def test_a_failed_background_compile_is_swallowed_and_its_marker_removed(tmp_pat
     with background.compiling("box_tiled-z"):
         raise RuntimeError("NVVM failed")
     assert not marker.exists()
+
+
+def test_the_package_data_ships_every_binary():
+    """pyproject.toml's package data names the binaries (a wheel built without them
+    would compile every kernel on its first use)."""
+    import fnmatch
+
+    from kernels.common import shipped
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+    globs = tomllib.loads((shipped.KERNELS_DIR.parent / "pyproject.toml").read_text())[
+        "tool"]["setuptools"]["package-data"]["kernels"]  # fmt: skip
+    files = sorted(p.name for p in shipped.DIRECTORY.iterdir())
+    assert files and all(any(fnmatch.fnmatch(f"prebuilt/{f}", g) for g in globs) for f in files)
