@@ -1,10 +1,12 @@
 """The array API: validate arguments, shape images as (H, W, C), call a backend.
 
 NumPy in, NumPy out. GPU arrays (PyTorch CUDA tensors, anything with
-`__cuda_array_interface__`: CuPy, Numba) are filtered on the GPU without host copies
-or waiting: the work is queued on the call's stream and a `kernels.common.devarray.DeviceArray`
-comes back at once (`cupy.asarray` / `torch.as_tensor(a, device="cuda")` take it
-without a copy), or the caller's `out` is written.
+`__cuda_array_interface__`: CuPy, Numba; any DLPack producer of CUDA memory: JAX)
+are filtered on the GPU without host copies or waiting: the work is queued on the
+call's stream and the result comes back at once, of the input's library (a torch
+tensor for a torch tensor, a CuPy array for a CuPy array, made by that library's
+allocator), else a `kernels.common.devarray.DeviceArray` (which speaks
+`__cuda_array_interface__` and DLPack), or the caller's `out` is written.
 
 Every function takes `out=` (an array of the result's shape and dtype, host for host
 input, device for device input, not overlapping the input) and `stream=` (a CuPy,
@@ -21,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from kernels.common.arrays import as_device_array, is_c_contiguous, is_device_array, overlaps
-from kernels.common.devarray import DeviceArray, stream_handle
+from kernels.common.devarray import DeviceArray, native_empty, stream_handle
 
 from . import replay
 from .backends import get_backend
@@ -120,6 +122,17 @@ def _check_out(out: Any, arr: Any, device: bool, shape: tuple) -> Any:
     return dout
 
 
+def _out_for(img: Any, out: Any, arr: Any, device: bool, shape: tuple) -> tuple[Any, Any]:
+    """(the output as the backend takes it, what the call returns unless None): the
+    caller's `out`, checked; for a torch or CuPy image without `out`, a new array of
+    that library (results follow the input's type: `native_empty`)."""
+    if device and out is None:
+        native = native_empty(img, shape, arr.dtype)
+        if native is not None:
+            return as_device_array(native), native
+    return _check_out(out, arr, device, shape), out
+
+
 def _cast_value(value: float, dtype) -> float:
     """The constant-border value as the image's dtype stores it (cv2.copyMakeBorder rule)."""
     if value == 0:
@@ -197,12 +210,11 @@ def _shaped(result: Any, shape: tuple) -> Any:
 
 
 def _finish(result: Any, out: Any, shape: tuple, call: tuple | None) -> Any:
-    """A filter's return value: `out` when given, else the result in the image's shape,
-    filed for replays (`replay.remember`) when `call` is the device call's (options,
-    img, stream)."""
-    if out is not None:
-        return out
-    result = _shaped(result, shape)
+    """A filter's return value: `out` when given (the caller's, or the array of the
+    input's library `_out_for` made), else the result in the image's shape; filed for
+    replays (`replay.remember`) when `call` is the device call's (options, img,
+    stream)."""
+    result = _shaped(result, shape) if out is None else out
     if call:
         replay.remember(*call, result)
     return result
@@ -349,9 +361,11 @@ def filter2d(
 
     Returns:
         An array of img's shape and dtype; `out` when given. NumPy in, NumPy out. For a
-        device image, the work is queued on the call's stream and a
-        `kernels.common.devarray.DeviceArray` comes back at once (`cupy.asarray` /
-        `torch.as_tensor(a, device="cuda")` take it without a copy).
+        device image, the work is queued on the call's stream and the result comes
+        back at once: a torch tensor for a torch tensor, a CuPy array for a CuPy
+        array (made by that library, on its current stream: with another `stream`,
+        keep it alive until that stream's work is done), else a
+        `kernels.common.devarray.DeviceArray` (`__cuda_array_interface__` and DLPack).
 
     Raises:
         UsageError: An unsupported image (rank, channel count, dtype, empty, a device
@@ -383,7 +397,8 @@ def filter2d(
     k = _kernel_memo(kernel)
     anchor_yx, code, method, value = _options(anchor, k.shape, border, border_value, method,
                                               arr.dtype)  # fmt: skip
-    dout = _check_out(out, arr, device, arr.shape)
+    given = out
+    dout, out = _out_for(img, out, arr, device, arr.shape)
     be = get_backend(backend, device_input=device)
     stream = _check_stream(stream)
     reach = (anchor_yx[0], k.shape[0] - 1 - anchor_yx[0])
@@ -394,7 +409,7 @@ def filter2d(
     if not device and (budget := _band_budget(be, arr, arr.nbytes, max_gpu_bytes)):
         return _in_bands(be, arr, out, arr.shape, reach, code, run, budget)
     result = run(_as_3d(arr), _out_3d(dout), stream)
-    call = (options, img, stream) if device and out is None else None
+    call = (options, img, stream) if device and given is None else None
     return _finish(result, out, arr.shape, call)
 
 
@@ -435,8 +450,8 @@ def blur(
             the GPU, with the same result.
 
     Returns:
-        An array of img's shape and dtype (a `kernels.common.devarray.DeviceArray`, queued on
-        the stream, for a device image); `out` when given.
+        An array of img's shape and dtype (for a device image, queued on the stream, of
+        the image's library as in `filter2d`); `out` when given.
 
     Raises:
         UsageError: A kernel size that is not a positive integer or is larger than 4095,
@@ -459,7 +474,8 @@ def blur(
     arr, device = _as_image(img)
     ksize, anchor_yx, code, method, value = _box_options(k, anchor, border, border_value,
                                                          method, arr.dtype)  # fmt: skip
-    dout = _check_out(out, arr, device, arr.shape)
+    given = out
+    dout, out = _out_for(img, out, arr, device, arr.shape)
     be = get_backend(backend, device_input=device)
     stream = _check_stream(stream)
     reach = (anchor_yx[0], ksize[0] - 1 - anchor_yx[0])
@@ -470,7 +486,7 @@ def blur(
     if not device and (budget := _band_budget(be, arr, arr.nbytes, max_gpu_bytes)):
         return _in_bands(be, arr, out, arr.shape, reach, code, run, budget)
     result = run(_as_3d(arr), _out_3d(dout), stream)
-    call = (options, img, stream) if device and out is None else None
+    call = (options, img, stream) if device and given is None else None
     return _finish(result, out, arr.shape, call)
 
 
@@ -517,8 +533,8 @@ def contour(
         max_gpu_bytes: See `filter2d`.
 
     Returns:
-        (H, W) of img's dtype (a `kernels.common.devarray.DeviceArray`, queued on the stream,
-        for a device image); `out` when given.
+        (H, W) of img's dtype (for a device image, queued on the stream, of the image's
+        library as in `filter2d`); `out` when given.
 
     Raises:
         UsageError: A float32 image, or any image or option `filter2d` refuses.
@@ -549,7 +565,8 @@ def contour(
             _cast_value(border_value, arr.dtype),
         ),
     )
-    dout = _check_out(out, arr, device, arr.shape[:2])
+    given = out
+    dout, out = _out_for(img, out, arr, device, arr.shape[:2])
     be = get_backend(backend, device_input=device)
     stream = _check_stream(stream)
 
@@ -560,11 +577,8 @@ def contour(
     if not device and (budget := _band_budget(be, arr, out_bytes, max_gpu_bytes)):
         return _in_bands(be, arr, out, arr.shape[:2], (1, 1), code, run, budget, gray=True)
     result = run(_as_3d(arr), dout, stream)
-    if out is not None:
-        return out
-    if device:
-        replay.remember(options, img, stream, result)
-    return result
+    call = (options, img, stream) if device and given is None else None
+    return _finish(result, out, arr.shape[:2], call)
 
 
 def set_gpu_pool_limit(nbytes: int) -> None:

@@ -17,7 +17,15 @@ import threading
 from typing import Any
 
 from kernels.common.cudadrv import CudaError, GpuOutOfMemory
-from kernels.common.devarray import DeviceArray, c_array, empty_like, peek, stream_handle
+from kernels.common.devarray import (
+    DeviceArray,
+    c_array,
+    cheap_view,
+    empty_like,
+    native_empty,
+    peek,
+    stream_handle,
+)
 
 from .errors import DeviceError, GpuMemoryError
 
@@ -38,9 +46,10 @@ def _key(options: tuple, seen: tuple, stream: Any) -> tuple:
     return (options, layout, ptr & 15, handle), handle
 
 
-def lookup(options: tuple, img: Any, stream: Any) -> DeviceArray | None:
+def lookup(options: tuple, img: Any, stream: Any) -> Any:
     """The result of a call seen before (queued on its stream), or None: the caller
-    takes the general path, which this resets the backend's note for.
+    takes the general path, which this resets the backend's note for. The result is
+    of the image's library, as the general path's (`native_empty`), else ours.
 
     options: hashable, naming the function and every option that shapes its launches.
     img: the call's image, as given. stream: the call's `stream=`, as given."""
@@ -57,8 +66,13 @@ def lookup(options: tuple, img: Any, stream: Any) -> DeviceArray | None:
         return None
     recipe, template = hit
     try:
-        out = empty_like(template, handle)
-        recipe.replay([seen[1], out.ptr], handle)
+        out = native_empty(img, template.shape, template.dtype)
+        if out is None:
+            out = empty_like(template, handle)
+            ptr = out.ptr
+        elif (ptr := peek(out, False)[1]) & 511:  # not aligned as the recording was
+            return None
+        recipe.replay([seen[1], ptr], handle)
     except GpuOutOfMemory as exc:
         raise GpuMemoryError(f"{exc}; try --backend cpu") from exc
     except CudaError as exc:
@@ -77,10 +91,11 @@ def remember(options: tuple, img: Any, stream: Any, result: Any) -> None:
     the noted addresses are the call's image and its (pool-allocated) result."""
     seen = _last.seen
     _last.seen = None
-    if seen is None or type(result) is not DeviceArray:
+    view = None if seen is None else cheap_view(result)
+    if view is None:
         return
     peeked = peek(img, stream is None)
-    if peeked is None or seen[0] != peeked[1] or seen[1] != result.ptr or result.ptr & 511:
+    if peeked is None or seen[0] != peeked[1] or seen[1] != view.ptr or view.ptr & 511:
         return
     try:
         key, _ = _key(options, peeked, stream)
@@ -89,4 +104,4 @@ def remember(options: tuple, img: Any, stream: Any, result: Any) -> None:
         return
     if len(_REPLAYS) >= _KEEP:
         _REPLAYS.pop(next(iter(_REPLAYS)), None)
-    _REPLAYS[key] = (seen[2], c_array(0, result.shape, result.dtype, 0, None))
+    _REPLAYS[key] = (seen[2], c_array(0, view.shape, view.dtype, 0, None))

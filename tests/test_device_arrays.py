@@ -54,23 +54,60 @@ def test_device_array_with_cpu_backend_is_refused():
 
 
 @pytest.mark.gpu
-def test_cupy_array_in_device_array_out():
+def test_cupy_array_in_cupy_array_out():
+    """Results follow the input's library: a CuPy image gives a CuPy array (from CuPy's
+    pool), on the first call and on its replays."""
     cp = pytest.importorskip("cupy")
     host = _image((517, 1031, 3))
-    out = imgfilter.filter2d(cp.asarray(host), KERNEL)
-    assert hasattr(out, "__cuda_array_interface__")
-    np.testing.assert_array_equal(cp.asnumpy(cp.asarray(out)), ref.filter2d(host, KERNEL))
+    for _ in range(3):
+        out = imgfilter.filter2d(cp.asarray(host), KERNEL)
+        assert isinstance(out, cp.ndarray)
+        np.testing.assert_array_equal(out.get(), ref.filter2d(host, KERNEL))
 
 
 @pytest.mark.gpu
-def test_torch_cuda_tensor_in_device_array_out():
+def test_torch_cuda_tensor_in_torch_tensor_out():
+    """A torch CUDA tensor gives a torch tensor (torch's allocator, its device), on the
+    first call and on replays; 2-D images keep their shape."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA here")
-    host = _image((333, 777, 4), np.uint8)
-    out = imgfilter.blur(torch.from_numpy(host).cuda(), 21)
-    got = torch.as_tensor(out, device="cuda").cpu().numpy()
-    assert np.abs(got.astype(int) - ref.blur(host, 21)).max() <= 1
+    for shape in ((333, 777, 4), (95, 131)):
+        host = _image(shape, np.uint8)
+        for _ in range(3):
+            out = imgfilter.blur(torch.from_numpy(host).cuda(), 21)
+            assert isinstance(out, torch.Tensor) and out.is_cuda and out.shape == shape
+            assert np.abs(out.cpu().numpy().astype(int) - ref.blur(host, 21)).max() <= 1
+        gray = imgfilter.contour(torch.from_numpy(host[..., 0].copy()).cuda())
+        assert isinstance(gray, torch.Tensor)
+        np.testing.assert_array_equal(gray.cpu().numpy(), ref.contour(host[..., 0]))
+
+
+class _DLPackOnly:
+    """A DLPack producer of CUDA memory and nothing else (as a JAX array is seen)."""
+
+    def __init__(self, tensor):
+        self._t = tensor
+
+    def __dlpack__(self, **kwargs):
+        return self._t.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._t.__dlpack_device__()
+
+
+@pytest.mark.gpu
+def test_dlpack_producers_are_taken_and_results_export_dlpack():
+    """Any DLPack producer of CUDA memory is a device image; its result (ours) is
+    exported through DLPack without a copy (torch.from_dlpack)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    host = _image((201, 303, 3), seed=9)
+    out = imgfilter.filter2d(_DLPackOnly(torch.from_numpy(host).cuda()), KERNEL)
+    as_torch = torch.from_dlpack(out)
+    assert as_torch.data_ptr() == out.ptr and tuple(as_torch.shape) == host.shape
+    np.testing.assert_array_equal(as_torch.cpu().numpy(), ref.filter2d(host, KERNEL))
 
 
 # ------------------------------------------------------------- out= and stream=
@@ -173,7 +210,7 @@ def test_device_call_returns_while_the_gpu_is_busy(name):
     out = OPS[name](d, stream=stream)
     assert not driver().idle(stream.ptr), "the call waited for the GPU"
     stream.synchronize()
-    np.testing.assert_array_equal(out.copy_to_host(), REFS[name](host))
+    np.testing.assert_array_equal(out.get(), REFS[name](host))
     del token
 
 
@@ -228,10 +265,10 @@ def test_explicit_stream_argument_wins_over_the_arrays():
     stream = cp.cuda.Stream(non_blocking=True)
     token = busy(0.3, stream.ptr)
     out = imgfilter.blur(d, 5, stream=stream)
-    assert out.stream == stream.ptr
+    assert isinstance(out, cp.ndarray)
     assert not driver().idle(stream.ptr)
     stream.synchronize()
-    np.testing.assert_array_equal(out.copy_to_host(), ref.blur(host, 5))
+    np.testing.assert_array_equal(out.get(), ref.blur(host, 5))
     del token
 
 
@@ -247,7 +284,7 @@ def test_replayed_calls_agree_with_the_first(name):
         before = len(backend._RECIPES)
         for seed in range(3):
             host = _image(shape, seed=seed)
-            got = OPS[name](cp.asarray(host)).copy_to_host()
+            got = OPS[name](cp.asarray(host)).get()
             np.testing.assert_array_equal(got.reshape(REFS[name](host).shape), REFS[name](host))
         assert len(backend._RECIPES) == before + 1, "one recording, then replays"
 
@@ -267,13 +304,13 @@ def test_api_replays_keep_calls_with_other_options_apart():
             d = cp.asarray(host)
             for k in (3, 5):
                 for border in ("reflect101", "constant"):
-                    got = imgfilter.blur(d, k, border=border).copy_to_host()
+                    got = imgfilter.blur(d, k, border=border).get()
                     np.testing.assert_array_equal(got, ref.blur(host, k, border=border))
             for weights in (KERNEL, sharpen):
                 got = imgfilter.filter2d(d, weights, stream=stream)
                 stream.synchronize()
-                np.testing.assert_array_equal(got.copy_to_host(), ref.filter2d(host, weights))
-            gray = imgfilter.contour(cp.asarray(host[:, :, 0].copy())).copy_to_host()
+                np.testing.assert_array_equal(got.get(), ref.filter2d(host, weights))
+            gray = imgfilter.contour(cp.asarray(host[:, :, 0].copy())).get()
             np.testing.assert_array_equal(gray, ref.contour(host[:, :, 0]))
     names = [key[0][0] for key in replay._REPLAYS if key[1][0][:2] == (123, 457)]
     assert names.count("blur") >= 4 and names.count("filter2d") >= 2 and "contour" in names
@@ -294,11 +331,61 @@ def test_api_replays_of_torch_tensors_follow_torch_streams():
         for host in hosts:
             x = torch.from_numpy(host).cuda(non_blocking=True)
             y = imgfilter.blur(x, 5)
-            assert y.stream == side.cuda_stream
-            sums.append(torch.as_tensor(y, device="cuda").to(torch.int64).sum())
+            assert isinstance(y, torch.Tensor)
+            sums.append(y.to(torch.int64).sum())
     side.synchronize()
     for host, total in zip(hosts, sums, strict=True):
         assert int(total) == int(ref.blur(host, 5).astype(np.int64).sum())
     from imgfilter import replay
 
     assert any(key[1][0] == (211, 307, 3) for key in replay._REPLAYS)  # filed for torch
+
+
+def test_results_are_made_by_the_inputs_library(monkeypatch):
+    """`native_empty`: torch's `empty` for a torch tensor, CuPy's for a CuPy array (on
+    the array's device), None (our pool) for other arrays."""
+    import sys
+    import types
+
+    from kernels.common.devarray import DeviceArray, native_empty
+
+    made = []
+    torch = types.SimpleNamespace(empty=lambda shape, dtype, device: made.append(
+        ("torch", shape, dtype, device)) or "t")  # fmt: skip
+
+    class Device:
+        def __enter__(self):
+            made.append("device entered")
+
+        def __exit__(self, *exc):
+            made.append("device left")
+
+    cupy = types.SimpleNamespace(
+        empty=lambda shape, dtype: made.append(("cupy", shape, dtype)) or "c"
+    )
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    tensor = type("Tensor", (), {"__module__": "torch", "dtype": "torch.uint8", "device": "cuda:1"})
+    array = type("ndarray", (), {"__module__": "cupy._core.core", "device": Device()})
+    assert native_empty(tensor(), (4, 5), np.uint8) == "t"
+    assert native_empty(array(), (4, 5, 3), np.uint16) == "c"
+    assert native_empty(DeviceArray(1 << 30, (4, 5), np.uint8), (4, 5), np.uint8) is None
+    assert made == [("torch", (4, 5), "torch.uint8", "cuda:1"), "device entered",
+                    ("cupy", (4, 5, 3), np.uint16), "device left"]  # fmt: skip
+
+
+def test_dlpack_producers_of_cuda_memory_are_device_arrays():
+    from kernels.common.arrays import is_device_array
+
+    class Producer:
+        def __init__(self, device_type):
+            self.device_type = device_type
+
+        def __dlpack__(self, **kwargs):
+            raise AssertionError("not read to decide")
+
+        def __dlpack_device__(self):
+            return (self.device_type, 0)
+
+    assert is_device_array(Producer(2)) and is_device_array(Producer(13))  # CUDA, managed
+    assert not is_device_array(Producer(1))  # host memory

@@ -73,13 +73,13 @@ def test_first_use_on_the_gpu_then_blocked(monkeypatch, tmp_path):
     real = backend._conv.correlate
     monkeypatch.setattr(backend._conv, "correlate",
                         lambda *a: methods.append(a[5]) or real(*a))  # fmt: skip
-    got = imgfilter.filter2d(cp.asarray(img), kernel).copy_to_host()
+    got = imgfilter.filter2d(cp.asarray(img), kernel).get()
     assert np.abs(got.astype(int) - want).max() <= 1
     assert methods == ["window"]
     deadline = time.monotonic() + 180
     while backend._blocked_or_window(11, 13, np.uint8) != "blocked":
         assert time.monotonic() < deadline, "the background compile never exported its cubin"
         time.sleep(0.5)
-    got = imgfilter.filter2d(cp.asarray(img), kernel).copy_to_host()
+    got = imgfilter.filter2d(cp.asarray(img), kernel).get()
     assert np.abs(got.astype(int) - want).max() <= 1
     assert methods[-1] == "blocked"

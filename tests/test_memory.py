@@ -69,7 +69,7 @@ def test_api_under_a_memory_hog(leave):
     hog = _hog(leave)
     try:
         try:
-            out = imgfilter.blur(d, 21).copy_to_host()
+            out = imgfilter.blur(d, 21).get()
         except imgfilter.GpuMemoryError as exc:
             assert "needed" in str(exc) and "free" in str(exc)
             assert isinstance(exc, MemoryError)
@@ -88,14 +88,14 @@ def test_cupys_cached_blocks_are_given_back_when_the_gpu_is_full():
     from kernels.common import devarray
 
     d = cp.asarray(np.random.default_rng(3).integers(0, 255, (4000, 6000, 3), dtype=np.uint8))
-    want = imgfilter.blur(d, 21).copy_to_host()
+    want = imgfilter.blur(d, 21).get()
     devarray.POOL.trim()  # nothing cached on imgfilter's side for the next call
     hog = _hog(0.0002)  # all but ~16 MB of an 80 GB GPU; the result needs 72 MB
     held = sum(block.mem.size for block in hog)
     del hog
     pool = cp.get_default_memory_pool()
     assert pool.free_bytes() >= held  # freed, but cached by CuPy
-    got = imgfilter.blur(d, 21).copy_to_host()
+    got = imgfilter.blur(d, 21).get()
     assert pool.free_bytes() < held
     np.testing.assert_array_equal(got, want)
 

@@ -97,7 +97,7 @@ _GPU_SCRIPT = textwrap.dedent(
             else:
                 stream = cp.cuda.Stream(non_blocking=True)
                 with stream:
-                    got = ours(cp.asarray(img), stream=stream).copy_to_host()
+                    got = ours(cp.asarray(img), stream=stream).get()
                 _check(name, got, want)
 
     errors = run_in_threads({threads}, run)

@@ -25,8 +25,8 @@ def is_numba_device_array(obj: Any) -> bool:
 
 
 def is_device_array(obj: Any) -> bool:
-    """True for GPU arrays: ours, Numba's, or anything with `__cuda_array_interface__`
-    (CuPy, torch CUDA tensors)."""
+    """True for GPU arrays: ours, Numba's, anything with `__cuda_array_interface__`
+    (CuPy, torch CUDA tensors), and DLPack producers of CUDA memory (JAX)."""
     kind = type(obj)
     if kind is DeviceArray:
         return True
@@ -35,7 +35,8 @@ def is_device_array(obj: Any) -> bool:
         return True  # without building its interface dict (hasattr would)
     if module == "torch":
         return bool(getattr(obj, "is_cuda", False))
-    return is_numba_device_array(obj) or hasattr(obj, "__cuda_array_interface__")
+    return (is_numba_device_array(obj) or hasattr(obj, "__cuda_array_interface__")
+            or devarray.is_dlpack_device_array(obj))  # fmt: skip
 
 
 def as_device_array(obj: Any):

@@ -279,6 +279,25 @@ class DeviceArray:
             "stream": 1 if self.stream == LEGACY else self.stream,
         }
 
+    def __dlpack__(self, *, stream: int | None = None, max_version: tuple | None = None,
+                   dl_device: tuple | None = None, copy: bool | None = None) -> Any:  # fmt: skip
+        """A DLPack capsule of this array (`torch.from_dlpack`, `jax.dlpack.from_dlpack`,
+        `cupy.from_dlpack`, `np.from_dlpack` refuses device memory), made by
+        cuda.core's StridedMemoryView (cuda-core >= 1.2). `stream`: the consumer's; its
+        work is then ordered after this array's stream."""
+        from cuda.core.utils import StridedMemoryView
+
+        if not hasattr(StridedMemoryView, "__dlpack__"):
+            raise BufferError("exporting through DLPack needs cuda-core >= 1.2; "
+                              "use __cuda_array_interface__ instead")  # fmt: skip
+        view = StridedMemoryView.from_cuda_array_interface(self, stream_ptr=-1)
+        if stream not in (None, -1) and stream != self.stream:
+            _order_after(self.stream, LEGACY if stream in (1, 2) else stream)
+        return view.__dlpack__(max_version=max_version, dl_device=dl_device, copy=copy)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (2, 0)  # kDLCUDA, device 0 (the package runs on device 0)
+
     def reshape(self, *shape) -> DeviceArray:
         """A view with another shape (C-contiguous arrays only; one -1 allowed)."""
         if len(shape) == 1 and isinstance(shape[0], tuple | list):
@@ -527,12 +546,61 @@ def _peeker(kind: type):
 _PEEKERS: dict = {}  # array type -> its `peek` reader
 
 
+def _order_after(producer: int, consumer: int) -> None:
+    """Make `consumer`'s later work wait for what `producer` has queued (an event)."""
+    drv = driver()
+    drv.current()
+    event = drv.call("cuEventCreate", 2)  # CU_EVENT_DISABLE_TIMING
+    drv.call("cuEventRecord", event, producer)
+    drv.call("cuStreamWaitEvent", consumer, event, 0)
+    drv.call("cuEventDestroy", event)
+
+
+def native_empty(img: Any, shape: tuple, dtype) -> Any | None:
+    """An uninitialised C-contiguous array of `shape` and `dtype` made by the library
+    `img` comes from, on img's device: `torch.empty` for a torch CUDA tensor (torch's
+    caching allocator, on torch's current stream), `cupy.empty` for a CuPy array
+    (CuPy's pool); None for other arrays (ours, Numba's, DLPack producers)."""
+    module = type(img).__module__
+    if module == "torch":
+        return sys.modules["torch"].empty(shape, dtype=img.dtype, device=img.device)
+    if module == "cupy" or module.startswith("cupy._core"):
+        cupy = sys.modules["cupy"]
+        with img.device:
+            return cupy.empty(shape, dtype)
+    return None
+
+
+def is_dlpack_device_array(obj: Any) -> bool:
+    """Whether `obj` exports CUDA device memory through DLPack (JAX, TensorFlow, ...)."""
+    device = getattr(obj, "__dlpack_device__", None)
+    try:
+        return device is not None and device()[0] in (2, 13)  # kDLCUDA, kDLCUDAManaged
+    except (TypeError, ValueError, AttributeError, RuntimeError):
+        return False
+
+
+def _dlpack_view(obj: Any) -> DeviceArray:
+    """A DeviceArray view of a DLPack producer's CUDA array (cuda.core's
+    StridedMemoryView reads it). The producer orders its pending work before CUDA's
+    legacy default stream, the view's stream."""
+    from cuda.core.utils import StridedMemoryView
+
+    view = StridedMemoryView(obj, stream_ptr=1)  # DLPack's name of the legacy stream
+    itemsize = np.dtype(view.dtype).itemsize
+    strides = None if view.strides is None else tuple(s * itemsize for s in view.strides)
+    return DeviceArray(view.ptr, view.shape, view.dtype, strides, LEGACY, (obj, view))
+
+
 def as_device_array(obj: Any) -> DeviceArray:
-    """A DeviceArray view of a GPU array (ours, torch, or anything with
-    `__cuda_array_interface__`: CuPy, Numba), without copying or waiting."""
+    """A DeviceArray view of a GPU array (ours, torch, anything with
+    `__cuda_array_interface__`: CuPy, Numba; or a DLPack producer of CUDA memory),
+    without copying or waiting."""
     view = cheap_view(obj)
     if view is not None:
         return view
+    if not hasattr(obj, "__cuda_array_interface__") and is_dlpack_device_array(obj):
+        return _dlpack_view(obj)
     cai = obj.__cuda_array_interface__
     dtype = np.dtype(cai["typestr"])
     if cai.get("mask") is not None:
