@@ -61,11 +61,17 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # imgfilter and kernels from this tree
 
-SIZES = {"720p": (720, 1280, 3), "2167x2495": (2167, 2495, 3), "4K": (2160, 3840, 3)}
+SIZES = {
+    "720p": (720, 1280, 3),
+    "2167x2495": (2167, 2495, 3),
+    "4K": (2160, 3840, 3),
+    "8K": (4320, 7680, 3),
+}
 QUICK_SIZES = ("720p", "2167x2495")
 SMALL_TARGET_US = 15.0  # issue 23 item 4: per call on small inputs, and <= torch's
 GAUSS_K, GAUSS_SIGMA = 21, 3.5
 BATCH, BATCH_K = 32, 5
+MIXED = 16  # images of a list of mixed sizes (the list case), box BATCH_K
 
 
 # ----------------------------------------------------------------------- structures
@@ -548,6 +554,21 @@ def batch_case(env: Env, shape: tuple) -> list[Impl]:
     return [ours_batch_blur(env, d4, BATCH_K), cvcuda_averageblur(env, d4, BATCH_K)]
 
 
+def mixed_sizes(count: int) -> list[tuple]:
+    """`count` image shapes between 64x64 and 1080p, the same in every run."""
+    rng = np.random.default_rng(16)
+    return [(int(rng.integers(64, 1081)), int(rng.integers(64, 1921)), 3) for _ in range(count)]
+
+
+def list_case(env: Env, count: int) -> list[Impl]:
+    """One blur_batch call on a list of images of mixed sizes (each its own borders)."""
+    import imgfilter
+
+    images, s = [device_image(env, shape) for shape in mixed_sizes(count)], env.stream
+    name = f"imgfilter.blur_batch (list of {count})"
+    return [ours(name, lambda: imgfilter.blur_batch(images, BATCH_K, stream=s), keep=tuple(images))]
+
+
 def softmax_case(env: Env, rows: int, cols: int) -> list[Impl]:
     from kernels.softmax import softmax
 
@@ -590,6 +611,10 @@ def build_cases(quick: bool) -> list[Case]:
     nbatch = 2 * BATCH * int(np.prod(frame))
     batch = partial(batch_case, shape=frame)
     cases.append(Case(f"batch {BATCH}x720p box {BATCH_K}", nbatch, batch))
+    mixed = 2 * sum(int(np.prod(shape)) for shape in mixed_sizes(MIXED))
+    cases.append(
+        Case(f"list {MIXED} mixed sizes box {BATCH_K}", mixed, partial(list_case, count=MIXED))
+    )
     cases += [softmax_row(4096, 1024), gemv_row(4096, 4096)]
     small = (64, 64, 3)
     box = partial(box_case, shape=small, k=3)
