@@ -2,6 +2,7 @@
 
     python benchmarks/bench.py [--sizes seed,4k,8k] [--quick] [--json FILE]
     imgfilter bench [...]                       # the same, from a source checkout
+    python benchmarks/bench.py --lists 1500,5000,10000 [--repeats R] [--json FILE]
 
 BENCHMARKS.md's image-kernel tables (seed, 4K, 8K; low-rank kernels; the seed
 article's comparison) come from this script's JSON (benchmarks/report.py).
@@ -16,6 +17,12 @@ conv2d (CUDA events, same spin method), each skipped with a note when not instal
 The bytes floor is reading the input and writing the output once at the copy
 bandwidth measured in the same run. The low-rank cases time kernels directly (a
 given number of separable terms), through the same timer.
+
+--lists: blur LIST_K of lists of N random RGB uint8 images up to LIST_MAX_SIDE^2, in
+fresh processes (`list_child`): a torch list's first call (empty kernel caches, then
+caches an earlier process filled) and warm calls; a NumPy list's, beside a cv2.blur
+loop and the 4-D batches (host, torch) of N images of the list's mean size. Warm: the
+median of --repeats synchronised calls. Every result is checked against cv2.blur.
 """
 
 from __future__ import annotations
@@ -23,7 +30,11 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 import json
+import os
 import platform
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -559,20 +570,126 @@ def print_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------ lists of many images
+
+LIST_K = 5
+LIST_MAX_SIDE = 200
+
+
+def list_images(n: int) -> list[np.ndarray]:
+    """n RGB uint8 images of random sizes up to LIST_MAX_SIDE on a side (seeded by n)."""
+    rng = np.random.default_rng(n)
+    sides = rng.integers(1, LIST_MAX_SIDE + 1, (n, 2))
+    return [rng.integers(0, 256, (int(h), int(w), 3), dtype=np.uint8) for h, w in sides]
+
+
+def list_child(n: int, kind: str, repeats: int) -> dict:
+    """This fresh process's figures for a "device" (torch) or "host" (NumPy) list of
+    `list_images(n)`: imgfilter's import, the first blur_batch, the warm calls, and for
+    "host" a cv2.blur loop and the 4-D batches (host, torch) of the mean size."""
+    import cv2
+    import torch
+
+    host = list_images(n)
+    side = round(float(np.sqrt(np.mean([i.shape[0] * i.shape[1] for i in host]))))
+    t0 = time.perf_counter()
+    import imgfilter
+
+    row: dict = {"n": n, "kind": kind, "import_s": time.perf_counter() - t0}
+    sync = torch.cuda.synchronize
+    images = [torch.from_numpy(i).cuda() for i in host] if kind == "device" else host
+    sync()
+    t0 = time.perf_counter()
+    got = imgfilter.blur_batch(images, LIST_K)
+    sync()
+    row["first_s"] = time.perf_counter() - t0
+    row["numba_imported"] = "numba" in sys.modules
+
+    def ms(fn: Callable[[], object]) -> float:  # median of synchronised calls
+        return wall_us(lambda: (fn(), sync()), repeats) / 1e3
+
+    row["warm_ms"] = ms(lambda: imgfilter.blur_batch(images, LIST_K))
+    row["warm_us_per_image"] = 1e3 * row["warm_ms"] / n
+    got = [g.copy_to_host() for g in got] if kind == "device" else got
+    row["equal_cv2"] = all(np.array_equal(g, cv2.blur(i, (LIST_K, LIST_K)))
+                           for g, i in zip(got, host, strict=True))  # fmt: skip
+    if kind == "host":
+        row["cv2_loop_ms"] = ms(lambda: [cv2.blur(i, (LIST_K, LIST_K)) for i in host])
+        batch = np.random.default_rng(0).integers(0, 256, (n, side, side, 3), dtype=np.uint8)
+        d_batch = torch.from_numpy(batch).cuda()
+        row["batch_side"] = side
+        row["host_4d_ms"] = ms(lambda: imgfilter.blur_batch(batch, LIST_K))
+        row["device_4d_ms"] = ms(lambda: imgfilter.blur_batch(d_batch, LIST_K))
+    row["gpu"] = torch.cuda.get_device_name()
+    return row
+
+
+def _list_child_run(n: int, kind: str, repeats: int, cache: str | None) -> dict:
+    """`list_child` in a fresh process with kernel caches in `cache` (None: new, empty)."""
+    cache = cache or tempfile.mkdtemp(prefix="imgfilter-lists-")
+    env = {**os.environ, "IMGFILTER_CACHE_DIR": cache, "NUMBA_CACHE_DIR": f"{cache}/numba"}
+    done = subprocess.run([sys.executable, __file__, "--lists-child", f"{n},{kind},{repeats}"],
+                          capture_output=True, text=True, env=env)  # fmt: skip
+    if done.returncode:
+        return {"n": n, "kind": kind, "error": done.stderr.strip()[-2000:]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_lists(counts: list[int], repeats: int) -> dict:
+    """Every list case (see the module docstring); rows as `list_child` gives them, with
+    "caches": "empty" or "kept" (filled by an earlier process's list of 50 images)."""
+    kept = tempfile.mkdtemp(prefix="imgfilter-lists-kept-")
+    rows = [{**_list_child_run(50, "device", 1, kept), "caches": "filled here"}]
+    for n in counts:
+        for kind, cache in (("device", None), ("device", kept), ("host", kept)):
+            row = _list_child_run(n, kind, repeats, cache)
+            rows.append({**row, "caches": "kept" if cache else "empty"})
+            print(_list_line(rows[-1]), flush=True)
+    date = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    case = f"blur {LIST_K}, random RGB uint8 images up to {LIST_MAX_SIDE}^2"
+    return {"case": case, "date": date, "cpus": os.cpu_count(), "versions": _versions(),
+            "rows": rows}  # fmt: skip
+
+
+def _list_line(r: dict) -> str:
+    if "error" in r:
+        return f"{r['n']:>6} {r['kind']:<6} failed: {r['error'].splitlines()[-1]}"
+    extra = "" if r["kind"] == "device" else (
+        f"  cv2 loop {r['cv2_loop_ms']:.2f} ms  4-D {r['batch_side']}^2: host "
+        f"{r['host_4d_ms']:.2f} ms, torch {r['device_4d_ms']:.2f} ms")  # fmt: skip
+    return (f"{r['n']:>6} {r['kind']:<6} caches {r['caches']:<5} first {r['first_s']:7.3f} s  "
+            f"warm {r['warm_ms']:8.2f} ms ({r['warm_us_per_image']:6.1f} us/img)  "
+            f"numba {r['numba_imported']}  equal {r['equal_cv2']}{extra}")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`python benchmarks/bench.py [--sizes seed,4k,8k] [--json FILE] [--quick]`."""
+    """`python benchmarks/bench.py [--sizes seed,4k,8k] [--json FILE] [--quick]`, or
+    `--lists N,N,... [--repeats R] [--json FILE]`."""
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="seed", help="comma-separated: seed, 4k, 8k")
     parser.add_argument("--json", dest="json_path")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--lists", help="comma-separated list lengths: the lists case alone")
+    parser.add_argument("--repeats", type=int, default=7, help="warm calls of the lists case")
+    parser.add_argument("--lists-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.lists_child:
+        n, kind, repeats = args.lists_child.split(",")
+        print(json.dumps(list_child(int(n), kind, int(repeats))))
+        return 0
+    lengths = (args.lists or "").split(",")
+    if args.lists and (not all(c.isdigit() and int(c) > 0 for c in lengths) or args.repeats < 1):
+        parser.error(f"--lists {args.lists!r}: give lengths such as 1500,5000 (--repeats >= 1)")
     sizes = tuple(s.strip() for s in args.sizes.split(",") if s.strip())
     if not sizes or any(s not in SHAPES for s in sizes):
         parser.error(f"--sizes {args.sizes!r}: choose from {', '.join(SHAPES)}")
-    result = run(sizes, quick=args.quick)
-    print(print_table(result))
+    if args.lists:
+        result = run_lists([int(c) for c in lengths], args.repeats)
+    else:
+        result = run(sizes, quick=args.quick)
+        print(print_table(result))
     if args.json_path:
         with open(args.json_path, "w") as fh:
             json.dump(result, fh, indent=1)

@@ -3,7 +3,8 @@
 A batch is a 4-D (N, H, W, C) or 3-D (N, H, W) array, host or device, or a list of
 images of any sizes. A device batch runs each kernel once for all its images; a list
 of device images in launches that do not grow with its length; host batches image by
-image through the single-image functions of `imgfilter.api`. Each image has its own
+image through the single-image functions of `imgfilter.api`, where backend auto runs
+a blur or contour of a host image on the CPU (`_placement`). Each image has its own
 borders: each result equals filtering that image alone.
 """
 
@@ -32,7 +33,8 @@ from .api import (
     contour,
     filter2d,
 )
-from .backends import get_backend
+from .backends import get_backend, warmup
+from .backends.cpu_common import run_parallel, threads
 from .border import border_code
 from .errors import UsageError
 
@@ -45,7 +47,7 @@ def _lists():
 
 
 def _batch(images: Any, out: Any, stream: Any, backend: str, one, many, many_list,
-           result_shape) -> Any:  # fmt: skip
+           result_shape, cpu_op: str | None = None) -> Any:  # fmt: skip
     """Filter each image of a batch.
 
     images: a 4-D (N, H, W, C) or 3-D (N, H, W) array (host or device), the first axis
@@ -56,7 +58,9 @@ def _batch(images: Any, out: Any, stream: Any, backend: str, one, many, many_lis
     back to back on one stream); a list of device images through `many_list(backend,
     images (H, W, C), outs, stream)` (`_device_list`); host arrays and lists, and
     lists mixing host and device images, image by image through `one(img, out,
-    stream)`. Each image has its own borders: results equal filtering each alone.
+    stream, backend)` (`_each`; `cpu_op`: the operation whose CPU placement applies,
+    "blur" or "contour"). Each image has its own borders: results equal filtering
+    each alone.
     """
     if isinstance(images, list | tuple):
         if out is not None and (not isinstance(out, list | tuple) or len(out) != len(images)):
@@ -64,7 +68,7 @@ def _batch(images: Any, out: Any, stream: Any, backend: str, one, many, many_lis
         if images and all(_is_device_input(img) for img in images):
             return _device_list(images, out, stream, backend, many_list, result_shape)
         outs = out if out is not None else [None] * len(images)
-        return [one(img, o, stream) for img, o in zip(images, outs, strict=True)]
+        return _each(list(images), list(outs), stream, backend, one, cpu_op)
     device = not isinstance(images, np.ndarray) and is_device_array(images)
     batch = as_device_array(images) if device else np.asarray(images)
     if batch.ndim not in (3, 4):
@@ -78,8 +82,7 @@ def _batch(images: Any, out: Any, stream: Any, backend: str, one, many, many_lis
     if not device:
         host_out = np.empty(shape, batch.dtype) if out is None else out
         dout = _check_out(host_out, batch, False, shape)
-        for i in range(batch.shape[0]):
-            one(batch[i], dout[i], stream)
+        _each(list(batch), list(dout), stream, backend, one, cpu_op)
         return host_out
     if not _c_contiguous(batch.shape, batch.strides, batch.dtype.itemsize):
         raise UsageError("device batches must be C-contiguous")
@@ -89,6 +92,35 @@ def _batch(images: Any, out: Any, stream: Any, backend: str, one, many, many_lis
     batch4 = batch if batch.ndim == 4 else batch.reshape(*batch.shape, 1)
     result = many(be, batch4, dout, stream)
     return out if out is not None else result.reshape(shape)
+
+
+def _each(images: list, outs: list, stream: Any, backend: str, one,
+          cpu_op: str | None) -> list:  # fmt: skip
+    """[one(img, out, stream, its backend)] for host images (or host and device ones),
+    each image where `_placement` puts it; a blur's images on every CPU at once when
+    all of them go to the CPU (cv2.blur runs on one thread and releases the GIL;
+    contour's CPU pass is parallel itself)."""
+    limit = warmup.cpu_limit(cpu_op) if cpu_op is not None else 0
+    placed = [_placement(img, backend, limit) for img in images]
+    results: list = [None] * len(images)
+
+    def run(i: int) -> None:
+        results[i] = one(images[i], outs[i], stream, placed[i])
+
+    on_cpu = cpu_op == "blur" and all(b == "cpu" for b in placed)
+    run_parallel(run, len(images), threads() if on_cpu else 1)
+    return results
+
+
+def _placement(img: Any, backend: str, cpu_limit: int) -> str:
+    """The backend a host image of a batch runs on: "cpu" under backend auto where the
+    operation has a CPU rule (`cpu_limit` > 0) and the image has at most that many
+    bytes, as the CLI places one image (`backends.warmup.cpu_limit`: OpenCV's box
+    filter and contour go through memory at about the speed a GPU's copies would, so
+    the copies each way and the launches of a GPU call per image only add time), else
+    `backend`."""
+    auto = cpu_limit and isinstance(img, np.ndarray) and str(backend).lower() == "auto"
+    return "cpu" if auto and img.nbytes <= cpu_limit else backend
 
 
 def _is_device_input(img: Any) -> bool:
@@ -194,11 +226,10 @@ def filter2d_batch(
         [(20, 30), (64, 48)]
     """
     k = as_kernel(kernel)
-    opts = dict(anchor=anchor, border=border, border_value=border_value, backend=backend,
-                method=method)  # fmt: skip
+    opts = dict(anchor=anchor, border=border, border_value=border_value, method=method)
 
-    def one(img, out, stream):
-        return filter2d(img, k, out=out, stream=stream, **opts)
+    def one(img, out, stream, backend):
+        return filter2d(img, k, out=out, stream=stream, backend=backend, **opts)
 
     def many(be, batch, out, stream):
         a, code, m, value = _options(anchor, k.shape, border, border_value, method, batch.dtype)
@@ -226,8 +257,9 @@ def blur_batch(
 ) -> Any:
     """`blur` of every image of a batch.
 
-    The batch forms, launches and results are as `filter2d_batch` says (a device list of
-    uint8 images shares the box_tiled plan of its largest height and width).
+    The batch forms, launches and results are as `filter2d_batch` says; with backend
+    auto, host images go to the CPU (OpenCV's box filter, several images at once) up to
+    the size the command line blurs one image there (`backends.warmup.cpu_limit`).
 
     Args:
         images: A 4-D (N, H, W, C) or 3-D (N, H, W) array, host or device, or a list of
@@ -257,11 +289,10 @@ def blur_batch(
         (8, 64, 64)
     """
     kh, kw = box_size(k)
-    opts = dict(anchor=anchor, border=border, border_value=border_value, backend=backend,
-                method=method)  # fmt: skip
+    opts = dict(anchor=anchor, border=border, border_value=border_value, method=method)
 
-    def one(img, out, stream):
-        return blur(img, k, out=out, stream=stream, **opts)
+    def one(img, out, stream, backend):
+        return blur(img, k, out=out, stream=stream, backend=backend, **opts)
 
     def many(be, batch, out, stream):
         a, code, m, value = _options(anchor, (kh, kw), border, border_value, method, batch.dtype,
@@ -273,7 +304,7 @@ def blur_batch(
                                          "blur")  # fmt: skip
         return _lists().box_list(imgs, (kh, kw), a, code, values, m, _outs_3d(outs), stream)
 
-    return _batch(images, out, stream, backend, one, many, many_list, _same_shape)
+    return _batch(images, out, stream, backend, one, many, many_list, _same_shape, "blur")
 
 
 def contour_batch(
@@ -288,7 +319,9 @@ def contour_batch(
 ) -> Any:
     """`contour` of every image of a batch.
 
-    The batch forms, launches and results are as `filter2d_batch` says.
+    The batch forms, launches and results are as `filter2d_batch` says; with backend
+    auto, host images go to the CPU up to the size the command line takes one there
+    (`backends.warmup.cpu_limit`).
 
     Args:
         images: A 4-D (N, H, W, C) or 3-D (N, H, W) array, host or device, or a list of
@@ -316,10 +349,10 @@ def contour_batch(
         >>> imgfilter.contour_batch(batch).shape
         (2, 48, 64)
     """
-    opts = dict(border=border, border_value=border_value, backend=backend, method=method)
+    opts = dict(border=border, border_value=border_value, method=method)
 
-    def one(img, out, stream):
-        return contour(img, out=out, stream=stream, **opts)
+    def one(img, out, stream, backend):
+        return contour(img, out=out, stream=stream, backend=backend, **opts)
 
     def many(be, batch, out, stream):
         if np.dtype(batch.dtype) == np.float32:
@@ -335,7 +368,7 @@ def contour_batch(
         code, m = border_code(border), _check_method(method, "contour")
         return _lists().contour_list(imgs, code, values, m, outs, stream)
 
-    return _batch(images, out, stream, backend, one, many, many_list, _image_shape)
+    return _batch(images, out, stream, backend, one, many, many_list, _image_shape, "contour")
 
 
 def _outs_3d(outs: list | None) -> list | None:

@@ -4,6 +4,8 @@ border mode, dtype and channel count), on host and device arrays."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -92,7 +94,9 @@ OUTER = np.outer([1, 2, 1], [0.25, 1, 2, -1]).astype(np.float32)
 
 
 def _count_launches(monkeypatch):
-    from kernels.common import launch
+    """The kernels launched from now on (the launch layer's, and the var-shape
+    launches of lists, which `kernels.common.var_shape` makes itself)."""
+    from kernels.common import launch, var_shape
 
     counted = []
     real = launch._launch
@@ -102,6 +106,7 @@ def _count_launches(monkeypatch):
         return real(kernel, grid, block, args, stream, smem)
 
     monkeypatch.setattr(launch, "_launch", counting)
+    monkeypatch.setattr(var_shape, "_launch", counting)
     return counted
 
 
@@ -337,3 +342,222 @@ def test_gpu_32_frames_of_mixed_sizes_on_a_cupy_stream():
         expected = _alone_on_device(imgfilter.blur, frame, k=5)
         np.testing.assert_array_equal(res.copy_to_host(), expected)
         assert int(total) == int(expected.astype(np.int64).sum())
+
+
+# Many small sizes (narrower than box_tiled's 64-pixel tile, shorter than its 32 rows):
+# each one a kernel of its own while the plan fitted the tile to the image.
+SMALL = [(1, 1), (3, 50), (7, 5), (12, 63), (31, 2), (20, 33)]
+
+
+def _tiled_kernels(channels, ksize):
+    from kernels.box import tiled
+
+    return {key for key in tiled._KERNELS if key[:2] == (channels, ksize)}
+
+
+def test_many_small_sizes_run_one_box_kernel_on_the_device(monkeypatch):
+    """A device list of small images of many sizes runs one launch of one var-shape
+    kernel, and the same images alone one box_tiled kernel between them."""
+    from kernels.common import var_shape
+
+    images = _mixed(np.uint8, 3, seed=11, sizes=SMALL)
+    counted = _count_launches(monkeypatch)
+    var_kernels = len(var_shape._var_kernels)
+    got = imgfilter.blur_batch([_device(i) for i in images], 5)
+    assert len(counted) == 1
+    assert len(var_shape._var_kernels) <= var_kernels + 1
+    for img, res in zip(images, got, strict=True):
+        np.testing.assert_array_equal(res.copy_to_host(), imgfilter.blur(img, 5), str(img.shape))
+    for img in images:
+        alone = imgfilter.blur(_device(img), 5).copy_to_host()
+        np.testing.assert_array_equal(alone, imgfilter.blur(img, 5), str(img.shape))
+    assert len(_tiled_kernels(3, (5, 5))) == 1
+
+
+def test_the_quick_start_compiles_one_box_kernel_for_every_small_size(monkeypatch):
+    """Host images of many small sizes on a GPU without the box's cubin: the quick start
+    runs box_twopass and starts one background compile, not one per size."""
+    from imgfilter.backends import cached
+
+    asked, compiles = [], []
+    monkeypatch.setattr(cached, "_run", lambda name, *args, **kw: asked.append(name))
+    monkeypatch.setattr(cached.background, "compile_box",
+                        lambda name, *args: compiles.append(name) or True)  # fmt: skip
+    for h, w in [(h, w) for h in (1, 2, 5, 16, 31, 32, 40) for w in (1, 3, 17, 63, 64, 100)]:
+        cached._box_quick(np.zeros((h, w, 3), np.uint8), (5, 5), (2, 2), 0, 0)
+    assert len(set(compiles)) == 1 and compiles[0].startswith("box_tiled-c3-k5x5")
+    assert {name for name in asked if name.startswith("box_tiled")} == set(compiles)
+
+
+def _recording_ops(monkeypatch):
+    """Replace the single-image functions that batch.py calls by ones that note the
+    backend each image was given (and return zeros of the result's shape)."""
+    from imgfilter import batch
+
+    placed = []
+
+    def fake(shape_of):
+        def call(img, *args, backend, out=None, stream=None, **kw):
+            placed.append(backend)
+            return np.zeros(shape_of(img.shape), img.dtype) if out is None else out
+
+        return call
+
+    monkeypatch.setattr(batch, "blur", fake(lambda s: s))
+    monkeypatch.setattr(batch, "filter2d", fake(lambda s: s))
+    monkeypatch.setattr(batch, "contour", fake(lambda s: s[:2]))
+    return placed
+
+
+def test_backend_auto_blurs_and_contours_host_batches_on_the_cpu(monkeypatch):
+    """Host lists and host arrays: backend auto runs each blur and contour on the CPU up
+    to the command line's one-image limit, past it as asked; filter2d as asked."""
+    from imgfilter.backends import warmup
+
+    placed = _recording_ops(monkeypatch)
+    images = _mixed(np.uint8, 3, seed=2)
+    batch = _images(4, (6, 9, 3), np.uint8, seed=2)
+    for call in (lambda b: imgfilter.blur_batch(b, 5), imgfilter.contour_batch):
+        for given in (images, batch):
+            placed.clear()
+            call(given)
+            assert placed == ["cpu"] * len(given)
+    placed.clear()
+    imgfilter.filter2d_batch(images, KERNEL)
+    imgfilter.blur_batch(images, 5, backend="cuda")
+    assert placed == ["auto"] * len(images) + ["cuda"] * len(images)
+    monkeypatch.setattr(warmup, "ONE_IMAGE_ON_CPU_BYTES", 13 * 9 * 3)
+    monkeypatch.setattr(warmup, "BLUR_ON_CPU_BYTES_PER_CPU", 0)
+    placed.clear()
+    imgfilter.blur_batch(images, 5)  # (13, 9, 3) at the limit, (7, 23, 3) past it
+    assert placed == ["auto", "cpu", "cpu", "cpu", "cpu"]
+
+
+def test_host_list_blurs_on_several_threads_equal_opencv():
+    import cv2
+
+    rng = np.random.default_rng(6)
+    sizes = [(int(h), int(w)) for h, w in rng.integers(1, 120, (40, 2))]
+    images = _mixed(np.uint8, 3, seed=6, sizes=sizes)
+    got = imgfilter.blur_batch(images, 5)
+    for img, res in zip(images, got, strict=True):
+        np.testing.assert_array_equal(res, cv2.blur(img, (5, 5)), str(img.shape))
+
+
+def test_var_shape_slots_place_an_image_given_twice():
+    """A list holding one image twice is placed image by image (it used to make the
+    recipe unusable, so every call of it collected its launches again)."""
+    from kernels.common.devarray import DeviceArray
+    from kernels.common.var_shape import _Slots
+
+    a, b = DeviceArray(1 << 20, (4, 8, 3), np.uint8), DeviceArray(1 << 21, (2, 2, 1), np.uint8)
+    outs = [DeviceArray((3 << 20) + 256 * i, (4, 8, 3), np.uint8) for i in range(3)]
+    slots = _Slots([(a, outs[0], []), (b, outs[1], []), (a, outs[2], [])])
+    assert slots.given == [1, 2, 3, 4, 5, 6]
+    assert slots.placer(0)(a.ptr + 4) == (1, 4)
+    assert slots.placer(2)(a.ptr + 4) == (5, 4)  # its own slot, not the first image's
+    assert slots.placer(2)(outs[2].ptr) == (6, 0)
+    assert slots.placer(1)(a.ptr) is False  # another image's memory
+    assert slots.placer(None)(b.ptr + 3) is False
+    assert slots.placer(None)(b.ptr + 4) is None and slots.placer(1)(1 << 19) is None
+
+
+def test_var_shape_kernels_are_kept_in_the_store_once_compiled(monkeypatch):
+    """A var-shape kernel compiled once goes to the store under a name that is the same
+    in every process; a process that finds it there loads it instead of compiling."""
+    from kernels.box import plan, tiled
+    from kernels.common import var_shape
+    from kernels.common.devarray import DeviceArray
+
+    geo = plan.tiled_plan((9, 9, 3), np.uint8, (5, 5))
+    kernel = tiled.kernel_for(3, (5, 5), geo)
+    kinds = (("array", 1), ("array", 1), ("int", int))
+    args = (DeviceArray(1 << 20, (2, 5), np.int64), DeviceArray(1 << 16, (99,), np.uint8),
+            DeviceArray(1 << 16, (99,), np.uint32), 7)  # fmt: skip
+    compiled, saved, loads = [], [], []
+
+    class Store:
+        kept: dict = {}
+
+        @classmethod
+        def load(cls, name):
+            loads.append(name)
+            return cls.kept.get(name)
+
+        @classmethod
+        def save(cls, dispatcher, name, dtypes):
+            saved.append(dtypes)
+            cls.kept[name] = (b"cubin", "entry")
+
+    monkeypatch.setattr(var_shape, "SIMULATOR", False)
+    monkeypatch.setattr(var_shape, "_compiled", {})
+    monkeypatch.setattr(var_shape, "_compile", lambda k, a: compiled.append(k) or "overload")
+    monkeypatch.setattr(var_shape, "driver", lambda: SimpleNamespace(function=lambda *a: 42))
+    found = var_shape._loaded(kernel, kinds, args, Store)
+    name = var_shape.cubin_name(found, args)
+    assert name.startswith("var_shape-") and loads == [name] and compiled == [found]
+    assert saved == [(np.dtype(np.int64), np.dtype(np.uint8), np.dtype(np.uint32))]
+    assert var_shape._loaded(kernel, kinds, args, Store) is found and len(loads) == 1
+    monkeypatch.setattr(var_shape, "_compiled", {})  # a later process
+    var_shape._loaded(kernel, kinds, args, Store)
+    assert len(compiled) == 1 and loads == [name, name]
+    (loaded,) = var_shape._compiled.values()
+    assert loaded.handle == 42 and not loaded.library_kernel
+    other = var_shape.var_shape_kernel(kernel, (("array", 1), ("array", 1), ("shared",)))
+    assert var_shape.cubin_name(other, args) not in (None, name)
+    assert var_shape.cubin_name(found, (*args[:3], (1, 2))) is None  # a tuple argument
+
+
+@pytest.mark.gpu
+def test_gpu_list_holding_an_image_twice_is_replayed(monkeypatch):
+    from imgfilter.backends import cuda_lists
+
+    images = _mixed(np.uint8, 3, seed=3, sizes=[(40, 70), (5, 9), (33, 2)])
+    devices = [_device(i) for i in images]
+    twice = [devices[0], devices[1], devices[0], devices[2], devices[1]]
+    collected, real = [], cuda_lists._collect_and_run
+
+    def collect(items, handle):
+        collected.append(len(items))
+        return real(items, handle)
+
+    monkeypatch.setattr(cuda_lists, "_collect_and_run", collect)
+    for _ in range(3):
+        got = imgfilter.blur_batch(twice, 5)
+        for src, res in zip([images[i] for i in (0, 1, 0, 2, 1)], got, strict=True):
+            np.testing.assert_array_equal(res.copy_to_host(), imgfilter.blur(src, 5, backend="cpu"))
+    assert collected == [5]  # collected and recorded once, replayed twice
+
+
+@pytest.mark.gpu
+def test_gpu_later_process_loads_the_var_shape_kernel_from_the_cache(tmp_path):
+    """The var-shape kernel a list runs is compiled in the first process and exported;
+    a later process with the same kernel cache loads it without compiling."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = textwrap.dedent("""
+        import numpy as np
+        import imgfilter
+        from kernels.common import var_shape
+        from numba import cuda
+        compiled, real = [], var_shape._compile
+        var_shape._compile = lambda k, a: compiled.append(k) or real(k, a)
+        rng = np.random.default_rng(1)
+        images = [rng.integers(0, 256, (int(h), int(w), 3), dtype=np.uint8)
+                  for h, w in rng.integers(1, 90, (30, 2))]
+        got = imgfilter.blur_batch([cuda.to_device(i) for i in images], 5)
+        for img, res in zip(images, got):
+            assert (res.copy_to_host() == imgfilter.blur(img, 5, backend="cpu")).all()
+        print(len(compiled))
+        """)  # fmt: skip
+    env = {**os.environ, "IMGFILTER_CACHE_DIR": str(tmp_path), "NUMBA_ENABLE_CUDASIM": "0",
+           "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env=env, cwd=root, timeout=600) for _ in range(2)]  # fmt: skip
+    assert all(r.returncode == 0 for r in runs), [r.stderr[-2000:] for r in runs]
+    assert [r.stdout.strip() for r in runs] == ["1", "0"]
+    assert any((tmp_path / "cubins").glob("var_shape-*.cubin"))

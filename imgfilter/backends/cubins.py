@@ -8,7 +8,10 @@ Two places hold them:
   of the kernel's sources (its module and the `kernels` modules it imports, host-only
   modules aside) with the numba-cuda version, and the compute capability, so an
   upgrade or an edit of a kernel never picks up a stale binary. Writes are atomic;
-  unreadable or foreign files are ignored.
+  unreadable or foreign files are ignored. The var-shape kernels that lists of device
+  images run (`kernels.common.var_shape.cubin_name`, "var_shape-<hash>": generated
+  source, which Numba's cache cannot keep) are kept here too, checked against the
+  sources of every `kernels` module.
 - the kernels shipped in the package (`kernels.common.shipped`, built by
   tools/build_cubins.py): size-generic kernels for the GPU generations its manifest
   lists, each valid while its sources are unchanged (the numba-cuda version does not

@@ -3,28 +3,28 @@
 `kernels.common.var_shape.Collecting`; images of equal plans share each launch
 (`var_shape_plan`), so the launches do not grow with the number of images; later
 calls of the same shapes replay a `VarShapeRecipe`. Images taller than one grid go
-alone in row bands (`cuda._in_row_bands`).
+alone in row bands (`cuda._in_row_bands`). The var-shape kernels, generated source
+that Numba's cache cannot keep, go to the kernel cache (`cubins`) once compiled, so
+that a later process loads them instead of compiling them again (`_VarShapeCubins`).
 """
 
 from __future__ import annotations
 
-import functools
+import gc
 import threading
 
 import numpy as np
 from numba import config
 
 from kernels.box import dispatch as _box
-from kernels.box import plan as _box_plan
-from kernels.box import tiled as _box_tiled
 from kernels.common.arrays import empty_many, resolve_stream
-from kernels.common.cudadrv import CudaError, GpuOutOfMemory
+from kernels.common.cudadrv import CudaError, GpuOutOfMemory, driver
 from kernels.common.launch import compile_lock
 from kernels.common.var_shape import Collecting, VarShapeRecipe, run_var_shape, var_shape_plan
 from kernels.contour import kernel as _contour
 
 from ..errors import DeviceError, GpuMemoryError, UsageError
-from . import background
+from . import background, cubins
 from . import cuda as _cuda
 from .cuda import (
     _blocked_or_window,
@@ -88,23 +88,46 @@ def _on_device_list(imgs: list, values: list, outs, stream, out_shapes: list, pl
         raise DeviceError(f"CUDA error: {exc}") from exc
 
 
+class _VarShapeCubins:
+    """`kernels.common.var_shape`'s store of compiled var-shape kernels: the kernel
+    cache (`cubins.load`: exported by an earlier process, or shipped; `cubins.remember`
+    exports one after its compile)."""
+
+    @staticmethod
+    def load(name: str):
+        return cubins.load(name, driver().cc)
+
+    @staticmethod
+    def save(dispatcher, name: str, array_dtypes: tuple) -> None:
+        cubins.remember(dispatcher, name, array_dtypes, driver().cc)
+
+
 def _collect_and_run(items: list, handle: int):
     """Run each (img, out, key, record)'s launch function under a `Collecting`, queue
     the merged plan on `handle`, and return its `VarShapeRecipe` (None on the
-    simulator, or when the launches cannot be replayed: weights uploaded meanwhile)."""
-    collected, images, replayable = [], [], True
-    for img, out, _, record in items:
-        with Collecting() as collecting:
-            record(img, out, handle)
-        collected.append(collecting.steps)
-        images.append((img, out, collecting.buffers))
-        replayable = replayable and collecting.replayable
-    plan = var_shape_plan(collected)
-    run_var_shape(plan, handle)
-    if config.ENABLE_CUDASIM or not replayable:
-        return None
-    with compile_lock:
-        return VarShapeRecipe.build(plan, images)
+    simulator, or when the launches cannot be replayed: weights uploaded meanwhile).
+    Python's cyclic collector waits meanwhile: this makes some hundred objects an
+    image, none of them in a cycle, and its full passes over them took 40% of the
+    time (5000 images)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        collected, images, replayable = [], [], True
+        for img, out, _, record in items:
+            with Collecting() as collecting:
+                record(img, out, handle)
+            collected.append(collecting.steps)
+            images.append((img, out, collecting.buffers))
+            replayable = replayable and collecting.replayable
+        plan = var_shape_plan(collected)
+        run_var_shape(plan, handle, _VarShapeCubins)
+        if config.ENABLE_CUDASIM or not replayable:
+            return None
+        with compile_lock:
+            return VarShapeRecipe.build(plan, images)
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _memo_by_image(make):
@@ -120,26 +143,6 @@ def _memo_by_image(make):
         return plan
 
     return plan_for
-
-
-def _shared_tiles(imgs: list, ksize: tuple) -> dict:
-    """channels -> the `kernels.box.tiled` geometry that every uint8 image of the list
-    with that many channels runs when box_auto gives it box_tiled: the plan of their
-    largest height and width, whose tiles any of them can take (a tile partly outside
-    an image is the usual last tile of a row), so that one kernel serves them all
-    (the plan of a single image narrower or shorter than a tile shrinks the tile to it,
-    a kernel of its own). Its grid is set per image."""
-    sizes: dict = {}
-    for img in imgs:
-        if img.dtype == np.uint8:
-            h, w = sizes.get(img.shape[2], (0, 0))
-            sizes[img.shape[2]] = (max(h, img.shape[0]), max(w, img.shape[1]))
-    tiles = {}
-    for channels, (h, w) in sizes.items():
-        method, geometry = _box_plan.choose((h, w, channels), np.dtype(np.uint8), ksize)
-        if method == "tiled":
-            tiles[channels] = geometry
-    return tiles
 
 
 def correlate_list(imgs: list, kernel, anchor, border, values: list, method, outs=None,
@@ -183,20 +186,10 @@ def _box_list(imgs: list, ksize, anchor, border, values: list, method, outs=None
     """`box` of each device image of a list (see `correlate_list`)."""
     kh, kw = ksize
     run = _box.box_by_name(method)
-    tiles = functools.cache(lambda: _shared_tiles(imgs, ksize) if method == "auto" else {})
 
     def make(dtype, value):
-        def record(src, dst, handle):  # runs on a first call only: tiles() then
-            geometry = tiles().get(src.shape[2])
-            if geometry is not None and _box.box_choice(src, ksize, dst)[0] == "tiled":
-                grid = (
-                    -(-src.shape[1] // geometry["tile_w"]),
-                    -(-src.shape[0] // geometry["tile_h"]),
-                )
-                geometry = dict(geometry, grid=grid)
-                _box_tiled.box_tiled(src, ksize, anchor, border, value, dst, geometry, handle)
-            else:
-                run(src, ksize, anchor, border, value, dst, handle)
+        def record(src, dst, handle):
+            run(src, ksize, anchor, border, value, dst, handle)
 
         return ("box", method, ksize, anchor, border, value), record
 

@@ -296,14 +296,17 @@ def tiled_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0
     to 227 KiB per block). Defaults: TILED_DEFAULTS, or TILED_WIDE_DEFAULTS for boxes
     over TILED_SMALL_BOX rows. `min_blocks` > 0 caps the kernel's registers so that
     many blocks fit an SM (launch bounds; 0: the compiler's choice; -1: the default).
+    The tile does not depend on the image: one narrower or shorter than a tile is one
+    partly outside it (as the last tile of a row is), so that every image size runs one
+    kernel for its channels and box (each tile size is a kernel of its own, compiled).
     """
     height, width, channels = shape
     kh, kw = ksize
     d = TILED_DEFAULTS if kh <= TILED_SMALL_BOX else TILED_WIDE_DEFAULTS
     threads = threads or d["threads"]
     run = run or d["run"]
-    tile_w = min(tile_w or d["tile_w"], width)
-    h = min(tile_h or d["tile_h"], height)
+    tile_w = tile_w or d["tile_w"]
+    h = tile_h or d["tile_h"]
     if np.dtype(dtype) != np.uint8 or max(kw, kh) > PACKED_MAX_ROWS:
         return None
     if height * width * channels >= 2**31 or 511 * kh * kw >= 2**MAGIC_BITS:

@@ -11,8 +11,14 @@ source.
 
 from __future__ import annotations
 
+import bisect
+import hashlib
+import itertools
+import struct
+
 import numpy as np
 
+from . import shipped
 from .arrays import (
     SPACE_BASE,
     address_space,
@@ -24,14 +30,16 @@ from .arrays import (
     start_address,
     to_device,
 )
-from .cudadrv import address, driver
+from .cudadrv import CudaError, address, driver
 from .devarray import POOL, DeviceArray, _recorder
 from .launch import (
+    _TARGET_OPTIONS,
     SIMULATOR,
     _arg_key,
     _batching,
     _body,
     _compile,
+    _Compiled,
     _compiled,
     _dims,
     _flatten,
@@ -41,7 +49,10 @@ from .launch import (
     _mergeable,
     compile_lock,
     prepare_steps,
+    type_code,
+    type_name,
 )
+from .refs import dispatcher_of
 
 # Argument types passed to a var-shape launch per image through its table (the
 # others must be equal for every image that a launch merges).
@@ -220,7 +231,61 @@ def var_shape_kernel(kernel, kinds: tuple):
         ]) + "\n"  # fmt: skip
         exec(compile(source, f"<var-shape {kernel.py_func.__name__}>", "exec"), namespace)
         found = _var_kernels[key] = _jit_like(kernel, namespace["var_shape"])
+        _var_sources[found] = (kernel, kinds, source)
         return found
+
+
+_var_sources: dict = {}  # var-shape kernel -> (its kernel, kinds, generated source)
+
+
+def cubin_name(var_kernel, args: tuple) -> str | None:
+    """A name for `var_kernel`'s overload for `args` (a var-shape kernel, its launch
+    arguments) the same in every process: "var_shape-" and a hash of its kernel's
+    `shipped.function_key` and options, its kinds, its generated source and the
+    argument types; None where there is none (a kernel without a stable key, a tuple
+    argument). What the kernel's sources are is left to the store to check."""
+    kernel, kinds, source = _var_sources[var_kernel]
+    key = shipped.function_key(kernel.py_func)
+    names = [type_name(a) for a in args]
+    if key is None or None in names or any(type(a) is tuple for a in args):
+        return None
+    options = getattr(kernel, "targetoptions", {})
+    chosen = repr([(k, repr(options[k])) for k in _TARGET_OPTIONS if k in options])
+    parts = [key, shipped.stable_text(kinds), source, ",".join(names), chosen]
+    if None in parts:
+        return None
+    return "var_shape-" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
+
+
+def _loaded(kernel, kinds: tuple, args: tuple, store):
+    """The var-shape form of `kernel` for `kinds` (`var_shape_kernel`), its overload
+    for `args` ready to launch: compiled, or, with a `store`, loaded from it (a cubin
+    an earlier process compiled, or one shipped) and else compiled and given to it.
+    store: load(name) -> (cubin image, entry point) or None; save(dispatcher, name,
+    array dtypes). Generated kernels have no source file, so Numba's own cache
+    cannot keep them: without a store each process compiles them anew."""
+    var_kernel = var_shape_kernel(kernel, kinds)
+    if store is None or SIMULATOR:
+        return var_kernel
+    key = (var_kernel, tuple([_arg_key(a) for a in args]))
+    with compile_lock:
+        if key in _compiled:
+            return var_kernel
+        name = cubin_name(var_kernel, args)
+        found = None if name is None else store.load(name)
+        if found is not None:
+            try:
+                fmt = "@" + "".join(type_code(a) for a in args)
+                handle = driver().function(*found)
+                _compiled[key] = _Compiled(handle, struct.Struct(fmt), library_kernel=False)
+                return var_kernel
+            except CudaError:
+                pass
+        _compiled[key] = _compile(var_kernel, args)
+        if name is not None:
+            dtypes = tuple(a.dtype for a in args if type(a) is DeviceArray)
+            store.save(dispatcher_of(var_kernel), name, dtypes)
+    return var_kernel
 
 
 def _table_columns(kinds: tuple) -> int:
@@ -229,26 +294,27 @@ def _table_columns(kinds: tuple) -> int:
 
 def _fill_rows(rows: np.ndarray, steps: list, kinds: tuple, bases: list) -> None:
     """Write a merged launch's table rows (one per image, see `var_shape_kernel`);
-    bases[p]: the address element 0 of argument p's address space stands at."""
-    for b, (_, grid, _, args, _) in enumerate(steps):
-        row = rows[b]
-        row[0], row[1] = grid[0], grid[1]
-        col = 2
-        for p, kind in enumerate(kinds):
-            a = args[p]
-            if kind[0] == "array":
-                row[col] = (start_address(a) - bases[p]) // a.dtype.itemsize
-                row[col + 1 : col + 1 + kind[1]] = a.shape
-                col += 1 + kind[1]
-            elif kind[0] == "int":
-                row[col] = int(a)
-                col += 1
+    bases[p]: the address element 0 of argument p's address space stands at. A
+    column at a time (the arrays of a column share their dtype and rank)."""
+    rows[:, :2] = [s[1][:2] for s in steps]
+    col = 2
+    for p, kind in enumerate(kinds):
+        if kind[0] == "array":
+            column = [s[3][p] for s in steps]
+            itemsize = column[0].dtype.itemsize
+            rows[:, col] = [(start_address(a) - bases[p]) // itemsize for a in column]
+            rows[:, col + 1 : col + 1 + kind[1]] = [tuple(a.shape) for a in column]
+            col += 1 + kind[1]
+        elif kind[0] == "int":
+            rows[:, col] = [int(s[3][p]) for s in steps]
+            col += 1
 
 
-def run_var_shape(plan: list, stream: int) -> None:
+def run_var_shape(plan: list, stream: int, store=None) -> None:
     """Queue a `var_shape_plan` on `stream` with the arrays it was collected with:
     the merged launches' table uploaded once (one row block per merged launch), then
-    every launch in order."""
+    every launch in order; the var-shape kernels from `store` where it has them
+    (`_loaded`)."""
     merged = [item for item in plan if item[0] == "many"]
     widths = [_table_columns(item[3]) for item in merged]
     table = np.zeros((sum(len(item[1]) for item in merged), max(widths, default=2)), np.int64)
@@ -278,7 +344,8 @@ def run_var_shape(plan: list, stream: int) -> None:
                 params.append(args[p])
             elif kind[0] == "array":
                 params.append(spaces[p])
-        _launch(var_shape_kernel(kernel, kinds), grid, block, tuple(params), stream, smem)
+        params = tuple(params)
+        _launch(_loaded(kernel, kinds, params, store), grid, block, params, stream, smem)
 
 
 def _address_space(kinds: tuple, p: int, steps: list):
@@ -323,40 +390,48 @@ def _places(args: tuple, place) -> list | None:
 
 class _Slots:
     """The arrays of a var-shape call that change from call to call, by address:
-    slot 0 the table, then each image's input, output and scratch buffers."""
+    slot 0 the table, then each image's input, output and scratch buffers. An image's
+    arrays are looked for among its own slots first, so a list that holds one image
+    twice is placed (and replayed) as well as any other."""
 
     def __init__(self, images: list) -> None:
-        self.ranges: list = []  # (first, past, slot, image), sorted
+        self.own: list = []  # per image: its (first, past, slot)s
         self.given: list = []  # the slots of input 0, output 0, input 1, ...
         self.scratch: list = []  # (slot, byte offset in one allocation)
         self.scratch_bytes = 0
-        for i, (src, dst, buffers) in enumerate(images):
+        slot = 1
+        for src, dst, buffers in images:
+            mine = []
             for j, a in enumerate((src, dst, *buffers)):
                 lo, hi = extent(a)
-                slot = 1 + len(self.ranges)
-                self.ranges.append((lo, hi, slot, i))
+                mine.append((lo, hi, slot))
                 if j < 2:
                     self.given.append(slot)
                 else:
                     self.scratch.append((slot, self.scratch_bytes))
                     self.scratch_bytes += -(-max(hi - lo, 1) // 256) * 256
-        self.count = 1 + len(self.ranges)
-        self.ranges.sort()
+                slot += 1
+            self.own.append(tuple(mine))
+        self.count = slot
+        ranges = sorted(r for mine in self.own for r in mine)
+        self._firsts = [r[0] for r in ranges]
+        self._reach = list(itertools.accumulate((r[1] for r in ranges), max))
 
-    def disjoint(self) -> bool:
-        """No two slots share memory (an image given twice would be ambiguous)."""
-        r = self.ranges
-        return all(r[k][1] <= r[k + 1][0] for k in range(len(r) - 1))
+    def _in_any(self, ptr: int) -> bool:
+        """Whether `ptr` lies in some slot (or starts an empty one)."""
+        k = bisect.bisect_right(self._firsts, ptr) - 1
+        return k >= 0 and (self._reach[k] > ptr or self._firsts[k] == ptr)
 
     def placer(self, image: int | None):
-        """place(address): (slot, offset) inside one of image's slots, None outside
-        every slot, False inside another image's (or, for image None, any slot)."""
+        """place(address): (slot, offset) inside one of image's slots, else False
+        inside another image's (or, for image None, any slot), else None."""
+        own = () if image is None else self.own[image]
 
         def place(ptr: int):
-            for lo, hi, slot, owner in self.ranges:
+            for lo, hi, slot in own:
                 if lo <= ptr < hi or ptr == lo:
-                    return (slot, ptr - lo) if owner == image else False
-            return None
+                    return slot, ptr - lo
+            return False if self._in_any(ptr) else None
 
         return place
 
@@ -366,7 +441,7 @@ class VarShapeRecipe:
     alignments (`replay`): new input and output addresses, fresh scratch (one pool
     allocation), the table's address columns recomputed and uploaded, the recorded
     launches patched and made. `build` gives None when the plan cannot be replayed
-    (an array lies in another image's memory, or images share memory)."""
+    (an image's launch takes an array in another image's memory)."""
 
     __slots__ = ("slots", "table", "addresses", "steps", "constants", "_prepared")
 
@@ -376,8 +451,6 @@ class VarShapeRecipe:
         self = cls()
         self._prepared = None
         self.slots = _Slots(images)
-        if not self.slots.disjoint():
-            return None
         merged = [item for item in plan if item[0] == "many"]
         widths = [_table_columns(item[3]) for item in merged]
         self.table = np.zeros((sum(len(m[1]) for m in merged), max(widths, default=2)), np.int64)
