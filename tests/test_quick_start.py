@@ -344,6 +344,23 @@ def test_cubin_store_round_trip_and_refusals(tmp_path, monkeypatch):
     assert cubins.load("contour-uint8-c1", (9, 0)) is None
 
 
+def test_a_kernel_that_ships_is_not_cached_again(tmp_path, monkeypatch):
+    """The user's cache holds only what the shipped kernels lack: a shipped kernel is
+    loaded from the package and never written to the cache."""
+    monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cubins, "_saved", set())
+    ships = {"contour-uint8-c1": (b"fatbin", "_Zshipped")}
+    monkeypatch.setattr(cubins.shipped, "find", lambda n, cc: ("path", "e") if n in ships else None)
+    monkeypatch.setattr(cubins.shipped, "load", lambda n, cc: ships.get(n))
+    cubins.remember(_fake_dispatcher("uint8", b"img", "_Zc"), "contour-uint8-c1", (np.uint8,),
+                    (9, 0))  # fmt: skip
+    assert not list(tmp_path.rglob("*.cubin"))
+    assert cubins.load("contour-uint8-c1", (9, 0)) == (b"fatbin", "_Zshipped")
+    cubins.remember(_fake_dispatcher("uint8", b"img", "_Zb"), "box-x", (np.uint8,), (9, 0))
+    assert len(list(tmp_path.rglob("*.cubin"))) == 1  # not shipped: cached
+    assert cubins.load("box-x", (9, 0)) == (b"img", "_Zb")
+
+
 def test_a_later_process_finds_an_exported_cubin_without_parsing_sources(tmp_path, monkeypatch):
     """The exporting process records the family's closure; a later process (the cache
     of digests cleared) computes the digest from that record, reading the sources but

@@ -217,12 +217,13 @@ def _read(path: Path, entry: str | None) -> tuple[bytes, str] | None:
 
 
 def load(name: str, cc: tuple[int, int]) -> tuple[bytes, str] | None:
-    """(cubin image, entry point name) for a kernel, or None when none is usable: the
-    user's cache first, then the kernels shipped in the package."""
-    found = None
-    if any(_directory().glob(f"{name}-*-sm{cc[0]}{cc[1]}.cubin")):  # else no digest needed
-        found = _read(_path(name, cc), None)
-    return found if found is not None else shipped.load(name, cc)
+    """(module image, entry point name) for a kernel, or None when none is usable: the
+    kernels shipped in the package first (built from these sources), then the user's
+    cache, which holds only what the shipped set lacks (`remember`)."""
+    found = shipped.load(name, cc)
+    if found is None and any(_directory().glob(f"{name}-*-sm{cc[0]}{cc[1]}.cubin")):
+        found = _read(_path(name, cc), None)  # (no digest computed where none is cached)
+    return found
 
 
 def compiled_cubin(dispatcher, array_dtypes: tuple, cc: tuple[int, int]) -> tuple[bytes, str]:
@@ -256,12 +257,15 @@ def write_atomically(path: Path, data: bytes) -> None:
 def remember(dispatcher, name: str, array_dtypes: tuple, cc: tuple[int, int]) -> None:
     """Export the cubin of `dispatcher`'s compiled specialisation whose array arguments
     have these dtypes, in order, once per process. Never raises: the cache is only an
-    optimisation."""
+    optimisation. A kernel the package ships for this GPU is not cached: the user's
+    cache holds only what the shipped set lacks."""
     key = (name, tuple(cc))
     if key in _saved:
         return
     _saved.add(key)
     try:
+        if shipped.find(name, tuple(cc)) is not None:
+            return
         closure = _closure(family(name))  # parsed: this process compiled, it may differ
         path = _path(name, cc, _digest_of(closure))
         if path.exists() and path.with_suffix(".json").exists():
