@@ -175,11 +175,15 @@ def test_store_finds_shipped_kernels_for_listed_generations_only(folder):
     assert cubins.any_for((9, 0)) and not cubins.any_for((8, 0))
 
 
-def test_the_users_cache_comes_first(folder):
+def test_the_shipped_kernel_comes_first_and_the_cache_fills_in(folder):
+    """A kernel that ships (built from these sources) is loaded from the package even
+    where the user's cache holds one; the cache serves where none ships."""
     path = cubins._path("contour-uint8-c1", (9, 0))
     path.parent.mkdir(parents=True)
     path.write_bytes(b"cached")
     path.with_suffix(".json").write_text(json.dumps({"entry": "_Zcached"}))
+    assert cubins.load("contour-uint8-c1", (9, 0)) == (b"shipped", "_Zcontour")
+    _write_manifest(folder, "0" * 16)  # the shipped one is stale: the cache's serves
     assert cubins.load("contour-uint8-c1", (9, 0)) == (b"cached", "_Zcached")
 
 
