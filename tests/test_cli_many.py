@@ -22,7 +22,6 @@ import pytest
 from test_cli import REPO, SOBEL, imread, run
 from test_cli_signals import sigint_as_in_a_terminal
 
-from imgfilter import files
 from imgfilter import io as iio
 
 OPS = {
@@ -346,65 +345,6 @@ def test_quiet_keeps_errors_only(tmp_path):
     assert result.exit_code == 3
     (line,) = lines(result.stderr)
     assert line.startswith("imgfilter: error: cannot read") and "bad.png" in line
-
-
-# --------------------------------------------------------------------- bounded memory
-
-
-def test_images_in_memory_are_bounded(tmp_path, monkeypatch):
-    """--jobs 1: at most default_depth(1) = 3 images read and not yet written, however
-    many files; reads wait while the first write is held back."""
-    src = tmp_path / "in"
-    for i in range(30):
-        imwrite(src / f"i{i:02d}.png", random_image((8, 8), i))
-    reads = []
-    real_read, real_write = iio.read_image, iio.write_image
-    at_first_write = []
-
-    def read(path):
-        reads.append(path)
-        return real_read(path)
-
-    def write(path, img, **kw):
-        if not at_first_write:
-            time.sleep(0.3)  # room for reads to run ahead, if nothing held them back
-            at_first_write.append(len(reads))
-        return real_write(path, img, **kw)
-
-    monkeypatch.setattr(iio, "read_image", read)
-    monkeypatch.setattr(iio, "write_image", write)
-    result = run("blur", src, "--k", "3", "--backend", "cpu", "-j", "1", "--out-dir",
-                 tmp_path / "o")  # fmt: skip
-    assert result.exit_code == 0, result.output
-    assert len(reads) == 30
-    bound = files.default_depth(1)
-    assert at_first_write[0] <= bound
-    assert files.last_stats is not None and files.last_stats.peak_in_memory <= bound
-
-
-def test_pipeline_filters_in_the_calling_thread_only(tmp_path):
-    jobs = [files.Job(Path(f"{i}.png"), Path(f"{i}.out.png")) for i in range(20)]
-    threads = set()
-    live = [0, 0]
-    lock = threading.Lock()
-
-    def load(job):
-        with lock:
-            live[0] += 1
-            live[1] = max(live[1], live[0])
-        return job
-
-    def compute(job, loaded):
-        threads.add(threading.get_ident())
-        return loaded
-
-    def save(job, loaded, result):
-        with lock:
-            live[0] -= 1
-
-    stats = files.run_pipeline(jobs, load=load, compute=compute, save=save, workers=4, depth=2)
-    assert threads == {threading.get_ident()}
-    assert stats.written == 20 and live[1] <= 2
 
 
 # ----------------------------------------------------------------------- subprocess
@@ -731,48 +671,3 @@ def test_one_classify_without_output_writes_a_png_label_map(tmp_path):
     assert result.exit_code == 0, result.output
     assert (tmp_path / "photo.labels.png").exists()
     assert not (tmp_path / "photo.labels.jpg").exists()
-
-
-@pytest.mark.parametrize("filters", [1, 3])
-def test_pipeline_filter_threads_and_a_fatal_error(filters):
-    """filters=N computes on N threads of its own (1: the calling thread); a Fatal
-    stops the run (counted once), images not yet filtered are dropped."""
-    jobs = [files.Job(Path(f"{i}.png"), Path(f"{i}.out.png")) for i in range(40)]
-    threads, written = set(), []
-    lock = threading.Lock()
-
-    def compute(job, loaded):
-        with lock:
-            threads.add(threading.get_ident())
-        if job.source.name == "30.png":
-            raise files.Fatal(RuntimeError("the GPU fell off the bus"))
-        if job.source.name == "7.png":
-            raise ValueError("a bad image")
-        time.sleep(0.002)
-        return loaded
-
-    def save(job, loaded, result):
-        with lock:
-            written.append(job.source.name)
-
-    stats = files.run_pipeline(jobs, load=lambda job: job, compute=compute, save=save,
-                               workers=4, depth=6, filters=filters)  # fmt: skip
-    assert str(stats.fatal) == "the GPU fell off the bus"
-    assert "7.png" not in written and "30.png" not in written
-    assert stats.failed >= 2 and stats.written == len(written) < 40
-    if filters == 1:
-        assert threads == {threading.get_ident()}
-    else:
-        assert threading.get_ident() not in threads and 1 <= len(threads) <= 3
-
-
-def test_pipeline_filter_threads_write_every_image():
-    jobs = [files.Job(Path(f"{i}.png"), Path(f"{i}.out.png")) for i in range(50)]
-    out = {}
-    stats = files.run_pipeline(
-        jobs, load=lambda job: job.source.name, compute=lambda job, loaded: loaded.upper(),
-        save=lambda job, loaded, result: out.__setitem__(job.source.name, result),
-        workers=3, depth=5, filters=4,
-    )  # fmt: skip
-    assert stats.written == 50 and stats.failed == 0 and stats.fatal is None
-    assert out == {f"{i}.png": f"{i}.PNG" for i in range(50)}

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import files
 from ..errors import DeviceError, ImgFilterError, OutputError, UsageError
 from .output import PROG, Run, emit, fail, info, note, one_line, shown
 from .worker import Exit, gpu_failure, is_terminal
@@ -96,8 +97,6 @@ def plan_many(
     error for colliding outputs, a line per argument that names nothing, a note for
     earlier results left out; exit now when there is nothing to do. Returns the plan
     and the lines about the arguments that named nothing."""
-    from .. import files
-
     entries, problems = files.expand([str(p) for p in outs.images], recursive=outs.recursive)
     plan = files.make_plan(
         entries, op=op, out_dir=outs.out_dir, template=template, extras=extras, what=what
@@ -116,9 +115,9 @@ def plan_many(
 
 
 def on_device(fn: Callable[[], Any]) -> Any:
-    """fn() in the filter thread, a GPU failure made files.Fatal (the run stops);
-    a GPU allocation that failed fails this image only (the next one may fit)."""
-    from .. import files
+    """fn() (an image's filter, wherever it runs), a GPU failure made files.Fatal (the
+    run stops); a GPU allocation that failed fails this image only (the next one may
+    fit)."""
     from ..errors import GpuMemoryError
 
     try:
@@ -136,8 +135,6 @@ def on_device(fn: Callable[[], Any]) -> Any:
 def refuse_existing(targets: tuple[Path, ...], *, force: bool, skip_existing: bool) -> set[Path]:
     """The outputs of one input that exist: files.Skip when all do and --skip-existing
     (the others are then written, these kept), OutputError without --force."""
-    from .. import files
-
     if force:
         return set()
     existing = {t for t in targets if os.path.lexists(t)}
@@ -290,14 +287,52 @@ def _exit_code(fatal: BaseException | None, failures: Counter) -> int:
     return 0
 
 
-GPU_FILTER_THREADS = 4
+# Threads that filter on the GPU at once. Each waits for its image's copies and kernels
+# (through page-locked buffers, filtering.on_gpu) and so spends little CPU time; several
+# keep the copies of one image overlapping another's kernel.
+GPU_FILTER_THREADS = 8
 
 
-def filter_threads(engine: str, workers: int) -> int:
-    """Threads that filter at once: on the GPU up to GPU_FILTER_THREADS (each image's
-    copies to and from the device overlap another's), on the CPU one (its filters use
-    every core already)."""
-    return min(GPU_FILTER_THREADS, workers) if engine.startswith("cuda") else 1
+def filter_threads(gpu: bool, workers: int) -> int:
+    """Threads that filter the images not filtered on their codec thread: on the GPU up
+    to GPU_FILTER_THREADS, on the CPU one (its filters use every core already)."""
+    return min(GPU_FILTER_THREADS, workers) if gpu else 1
+
+
+TIMINGS_ENV = "IMGFILTER_TIMINGS"
+# The parts of a GPU filter through page-locked buffers (filtering.on_gpu).
+COPY_IN, GPU, COPY_OUT = "copy in", "gpu", "copy out"
+# Stages in the order of an image's way through the pipeline, as the timings line
+# names them (a stage that no image went through is left out).
+_STAGE_NAMES = {
+    files.READ: "read+decode",
+    files.FILTER_HERE: "filter on the codec thread",
+    files.FILTER_THREAD: "filter in a filter thread",
+    COPY_IN: "copy in",
+    GPU: "GPU upload+filter+download",
+    COPY_OUT: "copy out",
+    files.WRITE: "encode+write",
+}
+
+
+def timings_line(stats: Any, seconds: float) -> str:
+    """`imgfilter: timings: STAGE MS ms x N, ...; codec threads W busy P%, filter
+    threads F busy Q%`: each stage's mean milliseconds per image that went through it,
+    and how busy each pool of threads was over the run's `seconds` (IMGFILTER_TIMINGS)."""
+    clock = stats.timings
+    parts = []
+    for stage in [*_STAGE_NAMES, *sorted(set(clock.seconds) - set(_STAGE_NAMES))]:
+        n = clock.counts.get(stage, 0)
+        if n:
+            ms = clock.seconds[stage] / n * 1e3
+            parts.append(f"{_STAGE_NAMES.get(stage, stage)} {ms:.1f} ms x {n}")
+    codec = sum(clock.seconds.get(s, 0.0) for s in (files.READ, files.FILTER_HERE, files.WRITE))
+    wall = max(seconds, 1e-9)
+    pools = f"codec threads {stats.workers} busy {100 * codec / (stats.workers * wall):.0f}%"
+    if clock.counts.get(files.FILTER_THREAD):
+        busy = clock.seconds[files.FILTER_THREAD] / (stats.filters * wall)
+        pools += f", filter threads {stats.filters} busy {100 * busy:.0f}%"
+    return f"{PROG}: timings: {', '.join(parts) or 'no image read'}; {pools}"
 
 
 def run_many(
@@ -306,20 +341,23 @@ def run_many(
     problems: list[str],
     *,
     jobs: int | None,
-    engine: str,
+    engine: str | Callable[[], str],
     load: Callable[[Any], Any],
     compute: Callable[[Any, Any], Any],
     save: Callable[[Any, Any, Any], None],
     client: Any = None,
-    parallel_filters: bool = False,
+    here: Callable[[Any, Any], bool] | None = None,
+    gpu: bool = False,
+    timings: Any = None,
 ) -> None:
-    """Run the plan through files.run_pipeline (`jobs` codec threads; with
-    `parallel_filters`, compute on `filter_threads` threads), or with a Dask
+    """Run the plan through files.run_pipeline (`jobs` codec threads; compute on the
+    codec thread where `here(job, loaded)`, else on `filter_threads(gpu, ...)`
+    threads; the stages timed into `timings`, a files.Timings), or with a Dask
     `client` through cluster.run_on_cluster (a task per file): a line per failed file,
-    a summary, then exit 3 if an input failed (or an argument named nothing:
-    `problems`), else 4 if an output failed, else 5 (GPU), else 1."""
-    from .. import files
-
+    a summary (`engine`: what filtered, or a function that says it once the run is
+    over), the stages' times with IMGFILTER_TIMINGS=1, then exit 3 if an input failed
+    (or an argument named nothing: `problems`), else 4 if an output failed, else 5
+    (GPU), else 1."""
     failures: Counter = Counter()
     start = time.monotonic()
 
@@ -342,11 +380,15 @@ def run_many(
             workers = jobs or files.default_workers()
             stats = files.run_pipeline(
                 plan.jobs, load=load, compute=compute, save=save, workers=workers,
-                on_event=on_event,
-                filters=filter_threads(engine, workers) if parallel_filters else 1,
+                on_event=on_event, filters=filter_threads(gpu, workers), here=here,
+                timings=timings,
             )  # fmt: skip
+    seconds = time.monotonic() - start
     failures["input"] += len(problems)
-    info(_summary(stats, stats.failed + len(problems), engine, time.monotonic() - start))
+    shown_engine = engine() if callable(engine) else engine
+    info(_summary(stats, stats.failed + len(problems), shown_engine, seconds))
+    if os.environ.get(TIMINGS_ENV, "") not in ("", "0") and client is None:
+        emit(timings_line(stats, seconds))
     if stats.fatal is not None:
         fail(f"the GPU failed: {stats.fatal}; stopped (try --backend cpu)")
     code = _exit_code(stats.fatal, failures)
