@@ -3,7 +3,7 @@
 Host side: `launch` (launching compiled kernels through the driver, launch geometry,
 recordings, batches), `cudadrv` (the CUDA driver through cuda.bindings), `devarray` (device
 arrays and the stream-ordered pool), `arrays` (host/device array helpers), `cache`
-(where compiled kernels are kept), `shipped` (the kernel binaries shipped in kernels/prebuilt, one fatbin per kernel),
+(where compiled kernels are kept), `shipped` (the kernel binaries in kernels/prebuilt),
 `timing`. Device side: `packs` (vector loads and stores), `reduce` (warp and block
 reductions), `int_ops` (integer intrinsics), and the plain-Python `border_index`,
 `saturate` and `gray`, which `device` compiles into device functions (the CPU backend
