@@ -123,7 +123,7 @@ def _scan_jpeg(d: bytes) -> _Scan:
         if marker == 0xE1 and exif is None and d[pos + 2 : pos + 8] == b"Exif\x00\x00":
             exif = d[pos + 8 : end]
         if marker == 0xDA:  # start of scan
-            if d.find(b"\xff\xd9", end) < 0:
+            if d.rfind(b"\xff\xd9", end) < 0:  # from the end: an intact file ends with it
                 return _Scan("truncated JPEG (no end-of-image marker)", exif)
             return _Scan(None, exif)
         pos = end

@@ -72,7 +72,7 @@ JobsOpt = Annotated[
         max=256,
         metavar="N",
         help="Threads that decode and encode images (several inputs). "
-        "Default: the CPU count, at most 8.",
+        "Default: the CPU count.",
     ),
 ]
 SkipExistingOpt = Annotated[
