@@ -231,7 +231,9 @@ def test_auto_contours_one_small_image_on_the_cpu(color_png, tmp_path, monkeypat
 
 
 @pytest.mark.gpu
-def test_gpu_auto_filters_one_image_on_the_cpu_and_several_on_the_gpu(tmp_path):
+def test_gpu_auto_places_each_filter_where_it_is_cheapest(tmp_path):
+    """One image: the CPU (no GPU start-up). A folder: cheap filters (a box blur) on the
+    codec threads, as a cv2 pool does; costly ones (a 21x21 kernel) on the GPU."""
     src = tmp_path / "in"
     src.mkdir()
     images = {name: random_image((301, 403, 3), seed=i) for i, name in enumerate("ab")}
@@ -247,10 +249,17 @@ def test_gpu_auto_filters_one_image_on_the_cpu_and_several_on_the_gpu(tmp_path):
     np.testing.assert_array_equal(imread(tmp_path / "edges.png"), opencv.contour(images["a"]))
     many = module("blur", src, "--k", "21", "--out-dir", tmp_path / "many",
                   NUMBA_ENABLE_CUDASIM=None)  # fmt: skip
-    assert many.returncode == 0 and "(cuda" in many.stderr, many.stderr
+    assert many.returncode == 0 and "(cpu, " in many.stderr, many.stderr
+    kernel = np.random.default_rng(5).standard_normal((21, 21)).astype(np.float32) / 21
+    np.save(tmp_path / "k.npy", kernel)
+    heavy = module("filter", src, "--kernel", tmp_path / "k.npy", "--out-dir", tmp_path / "heavy",
+                   NUMBA_ENABLE_CUDASIM=None)  # fmt: skip
+    assert heavy.returncode == 0 and "(cuda" in heavy.stderr, heavy.stderr
     for name, img in images.items():
         got = imread(tmp_path / "many" / f"{name}.blur.png")
         np.testing.assert_array_equal(got, opencv.blur(img, 21))
+        got = imread(tmp_path / "heavy" / f"{name}.filter.png")
+        assert np.abs(got.astype(int) - opencv.filter2d(img, kernel)).max() <= 1
 
 
 @pytest.mark.parametrize("border", ["reflect101", "reflect", "replicate", "constant", "wrap"])
