@@ -71,8 +71,7 @@ JobsOpt = Annotated[
         min=1,
         max=256,
         metavar="N",
-        help="Threads that decode and encode images (several inputs). "
-        "Default: the CPU count.",
+        help="Threads that decode and encode images (several inputs). Default: the CPU count.",
     ),
 ]
 SkipExistingOpt = Annotated[
