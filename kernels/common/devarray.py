@@ -586,7 +586,8 @@ def _dlpack_view(obj: Any) -> DeviceArray:
     legacy default stream, the view's stream."""
     from cuda.core.utils import StridedMemoryView
 
-    view = StridedMemoryView(obj, stream_ptr=1)  # DLPack's name of the legacy stream
+    make = getattr(StridedMemoryView, "from_dlpack", StridedMemoryView)  # cuda-core < 0.4: no
+    view = make(obj, stream_ptr=1)  # 1: DLPack's name of the legacy stream
     itemsize = np.dtype(view.dtype).itemsize
     strides = None if view.strides is None else tuple(s * itemsize for s in view.strides)
     return DeviceArray(view.ptr, view.shape, view.dtype, strides, LEGACY, (obj, view))
