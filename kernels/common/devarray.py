@@ -285,8 +285,7 @@ class DeviceArray:
         `cupy.from_dlpack`, `np.from_dlpack` refuses device memory), made by
         cuda.core's StridedMemoryView (cuda-core >= 1.2). `stream`: the consumer's; its
         work is then ordered after this array's stream."""
-        from cuda.core.utils import StridedMemoryView
-
+        StridedMemoryView = _strided_memory_view()  # noqa: N806 - a class
         if not hasattr(StridedMemoryView, "__dlpack__"):
             raise BufferError("exporting through DLPack needs cuda-core >= 1.2; "
                               "use __cuda_array_interface__ instead")  # fmt: skip
@@ -580,12 +579,21 @@ def is_dlpack_device_array(obj: Any) -> bool:
         return False
 
 
+def _strided_memory_view() -> type:
+    """cuda.core's StridedMemoryView (cuda.core.utils; cuda.core.experimental.utils
+    before cuda-core 0.4)."""
+    try:
+        from cuda.core.utils import StridedMemoryView
+    except ImportError:
+        from cuda.core.experimental.utils import StridedMemoryView
+    return StridedMemoryView
+
+
 def _dlpack_view(obj: Any) -> DeviceArray:
     """A DeviceArray view of a DLPack producer's CUDA array (cuda.core's
     StridedMemoryView reads it). The producer orders its pending work before CUDA's
     legacy default stream, the view's stream."""
-    from cuda.core.utils import StridedMemoryView
-
+    StridedMemoryView = _strided_memory_view()  # noqa: N806 - a class
     make = getattr(StridedMemoryView, "from_dlpack", StridedMemoryView)  # cuda-core < 0.4: no
     view = make(obj, stream_ptr=1)  # 1: DLPack's name of the legacy stream
     itemsize = np.dtype(view.dtype).itemsize
