@@ -2,10 +2,12 @@
 
 A batch is a 4-D (N, H, W, C) or 3-D (N, H, W) array, host or device, or a list of
 images of any sizes. A device batch runs each kernel once for all its images; a list
-of device images in launches that do not grow with its length; host batches image by
-image through the single-image functions of `imgfilter.api`, where backend auto runs
-a blur or contour of a host image on the CPU (`_placement`). Each image has its own
-borders: each result equals filtering that image alone.
+of device images in launches that do not grow with its length. Host images go where
+`imgfilter.placement` puts them (under backend auto, cheap filters of images up to its
+size limit on the CPU): those on the CPU to the CPU backend at once, spread over the
+CPUs, the others image by image through the single-image functions of
+`imgfilter.api`. Each image has its own borders: each result equals filtering that
+image alone.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 from kernels.common.arrays import as_device_array, is_device_array
 from kernels.common.devarray import DeviceArray
 
+from . import placement
 from .api import (
     _as_3d,
     _as_image,
@@ -26,6 +29,7 @@ from .api import (
     _check_out,
     _check_stream,
     _options,
+    _plain_image,
     _shaped,
     as_kernel,
     blur,
@@ -33,8 +37,7 @@ from .api import (
     contour,
     filter2d,
 )
-from .backends import get_backend, warmup
-from .backends.cpu_common import run_parallel, threads
+from .backends import get_backend
 from .border import border_code
 from .errors import UsageError
 
@@ -46,8 +49,8 @@ def _lists():
     return cuda_lists
 
 
-def _batch(images: Any, out: Any, stream: Any, backend: str, one, many, many_list,
-           result_shape, cpu_op: str | None = None) -> Any:  # fmt: skip
+def _batch(images: Any, out: Any, stream: Any, backend: str, one, many, many_list, result_shape,
+           rule: tuple) -> Any:  # fmt: skip
     """Filter each image of a batch.
 
     images: a 4-D (N, H, W, C) or 3-D (N, H, W) array (host or device), the first axis
@@ -55,12 +58,12 @@ def _batch(images: Any, out: Any, stream: Any, backend: str, one, many, many_lis
     an array of the results (into `out`, an array of that shape, when given) or a list
     (into `out`, a list of arrays, when given). A device array goes to the backend at
     once through `many(backend, batch (N, H, W, C), out, stream)` (its launches queued
-    back to back on one stream); a list of device images through `many_list(backend,
-    images (H, W, C), outs, stream)` (`_device_list`); host arrays and lists, and
-    lists mixing host and device images, image by image through `one(img, out,
-    stream, backend)` (`_each`; `cpu_op`: the operation whose CPU placement applies,
-    "blur" or "contour"). Each image has its own borders: results equal filtering
-    each alone.
+    back to back on one stream); a list of device images through `many_list(lists,
+    images (H, W, C), outs, stream)` (`_device_list`; `lists`: the backend's list
+    functions, `box_list`, `correlate_list`, `contour_list`); host arrays and lists, and
+    lists mixing host and device images, through `_host` (`rule`: the operation, method
+    and kernel taps `imgfilter.placement` places them by). Each image has its own
+    borders: results equal filtering each alone.
     """
     if isinstance(images, list | tuple):
         if out is not None and (not isinstance(out, list | tuple) or len(out) != len(images)):
@@ -68,7 +71,8 @@ def _batch(images: Any, out: Any, stream: Any, backend: str, one, many, many_lis
         if images and all(_is_device_input(img) for img in images):
             return _device_list(images, out, stream, backend, many_list, result_shape)
         outs = out if out is not None else [None] * len(images)
-        return _each(list(images), list(outs), stream, backend, one, cpu_op)
+        return _host(list(images), list(outs), stream, backend, one, many_list, result_shape,
+                     rule)  # fmt: skip
     device = not isinstance(images, np.ndarray) and is_device_array(images)
     batch = as_device_array(images) if device else np.asarray(images)
     if batch.ndim not in (3, 4):
@@ -82,7 +86,7 @@ def _batch(images: Any, out: Any, stream: Any, backend: str, one, many, many_lis
     if not device:
         host_out = np.empty(shape, batch.dtype) if out is None else out
         dout = _check_out(host_out, batch, False, shape)
-        _each(list(batch), list(dout), stream, backend, one, cpu_op)
+        _host(list(batch), list(dout), stream, backend, one, many_list, result_shape, rule)
         return host_out
     if not _c_contiguous(batch.shape, batch.strides, batch.dtype.itemsize):
         raise UsageError("device batches must be C-contiguous")
@@ -94,33 +98,44 @@ def _batch(images: Any, out: Any, stream: Any, backend: str, one, many, many_lis
     return out if out is not None else result.reshape(shape)
 
 
-def _each(images: list, outs: list, stream: Any, backend: str, one,
-          cpu_op: str | None) -> list:  # fmt: skip
-    """[one(img, out, stream, its backend)] for host images (or host and device ones),
-    each image where `_placement` puts it; a blur's images on every CPU at once when
-    all of them go to the CPU (cv2.blur runs on one thread and releases the GIL;
-    contour's CPU pass is parallel itself)."""
-    limit = warmup.cpu_limit(cpu_op) if cpu_op is not None else 0
-    placed = [_placement(img, backend, limit) for img in images]
-    results: list = [None] * len(images)
-
-    def run(i: int) -> None:
-        results[i] = one(images[i], outs[i], stream, placed[i])
-
-    on_cpu = cpu_op == "blur" and all(b == "cpu" for b in placed)
-    run_parallel(run, len(images), threads() if on_cpu else 1)
+def _host(images: list, outs: list, stream: Any, backend: str, one, many_list, result_shape,
+          rule: tuple) -> list:  # fmt: skip
+    """The results of host images (or of a list mixing host and device ones). The NumPy
+    images that `imgfilter.placement` gives the CPU backend (`rule`: (operation, method,
+    kernel taps); under backend auto, cheap filters of images up to its size limit) are
+    checked as the single-image function checks them and go to the CPU backend at once,
+    `many_list(cpu backend, images (H, W, C), outs, None)`, which spreads them over the
+    CPUs in chunks of images (`backends.cpu.each_image`; one Python call per image,
+    OpenCV's where it computes our result); the others go one by one through
+    one(img, out, stream, backend)."""
+    op, method, taps = rule
+    limits: dict = {}  # dtype -> placement.cpu_bytes
+    here, arrs, results = [], [], [None] * len(images)
+    for i, img in enumerate(images):
+        if isinstance(img, np.ndarray):
+            limit = limits.get(img.dtype)
+            if limit is None:
+                limit = limits[img.dtype] = placement.cpu_bytes(op, img.dtype, backend, method,
+                                                                taps)  # fmt: skip
+            if limit and img.nbytes <= limit:
+                here.append(i)
+                plain = img.flags.c_contiguous and _plain_image(img.shape, img.dtype)
+                arrs.append(img if plain else _as_image(img)[0])
+                continue
+        results[i] = one(img, outs[i], stream, backend)
+    if not here:
+        return results
+    given = [outs[i] for i in here]
+    douts = None
+    if any(o is not None for o in given):
+        checked = zip(given, arrs, strict=True)
+        douts = [_check_out(o, a, False, result_shape(a.shape)) for o, a in checked]
+    done = many_list(get_backend("cpu"), [_as_3d(a) for a in arrs], douts, None)
+    for i, a, res, o in zip(here, arrs, done, given, strict=True):
+        # results come (H, W, C), or (H, W) where the result is one plane (contour)
+        results[i] = o if o is not None else (
+            res if res.ndim in (2, a.ndim) else res.reshape(result_shape(a.shape)))  # fmt: skip
     return results
-
-
-def _placement(img: Any, backend: str, cpu_limit: int) -> str:
-    """The backend a host image of a batch runs on: "cpu" under backend auto where the
-    operation has a CPU rule (`cpu_limit` > 0) and the image has at most that many
-    bytes, as the CLI places one image (`backends.warmup.cpu_limit`: OpenCV's box
-    filter and contour go through memory at about the speed a GPU's copies would, so
-    the copies each way and the launches of a GPU call per image only add time), else
-    `backend`."""
-    auto = cpu_limit and isinstance(img, np.ndarray) and str(backend).lower() == "auto"
-    return "cpu" if auto and img.nbytes <= cpu_limit else backend
 
 
 def _is_device_input(img: Any) -> bool:
@@ -130,9 +145,9 @@ def _is_device_input(img: Any) -> bool:
 def _device_list(images: list, out: Any, stream: Any, backend: str, many_list,
                  result_shape) -> list:  # fmt: skip
     """A list of device images of any sizes, dtypes and channel counts, each checked as
-    `filter2d` checks one, given to the backend at once: `many_list(backend, images as
-    (H, W, C), outs (None or the checked arrays), stream)` filters them in a number of
-    launches that does not grow with their number. Returns the results (each of its
+    `filter2d` checks one, given to the CUDA backend at once: `many_list(its lists,
+    images as (H, W, C), outs (None or the checked arrays), stream)` filters them in a
+    number of launches that does not grow with their number. Returns the results (each of its
     image's shape, less the channel axis of a 2-D image) or `out` as a list."""
     arrs = [_as_image(img)[0] for img in images]
     shapes = [result_shape(a.shape) for a in arrs]
@@ -141,8 +156,8 @@ def _device_list(images: list, out: Any, stream: Any, backend: str, many_list,
         outs = [_check_out(o, a, True, shape) for o, a, shape in zip(out, arrs, shapes,
                                                                        strict=True)]  # fmt: skip
     stream = _check_stream(stream)
-    be = get_backend(backend, device_input=True)
-    results = many_list(be, [_as_3d(a) for a in arrs], outs, stream)
+    get_backend(backend, device_input=True)  # a backend that cannot take device images: refused
+    results = many_list(_lists(), [_as_3d(a) for a in arrs], outs, stream)
     if out is not None:
         return list(out)
     return [_shaped(r, shape) for r, shape in zip(results, shapes, strict=True)]
@@ -235,12 +250,13 @@ def filter2d_batch(
         a, code, m, value = _options(anchor, k.shape, border, border_value, method, batch.dtype)
         return be.correlate(batch, k, a, code, value, m, _out_4d(out), stream)
 
-    def many_list(be, imgs, outs, stream):
+    def many_list(lists, imgs, outs, stream):
         a, code, m, values = _list_options(imgs, anchor, k.shape, border, border_value, method,
                                          "filter2d")  # fmt: skip
-        return _lists().correlate_list(imgs, k, a, code, values, m, _outs_3d(outs), stream)
+        return lists.correlate_list(imgs, k, a, code, values, m, _outs_3d(outs), stream)
 
-    return _batch(images, out, stream, backend, one, many, many_list, _same_shape)
+    return _batch(images, out, stream, backend, one, many, many_list, _same_shape,
+                  ("filter", method, k.size))  # fmt: skip
 
 
 def blur_batch(
@@ -299,12 +315,13 @@ def blur_batch(
                                      "blur")  # fmt: skip
         return be.box(batch, (kh, kw), a, code, value, m, _out_4d(out), stream)
 
-    def many_list(be, imgs, outs, stream):
+    def many_list(lists, imgs, outs, stream):
         a, code, m, values = _list_options(imgs, anchor, (kh, kw), border, border_value, method,
                                          "blur")  # fmt: skip
-        return _lists().box_list(imgs, (kh, kw), a, code, values, m, _outs_3d(outs), stream)
+        return lists.box_list(imgs, (kh, kw), a, code, values, m, _outs_3d(outs), stream)
 
-    return _batch(images, out, stream, backend, one, many, many_list, _same_shape, "blur")
+    return _batch(images, out, stream, backend, one, many, many_list, _same_shape,
+                  ("blur", method, 0))  # fmt: skip
 
 
 def contour_batch(
@@ -361,19 +378,20 @@ def contour_batch(
         m = _check_method(method, "contour")
         return be.contour(batch, border_code(border), value, m, out, stream)
 
-    def many_list(be, imgs, outs, stream):
+    def many_list(lists, imgs, outs, stream):
         if any(np.dtype(i.dtype) == np.float32 for i in imgs):
             raise UsageError("contour needs an integer image (uint8 or uint16), got float32")
         values = [_cast_value(border_value, i.dtype) for i in imgs]
         code, m = border_code(border), _check_method(method, "contour")
-        return _lists().contour_list(imgs, code, values, m, outs, stream)
+        return lists.contour_list(imgs, code, values, m, outs, stream)
 
-    return _batch(images, out, stream, backend, one, many, many_list, _image_shape, "contour")
+    return _batch(images, out, stream, backend, one, many, many_list, _image_shape,
+                  ("contour", method, 0))  # fmt: skip
 
 
 def _outs_3d(outs: list | None) -> list | None:
-    """A list's outs as (H, W, C): (H, W) ones gain a channel axis."""
-    return None if outs is None else [_as_3d(o) for o in outs]
+    """A list's outs as (H, W, C): (H, W) ones gain a channel axis (None stays None)."""
+    return None if outs is None else [None if o is None else _as_3d(o) for o in outs]
 
 
 def _out_4d(out: Any) -> Any:

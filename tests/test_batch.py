@@ -390,9 +390,11 @@ def test_the_quick_start_compiles_one_box_kernel_for_every_small_size(monkeypatc
 
 
 def _recording_ops(monkeypatch):
-    """Replace the single-image functions that batch.py calls by ones that note the
-    backend each image was given (and return zeros of the result's shape)."""
+    """Replace what batch.py hands host images to by fakes that note where each image
+    went: "cpu list" for the CPU backend's list functions, else the backend the
+    single-image function was given (the fakes return zeros of the result's shape)."""
     from imgfilter import batch
+    from imgfilter.backends import cpu
 
     placed = []
 
@@ -403,45 +405,167 @@ def _recording_ops(monkeypatch):
 
         return call
 
+    def fake_list(shape_of):
+        def call(imgs, *args, **kw):
+            placed.extend(["cpu list"] * len(imgs))
+            return [np.zeros(shape_of(i.shape), i.dtype) for i in imgs]
+
+        return call
+
     monkeypatch.setattr(batch, "blur", fake(lambda s: s))
     monkeypatch.setattr(batch, "filter2d", fake(lambda s: s))
     monkeypatch.setattr(batch, "contour", fake(lambda s: s[:2]))
+    monkeypatch.setattr(cpu, "box_list", fake_list(lambda s: s))
+    monkeypatch.setattr(cpu, "correlate_list", fake_list(lambda s: s))
+    monkeypatch.setattr(cpu, "contour_list", fake_list(lambda s: s[:2]))
     return placed
 
 
-def test_backend_auto_blurs_and_contours_host_batches_on_the_cpu(monkeypatch):
-    """Host lists and host arrays: backend auto runs each blur and contour on the CPU up
-    to the command line's one-image limit, past it as asked; filter2d as asked."""
+def test_backend_auto_places_host_batches_by_the_placement_rule(monkeypatch):
+    """Host lists and host arrays under backend auto: cheap filters (integer blur,
+    contour, filter2d up to 15 taps) of images up to the size limit go to the CPU
+    backend's list functions at once; a float32 blur, a 16-tap filter2d, a --method,
+    backend cuda and images past the limit image by image to the backend asked for;
+    backend cpu takes them all to the CPU."""
     from imgfilter.backends import warmup
 
     placed = _recording_ops(monkeypatch)
     images = _mixed(np.uint8, 3, seed=2)
     batch = _images(4, (6, 9, 3), np.uint8, seed=2)
-    for call in (lambda b: imgfilter.blur_batch(b, 5), imgfilter.contour_batch):
+    cheap = [lambda b, **o: imgfilter.blur_batch(b, 5, **o), imgfilter.contour_batch,
+             lambda b, **o: imgfilter.filter2d_batch(b, np.ones((3, 5)), **o)]  # fmt: skip
+    for call in cheap:
         for given in (images, batch):
             placed.clear()
             call(given)
-            assert placed == ["cpu"] * len(given)
-    placed.clear()
-    imgfilter.filter2d_batch(images, KERNEL)
-    imgfilter.blur_batch(images, 5, backend="cuda")
-    assert placed == ["auto"] * len(images) + ["cuda"] * len(images)
+            assert placed == ["cpu list"] * len(given)
+    n = len(images)
+    costly = [
+        (lambda: imgfilter.filter2d_batch(images, np.ones((4, 4))), ["auto"] * n),
+        (lambda: imgfilter.blur_batch([i.astype(np.float32) for i in images], 5), ["auto"] * n),
+        (lambda: imgfilter.blur_batch(images, 5, method="tiled"), ["auto"] * n),
+        (lambda: imgfilter.blur_batch(images, 5, backend="cuda"), ["cuda"] * n),
+        (lambda: imgfilter.filter2d_batch(images, np.ones((4, 4)), backend="CPU"),
+         ["cpu list"] * n),
+    ]  # fmt: skip
+    for call, where in costly:
+        placed.clear()
+        call()
+        assert placed == where
     monkeypatch.setattr(warmup, "ONE_IMAGE_ON_CPU_BYTES", 13 * 9 * 3)
     monkeypatch.setattr(warmup, "BLUR_ON_CPU_BYTES_PER_CPU", 0)
     placed.clear()
     imgfilter.blur_batch(images, 5)  # (13, 9, 3) at the limit, (7, 23, 3) past it
-    assert placed == ["auto", "cpu", "cpu", "cpu", "cpu"]
+    assert placed == ["auto"] + ["cpu list"] * 4
 
 
-def test_host_list_blurs_on_several_threads_equal_opencv():
+def test_host_list_blurs_on_several_threads_equal_opencv(monkeypatch):
+    """Images of every size up to 120x120, spread over threads (the thresholds that keep
+    small lists on one thread set low): each result equals cv2.blur's, and a
+    (H, W, 1) image's keeps its shape."""
+    import threading
+    import time
+
     import cv2
 
+    from imgfilter.backends import cpu
+
+    monkeypatch.setattr(cpu, "LIST_BYTES", 1)
+    monkeypatch.setattr(cpu, "GIL_BYTES", 1)
+    monkeypatch.setattr(cpu, "threads", lambda: 3)
+    used = set()
+    real = cpu.box
+
+    def box(*args, **kw):
+        used.add(threading.get_ident())
+        time.sleep(0.002)  # long enough for every thread to take images
+        return real(*args, **kw)
+
+    monkeypatch.setattr(cpu, "box", box)  # images cv2.blur cannot take as they are
     rng = np.random.default_rng(6)
     sizes = [(int(h), int(w)) for h, w in rng.integers(1, 120, (40, 2))]
-    images = _mixed(np.uint8, 3, seed=6, sizes=sizes)
-    got = imgfilter.blur_batch(images, 5)
-    for img, res in zip(images, got, strict=True):
-        np.testing.assert_array_equal(res, cv2.blur(img, (5, 5)), str(img.shape))
+    for channels in (3, 1, None):
+        images = _mixed(np.uint8, channels, seed=6, sizes=sizes)
+        got = imgfilter.blur_batch(images, 5)
+        for img, res in zip(images, got, strict=True):
+            assert res.shape == img.shape
+            want = cv2.blur(img, (5, 5))
+            np.testing.assert_array_equal(res, want.reshape(img.shape), str(img.shape))
+    assert not used
+    imgfilter.blur_batch(_mixed(np.uint8, 3, seed=6, sizes=sizes), 5, border="wrap")
+    assert len(used) > 1
+
+
+HOST_LIST_CASES = [
+    (dtype, channels, border, k)
+    for dtype in (np.uint8, np.uint16, np.float32)
+    for channels in (None, 1, 3, 4)
+    for border in BORDERS
+    for k in (3, (2, 1), (4, 3))
+]
+
+
+@pytest.mark.parametrize("dtype,channels,border,k", HOST_LIST_CASES)
+def test_host_list_equals_each_image_alone_and_opencv(monkeypatch, dtype, channels, border, k):
+    """blur_batch of a host list (on the CPU backend's list path, over threads, into a
+    new array or `out`) equals blur of each image alone, for every dtype, channel
+    count, border (constant: 0 and 7) and box (odd, even, the 2-pixel uint8 box
+    OpenCV's fixed point rounds apart); and cv2.blur where OpenCV's result is the
+    semantics (integer images, borders cv2 applies, not the 2-pixel uint8 box)."""
+    import cv2
+
+    from imgfilter.backends import cpu
+
+    monkeypatch.setattr(cpu, "LIST_BYTES", 1)
+    monkeypatch.setattr(cpu, "GIL_BYTES", 1)
+    images = _mixed(dtype, channels, seed=len(border) + (channels or 0))
+    images[0] = np.full_like(images[0], np.iinfo(np.uint8).max if dtype == np.uint8 else 9)
+    cv_border = {"reflect101": 4, "reflect": 2, "replicate": 1, "constant": 0}.get(border)
+    kw, kh = (k, k) if isinstance(k, int) else k
+    for value in (0, 7) if border == "constant" else (0,):
+        opts = dict(border=border, border_value=value, backend="cpu")
+        got = imgfilter.blur_batch(images, k, **opts)
+        outs = [np.zeros_like(i) for i in images]
+        assert imgfilter.blur_batch(images, k, out=outs, **opts) == outs
+        for img, res, out in zip(images, got, outs, strict=True):
+            alone = imgfilter.blur(img, k, border=border, border_value=value, backend="cpu")
+            assert res.shape == img.shape
+            np.testing.assert_array_equal(res, alone, str(img.shape))
+            np.testing.assert_array_equal(out, alone, str(img.shape))
+            opencv = cv_border is not None and dtype != np.float32 and value == 0
+            if opencv and not (dtype == np.uint8 and kh * kw == 2):
+                want = cv2.blur(img, (kw, kh), borderType=cv_border).reshape(img.shape)
+                np.testing.assert_array_equal(res, want, str(img.shape))
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16])
+def test_host_contour_and_filter2d_lists_over_threads_equal_each_alone(monkeypatch, dtype):
+    """contour_batch and filter2d_batch of host lists over threads (Numba loaded or
+    not for contour: one thread in its pass at a time, the others through OpenCV;
+    filter2d kernels from OpenCV's direct limit one image at a time) equal each image
+    alone."""
+    from imgfilter.backends import cpu
+
+    monkeypatch.setattr(cpu, "LIST_BYTES", 1)
+    monkeypatch.setattr(cpu, "GIL_BYTES", 1)
+    monkeypatch.setattr(cpu, "CONTOUR_GIL_BYTES", 1)
+    monkeypatch.setattr(cpu, "threads", lambda: 3)
+    rng = np.random.default_rng(8)
+    sizes = [(int(h), int(w)) for h, w in rng.integers(1, 40, (24, 2))]
+    big = rng.random((13, 11)).astype(np.float32) - 0.3  # 143 taps: past the limit
+    for channels in (None, 1, 3, 4):
+        images = _mixed(dtype, channels, seed=channels or 0, sizes=sizes)
+        for numba in (False, True):
+            monkeypatch.setattr(cpu, "_numba_loaded", lambda numba=numba: numba)
+            got = imgfilter.contour_batch(images, border="replicate")
+            for img, res in zip(images, got, strict=True):
+                np.testing.assert_array_equal(res, imgfilter.contour(img, border="replicate",
+                                                                     backend="cpu"))  # fmt: skip
+        for kernel in (KERNEL, big):
+            got = imgfilter.filter2d_batch(images, kernel, border="wrap", backend="cpu")
+            for img, res in zip(images, got, strict=True):
+                alone = imgfilter.filter2d(img, kernel, border="wrap", backend="cpu")
+                np.testing.assert_array_equal(res, alone)
 
 
 def test_var_shape_slots_place_an_image_given_twice():

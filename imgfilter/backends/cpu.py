@@ -380,7 +380,9 @@ def _in_row_bands(fn, src, crop, top, bottom, out) -> bool:
     bands (one call then)."""
     h, w, _ = out.shape
     rows = max(_BAND_MIN_ROWS, top + bottom + 1)
-    nbands = min(band_threads(), out.nbytes // BAND_BYTES, h // rows)
+    nbands = min(out.nbytes // BAND_BYTES, h // rows)
+    if nbands >= 2:  # only then ask cv2 (its call lets go of the GIL)
+        nbands = min(nbands, band_threads())
     if nbands < 2 or not _banding.acquire(blocking=False):
         return False
     try:
@@ -451,23 +453,137 @@ def box(img, ksize, anchor, border, value, method, out=None, stream=None):
     return out
 
 
+# One call in Numba's parallel contour pass at a time: Numba's default threading layer
+# must not be entered from several threads at once, so a call that finds it taken
+# (another thread of a pipeline or a list) goes through OpenCV, with the same result.
+_numba_pass = threading.Lock()
+
+
+_U8, _U16 = np.dtype(np.uint8), np.dtype(np.uint16)
+# Lists of images (`box_list`, `correlate_list`, `contour_list`) go over threads a
+# chunk of consecutive images at a time, LIST_CHUNKS chunks a thread (images differ in
+# size), on no more threads than can run at once: an image's OpenCV call holds the GIL
+# a few microseconds (its arguments, its result, our code around it) and runs without
+# it in proportion to the image's bytes, so past 1 + (mean image bytes) / GIL_BYTES
+# threads they would queue for the GIL, and a queue makes CPython force switches
+# between threads (a round trip each: more threads, slower). GIL_BYTES: the bytes
+# cv2.blur or a 3x3 cv2.filter2D goes through (0.6-0.7 ns a byte) in the ~4 us a call
+# holds the GIL; a contour makes six calls (gray, four filters, their OR) over a third
+# of the bytes: CONTOUR_GIL_BYTES. And one thread per LIST_BYTES of images at most: a
+# thread costs about 0.1 ms to start.
+LIST_CHUNKS = 4
+GIL_BYTES = 6 << 10
+CONTOUR_GIL_BYTES = 48 << 10
+LIST_BYTES = 1 << 18
+
+
+def each_image(call, n: int, nbytes: int, gil_bytes: int = GIL_BYTES) -> list:
+    """[call(i) for i in range(n)], the images i (holding `nbytes` in all) in chunks of
+    consecutive ones over up to `threads()` threads, no more than 1 + nbytes / n /
+    `gil_bytes` and one per LIST_BYTES (see above). The calls must release the GIL
+    (OpenCV, NumPy) to run at once; the first error is raised once every thread has
+    stopped."""
+    results: list = [None] * n
+    if not n:
+        return results
+    gil_bound = 1 + nbytes // (n * gil_bytes)
+    workers = max(1, min(threads(), n, nbytes // LIST_BYTES, gil_bound))
+    chunks = min(n, workers * LIST_CHUNKS)
+    edges = [n * i // chunks for i in range(chunks + 1)]
+
+    def chunk(j: int) -> None:
+        for i in range(edges[j], edges[j + 1]):
+            results[i] = call(i)
+
+    run_parallel(chunk, chunks, workers)
+    return results
+
+
+def box_list(imgs, ksize, anchor, border, values, method, outs=None, stream=None) -> list:
+    """`box` of each (H, W, C) image of `imgs` (`values`: each one's border value,
+    `outs`: None or each one's (H, W, C) out), over threads (`each_image`); returns the
+    results (H, W, C). An integer image that `box` would give to one cv2.blur call as
+    it is (a border cv2 applies, not the 2-pixel uint8 box, too small for bands) goes
+    to that call here directly, the others through `box`."""
+    import cv2
+
+    kh, kw = ksize
+    ay, ax = anchor
+    size, at, cvb = (kw, kh), (ax, ay), _CV_BORDER.get(border)
+    # the dtypes cv2.blur computes as `box` does; uint8's 2-pixel box: see `box`
+    direct = set() if cvb is None else {_U16} if kh * kw == 2 else {_U8, _U16}
+    constant = border == _bi.CONSTANT  # cv2 applies a zero constant border alone
+    whole = 2 * BAND_BYTES  # smaller images are never filtered in bands
+
+    def one(i: int):
+        img, out = imgs[i], None if outs is None else outs[i]
+        if img.dtype not in direct or img.nbytes >= whole or (constant and values[i]):
+            return box(img, ksize, anchor, border, values[i], method, out)
+        h, w, c = img.shape
+        if c != 1 and out is None:
+            return cv2.blur(img, size, None, at, cvb)
+        src, dst = img, out
+        if c == 1:  # as cv2 shapes one channel
+            src, dst = img.reshape(h, w), None if out is None else out.reshape(h, w)
+        res = cv2.blur(src, size, dst, at, cvb)
+        if out is None:
+            return res.reshape(h, w, 1)
+        if res is not dst:
+            dst[...] = res
+        return out
+
+    return each_image(one, len(imgs), sum(img.nbytes for img in imgs))
+
+
+def correlate_list(imgs, kernel, anchor, border, values, method, outs=None, stream=None) -> list:
+    """`correlate` of each (H, W, C) image of `imgs` (`values`, `outs` as `box_list`'s);
+    returns the results (H, W, C). Over threads (`each_image`) when every image goes to
+    one cv2.filter2D call (a kernel below `direct_area_limit` taps for its dtype), else
+    one image at a time, each call spreading its own work (the compiled loops must not
+    be entered from several threads at once)."""
+    kh, kw = kernel.shape
+
+    def one(i: int):
+        out = None if outs is None else outs[i]
+        return correlate(imgs[i], kernel, anchor, border, values[i], method, out)
+
+    if all(kh * kw < direct_area_limit(dt) for dt in {img.dtype for img in imgs}):
+        return each_image(one, len(imgs), sum(img.nbytes for img in imgs))
+    return [one(i) for i in range(len(imgs))]
+
+
+def contour_list(imgs, border, values, method, outs=None, stream=None) -> list:
+    """`contour` of each (H, W, C) image of `imgs` (`values`, `outs` as `box_list`'s;
+    outs (H, W)) over threads (`each_image`); returns the results (H, W)."""
+
+    def one(i: int):
+        out = None if outs is None else outs[i]
+        return contour(imgs[i], border, values[i], method, out)
+
+    return each_image(one, len(imgs), sum(img.nbytes for img in imgs), CONTOUR_GIL_BYTES)
+
+
 def contour(img, border, value, method, out=None, stream=None):
     """Gray, four 3x3 edge responses, saturated, OR-ed; (H, W) out, written into `out`
     when given; `method` and `stream` are ignored. Integer images (the array API
-    refuses float ones). Numba's fused pass if Numba is loaded, else OpenCV's calls."""
-    if not _numba_loaded():
+    refuses float ones). Numba's fused pass if Numba is loaded and no other thread is
+    in it, else OpenCV's calls: callers on several threads at once are safe."""
+    if not _numba_loaded() or not _numba_pass.acquire(blocking=False):
         return _contour_opencv(img, border, value, out)
-    from . import cpu_loops as loops
+    try:
+        from . import cpu_loops as loops
 
-    h, w, _ = img.shape
-    _, hi, _ = output_limits(img.dtype)
-    rows = axis_map(h, 1, 1, border)
-    cols = axis_map(w, 1, 1, border)
-    gray = np.empty((h + 2, w + 2), np.int64)
-    loops._gray_padded(img, rows, cols, int(value), gray)
-    out = np.empty((h, w), img.dtype) if out is None else out
-    loops._contour_rows(gray, hi, out)
-    return out
+        h, w, _ = img.shape
+        _, hi, _ = output_limits(img.dtype)
+        rows = axis_map(h, 1, 1, border)
+        cols = axis_map(w, 1, 1, border)
+        gray = np.empty((h + 2, w + 2), np.int64)
+        loops._gray_padded(img, rows, cols, int(value), gray)
+        out = np.empty((h, w), img.dtype) if out is None else out
+        loops._contour_rows(gray, hi, out)
+        return out
+    finally:
+        _numba_pass.release()
 
 
 def _numba_loaded() -> bool:
