@@ -161,7 +161,7 @@ def file_system(path: Path) -> str:
 
 def costs(img: np.ndarray, data: bytes) -> list[str]:
     """Per-value costs (ns, one core, best of 3) behind imgfilter's placement rule
-    (imgfilter.cli.filtering: BOX_NS, CONTOUR_NS, TAP_NS, CODEC_THREAD_NS)."""
+    (imgfilter.placement: BOX_NS, CONTOUR_NS, TAP_NS, CHEAP_NS)."""
     import imgfilter
 
     threads = cv2.getNumThreads()
@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
             f"({file_system(work)}): {plain * 1e3:.2f} ms a file, with fsync "
             f"{synced * 1e3:.2f} ms (fsync adds {extra:.2f} ms a file)")  # fmt: skip
         if args.costs:
-            say("per-value costs, one core (imgfilter.cli.filtering's placement rule):")
+            say("per-value costs, one core (imgfilter.placement's rule):")
             for row in costs(first, files[0].read_bytes()):
                 say(row)
         if args.backend != "cpu":

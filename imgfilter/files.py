@@ -349,23 +349,13 @@ READ, FILTER_HERE, FILTER_THREAD, WRITE = "read", "filter here", "filter thread"
 
 class Timings:
     """Seconds spent in each stage and how many images went through it, summed over
-    images and threads (any thread may add). The pipeline adds its own stages (READ,
-    FILTER_HERE or FILTER_THREAD, WRITE); `compute` may add parts of its work under
-    names of its own (`timed`). A copy sent to another process (a Dask task carries
-    `compute` and what it holds) adds to itself there, not to this one."""
+    images and threads (any thread may add): the pipeline's READ, FILTER_HERE or
+    FILTER_THREAD, and WRITE."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.seconds: dict[str, float] = {}
         self.counts: dict[str, int] = {}
-
-    def __getstate__(self) -> dict:
-        return {"seconds": dict(self.seconds), "counts": dict(self.counts)}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__()
-        self.seconds.update(state["seconds"])
-        self.counts.update(state["counts"])
 
     def add(self, stage: str, seconds: float) -> None:
         with self._lock:
@@ -424,7 +414,6 @@ def run_pipeline(
     on_event: Callable[[str, Job, BaseException | None, Stats], None] | None = None,
     filters: int = 1,
     here: Callable[[Job, Any], bool] | None = None,
-    timings: Timings | None = None,
 ) -> Stats:
     """Load, compute and save each job; return the counts.
 
@@ -435,12 +424,11 @@ def run_pipeline(
     per job ("written", "skipped" or "failed"), from any thread, with the counts
     already updated (and under their lock, so calls never overlap). A `Fatal` from
     compute stops the run: images decoded but not yet filtered are dropped uncounted,
-    writes under way finish. The stages' seconds go to `timings` (stats.timings).
+    writes under way finish. The stages' seconds go to stats.timings.
     """
     global last_stats
     depth = depth or default_depth(workers)
-    stats = Stats(total=len(jobs), workers=max(1, workers), filters=max(1, filters),
-                  timings=timings or Timings())  # fmt: skip
+    stats = Stats(total=len(jobs), workers=max(1, workers), filters=max(1, filters))
     last_stats = stats
     clock = stats.timings
     slots = threading.Semaphore(depth)

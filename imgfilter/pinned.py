@@ -9,8 +9,7 @@ makes one), `keep` hands it back, `release` frees the free ones. At most LIMIT b
 are kept page-locked at once; past that `take` says no and the caller uses
 ordinary memory.
 
-Used by the row bands of `imgfilter.streamed`; a caller may also hand a buffer from
-`take` to a filter as its host `out=` (the quick start copies results straight in).
+Used by the row bands of `imgfilter.streamed`.
 """
 
 from __future__ import annotations

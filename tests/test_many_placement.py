@@ -1,7 +1,7 @@
 """Where each of many images is filtered (issue 57): files.run_pipeline's placement of
-`compute` (on the codec thread, in the calling thread, on filter threads), the CLI's
-placement rule (filtering.Placement), the GPU's page-locked staging (filtering.on_gpu),
-the per-stage timings (IMGFILTER_TIMINGS) and the default --jobs.
+`compute` (on the codec thread, in the calling thread, on filter threads), the placement
+rule (imgfilter.placement) as the folder pipeline applies it, the per-stage timings
+(IMGFILTER_TIMINGS) and the default --jobs.
 
 The CLI runs in process (test_cli.run); the CUDA backend on Numba's simulator.
 """
@@ -9,7 +9,6 @@ The CLI runs in process (test_cli.run); the CUDA backend on Numba's simulator.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from pathlib import Path
@@ -204,32 +203,45 @@ def test_default_jobs_is_the_cpu_count(monkeypatch):
 # ------------------------------------------------------------------ placement rule
 
 
-def test_placement_rule():
-    """Cheap filters (integer boxes, contour, filter2d up to 15 taps) on the codec
-    threads; filter2d from 16 taps and float32 boxes on the resolved backend; with
-    --backend cuda or a --method every image on the GPU."""
+def test_placement_rule(monkeypatch):
+    """Under backend and method auto, cheap filters (integer boxes, contour, filter2d up
+    to 15 taps) of images up to the size limit on the CPU; filter2d from 16 taps and
+    float32 boxes not; backend cpu: every image; backend cuda or a method: none."""
+    from imgfilter import placement
+    from imgfilter.backends import warmup
+
     u8, u16, f32 = (np.zeros((4, 4, 3), t) for t in (np.uint8, np.uint16, np.float32))
-    auto = filtering.Placement("blur", 0, "cuda", gpu_only=False)
-    assert auto.here(u8) and auto.here(u16) and not auto.here(f32)
-    assert auto.backend_for(u8) == "cpu" and auto.backend_for(f32) == "cuda"
-    assert filtering.Placement("filter", 15, "cuda", gpu_only=False).here(u8)
-    assert not filtering.Placement("filter", 16, "cuda", gpu_only=False).here(u8)
-    assert not filtering.Placement("filter", 441, "cpu", gpu_only=False).here(u8)
-    assert filtering.cpu_ns_per_value("filter", np.uint8, 15) <= filtering.CODEC_THREAD_NS
-    assert filtering.cpu_ns_per_value("filter", np.uint8, 16) > filtering.CODEC_THREAD_NS
-    forced = filtering.Placement("blur", 0, "cuda", gpu_only=True)
-    assert not forced.here(u8) and forced.backend_for(u8) == "cuda"
-    # --method without a GPU: the CPU backend runs, cheap filters on the codec threads
-    assert filtering.Placement("blur", 0, "cpu", gpu_only=True).here(u8)
+    on_cpu = placement.on_cpu
+    assert on_cpu("blur", u8) and on_cpu("blur", u16) and not on_cpu("blur", f32)
+    assert on_cpu("contour", u16) and on_cpu("filter", u8, taps=15)
+    assert not on_cpu("filter", u8, taps=16)
+    assert placement.cpu_ns_per_value("filter", u8.dtype, 15) <= placement.CHEAP_NS
+    assert placement.cpu_ns_per_value("filter", u8.dtype, 16) > placement.CHEAP_NS
+    assert on_cpu("filter", f32, "CPU", taps=441) and on_cpu("blur", f32, "cpu", "tiled")
+    assert not on_cpu("blur", u8, "cuda") and not on_cpu("blur", u8, "auto", "tiled")
+    monkeypatch.setattr(warmup, "ONE_IMAGE_ON_CPU_BYTES", u8.nbytes)
+    monkeypatch.setattr(warmup, "BLUR_ON_CPU_BYTES_PER_CPU", 0)
+    assert on_cpu("contour", u8) and not on_cpu("contour", u16)  # past the size limit
+    assert placement.cpu_bytes("blur", u8.dtype) == u8.nbytes
+    assert placement.cpu_bytes("blur", f32.dtype) == 0
 
 
-def test_contour_leaves_the_codec_threads_once_numba_is_loaded(monkeypatch):
-    contour = filtering.Placement("contour", 0, "cuda", gpu_only=False)
-    gray = np.zeros((4, 4), np.uint8)
-    monkeypatch.setitem(sys.modules, "numba", sys.modules.get("numba", object()))
-    assert not contour.here(gray)
-    monkeypatch.delitem(sys.modules, "numba")
-    assert contour.here(gray)
+def test_cpu_contour_enters_numbas_pass_from_one_thread_at_a_time(monkeypatch):
+    """Contours on several codec threads at once, Numba loaded: a call that finds
+    another in Numba's parallel pass goes through OpenCV (the same result)."""
+    from imgfilter.backends import cpu
+
+    img = random_image((9, 7, 3), 4)
+    monkeypatch.setattr(cpu, "_numba_loaded", lambda: True)
+    opencv = []
+    real = cpu._contour_opencv
+    monkeypatch.setattr(cpu, "_contour_opencv", lambda *a: opencv.append(1) or real(*a))
+    with cpu._numba_pass:  # another thread is in the pass
+        taken = cpu.contour(img, 0, 0, "auto")
+    assert opencv == [1]
+    alone = cpu.contour(img, 0, 0, "auto")  # the pass is free: Numba's
+    assert opencv == [1] and not cpu._numba_pass.locked()
+    np.testing.assert_array_equal(taken, alone)
 
 
 def _timings(stderr: str) -> str:
@@ -276,8 +288,8 @@ def test_no_timings_line_without_the_variable(tmp_path, monkeypatch):
     "filter_args", [["blur", "--k", "5"], ["filter", "--kernel", BOX5], ["contour"]]
 )
 def test_gpu_route_writes_what_the_cpu_writes(tmp_path, monkeypatch, filter_args):
-    """--backend cuda (the simulator): every image through on_gpu's staging buffers in
-    the filter threads, outputs equal to the CPU backend's byte for byte."""
+    """--backend cuda (the simulator): every image on the GPU in the filter threads,
+    outputs equal to the CPU backend's byte for byte."""
     inputs = _tree(tmp_path / "in")
     monkeypatch.setenv(many.TIMINGS_ENV, "1")
     args = [filter_args[0], tmp_path / "in", *filter_args[1:], "-j", "2", "--out-dir"]
@@ -286,57 +298,13 @@ def test_gpu_route_writes_what_the_cpu_writes(tmp_path, monkeypatch, filter_args
     assert gpu.exit_code == 0 and cpu.exit_code == 0, (gpu.output, cpu.output)
     line = _timings(gpu.stderr)
     n = len(inputs)
-    for part in ("copy in", "GPU upload+filter+download", "copy out", "filter in a filter thread"):
+    for part in ("read+decode", "filter in a filter thread", "encode+write"):
         assert f"{part} " in line and f" ms x {n}" in line.split(part, 1)[1].split(",")[0], line
     assert "filter on the codec thread" not in line
     assert "(cuda/auto, " in gpu.stderr and "(cpu, " in cpu.stderr
     for p in (tmp_path / "cpu").iterdir():
         assert (imread(tmp_path / "gpu" / p.name) == imread(p)).all(), p.name
     assert len(list((tmp_path / "gpu").iterdir())) == n
-
-
-def test_on_gpu_stages_through_kept_buffers_and_falls_back_without_them(monkeypatch):
-    from imgfilter import pinned
-
-    taken, kept = [], []
-
-    def take(shape, dtype, drv):
-        arr = np.empty(shape, dtype)
-        taken.append(id(arr))
-        return arr, id(arr)
-
-    monkeypatch.setattr(pinned, "take", take)
-    monkeypatch.setattr(pinned, "keep", kept.append)
-    calls = []
-
-    def apply(img, backend_name, out=None):
-        calls.append((backend_name, out is not None))
-        if out is None:
-            return img + 1
-        out[...] = img + 1
-        return out
-
-    clock = files.Timings()
-    img = random_image((6, 5, 3), 1)
-    res = filtering.on_gpu(apply, img, img.shape, clock)
-    np.testing.assert_array_equal(res, img + 1)
-    assert calls == [("cuda", True)] and sorted(kept) == sorted(taken) and len(taken) == 2
-    assert set(clock.counts) == {many.COPY_IN, many.GPU, many.COPY_OUT}
-    # past the page-locked limit: the image goes as it is, nothing held
-    monkeypatch.setattr(pinned, "take", lambda shape, dtype, drv: None)
-    res = filtering.on_gpu(apply, img, img.shape, clock)
-    np.testing.assert_array_equal(res, img + 1)
-    assert calls[-1] == ("cuda", False)
-    # a failing filter hands its buffers back
-    monkeypatch.setattr(pinned, "take", take)
-    taken.clear(), kept.clear()
-
-    def broken(img, backend_name, out=None):
-        raise RuntimeError("no")
-
-    with pytest.raises(RuntimeError):
-        filtering.on_gpu(broken, img, img.shape, clock)
-    assert sorted(kept) == sorted(taken) and len(taken) == 2
 
 
 def test_cheap_and_costly_images_of_one_run_go_both_ways(tmp_path, monkeypatch):
@@ -353,8 +321,7 @@ def test_cheap_and_costly_images_of_one_run_go_both_ways(tmp_path, monkeypatch):
     assert cpu.exit_code == 0 and both.exit_code == 0, (cpu.output, both.output)
     assert "(cpu + cuda/auto, " in both.stderr, both.stderr
     line = _timings(both.stderr)
-    for stage, n in (("filter on the codec thread", 5), ("filter in a filter thread", 1),
-                     ("GPU upload+filter+download", 1)):  # fmt: skip
+    for stage, n in (("filter on the codec thread", 5), ("filter in a filter thread", 1)):
         assert line.split(f"{stage} ", 1)[1].split(",")[0].endswith(f" ms x {n}"), line
     for p in (tmp_path / "cpu").iterdir():
         assert (iio.read_image(tmp_path / "both" / p.name) == iio.read_image(p)).all(), p.name

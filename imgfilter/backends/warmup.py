@@ -28,7 +28,8 @@ from pathlib import Path
 QUICK_COMMANDS = ("blur", "filter", "contour")
 CLASSIFIER_COMMANDS = ("classify", "train")
 # With --backend auto, a blur or a contour of one image of at most this many bytes (its
-# file and its pixels) runs on the CPU: OpenCV's box filter goes through memory once (0.7
+# file and its pixels) runs on the CPU (`imgfilter.placement`, the rule for any image
+# and filter): OpenCV's box filter goes through memory once (0.7
 # ns a byte on two cores) and the contour's gray image and four 3x3 filters about three
 # times (a 5-Mpixel photo: 15 and 45 ms, an 8K frame 70 and 220 ms on two cores), so the
 # command ends before a CUDA context could be opened (0.2-0.3 s) and used.
@@ -62,10 +63,11 @@ def _option(argv: list[str], name: str) -> str:
 
 
 def cpu_limit(command: str) -> int:
-    """Bytes (of the file, and of its pixels) up to which --backend auto filters one
-    image on the CPU for `command`, a DEFERRED_COMMANDS one: ONE_IMAGE_ON_CPU_BYTES, or
-    for blur BLUR_ON_CPU_BYTES_PER_CPU per CPU this process may run on when that is
-    more (as many as OpenCV's threads by default)."""
+    """Bytes of an image (here: of its file, and of its pixels) up to which backend
+    auto may filter it on the CPU for `command` (the size limit of
+    `imgfilter.placement`'s rule): ONE_IMAGE_ON_CPU_BYTES, or for blur
+    BLUR_ON_CPU_BYTES_PER_CPU per CPU this process may run on when that is more (as
+    many as OpenCV's threads by default)."""
     if command != "blur":
         return ONE_IMAGE_ON_CPU_BYTES
     return max(ONE_IMAGE_ON_CPU_BYTES, BLUR_ON_CPU_BYTES_PER_CPU * _cpus())

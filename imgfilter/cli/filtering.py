@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +84,7 @@ def filter_files(
 ) -> None:
     """One input: `filter_file` (with --out-dir/--name naming its output); several, a
     directory or a pattern: `_filter_many` (on a Dask cluster with `cluster`: --gpus,
-    --scheduler; `taps`: the filter kernel's, for `Placement`). UsageError for options
+    --scheduler; `taps`: the filter kernel's, for `imgfilter.placement`). UsageError for options
     that exclude each other or a bad --name."""
     template = outs.name if outs.name is not None else files.default_template(op)
 
@@ -156,7 +155,7 @@ def filter_file(
     """Read INPUT, validate OUT (default INPUT_STEM.OP.EXT) for the result's dtype and
     channels, filter, write, one `wrote` line."""
     check_gpu_first(backend)
-    from .. import io
+    from .. import io, placement
     from ..backends import warmup
 
     on_cpu = _one_image_on_cpu(op, image, backend, method)
@@ -174,7 +173,7 @@ def filter_file(
     metadata = _metadata(image, target) if keep_metadata else None
     # Resolved only now, so that the "using the CPU backend" note of --backend auto
     # never comes before a one-line input or output error.
-    if on_cpu and img.nbytes <= warmup.cpu_limit(op):
+    if on_cpu and placement.on_cpu(op, img):
         backend_name, shown_engine = "cpu", f"cpu: one {op}, done before a GPU could start"
     else:
         backend_name = resolve_backend(backend)
@@ -213,7 +212,8 @@ def _check_extension(target: Path) -> None:
 def _one_image_on_cpu(op: str, image: Path, backend: Backend, method: Method) -> bool:
     """Whether --backend auto may run this one image on the CPU: a blur or a contour
     (`warmup.DEFERRED_COMMANDS`) without --method, of an image that
-    `warmup.one_image_on_cpu` lets the CPU run (the pixels read are checked again)."""
+    `warmup.one_image_on_cpu` lets the CPU run; the pixels read then go where
+    `imgfilter.placement` puts them."""
     from ..backends import warmup
 
     if op not in warmup.DEFERRED_COMMANDS or backend is not Backend.auto:
@@ -321,130 +321,23 @@ def _filter_many(
                    client=client, taps=taps)  # fmt: skip
 
 
-# The placement rule's costs: the CPU backend's time per value (pixel x channel) on one
-# core, measured on 2495x2167 RGB uint8 photos (OpenCV 5.0, benchmarks/many_files_cv2.py
-# --costs): decoding and encoding that JPEG (quality 92 in, 95 out) 4.4 ns a value; a
-# box of an integer image (cv2.blur's running sums) 0.4 (k=3) to 1.0 (k=21), uint16 1.2;
-# a float32 box (float64 sums in NumPy) 13; contour 1.5 (OpenCV) to 1.7 (Numba's pass);
-# filter2d 0.11-0.13 per kernel tap from 3x3 to 11x11 (cv2.filter2D's direct sums), 26
-# at 21x21 (its larger kernels go to FFT tiles or compiled loops, costlier still).
-BOX_NS = 1.2
-FLOAT_BOX_NS = 13.0
-CONTOUR_NS = 1.7
-TAP_NS = 0.13
-# A filter costing at most this per value runs on the codec threads (the CPU backend),
-# a costlier one on the GPU (where there is one). That is half the JPEG codecs' cost:
-# the filter then takes under a third of a codec thread's time per image, as in a plain
-# cv2 thread pool, against the GPU route's own work on the host (two staging copies, a
-# hop to a filter thread and back, a wait for the device). Integer boxes, contour and
-# filter2d up to 15 taps stay on the CPU; filter2d from 4x4 and float32 boxes go to the
-# GPU. IMGFILTER_TIMINGS=1 shows where each image's time goes.
-CODEC_THREAD_NS = 2.0
-
-
-def cpu_ns_per_value(op: str, dtype: Any, taps: int) -> float:
-    """The CPU backend's estimated time for `op` per value of an image of `dtype`, on
-    one core (`taps`: the filter kernel's, for filter2d)."""
-    import numpy as np
-
-    if op == "blur":
-        return BOX_NS if np.dtype(dtype).kind in "ui" else FLOAT_BOX_NS
-    if op == "contour":
-        return CONTOUR_NS
-    return TAP_NS * taps
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where each of many images is filtered. `backend`: the one the run resolved
-    ("cuda" or "cpu"); `gpu_only`: --backend cuda or a --method (every image on the GPU).
-
-    An image whose filter costs the CPU backend at most CODEC_THREAD_NS a value is
-    filtered by the CPU backend on the codec thread that decoded it; the others by
-    `backend` (on the GPU in filter threads; on the CPU one at a time, each filter using
-    every core). Both backends give OpenCV's results, so the outputs are the same
-    wherever an image goes. A CPU path built on Numba's parallel loops (contour once
-    Numba is loaded) is kept off the codec threads: Numba's default threading layer
-    must not be entered from several threads at once."""
-
-    op: str
-    taps: int
-    backend: str
-    gpu_only: bool
-
-    def here(self, img: Any) -> bool:
-        """Whether `img` is filtered by the CPU backend on its codec thread."""
-        if self.gpu_only and self.backend == "cuda":
-            return False
-        if cpu_ns_per_value(self.op, img.dtype, self.taps) > CODEC_THREAD_NS:
-            return False
-        return not (self.op == "contour" and "numba" in sys.modules)
-
-    def backend_for(self, img: Any) -> str:
-        return "cpu" if self.here(img) else self.backend
-
-
-def on_gpu(apply: Apply, img: Any, out_shape: tuple, clock: files.Timings) -> Any:
-    """apply(img, "cuda") through two page-locked buffers (`imgfilter.pinned`, kept for
-    the next image): the image is copied into one, the GPU copies it in and its result
-    out into the other at the bus's speed, and the result is copied out of that into a
-    new array. Copies from and to ordinary memory go through the driver's own staging
-    buffers instead, which can serialise the threads that copy at once. Images that
-    `imgfilter.api` streams in bands (api.BANDS_MIN_BYTES and more) stage themselves,
-    and so does an image when the page-locked memory is spent (pinned.LIMIT)."""
-    import numpy as np
-
-    from .. import api, pinned
-
-    if img.nbytes >= api.BANDS_MIN_BYTES:
-        with clock.timed(many.GPU):
-            return apply(img, "cuda")
-    drv = _staging_driver()
-    got_in = pinned.take(img.shape, img.dtype, drv)
-    got_out = pinned.take(out_shape, img.dtype, drv) if got_in is not None else None
-    try:
-        if got_out is None:
-            with clock.timed(many.GPU):
-                return apply(img, "cuda")
-        with clock.timed(many.COPY_IN):
-            np.copyto(got_in[0], img)
-        with clock.timed(many.GPU):
-            apply(got_in[0], "cuda", out=got_out[0])
-        with clock.timed(many.COPY_OUT):
-            return got_out[0].copy()
-    finally:
-        for got in (got_in, got_out):
-            if got is not None:
-                pinned.keep(got[1])
-
-
-def _staging_driver() -> Any:
-    """The CUDA driver for page-locked buffers; None on Numba's simulator (plain NumPy
-    buffers then)."""
-    from kernels.common.arrays import SIMULATOR
-
-    if SIMULATOR:
-        return None
-    from kernels.common.cudadrv import driver
-
-    return driver()
-
-
 def _run_files(op: str, outs: many.Outputs, template: str, *, backend: Backend, method: Method,
                apply: Apply, client: Any, taps: int = 0) -> None:  # fmt: skip
-    """`_filter_many`'s work on its runner: threads here (client None) or a Dask client."""
+    """`_filter_many`'s work on its runner: threads here (client None) or a Dask client.
+    Each image goes where `imgfilter.placement` puts it: on the CPU, on the codec thread
+    that decoded it; else on the resolved backend in the filter threads (without a GPU
+    that is the CPU too, one image at a time, each filter using every core)."""
     import numpy as np
 
-    from .. import io
+    from .. import io, placement
 
     plan, problems = many.plan_many(op, outs, template)
     backend_name = resolve_backend(backend) if plan.jobs else backend.value
     if plan.jobs:
         note_unused_method(backend_name, method)
     noted: set[str] = set()  # output formats whose loss of metadata was noted
-    place = Placement(op, taps, backend_name,
-                      gpu_only=backend is Backend.cuda or method is not Method.auto)  # fmt: skip
-    clock = files.Timings()
+    # Resolved to the CPU, --backend and --method choose nothing more: the rule as for auto.
+    asked = (backend.value, method.value) if backend_name == "cuda" else ("auto", "auto")
     used: set[str] = set()  # the backends that filtered
 
     def load(job: files.Job) -> Any:
@@ -455,16 +348,13 @@ def _run_files(op: str, outs: many.Outputs, template: str, *, backend: Backend, 
         return img, _many_metadata(job, noted) if outs.keep_metadata else None
 
     def here(job: files.Job, loaded: Any) -> bool:
-        return place.here(loaded[0])
+        return placement.on_cpu(op, loaded[0], *asked, taps=taps)
 
     def compute(job: files.Job, loaded: Any) -> Any:
         img = loaded[0]
-        name = place.backend_for(img)
+        name = "cpu" if here(job, loaded) else backend_name
         used.add(name)
-        if name == "cpu":
-            return many.on_device(lambda: apply(img, "cpu"))
-        out_shape = img.shape[:2] if op == "contour" else img.shape
-        return many.on_device(lambda: on_gpu(apply, img, out_shape, clock))
+        return many.on_device(lambda: apply(img, name))
 
     def engines() -> str:
         return " + ".join(engine(name, method) for name in sorted(used)) or engine(
@@ -485,7 +375,7 @@ def _run_files(op: str, outs: many.Outputs, template: str, *, backend: Backend, 
     try:
         many.run_many(
             op, plan, problems, jobs=outs.jobs, engine=engines, load=load, compute=compute,
-            save=save, client=client, here=here, gpu=backend_name == "cuda", timings=clock,
+            save=save, client=client, here=here, gpu=backend_name == "cuda",
         )  # fmt: skip
     finally:
         if synced is not None:

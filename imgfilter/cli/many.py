@@ -288,8 +288,8 @@ def _exit_code(fatal: BaseException | None, failures: Counter) -> int:
 
 
 # Threads that filter on the GPU at once. Each waits for its image's copies and kernels
-# (through page-locked buffers, filtering.on_gpu) and so spends little CPU time; several
-# keep the copies of one image overlapping another's kernel.
+# and so spends little CPU time; several keep the copies of one image overlapping
+# another's kernel.
 GPU_FILTER_THREADS = 8
 
 
@@ -300,17 +300,14 @@ def filter_threads(gpu: bool, workers: int) -> int:
 
 
 TIMINGS_ENV = "IMGFILTER_TIMINGS"
-# The parts of a GPU filter through page-locked buffers (filtering.on_gpu).
-COPY_IN, GPU, COPY_OUT = "copy in", "gpu", "copy out"
 # Stages in the order of an image's way through the pipeline, as the timings line
-# names them (a stage that no image went through is left out).
+# names them (a stage that no image went through is left out). A filter in a filter
+# thread is the whole of a GPU filter (upload, kernels, download) or of a costly one
+# on the CPU.
 _STAGE_NAMES = {
     files.READ: "read+decode",
     files.FILTER_HERE: "filter on the codec thread",
     files.FILTER_THREAD: "filter in a filter thread",
-    COPY_IN: "copy in",
-    GPU: "GPU upload+filter+download",
-    COPY_OUT: "copy out",
     files.WRITE: "encode+write",
 }
 
@@ -321,11 +318,11 @@ def timings_line(stats: Any, seconds: float) -> str:
     and how busy each pool of threads was over the run's `seconds` (IMGFILTER_TIMINGS)."""
     clock = stats.timings
     parts = []
-    for stage in [*_STAGE_NAMES, *sorted(set(clock.seconds) - set(_STAGE_NAMES))]:
+    for stage in _STAGE_NAMES:
         n = clock.counts.get(stage, 0)
         if n:
             ms = clock.seconds[stage] / n * 1e3
-            parts.append(f"{_STAGE_NAMES.get(stage, stage)} {ms:.1f} ms x {n}")
+            parts.append(f"{_STAGE_NAMES[stage]} {ms:.1f} ms x {n}")
     codec = sum(clock.seconds.get(s, 0.0) for s in (files.READ, files.FILTER_HERE, files.WRITE))
     wall = max(seconds, 1e-9)
     pools = f"codec threads {stats.workers} busy {100 * codec / (stats.workers * wall):.0f}%"
@@ -348,11 +345,10 @@ def run_many(
     client: Any = None,
     here: Callable[[Any, Any], bool] | None = None,
     gpu: bool = False,
-    timings: Any = None,
 ) -> None:
     """Run the plan through files.run_pipeline (`jobs` codec threads; compute on the
     codec thread where `here(job, loaded)`, else on `filter_threads(gpu, ...)`
-    threads; the stages timed into `timings`, a files.Timings), or with a Dask
+    threads; each stage timed), or with a Dask
     `client` through cluster.run_on_cluster (a task per file): a line per failed file,
     a summary (`engine`: what filtered, or a function that says it once the run is
     over), the stages' times with IMGFILTER_TIMINGS=1, then exit 3 if an input failed
@@ -381,7 +377,6 @@ def run_many(
             stats = files.run_pipeline(
                 plan.jobs, load=load, compute=compute, save=save, workers=workers,
                 on_event=on_event, filters=filter_threads(gpu, workers), here=here,
-                timings=timings,
             )  # fmt: skip
     seconds = time.monotonic() - start
     failures["input"] += len(problems)
