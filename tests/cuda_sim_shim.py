@@ -294,6 +294,27 @@ def _make_worker_class():
     return Worker
 
 
+# GIL time slice while blocks run: a simulated thread then runs until it waits (at a
+# barrier, a shuffle, its exit) instead of being preempted every 5 ms for one of
+# hundreds of others that will only run to the same barrier. The CPU time of a box
+# launch on a small image: 4.9 s -> 2.7 s wall, a sixth of its system time.
+BLOCK_SWITCH_INTERVAL_S = 0.1
+_slices = [0, 0.0]  # blocks running (any thread), the interval before the first
+_slices_lock = threading.Lock()
+
+
+def _long_slices(step: int) -> None:
+    """Count a block in (+1) or out (-1): the first in sets BLOCK_SWITCH_INTERVAL_S,
+    the last out restores the interval it found."""
+    with _slices_lock:
+        if step > 0 and _slices[0] == 0:
+            _slices[1] = sys.getswitchinterval()
+            sys.setswitchinterval(BLOCK_SWITCH_INTERVAL_S)
+        _slices[0] += step
+        if _slices[0] == 0:
+            sys.setswitchinterval(_slices[1])
+
+
 def _run_block(self, grid_point, *args) -> None:
     """BlockManager.run: run the block's threads on parked threads and wait, without
     polling, until all have exited. The first exception of a thread is raised, as the
@@ -313,16 +334,20 @@ def _run_block(self, grid_point, *args) -> None:
 
     points = list(np.ndindex(*self._block_dim))
     block = _Block(len(points))
-    for worker, point in zip(_workers(len(points)), points, strict=True):
-        worker.assign(target, self, grid_point, point, block)
-    with block.done:
-        while block.exited < block.size and block.failed is None:
-            block.done.wait()
-        failed = block.failed
-        if failed is not None:
-            block.aborted = True
-            block.generation += 1
-            block.barrier.notify_all()
+    _long_slices(+1)
+    try:
+        for worker, point in zip(_workers(len(points)), points, strict=True):
+            worker.assign(target, self, grid_point, point, block)
+        with block.done:
+            while block.exited < block.size and block.failed is None:
+                block.done.wait()
+            failed = block.failed
+            if failed is not None:
+                block.aborted = True
+                block.generation += 1
+                block.barrier.notify_all()
+    finally:
+        _long_slices(-1)
     if failed is not None:
         raise failed[0].with_traceback(failed[1])
 
