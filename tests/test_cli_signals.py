@@ -8,10 +8,11 @@ decodes in the background; the process then removes any temporary output file, p
 `imgfilter: interrupted` and exits 130. The same holds while the command imports.
 
 Each test starts `python -m imgfilter` on a large image and sends SIGINT once the
-command has read it for certain (`_read_input`). The filter then takes seconds even on a
-fast machine (a 255x255 kernel over 6000x6000x3 pixels, on two Numba threads: over 4 s
-on a 2-core VM, where the FFT tiles made a 61x61 kernel over 3000x3000 take only 0.3
-s), so the signal lands while it runs.
+command has read it for certain (`_read_input`). For the signal during the filter, the
+filter then takes seconds even on a fast machine (a 255x255 kernel over 6000x6000x3
+pixels, on two Numba threads: over 4 s on a 2-core VM, where the FFT tiles made a 61x61
+kernel over 3000x3000 take only 0.3 s), so the signal lands while it runs; for the
+signal during the write, a 3x3 blur gets to the write at once.
 """
 
 from __future__ import annotations
@@ -77,17 +78,22 @@ def _read_input(proc: subprocess.Popen, path: Path) -> None:
         time.sleep(0.002)
 
 
-def _start(tmp_path: Path, png: bytes) -> tuple[subprocess.Popen, Path]:
-    """Start `imgfilter filter` on the PNG `png`; return once the command has read it
-    (it is then decoding or filtering)."""
+def _start(tmp_path: Path, png: bytes, long_filter: bool) -> tuple[subprocess.Popen, Path]:
+    """Start `imgfilter` on the PNG `png`; return once the command has read it (it is
+    then decoding or filtering). long_filter: `filter` with a 255x255 kernel (seconds),
+    else `blur --k 3` (a fraction of a second: the command soon writes its output, a
+    PNG of about 60 MB that this blur leaves as large as its input)."""
     src = tmp_path / "big.png"
     src.write_bytes(png)
-    kernel = np.random.default_rng(1).random((255, 255)).astype(np.float32)
-    np.save(tmp_path / "k.npy", kernel / kernel.sum())
     out = tmp_path / "out.png"
+    if long_filter:
+        kernel = np.random.default_rng(1).random((255, 255)).astype(np.float32)
+        np.save(tmp_path / "k.npy", kernel / kernel.sum())
+        command = ["filter", str(src), "--kernel", str(tmp_path / "k.npy")]
+    else:
+        command = ["blur", str(src), "--k", "3"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "imgfilter", "filter", str(src), "--kernel",
-         str(tmp_path / "k.npy"), "--backend", "cpu", "-o", str(out)],
+        [sys.executable, "-m", "imgfilter", *command, "--backend", "cpu", "-o", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
         preexec_fn=sigint_as_in_a_terminal,
     )  # fmt: skip
@@ -96,7 +102,7 @@ def _start(tmp_path: Path, png: bytes) -> tuple[subprocess.Popen, Path]:
 
 
 def test_sigint_during_a_long_filter_stops_within_a_second(tmp_path, big_png):
-    proc, out = _start(tmp_path, big_png)
+    proc, out = _start(tmp_path, big_png, long_filter=True)
     time.sleep(2.5)  # decoding the PNG (about a second), then filtering (seconds)
     assert proc.poll() is None, "the filter ended before the signal: make it longer"
     sent = time.monotonic()
@@ -113,8 +119,9 @@ def test_sigint_during_a_long_filter_stops_within_a_second(tmp_path, big_png):
 
 def test_sigint_while_the_output_is_written_leaves_no_file(tmp_path, big_png):
     """A signal once the temporary output file exists: it is removed, and the target is
-    either absent or complete (the rename came first)."""
-    proc, out = _start(tmp_path, big_png)
+    either absent or complete (the rename came first). A quick filter: the write comes
+    seconds sooner, and a large output keeps the file open longer."""
+    proc, out = _start(tmp_path, big_png, long_filter=False)
     deadline = time.monotonic() + 300
     temp = []
     while not temp and proc.poll() is None and time.monotonic() < deadline:
