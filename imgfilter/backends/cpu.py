@@ -462,18 +462,19 @@ _numba_pass = threading.Lock()
 _U8, _U16 = np.dtype(np.uint8), np.dtype(np.uint16)
 # Lists of images (`box_list`, `correlate_list`, `contour_list`) go over threads a
 # chunk of consecutive images at a time, LIST_CHUNKS chunks a thread (images differ in
-# size), on no more threads than can run at once: an image's OpenCV call holds the GIL
-# a few microseconds (its arguments, its result, our code around it) and runs without
-# it in proportion to the image's bytes, so past 1 + (mean image bytes) / GIL_BYTES
-# threads they would queue for the GIL, and a queue makes CPython force switches
-# between threads (a round trip each: more threads, slower). GIL_BYTES: the bytes
-# cv2.blur or a 3x3 cv2.filter2D goes through (0.6-0.7 ns a byte) in the ~4 us a call
-# holds the GIL; a contour makes six calls (gray, four filters, their OR) over a third
-# of the bytes: CONTOUR_GIL_BYTES. And one thread per LIST_BYTES of images at most: a
-# thread costs about 0.1 ms to start.
+# size), on no more threads than can run at once: an image's OpenCV calls hold the GIL
+# a few microseconds each (their arguments, their results, our code around them) and
+# run without it in proportion to the image's bytes, so past 1 + (mean image bytes) /
+# GIL_BYTES threads they would queue for the GIL, and a queue makes CPython force
+# switches between threads (a round trip each: more threads, slower). GIL_BYTES: what
+# a box or a small filter goes through while its call holds the GIL (cv2.blur: ~4 us
+# held, 0.75 ns a byte; a 3x3 cv2.filter2D with our plan around it: ~9 us, 2.2 ns a
+# byte); a contour makes eight calls (gray, four filters, three ORs: ~30 us) and takes
+# 2.8 ns a byte: CONTOUR_GIL_BYTES. And one thread per LIST_BYTES of images at most:
+# a thread costs about 0.1 ms to start.
 LIST_CHUNKS = 4
-GIL_BYTES = 6 << 10
-CONTOUR_GIL_BYTES = 48 << 10
+GIL_BYTES = 5 << 10
+CONTOUR_GIL_BYTES = 11 << 10
 LIST_BYTES = 1 << 18
 
 
