@@ -203,8 +203,11 @@ def filter2d_batch(
     (images of one dtype and channel count share each launch; other dtypes or channel
     counts make launches of their own; docs/launch.md, "Images of different sizes in
     one launch"); results are views of one allocation unless `out` is given. Host
-    arrays and host lists (and lists mixing host and device images) go image by image.
-    Each image has its own borders: every result equals filtering that image alone.
+    arrays and host lists (and the host images of a list mixing host and device ones)
+    go where `imgfilter.placement` puts them: with backend and method auto, a kernel
+    of up to 15 taps on images up to its size limit to the CPU, all of those at once
+    over the CPUs; the others image by image. Each image has its own borders: every
+    result equals filtering that image alone.
 
     Args:
         images: A 4-D (N, H, W, C) or 3-D (N, H, W) array, host or device (the first
@@ -274,8 +277,9 @@ def blur_batch(
     """`blur` of every image of a batch.
 
     The batch forms, launches and results are as `filter2d_batch` says; with backend
-    auto, host images go to the CPU (OpenCV's box filter, several images at once) up to
-    the size the command line blurs one image there (`backends.warmup.cpu_limit`).
+    and method auto, host images of 8 or 16 bits go to the CPU up to the size limit of
+    `imgfilter.placement` (OpenCV's box filter, over the CPUs at once), float32 ones
+    image by image to the GPU where there is one.
 
     Args:
         images: A 4-D (N, H, W, C) or 3-D (N, H, W) array, host or device, or a list of
@@ -337,8 +341,8 @@ def contour_batch(
     """`contour` of every image of a batch.
 
     The batch forms, launches and results are as `filter2d_batch` says; with backend
-    auto, host images go to the CPU up to the size the command line takes one there
-    (`backends.warmup.cpu_limit`).
+    and method auto, host images go to the CPU up to the size limit of
+    `imgfilter.placement` (over the CPUs at once).
 
     Args:
         images: A 4-D (N, H, W, C) or 3-D (N, H, W) array, host or device, or a list of

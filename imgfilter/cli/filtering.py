@@ -84,8 +84,8 @@ def filter_files(
 ) -> None:
     """One input: `filter_file` (with --out-dir/--name naming its output); several, a
     directory or a pattern: `_filter_many` (on a Dask cluster with `cluster`: --gpus,
-    --scheduler; `taps`: the filter kernel's, for `imgfilter.placement`). UsageError for options
-    that exclude each other or a bad --name."""
+    --scheduler; `taps`: the filter kernel's, for `imgfilter.placement`). UsageError
+    for options that exclude each other or a bad --name."""
     template = outs.name if outs.name is not None else files.default_template(op)
 
     def check_name() -> None:
