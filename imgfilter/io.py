@@ -60,6 +60,7 @@ importing them is cheap.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import stat
@@ -131,9 +132,10 @@ __all__ = [
     "write_npy_from",
 ]
 
-# A file's contents for `atomic_write`: its bytes, or a function that writes them into
-# the open file (a .npy array, streamed rather than encoded in memory).
-Contents = bytes | Callable[[BinaryIO], Any]
+# A file's contents for `atomic_write`: its bytes (bytes, or any buffer such as the 1-D
+# uint8 array cv2.imencode gives), or a function that writes them into the open file (a
+# .npy array, streamed rather than encoded in memory).
+Contents = bytes | np.ndarray | Callable[[BinaryIO], Any]
 
 
 # ---------------------------------------------------------------------------------------
@@ -240,7 +242,7 @@ def _encode(p: Path, fmt: Format, img: np.ndarray, quality: int | None = None,
         raise OutputError(f"cannot write {p}: OpenCV could not encode it as {fmt.name} ({detail})")
     if meta and fmt is PNG:
         return png_with_metadata(buf.tobytes(), meta)
-    return buf.tobytes()
+    return buf  # written as it is: a copy into bytes would hold the GIL
 
 
 def _publish(tmp: Path, target: Path, *, overwrite: bool, shown: Path) -> None:
@@ -325,13 +327,17 @@ def atomic_write(
     except OSError as e:
         raise OutputError(f"cannot write {p}: {e.strerror or e}") from e
     try:
-        with os.fdopen(fd, "wb") as f:
-            if callable(data):
+        if callable(data):
+            with os.fdopen(fd, "wb") as f:
                 data(f)
-            else:
-                f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+                f.flush()
+                os.fsync(f.fileno())
+        else:
+            try:
+                _write_all(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         if mode is not None:
             os.chmod(tmp, mode)
         _publish(tmp, target, overwrite=overwrite, shown=p)
@@ -347,6 +353,17 @@ def atomic_write(
         _fsync_directory(target.parent)
     else:
         directories.add(target.parent)
+
+
+def _write_all(fd: int, data: bytes | np.ndarray) -> None:
+    """All of the buffer `data` into the open file `fd`, straight from where it lies
+    (the GIL let go during each write)."""
+    view = memoryview(data).cast("B")
+    while view:
+        written = os.write(fd, view)
+        if written == 0:  # never for a regular file; a full disk raises ENOSPC
+            raise OSError(errno.EIO, "the file takes no more bytes")
+        view = view[written:]
 
 
 def write_image(

@@ -79,8 +79,12 @@ class _Captured:
 # One capture is shared by the threads that decode or encode at the same time (the
 # many-files pipeline, imgfilter.files): file descriptor 2 and OpenCV's log level are
 # process-wide, so the first thread in redirects them and the last one out restores them.
+# The file that descriptor 2 points at meanwhile is made once and kept, emptied each time
+# the last thread leaves: a new temporary file for every image cost a call about 90 us
+# (CPU, most of it holding the GIL and the lock that every codec thread takes).
 _capture_depth = 0
-_capture_sink: Any = None  # the temporary file that descriptor 2 points at meanwhile
+_capture_sink: Any = None  # the kept temporary file (None until the first capture)
+_capture_pid = 0  # the process that made it (a forked child makes its own)
 _capture_level: tuple[Any, Any] | None = None  # (OpenCV's logging module, its old level)
 
 
@@ -110,7 +114,7 @@ def quiet_native(cv2: Any) -> Iterator[_Captured]:
 
 def _begin_capture(cv2: Any) -> int | None:
     """Join (or start) the shared capture; the sink's offset where this one starts."""
-    global _capture_depth, _capture_sink, _capture_level
+    global _capture_depth, _capture_sink, _capture_pid, _capture_level
     with _held_lock:
         if _capture_depth == 0:
             with contextlib.suppress(Exception):
@@ -119,7 +123,8 @@ def _begin_capture(cv2: Any) -> int | None:
                 saved_fd = os.dup(2)
             except OSError:
                 return None
-            _capture_sink = tempfile.TemporaryFile()
+            if _capture_sink is None or _capture_pid != os.getpid():
+                _capture_sink, _capture_pid = tempfile.TemporaryFile(), os.getpid()
             _saved_stderr_fds.append(saved_fd)
             if not _abandoned:
                 os.dup2(_capture_sink.fileno(), 2)
@@ -137,25 +142,28 @@ def _begin_capture(cv2: Any) -> int | None:
 
 def _end_capture(start: int) -> str:
     """Leave the shared capture; what was written to it since `start`."""
-    global _capture_depth, _capture_sink, _capture_level
+    global _capture_depth, _capture_level
     with _held_lock:
-        sink = _capture_sink
-        fd = sink.fileno()
+        fd = _capture_sink.fileno()
         end = os.lseek(fd, 0, os.SEEK_END)
-        if hasattr(os, "pread"):
-            data = os.pread(fd, end - start, start) if end > start else b""
-        else:  # pragma: no cover - Windows; nothing else writes while it is captured
-            sink.seek(start)
-            data = sink.read(end - start)
-            sink.seek(0, os.SEEK_END)
+        data = b""
+        if end > start:
+            if hasattr(os, "pread"):
+                data = os.pread(fd, end - start, start)
+            else:  # pragma: no cover - Windows; nothing else writes while it is captured
+                os.lseek(fd, start, os.SEEK_SET)
+                data = os.read(fd, end - start)
+                os.lseek(fd, 0, os.SEEK_END)
         _capture_depth -= 1
         if _capture_depth == 0:
             saved_fd = _saved_stderr_fds.pop()
             if not _abandoned:
                 os.dup2(saved_fd, 2)
             os.close(saved_fd)
-            sink.close()
-            _capture_sink = None
+            if end:  # emptied for the next capture (nothing writes to it now)
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, 0)
+                    os.lseek(fd, 0, os.SEEK_SET)
             if _capture_level is not None:
                 logging, old_level = _capture_level
                 logging.setLogLevel(old_level)

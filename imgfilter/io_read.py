@@ -4,9 +4,11 @@
 device is refused at once: reading one could wait forever). The file is read once and
 decoded with ``cv2.imdecode(IMREAD_UNCHANGED)``, which keeps 16-bit samples and alpha but
 skips EXIF orientation, which ``cv2.imread(path)`` applies; so the orientation tag of
-JPEG, PNG and WebP files (read by Pillow from the EXIF block found while checking the
-file) is applied here with numpy, giving the pixels ``cv2.imread`` gives. (OpenCV's TIFF
-decoder applies the TIFF orientation tag itself.)
+JPEG, PNG and WebP files (read from the EXIF block found while checking the file,
+`io_pillow.exif_orientation`) is applied here with numpy, giving the pixels
+``cv2.imread`` gives. (OpenCV's TIFF decoder applies the TIFF orientation tag itself.)
+The file's bytes are read with one system call (the GIL let go meanwhile), and the
+checks of an intact JPEG look at its headers and its last bytes only.
 
 Checked before decoding, because OpenCV does not: a JPEG cut short (OpenCV 4.8 turns it
 into a whole image with a grey bottom and only prints a warning), a PNG chunk with a bad
@@ -306,17 +308,20 @@ def read_frames(p: Path) -> tuple[np.ndarray, int, str | None]:
     """`read_image`'s work without its MultiFrameWarning: (the image, the file's frames
     or pages, its kind: "png", "jpeg", "tiff", ... or None). Any thread may call it."""
     with open_input(p) as f:
-        head = f.read(len(NPY_MAGIC))
+        fd = f.fileno()
+        head = os.read(fd, len(NPY_MAGIC))  # past f's buffer, which stays empty,
+        os.lseek(fd, 0, os.SEEK_SET)  # at the offset f takes the file to be at
         if head == NPY_MAGIC:
             return _read_npy(p), 1, None
         if head[:4] in TIFF_MAGIC:
             found = _read_tiff(p, f)
             if found is not None:
                 return np.ascontiguousarray(normalize(found, p)), _pages(f), "tiff"
-        if os.fstat(f.fileno()).st_size >= DECODE_FROM_PATH_BYTES:
+        size = os.fstat(fd).st_size
+        if size >= DECODE_FROM_PATH_BYTES:
             return _read_from_path(p, f)
-        f.seek(0)
-        data = f.read()
+        os.lseek(fd, 0, os.SEEK_SET)  # from the start, wherever tiff.read left it
+        data = _read_all(fd, size)
     kind = sniff(data)
     scan = _checked(p, data, kind)
     cv2 = import_cv2()
@@ -330,6 +335,21 @@ def read_frames(p: Path) -> tuple[np.ndarray, int, str | None]:
         img = apply_orientation(img, exif_orientation(scan.exif))
     img = np.ascontiguousarray(normalize(img, p))
     return img, frame_count(data, kind), kind
+
+
+def _read_all(fd: int, size: int) -> bytes:
+    """The file open as `fd`, from its offset to its end (`size` bytes by its fstat):
+    one read system call into one new bytes object, the GIL let go while the kernel
+    copies. (Reading through a buffered file joined its buffer's first bytes to the
+    rest: a second copy of the whole file, holding the GIL.) A read that stops short,
+    or a file that grew meanwhile, is read on to the end."""
+    data = os.read(fd, size + 1)
+    if len(data) == size:
+        return data
+    chunks = [data]
+    while chunk := os.read(fd, max(size, 1 << 20)):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _pages(f: BinaryIO) -> int:
