@@ -19,9 +19,8 @@ limit, the GPU (its copies overlapping the work, `imgfilter.streamed`) beats the
 passes even for a cheap filter.
 
 Callers: `imgfilter.batch` (each host image of a batch; those on the CPU go over every
-CPU at once), the command line's one image (`cli.filtering.filter_file`; asked only
-for the commands whose GPU start it defers, `warmup.DEFERRED_COMMANDS`, and after the
-file's size and header passed `warmup.one_image_on_cpu`), and its folders
+CPU at once), the command line's one image (`cli.filtering.filter_file`, before any
+GPU is started: `first_image_on_cpu`, the size limit alone), and its folders
 (`cli.filtering`: an image on the CPU is filtered on the codec thread that decoded it,
 the others on the resolved backend in filter threads).
 
@@ -72,6 +71,16 @@ def cpu_bytes(op: str, dtype: Any, backend: str = "auto", method: str = "auto",
     if backend != "auto" or method != "auto" or cpu_ns_per_value(op, dtype, taps) > CHEAP_NS:
         return 0
     return warmup.cpu_limit(op)
+
+
+def first_image_on_cpu(op: str, img: Any) -> bool:
+    """Whether the command line's one host image, read while no GPU has been started
+    (`warmup.one_image_on_cpu` said its file may go to the CPU), is filtered by the CPU
+    backend: whenever it holds at most `cpu_limit(op)` bytes, whatever its filter's
+    cost. Opening a CUDA context and loading kernels takes 0.3-0.5 s, longer than the
+    CPU takes for any filter of an image that size (a float32 box of 600x512 in about
+    0.05 s), so the cost rule of `on_cpu` applies only once a GPU is running."""
+    return img.nbytes <= warmup.cpu_limit(op)
 
 
 def on_cpu(op: str, img: Any, backend: str = "auto", method: str = "auto",

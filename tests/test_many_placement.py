@@ -226,6 +226,20 @@ def test_placement_rule(monkeypatch):
     assert placement.cpu_bytes("blur", f32.dtype) == 0
 
 
+def test_the_command_lines_first_image_goes_by_size_alone(monkeypatch):
+    """Before a GPU is started, one image within the size limit stays on the CPU even
+    where its filter is costly (a float32 box: the CPU is done before a CUDA context
+    would be open); past the limit it does not."""
+    from imgfilter import placement
+    from imgfilter.backends import warmup
+
+    f32 = np.zeros((4, 4, 3), np.float32)
+    assert placement.first_image_on_cpu("blur", f32) and not placement.on_cpu("blur", f32)
+    monkeypatch.setattr(warmup, "ONE_IMAGE_ON_CPU_BYTES", f32.nbytes - 1)
+    monkeypatch.setattr(warmup, "BLUR_ON_CPU_BYTES_PER_CPU", 0)
+    assert not placement.first_image_on_cpu("blur", f32)
+
+
 def test_cpu_contour_enters_numbas_pass_from_one_thread_at_a_time(monkeypatch):
     """Contours on several codec threads at once, Numba loaded: a call that finds
     another in Numba's parallel pass goes through OpenCV (the same result)."""

@@ -173,7 +173,7 @@ def filter_file(
     metadata = _metadata(image, target) if keep_metadata else None
     # Resolved only now, so that the "using the CPU backend" note of --backend auto
     # never comes before a one-line input or output error.
-    if on_cpu and placement.on_cpu(op, img):
+    if on_cpu and placement.first_image_on_cpu(op, img):
         backend_name, shown_engine = "cpu", f"cpu: one {op}, done before a GPU could start"
     else:
         backend_name = resolve_backend(backend)
