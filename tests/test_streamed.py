@@ -50,32 +50,49 @@ def test_band_rows_fit_the_budget_and_reach_past_the_halo():
     assert streamed.band_rows(1000, 300, 300, (40, 2), budget=1) == 41
 
 
-def _blur(k, anchor, border):
+def _blur(k, anchor, border, method="auto"):
     def apply(src, dst, stream):
-        imgfilter.blur(src, k, border=border, border_value=9, anchor=anchor, out=dst, stream=stream)
+        imgfilter.blur(src, k, border=border, border_value=9, anchor=anchor, method=method,
+                       out=dst, stream=stream)  # fmt: skip
 
     return apply
 
 
+# Box sizes (w, h) and anchors on a 31-row image: off-centre; taller than a band (its
+# reach makes bands of 26 rows, for budget 1 and 10,000 alike); even sizes.
+BOXES = (((3, 9), (1, 2)), ((1, 31), (0, 25)), ((4, 6), None))
+
+
 @pytest.mark.parametrize(
-    "border, budget", [(b, 1) for b in BORDERS] + [("wrap", 2500), ("reflect101", 2500)]
-)
-def test_blur_in_bands_equals_the_whole_image(border, budget):
+    "border, budget, method",
+    [("reflect101", 1, "packed"), ("reflect", 1, "fused"), ("replicate", 1, "twopass"),
+     ("constant", 1, "running"), ("wrap", 1, "tiled"),
+     ("wrap", 10_000, "auto"), ("reflect101", 10_000, "auto")],
+)  # fmt: skip
+def test_blur_in_bands_equals_the_whole_image(border, budget, method):
+    """Budget 1: bands of the fewest rows (the box's reach plus one), every border,
+    each box kernel through the bands (box_auto takes box_tiled here; on the simulator
+    a box_tiled launch costs 3-10 times the others'). Budget 10,000: bands of 10-12
+    rows, box_auto."""
     img = _image((31, 17, 3), np.uint8, seed=budget)
-    for k, anchor in (((3, 9), (1, 2)), ((1, 31), (0, 25)), ((4, 6), None)):
+    boxes = BOXES if budget == 1 else BOXES[::2]  # the tall box: the bands of budget 1
+    for k, anchor in boxes:
         kh = k[1]
         ay = kh // 2 if anchor is None else anchor[1]
-        want = imgfilter.blur(img, k, border=border, border_value=9, anchor=anchor, backend="cuda")
+        want = imgfilter.blur(img, k, border=border, border_value=9, anchor=anchor,
+                              method=method, backend="cuda")  # fmt: skip
         out = np.empty_like(img)
         streamed.filter_in_bands(img, out, (ay, kh - 1 - ay), border == "wrap",
-                                 _blur(k, anchor, border), budget)  # fmt: skip
+                                 _blur(k, anchor, border, method), budget)  # fmt: skip
         np.testing.assert_array_equal(out, want, err_msg=f"{k} {anchor}")
 
 
 @pytest.mark.parametrize("border", BORDERS)
 def test_filter2d_and_contour_in_bands_equal_the_whole_image(border):
     kernel = np.random.default_rng(1).standard_normal((9, 5)).astype(np.float32)
-    for dtype, channels in ((np.float32, 1), (np.uint16, 4)):
+    # Bands of 5 rows (the fewest) and of 10 (uint16: a launch costs it four times
+    # float32's on the simulator).
+    for dtype, channels, budget in ((np.float32, 1, 1000), (np.uint16, 4, 20_000)):
         img = _image((29, 13, channels), dtype, seed=channels)
         want = imgfilter.filter2d(img, kernel, border=border, border_value=3, backend="cuda")
         out = np.empty_like(img)
@@ -83,7 +100,7 @@ def test_filter2d_and_contour_in_bands_equal_the_whole_image(border):
         def apply(src, dst, stream):
             imgfilter.filter2d(src, kernel, border=border, border_value=3, out=dst, stream=stream)
 
-        streamed.filter_in_bands(img, out, (4, 4), border == "wrap", apply, budget=1000)
+        streamed.filter_in_bands(img, out, (4, 4), border == "wrap", apply, budget)
         np.testing.assert_array_equal(out, want)
         if dtype != np.float32:
             want = imgfilter.contour(img, border=border, backend="cuda")
@@ -101,27 +118,33 @@ def test_one_row_and_one_column_images():
         img = _image(shape, np.uint8)
         want = imgfilter.blur(img, 5, border="reflect", backend="cuda")
         out = np.empty_like(img)
-        streamed.filter_in_bands(img, out, (2, 2), False, _blur(5, None, "reflect"), budget=1)
+        # Bands of 10 rows (the one-column image: 4 of them).
+        streamed.filter_in_bands(img, out, (2, 2), False, _blur(5, None, "reflect"), budget=160)
         np.testing.assert_array_equal(out, want)
 
 
 @pytest.mark.parametrize("border", ["reflect", "wrap"])
-def test_api_max_gpu_bytes_streams_with_the_same_result(border):
-    img = _image((21, 11, 3), np.uint8, seed=7)
+def test_api_max_gpu_bytes_streams_with_the_same_result(monkeypatch, border):
+    """max_gpu_bytes below a call's need (12 rows: 1,320 bytes for contour, 1,584 for
+    the others) sends it in bands: 3 to 6 of them here."""
+    img = _image((12, 11, 3), np.uint8, seed=7)
     kernel = np.random.default_rng(2).standard_normal((5, 3)).astype(np.float32)
     calls = [
         lambda **kw: imgfilter.blur(img, (3, 7), border=border, border_value=5, **kw),
         lambda **kw: imgfilter.filter2d(img, kernel, border=border, border_value=5, **kw),
         lambda **kw: imgfilter.contour(img, border=border, **kw),
     ]
+    plans, real_plan = [], streamed.band_plan
+    monkeypatch.setattr(streamed, "band_plan", lambda *a: plans.append(real_plan(*a)) or plans[-1])
     for call in calls:
         want = call(backend="cuda")
-        got = call(backend="cuda", max_gpu_bytes=2000)
+        got = call(backend="cuda", max_gpu_bytes=1200)
         np.testing.assert_array_equal(got, want)
-        for budget in (2000, None):  # in bands, and whole
+        for budget in (1200, None):  # in bands, and whole
             out = np.zeros_like(want)
             assert call(backend="cuda", max_gpu_bytes=budget, out=out) is out
             np.testing.assert_array_equal(out, want)
+    assert [len(plan) >= 3 for plan in plans] == [True] * 6, plans
 
 
 def test_large_host_images_go_in_bands_by_default(monkeypatch):
@@ -171,7 +194,7 @@ def test_command_line_max_gpu_memory(tmp_path):
     cv2.imwrite(str(tmp_path / "in.png"), img)
     out = tmp_path / "out.png"
     done = run("blur", tmp_path / "in.png", "--k", "5", "--backend", "cuda",
-               "--max-gpu-memory", "3K", "-o", out)  # fmt: skip
+               "--max-gpu-memory", "8K", "-o", out)  # fmt: skip
     assert_ok(done)
     np.testing.assert_array_equal(imread(out), imgfilter.blur(img, 5, backend="cuda"))
     bad = run("blur", tmp_path / "in.png", "--k", "5", "--max-gpu-memory", "lots", "-o", out)
