@@ -102,7 +102,7 @@ def test_bands_equal_the_unbanded_device_call_bit_for_bit(monkeypatch, border):
             continue
         whole = ours(cuda.to_device(img)).copy_to_host()
         with monkeypatch.context() as m:
-            m.setattr(backend, "MAX_GRID_ROWS", 6)
+            m.setattr(backend, "MAX_GRID_ROWS", 8)  # 3 bands or more; an 11-row box
             banded = ours(cuda.to_device(img)).copy_to_host()
         np.testing.assert_array_equal(banded, whole, err_msg=f"{name}, {border}")
         if name in references:
@@ -145,16 +145,18 @@ def test_box_bands_for_images_too_large_for_the_fast_kernels():
         assert backend._box_band_rows(shape, np.dtype(dtype), (21, 21), rows) == 32768
 
 
-@pytest.mark.parametrize("border", BORDERS)
-def test_box_bands_of_large_images_equal_one_call(monkeypatch, border):
+@pytest.mark.parametrize("border, dtype", [("wrap", np.uint8), ("reflect", np.uint16)])
+def test_box_bands_of_large_images_equal_one_call(monkeypatch, border, dtype):
     """Bands where `_box_band_rows` asks for them (made small here), from a device
-    image, a device batch, a device list and a host image in one piece."""
+    image, a device batch, a device list and a host image in one piece: each asks
+    `_box_band_rows` and hands its images to `_in_row_bands`, whose bands
+    test_bands_equal_the_unbanded_device_call_bit_for_bit checks for every border.
+    Here wrap (its own end bands) on box_tiled and reflect on box_fused."""
     from numba import cuda
 
     # On a GPU a host image would run on the quick start (`backends.cached`), which
     # leaves a large one to the streamed bands: the Numba path's one piece is tested.
     monkeypatch.setenv("IMGFILTER_NO_QUICK_START", "1")
-    dtype = (np.uint8, np.uint16)[BORDERS.index(border) % 2]
     img = _image((19, 5, 3), dtype, seed=60 + BORDERS.index(border))
     batch = np.stack([img, img[::-1].copy()])
     kw = {"anchor": (1, 3), "border": border, "border_value": 9}
@@ -176,16 +178,16 @@ def test_box_bands_of_large_images_equal_one_call(monkeypatch, border):
         bands.append(real(*args))
         return bands[-1]
 
-    monkeypatch.setattr(backend, "_box_band_rows", lambda *a: 4)
+    monkeypatch.setattr(backend, "_box_band_rows", lambda *a: 8)
     monkeypatch.setattr(backend, "_row_bands", spy)
     banded = calls()
-    # One image, two of a batch, two of a list, one host image; bands of 4 rows, the
+    # One image, two of a batch, two of a list, one host image; bands of 8 rows, the
     # last fewer (wrap's first and last bands: the rows the box reaches).
     assert len(bands) == 6, bands
     for made in bands:
         sizes = [y1 - y0 for y0, y1 in made]
         inner = sizes[1:-1] if border == "wrap" else sizes
-        assert inner[:-1] and all(n == 4 for n in inner[:-1]) and 0 < inner[-1] <= 4, made
+        assert inner[:-1] and all(n == 8 for n in inner[:-1]) and 0 < inner[-1] <= 8, made
         assert sum(sizes) == 19, made
     for name in whole:
         np.testing.assert_array_equal(banded[name], whole[name], err_msg=f"{name}, {border}")
