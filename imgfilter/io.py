@@ -49,7 +49,9 @@ gives its first frame and a `MultiFrameWarning` that says how many there are.
 
 Writes are atomic: the encoded bytes go to a temporary file in the target's directory,
 are fsync'ed, and are then renamed onto the target, so a failure leaves an existing file
-untouched and no partial file behind. A process that must stop at once (the CLI on
+untouched and no partial file behind. `stage_image` splits a write there: it encodes and
+writes the temporary file, and returns the fsync and the rename, for another thread to
+do while the encoding thread goes on. A process that must stop at once (the CLI on
 Ctrl-C) calls `abandon_io()` first: it removes the temporary files of writes still in
 progress and gives file descriptor 2 back to stderr if a decoder had borrowed it.
 
@@ -65,7 +67,7 @@ import functools
 import os
 import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -128,6 +130,7 @@ __all__ = [
     "read_image",
     "read_metadata",
     "set_pre_reader",
+    "stage_image",
     "write_image",
     "write_npy_from",
 ]
@@ -318,6 +321,16 @@ def atomic_write(
     """Write `data` (bytes, or a function that writes into the open file) to `p`
     through a temp file in the same directory and a rename; the directory is fsynced
     now, or left to `directories.flush()` when given."""
+    _stage(p, data, overwrite=overwrite, directories=directories)()
+
+
+def _stage(p: Path, data: Contents, *, overwrite: bool,
+           directories: DirectorySync | None) -> Callable[[], Path]:  # fmt: skip
+    """`atomic_write`'s first half: `data` written into a new temp file beside `p`'s
+    target, left open. Returns the second half, to be called once: fsync the file,
+    rename it onto the target (keeping an existing file's mode), sync or note the
+    directory, return `p`. A half that fails removes the temp file and raises
+    OutputError (for an OSError) or what `data` raised."""
     target = real_target(p)
     mode = None
     with contextlib.suppress(OSError):
@@ -326,33 +339,47 @@ def atomic_write(
         fd, tmp = create_temp(target.parent, target.name)
     except OSError as e:
         raise OutputError(f"cannot write {p}: {e.strerror or e}") from e
-    try:
+    is_open = True
+
+    @contextlib.contextmanager
+    def undone_on_failure() -> Iterator[None]:
+        try:
+            yield
+        except BaseException as e:
+            if is_open:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            forget_temp(tmp)
+            if isinstance(e, OSError):
+                raise OutputError(f"cannot write {p}: {e.strerror or e}") from e
+            raise
+
+    with undone_on_failure():
         if callable(data):
-            with os.fdopen(fd, "wb") as f:
+            with os.fdopen(os.dup(fd), "wb") as f:  # fd itself stays open for the fsync
                 data(f)
-                f.flush()
-                os.fsync(f.fileno())
         else:
-            try:
-                _write_all(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        if mode is not None:
-            os.chmod(tmp, mode)
-        _publish(tmp, target, overwrite=overwrite, shown=p)
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(e, OSError):
-            raise OutputError(f"cannot write {p}: {e.strerror or e}") from e
-        raise
-    finally:
+            _write_all(fd, data)
+
+    def commit() -> Path:
+        nonlocal is_open
+        with undone_on_failure():
+            os.fsync(fd)
+            is_open = False
+            os.close(fd)
+            if mode is not None:
+                os.chmod(tmp, mode)
+            _publish(tmp, target, overwrite=overwrite, shown=p)
         forget_temp(tmp)
-    if directories is None:
-        _fsync_directory(target.parent)
-    else:
-        directories.add(target.parent)
+        if directories is None:
+            _fsync_directory(target.parent)
+        else:
+            directories.add(target.parent)
+        return p
+
+    return commit
 
 
 def _write_all(fd: int, data: bytes | np.ndarray) -> None:
@@ -415,6 +442,30 @@ def write_image(
         >>> imgfilter.write_image("out.jpg", img, quality=90, overwrite=True).suffix
         '.jpg'
     """
+    return stage_image(path, img, overwrite=overwrite, quality=quality, metadata=metadata,
+                       directories=directories)()  # fmt: skip
+
+
+def stage_image(
+    path: str | os.PathLike[str],
+    img: np.ndarray,
+    *,
+    overwrite: bool = False,
+    quality: int | None = None,
+    metadata: ImageMetadata | None = None,
+    directories: DirectorySync | None = None,
+) -> Callable[[], Path]:
+    """`write_image` in two halves, for a thread that encodes images one after another
+    and should not wait for the disk (the many-files pipeline's codec threads).
+
+    Now: `write_image`'s checks (the same errors), the encoding, and the bytes written
+    into a temporary file beside the target (left open; `abandon_io` removes it).
+    Returned: a function, to be called once (from any thread), that fsyncs that file,
+    renames it onto `path` (refusing an existing file unless `overwrite`, as
+    `write_image` does) and returns `path`; until then nothing is at `path`. Either half
+    that fails removes the temporary file and raises OutputError. ``write_image(...)``
+    is ``stage_image(...)()``.
+    """
     p = Path(path)
     fmt = format_for(p)
     arr = np.asarray(img)
@@ -430,8 +481,7 @@ def write_image(
     check_holds(p, fmt, arr.dtype, channels)
     check_path(p, input_path=None, overwrite=overwrite)
     data = _encode(p, fmt, np.ascontiguousarray(arr), q, metadata)
-    atomic_write(p, data, overwrite=overwrite, directories=directories)
-    return p
+    return _stage(p, data, overwrite=overwrite, directories=directories)
 
 
 def write_npy_from(

@@ -1036,6 +1036,43 @@ def test_metadata_of_missing_empty_and_piped_files(tmp_path):
     assert "not a regular file" in got.get("error", ""), "read_metadata of a FIFO hung"
 
 
+def test_stage_image_writes_a_temp_file_and_its_commit_puts_it_in_place(tmp_path, monkeypatch):
+    """The first half leaves the bytes in a temporary file and nothing at the target; the
+    second, on another thread, fsyncs and renames it: the file is then the one that
+    write_image writes, and nothing else is left in the folder."""
+    img = sample_image("uint8", 3)
+    commit = iio.stage_image(tmp_path / "out.jpg", img)
+    (tmp,) = tmp_path.iterdir()
+    assert tmp.name.startswith(".out.jpg.") and tmp.name.endswith(".tmp")
+    synced, real_fsync, done = [], os.fsync, {}
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    worker = threading.Thread(target=lambda: done.update(path=commit()))
+    worker.start()
+    worker.join()
+    assert done["path"] == tmp_path / "out.jpg" and synced
+    assert [p.name for p in tmp_path.iterdir()] == ["out.jpg"]
+    iio.write_image(tmp_path / "ref.jpg", img)
+    assert (tmp_path / "out.jpg").read_bytes() == (tmp_path / "ref.jpg").read_bytes()
+
+
+def test_a_staged_write_whose_target_appeared_meanwhile_fails_and_cleans_up(tmp_path):
+    commit = iio.stage_image(tmp_path / "out.png", sample_image("uint8", 1))
+    (tmp_path / "out.png").write_bytes(b"someone else's")
+    with pytest.raises(OutputError, match="exists"):
+        commit()
+    assert (tmp_path / "out.png").read_bytes() == b"someone else's"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.png"]
+
+
+def test_a_staged_write_checks_as_write_image_does(tmp_path):
+    (tmp_path / "there.png").write_bytes(b"x")
+    with pytest.raises(OutputError, match="exists"):
+        iio.stage_image(tmp_path / "there.png", sample_image("uint8", 3))
+    with pytest.raises(OutputError, match="JPEG holds 8-bit"):
+        iio.stage_image(tmp_path / "deep.jpg", sample_image("uint16", 3))
+    assert [p.name for p in tmp_path.iterdir()] == ["there.png"]
+
+
 def test_abandon_io_removes_temp_files_and_refuses_new_writes(tmp_path, monkeypatch):
     """What the CLI does on Ctrl-C while another thread writes: the temporary file goes,
     descriptor 2 is the real stderr again, and no write starts afterwards."""
