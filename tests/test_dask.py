@@ -239,15 +239,16 @@ def test_missing_dask_says_how_to_install(monkeypatch):
 
 @pytest.mark.parametrize("border", ("reflect101", "wrap"))
 def test_cuda_backend(border):
-    """The CUDA backend on host chunks (Numba's simulator without a GPU): small, on
+    """The CUDA backend on host chunks (Numba's simulator without a GPU): small (2 x 2
+    chunks: the chunk logic itself is test_every_border_matches_whole_image's), on
     dask's synchronous scheduler (the simulator is no place for concurrency)."""
     img = image((13, 17, 3), np.uint8, seed=10)
     k = np.random.default_rng(11).integers(-3, 4, (3, 3)).astype(np.float32)
     opts = dict(border=border, border_value=9, backend="cuda")
     with dask.config.set(scheduler="synchronous"):
-        same("blur", ifd.blur, imgfilter.blur, img, (4, 6, 3), k=3, **opts)
-        same("filter2d", ifd.filter2d, imgfilter.filter2d, img, (4, 6, 3), kernel=k, **opts)
-        same("contour", ifd.contour, imgfilter.contour, img, (4, 6, 3), **opts)
+        same("blur", ifd.blur, imgfilter.blur, img, (7, 9, 3), k=3, **opts)
+        same("filter2d", ifd.filter2d, imgfilter.filter2d, img, (7, 9, 3), kernel=k, **opts)
+        same("contour", ifd.contour, imgfilter.contour, img, (7, 9, 3), **opts)
 
 
 @pytest.mark.gpu
