@@ -345,6 +345,13 @@ class Fatal(Exception):
 # The pipeline's stages, as `Timings` names them: `load`, `compute` on the codec thread
 # or on a filter thread (the calling thread, filters=1, counts as one), `save`.
 READ, FILTER_HERE, FILTER_THREAD, WRITE = "read", "filter here", "filter thread", "write"
+SYNC = "fsync+rename"  # the rest of a write that `save` returned, on a sync thread
+
+
+def sync_threads(workers: int) -> int:
+    """Threads that finish the writes `save` leaves to them (io.stage_image's fsync and
+    rename), so that a codec thread does not wait for the disk."""
+    return max(2, workers // 4)
 
 
 class Timings:
@@ -469,7 +476,19 @@ def run_pipeline(
     def encode(job: Job, loaded: Any, result: Any) -> None:
         try:
             with clock.timed(WRITE):
-                save(job, loaded, result)
+                rest = save(job, loaded, result)
+        except BaseException as e:  # noqa: BLE001
+            finish("failed", job, e)
+            return
+        if rest is None:
+            finish("written", job, None)
+        else:  # the fsync and the rename, off the codec thread
+            syncer.submit(commit, job, rest)
+
+    def commit(job: Job, rest: Callable[[], Any]) -> None:
+        try:
+            with clock.timed(SYNC):
+                rest()
         except BaseException as e:  # noqa: BLE001
             finish("failed", job, e)
         else:
@@ -512,7 +531,9 @@ def run_pipeline(
 
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(max(1, workers), thread_name_prefix="imgfilter-io") as pool:
+    syncs = ThreadPoolExecutor(sync_threads(workers), thread_name_prefix="imgfilter-sync")
+    codecs = ThreadPoolExecutor(max(1, workers), thread_name_prefix="imgfilter-io")
+    with syncs as syncer, codecs as pool:
 
         def queue_save(job: Job, loaded: Any, result: Any) -> None:
             pool.submit(encode, job, loaded, result)

@@ -169,21 +169,21 @@ def test_images_in_memory_are_bounded(tmp_path, monkeypatch, filter_args):
     for i in range(30):
         imwrite(src / f"i{i:02d}.png", random_image((8, 8), i))
     reads = []
-    real_read, real_write = iio.read_image, iio.write_image
+    real_read, real_stage = iio.read_image, iio.stage_image
     at_first_write = []
 
     def read(path):
         reads.append(path)
         return real_read(path)
 
-    def write(path, img, **kw):
+    def stage(path, img, **kw):
         if not at_first_write:
             time.sleep(0.3)  # room for reads to run ahead, if nothing held them back
             at_first_write.append(len(reads))
-        return real_write(path, img, **kw)
+        return real_stage(path, img, **kw)
 
     monkeypatch.setattr(iio, "read_image", read)
-    monkeypatch.setattr(iio, "write_image", write)
+    monkeypatch.setattr(iio, "stage_image", stage)
     result = run(*filter_args[:1], src, *filter_args[1:], "--backend", "cpu", "-j", "1",
                  "--out-dir", tmp_path / "o")  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -339,3 +339,38 @@ def test_cheap_and_costly_images_of_one_run_go_both_ways(tmp_path, monkeypatch):
         assert line.split(f"{stage} ", 1)[1].split(",")[0].endswith(f" ms x {n}"), line
     for p in (tmp_path / "cpu").iterdir():
         assert (iio.read_image(tmp_path / "both" / p.name) == iio.read_image(p)).all(), p.name
+
+
+def test_codec_threads_filter_without_row_bands(tmp_path, monkeypatch):
+    """A blur on a codec thread runs as one cv2 call, not in row bands (its CPUs are busy
+    with the other images); the same blur outside the pipeline bands; outputs equal."""
+    import cv2
+
+    from imgfilter.backends import cpu
+
+    banded = []
+    real = cpu._in_row_bands
+
+    def counted(*args):
+        done = real(*args)
+        banded.append((threading.current_thread().name, done))
+        return done
+
+    monkeypatch.setattr(cpu, "_in_row_bands", counted)
+    monkeypatch.setattr(cpu, "BAND_BYTES", 1)
+    monkeypatch.setattr(cpu, "band_threads", lambda: 3)
+    img = random_image((64, 48, 3), 7)
+    got = cpu.box(img, (5, 5), (2, 2), 0, 0, "auto")  # border 0: reflect101, cv2's default
+    assert np.array_equal(got, cv2.blur(img, (5, 5)))
+    assert banded == [(threading.current_thread().name, True)]
+    banded.clear()
+    src = tmp_path / "in"
+    for i in range(3):
+        imwrite(src / f"i{i}.png", random_image((64, 48, 3), i))
+    out = tmp_path / "o"
+    result = run("blur", src, "--k", "5", "--backend", "cpu", "-j", "2", "--out-dir", out)
+    assert result.exit_code == 0, result.output
+    assert len(banded) == 3 and not any(done for _, done in banded)
+    for i in range(3):
+        got = imread(tmp_path / "o" / f"i{i}.blur.png")
+        assert np.array_equal(got, cv2.blur(random_image((64, 48, 3), i), (5, 5)))

@@ -66,9 +66,11 @@ correlate (`correlate_plan` says which path a call takes):
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import threading
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -359,6 +361,25 @@ _BAND_MIN_ROWS = 16
 _banding = threading.Lock()
 
 
+class _Unbanded(threading.local):
+    on = False
+
+
+_unbanded = _Unbanded()
+
+
+@contextlib.contextmanager
+def unbanded() -> Iterator[None]:
+    """Filters in this block, on this thread, run without row bands: for a thread whose
+    CPUs are all busy with other images (a many-files pipeline's codec thread), where
+    band threads would only wait for a CPU and make that thread wait for them."""
+    _unbanded.on = True
+    try:
+        yield
+    finally:
+        _unbanded.on = False
+
+
 def band_threads() -> int:
     """Threads for `_in_row_bands`: OpenCV's own count (cv2.setNumThreads)."""
     import cv2
@@ -377,7 +398,9 @@ def _in_row_bands(fn, src, crop, top, bottom, out) -> bool:
     image does and hold every row the border rule reflects there. As many bands as
     `band_threads()`, one per BAND_BYTES of `out`, and one per that many rows allow;
     False, with nothing done, where that is fewer than 2 or another call is filtering in
-    bands (one call then)."""
+    bands (one call then), or the thread is in `unbanded`."""
+    if _unbanded.on:
+        return False
     h, w, _ = out.shape
     rows = max(_BAND_MIN_ROWS, top + bottom + 1)
     nbands = min(out.nbytes // BAND_BYTES, h // rows)

@@ -330,6 +330,7 @@ def _run_files(op: str, outs: many.Outputs, template: str, *, backend: Backend, 
     import numpy as np
 
     from .. import io, placement
+    from ..backends import cpu as cpu_backend
 
     plan, problems = many.plan_many(op, outs, template)
     backend_name = resolve_backend(backend) if plan.jobs else backend.value
@@ -352,9 +353,12 @@ def _run_files(op: str, outs: many.Outputs, template: str, *, backend: Backend, 
 
     def compute(job: files.Job, loaded: Any) -> Any:
         img = loaded[0]
-        name = "cpu" if here(job, loaded) else backend_name
-        used.add(name)
-        return many.on_device(lambda: apply(img, name))
+        if here(job, loaded):  # on the codec thread: every CPU is busy with an image
+            used.add("cpu")
+            with cpu_backend.unbanded():
+                return many.on_device(lambda: apply(img, "cpu"))
+        used.add(backend_name)
+        return many.on_device(lambda: apply(img, backend_name))
 
     def engines() -> str:
         return " + ".join(engine(name, method) for name in sorted(used)) or engine(
@@ -365,12 +369,13 @@ def _run_files(op: str, outs: many.Outputs, template: str, *, backend: Backend, 
     # in other processes and each write syncs its own folder.
     synced = io.DirectorySync() if client is None else None
 
-    def save(job: files.Job, loaded: Any, result: Any) -> None:
+    def save(job: files.Job, loaded: Any, result: Any) -> Any:
         many.make_parent(job.target)
-        io.write_image(
+        rest = io.stage_image(
             job.target, np.asarray(result), overwrite=outs.force, quality=outs.quality,
             metadata=loaded[1], directories=synced,
         )  # fmt: skip
+        return rest if client is None else rest()  # here: fsync and rename on a sync thread
 
     try:
         many.run_many(

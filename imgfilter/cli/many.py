@@ -309,6 +309,7 @@ _STAGE_NAMES = {
     files.FILTER_HERE: "filter on the codec thread",
     files.FILTER_THREAD: "filter in a filter thread",
     files.WRITE: "encode+write",
+    files.SYNC: "fsync+rename on a sync thread",
 }
 
 
