@@ -72,7 +72,7 @@ BOXES = (((3, 9), (1, 2)), ((1, 31), (0, 25)), ((4, 6), None))
 def test_blur_in_bands_equals_the_whole_image(border, budget, method):
     """Budget 1: bands of the fewest rows (the box's reach plus one), every border,
     each box kernel but box_tiled through the bands (on the simulator a box_tiled
-    launch costs 2-6 times the others'). Budget 10,000: bands of 10-12 rows, box_auto
+    launch costs 2-10 times the others'). Budget 10,000: bands of 10-12 rows, box_auto
     (box_tiled here)."""
     img = _image((31, 17, 3), np.uint8, seed=budget)
     boxes = BOXES if budget == 1 else BOXES[::2]  # the tall box: the bands of budget 1
