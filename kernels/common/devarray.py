@@ -24,7 +24,6 @@ legacy default stream (handle 0), which orders with every blocking stream.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import os
 import sys
@@ -566,17 +565,9 @@ def native_empty(img: Any, shape: tuple, dtype) -> Any | None:
         return sys.modules["torch"].empty(shape, dtype=img.dtype, device=img.device)
     if module == "cupy" or module.startswith("cupy._core"):
         cupy = sys.modules["cupy"]
-        if _one_cupy_device():  # entering img.device costs about 1 us a call
-            return cupy.ndarray(shape, dtype)
         with img.device:
-            return cupy.ndarray(shape, dtype)
+            return cupy.empty(shape, dtype)
     return None
-
-
-@functools.cache
-def _one_cupy_device() -> bool:
-    """Whether CuPy sees a single GPU (then every CuPy array is on the current one)."""
-    return sys.modules["cupy"].cuda.runtime.getDeviceCount() == 1
 
 
 def is_dlpack_device_array(obj: Any) -> bool:
