@@ -2,8 +2,7 @@
 
 `decode` reads what OpenCV could not (into OpenCV's channel order and dtypes, upright
 through `ImageOps.exif_transpose`), `frame_count` counts an animation's frames, and
-`exif_orientation` reads the Orientation tag of an EXIF block as Pillow reads it (with
-`struct`: it is on the path of every photo read). `pillow_open` lifts
+`exif_orientation` reads the Orientation tag of an EXIF block. `pillow_open` lifts
 Pillow's decompression-bomb limit to OpenCV's, which imgfilter follows. Pillow is
 imported only inside these functions.
 """
@@ -11,7 +10,6 @@ imported only inside these functions.
 from __future__ import annotations
 
 import contextlib
-import struct
 import threading
 import warnings
 from collections.abc import Iterator
@@ -76,56 +74,22 @@ def decode(data: bytes, p: Path, kind: str | None, cv_detail: str) -> np.ndarray
     return arr
 
 
-# Bytes per value of the EXIF field types Pillow reads, and the struct format of those
-# whose values are integers (BYTE values are bytes to Pillow, so not among them).
-_EXIF_SIZES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 1, 8: 2, 9: 4, 10: 8, 11: 4, 12: 8, 13: 4,
-               16: 8}  # fmt: skip
-_EXIF_INTEGERS = {3: "H", 4: "I", 6: "b", 8: "h", 9: "i", 13: "I", 16: "Q"}
-_TIFF_HEADS = (b"II*\x00", b"MM\x00*", b"II\x00*", b"MM*\x00", b"MM\x00+")  # Pillow's
-
-
 def exif_orientation(payload: bytes | None) -> int | None:
     """The Orientation tag (0x0112) of a TIFF-structured EXIF block (with or without its
-    "Exif\\0\\0" prefix); None where absent, outside 1..8 or unparsable.
-
-    Read as Pillow's ``Image.Exif`` reads it, without Pillow (its parse of a camera's
-    block held the GIL for about 0.1 ms a photo, and silencing its warnings changed the
-    process's warning filters under the other threads reading at once): the first
-    directory's entries in order, the first entry of the tag kept, the first of its
-    integer values taken; an entry whose values lie past the block's end stops the walk
-    there, and so does the end of the block."""
+    "Exif\\0\\0" prefix), parsed by Pillow; None where absent, outside 1..8 or unparsable."""
     if not payload:
         return None
-    d = bytes(payload)
-    for _ in range(2):  # Pillow strips the prefix up to twice
-        d = d[6:] if d[:6] == b"Exif\x00\x00" else d
-    if d[:4] not in _TIFF_HEADS or len(d) < 8:
+    from PIL import Image
+
+    exif = Image.Exif()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Corrupt EXIF data": None below says it
+            exif.load(bytes(payload))
+            value = exif.get(0x0112)
+    except Exception:  # noqa: BLE001 - a damaged block: no orientation
         return None
-    e = "<" if d[:1] == b"I" else ">"
-    (at,) = struct.unpack_from(e + "I", d, 4)
-    if at + 2 > len(d):
-        return None
-    (count,) = struct.unpack_from(e + "H", d, at)
-    seen, values = set(), 0  # tags kept; bytes of values read past the entries
-    for pos in range(at + 2, min(at + 2 + 12 * count, len(d) - 11), 12):
-        tag, kind, n = struct.unpack_from(e + "HHI", d, pos)
-        size = n * _EXIF_SIZES.get(kind, 0)
-        if tag in seen or size == 0:  # a repeat, an unknown type, no values: skipped
-            continue
-        where = pos + 8
-        if size > 4:
-            (where,) = struct.unpack_from(e + "I", d, pos + 8)
-            values += size
-            if values > len(d):  # skipped
-                continue
-            if where + size > len(d):  # Pillow's read past the end stops its walk
-                return None
-        if tag == 0x0112:
-            fmt = _EXIF_INTEGERS.get(kind)
-            value = struct.unpack_from(e + fmt, d, where)[0] if fmt else None
-            return value if value is not None and 1 <= value <= 8 else None
-        seen.add(tag)
-    return None
+    return value if isinstance(value, int) and 1 <= value <= 8 else None
 
 
 _PILLOW_LIMIT_LOCK = threading.Lock()
