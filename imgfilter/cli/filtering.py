@@ -368,6 +368,7 @@ def _run_files(op: str, outs: many.Outputs, template: str, *, backend: Backend, 
     # Here, output folders are fsynced once at the end; on a Dask cluster the saves run
     # in other processes and each write syncs its own folder.
     synced = io.DirectorySync() if client is None else None
+    local = client is None  # (the closures run on a cluster must not hold the client)
 
     def save(job: files.Job, loaded: Any, result: Any) -> Any:
         many.make_parent(job.target)
@@ -375,7 +376,7 @@ def _run_files(op: str, outs: many.Outputs, template: str, *, backend: Backend, 
             job.target, np.asarray(result), overwrite=outs.force, quality=outs.quality,
             metadata=loaded[1], directories=synced,
         )  # fmt: skip
-        return rest if client is None else rest()  # here: fsync and rename on a sync thread
+        return rest if local else rest()  # here: fsync and rename on a sync thread
 
     try:
         many.run_many(
