@@ -1256,7 +1256,7 @@ def test_a_png_bomb_is_refused_from_its_header(tmp_path):
                          timeout=120, cwd=REPO)  # fmt: skip
     message, seconds, max_rss_kib = run.stdout.splitlines()
     assert "60000x60000" in message and str(path) in message, run
-    assert float(seconds) < 0.5
+    assert float(seconds) < 2.0  # was 6-9.5 s; 0.5 s unloaded (0.57 s seen under CI's load)
     assert int(max_rss_kib) < 400 << 10  # no image-sized allocation (the image: 10.8 GB)
     cli = subprocess.run(
         [sys.executable, "-m", "imgfilter", "blur", str(path), "--k", "3", "-o",
