@@ -50,7 +50,7 @@ def pytest_addoption(parser):
         default=1,
         metavar="N",
         help="run every N-th parameter set of each parametrized test, at least one each "
-        "(a fixed choice per test; CI's lowest-versions stage runs --sample 4)",
+        "(a fixed choice per test; CI's lowest-versions stage runs --sample 6)",
     )
 
 
