@@ -145,13 +145,13 @@ def test_box_bands_for_images_too_large_for_the_fast_kernels():
         assert backend._box_band_rows(shape, np.dtype(dtype), (21, 21), rows) == 32768
 
 
-@pytest.mark.parametrize("border, dtype", [("wrap", np.uint8), ("reflect", np.uint16)])
+@pytest.mark.parametrize("border, dtype", [("wrap", np.uint16), ("reflect", np.uint8)])
 def test_box_bands_of_large_images_equal_one_call(monkeypatch, border, dtype):
     """Bands where `_box_band_rows` asks for them (made small here), from a device
     image, a device batch, a device list and a host image in one piece: each asks
     `_box_band_rows` and hands its images to `_in_row_bands`, whose bands
     test_bands_equal_the_unbanded_device_call_bit_for_bit checks for every border.
-    Here wrap (its own end bands) on box_tiled and reflect on box_fused."""
+    Here wrap (its own end bands) on box_fused and reflect on box_tiled."""
     from numba import cuda
 
     # On a GPU a host image would run on the quick start (`backends.cached`), which
