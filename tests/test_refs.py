@@ -11,17 +11,17 @@ import sys
 import numpy as np
 import pytest
 
-from kernels.common import launch, shipped
+from kernels.common import launch, refs
 from kernels.common.devarray import DeviceArray
-from kernels.common.refs import KernelRef, Verbatim, dispatcher_of
+from kernels.common.refs import KernelRef, dispatcher_of, kernel_factory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _same_key(ref: KernelRef) -> None:
     dispatcher = ref.dispatcher
-    assert ref.function_key == shipped.function_key(dispatcher.py_func), ref
-    assert ref.function_key == shipped.dispatcher_key(dispatcher)
+    assert ref.function_key is not None, ref
+    assert ref.function_key == refs.key_of(dispatcher), ref
 
 
 CLASSIFY = ("prepare3", "prepare1", "put", "put_hypot", "put_tail", "gather_rows",
@@ -77,20 +77,43 @@ def test_box_running_kernels(exact32):
 
 
 def test_a_ref_imports_its_module_only_when_asked_and_keeps_its_dispatcher():
-    calls = []
-
-    def make():
-        calls.append(1)
-        return "dispatcher"
-
-    ref = KernelRef("kernels.nowhere", "f.<locals>.k", {"b": 2, "a": Verbatim("float32")}, make)
-    assert ref.function_key == "kernels.nowhere|f.<locals>.k|float32|2"  # cells by name
-    assert not calls
-    assert dispatcher_of(ref) == "dispatcher" and ref.dispatcher == "dispatcher"
-    assert calls == [1]
+    ref = KernelRef("kernels.nowhere", "factory", (2, "a", np.dtype(np.float32), (1, True)))
+    assert ref.function_key == "kernels.nowhere|factory|(2,'a',float32,(1,True))"
+    with pytest.raises(ModuleNotFoundError):
+        dispatcher_of(ref)  # imported only now
     assert dispatcher_of("plain") == "plain"
-    unnamed = KernelRef("kernels.nowhere", "k", {"a": object()})
+    unnamed = KernelRef("kernels.nowhere", "factory", (object(),))
     assert unnamed.function_key is None  # no stable name: never looked up among the shipped
+
+
+def test_a_factorys_kernels_carry_the_name_a_ref_gives_them():
+    made = []
+
+    class Kernel:
+        pass
+
+    @kernel_factory
+    def factory(n, dtype):
+        made.append(n)
+        return Kernel()
+
+    first = factory(3, np.float32)
+    assert factory(3, np.float32) is first and made == [3]  # one kernel per arguments
+    assert refs.key_of(first) == f"{__name__}|{factory.__qualname__}|(3,float32)"
+    assert refs.key_of(factory(4, np.dtype(np.uint8))).endswith("|(4,uint8)")
+
+
+def test_unnamed_closures_are_not_named():
+    from numba import cuda
+
+    def make(n):
+        @cuda.jit
+        def k(x):
+            x[0] = n
+
+        return k
+
+    assert refs.key_of(make(1)) is None  # outside the package, and a closure
 
 
 def _numba_args():

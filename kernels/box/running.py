@@ -21,7 +21,7 @@ import numpy as np
 
 from ..common.arrays import empty
 from ..common.launch import SMEM_LIMIT, cdiv, image_grid, launch, scratch
-from ..common.refs import KernelRef, Verbatim
+from ..common.refs import KernelRef
 from ..common.saturate import output_limits
 from .plan import RUNNING_ROW_TILE, RUNNING_RUN, RUNNING_STRIP_ROWS
 
@@ -31,19 +31,10 @@ box_cols = KernelRef(_KERNELS, "box_cols")
 box_column_sums = KernelRef(_KERNELS, "box_column_sums")
 
 
-def _kernels():
-    from . import running_kernels  # Numba: only where a kernel does not ship
-
-    return running_kernels
-
-
 @functools.cache
 def row_sums_kernel(exact32: bool) -> KernelRef:
     """The row pass that stages column sums as float32 (exact32) or float64, by name."""
-    stage = "float32" if exact32 else "float64"
-    return KernelRef(_KERNELS, "_make_box_row_sums.<locals>.box_row_sums",
-                     {"stage_type": Verbatim(stage)},
-                     lambda: _kernels().ROW_SUMS[exact32])  # fmt: skip
+    return KernelRef(_KERNELS, "row_sums", (exact32,))
 
 
 def _exact_in_float32(dtype, kh: int, kw: int) -> bool:

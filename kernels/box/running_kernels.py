@@ -8,6 +8,7 @@ from __future__ import annotations
 from numba import cuda, float32, float64, uint64
 
 from ..common.device import border_index, saturate_int
+from ..common.refs import kernel_factory
 from .plan import RUNNING_RUN
 
 # ----------------------------------------------------------------- separable passes
@@ -120,8 +121,11 @@ def box_column_sums(img, kh, ay, mode, cval, strip, sums):
         y += 1
 
 
-def _make_box_row_sums(stage_type):
-    """Build the row pass that stages column sums in shared memory as `stage_type`."""
+@kernel_factory
+def row_sums(exact32: bool):
+    """The row pass that stages column sums in shared memory as float32 (exact32: every
+    partial sum an integer below 2**24) or float64."""
+    stage_type = float32 if exact32 else float64
 
     @cuda.jit(cache=True)
     def box_row_sums(
@@ -182,6 +186,3 @@ def _make_box_row_sums(stage_type):
             out_rows[uy, row_base + uint64(i)] = smem[results + uint64(i)]
 
     return box_row_sums
-
-
-ROW_SUMS = {exact: _make_box_row_sums(float32 if exact else float64) for exact in (True, False)}

@@ -20,7 +20,7 @@ from .arrays import (
 )
 from .cudadrv import SMEM_DEFAULT, CudaError, driver
 from .devarray import POOL, DeviceArray, _recorder
-from .refs import KernelRef, dispatcher_of
+from .refs import KernelRef, dispatcher_of, key_of
 
 BLOCK_X = 32  # threads along a row: one warp reads 32 consecutive pixels
 BLOCK_Y = 8
@@ -294,7 +294,7 @@ def _compile(kernel, args) -> _Compiled:
 def _shipped(kernel, args: tuple) -> _Compiled | None:
     """The overload loaded from a cubin shipped with the package, or None (none ships
     for it, for this GPU or these sources, or the driver refuses it)."""
-    key = kernel.function_key if type(kernel) is KernelRef else shipped.dispatcher_key(kernel)
+    key = kernel.function_key if type(kernel) is KernelRef else key_of(kernel)
     names = tuple(type_name(a) for a in args)
     if key is None or None in names:
         return None

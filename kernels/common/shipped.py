@@ -197,60 +197,11 @@ def load(name: str, cc: tuple[int, int]) -> tuple[bytes, str] | None:
     return (image, found[1]) if image else None
 
 
-def stable_text(value) -> str | None:
-    """A text that names `value` the same in every process, or None when there is none
-    (then the kernel that holds it is not shipped)."""
-    if value is None or isinstance(value, bool | int | float | str):
-        return repr(value)
-    if isinstance(value, tuple):
-        parts = [stable_text(v) for v in value]
-        return None if None in parts else "(" + ",".join(parts) + ")"
-    name = getattr(value, "__name__", None)
-    module = getattr(value, "__module__", None)
-    if isinstance(value, type) and module is not None and name is not None:
-        return f"{module}.{name}"  # a NumPy scalar type, a class
-    func = getattr(value, "py_func", value)  # a Numba dispatcher: its Python function
-    if callable(func) and hasattr(func, "__code__"):
-        return function_key(func)
-    text = str(value)  # a Numba type or a NumPy dtype: its name
-    return text if type(value).__module__.split(".")[0] in ("numba", "numpy") else None
-
-
-def function_key(func) -> str | None:
-    """Module, qualified name and closure values of a Python function (a kernel made by
-    a factory is told apart by what the factory closed over), or None."""
-    parts = [func.__module__, func.__qualname__]
-    for cell in func.__closure__ or ():
-        try:
-            parts.append(stable_text(cell.cell_contents))
-        except ValueError:  # an empty cell
-            return None
-    return None if None in parts else "|".join(parts)
-
-
-def dispatcher_key(dispatcher) -> str | None:
-    """`function_key` of a `kernels` dispatcher's function; None for a kernel outside
-    the `kernels` package, one the launch layer generates, or one whose closure has no
-    stable name."""
-    func = getattr(dispatcher, "py_func", None)
-    module = getattr(func, "__module__", None) or ""
-    if not module.startswith("kernels.") or module[len("kernels.") :] in HOST_MODULES:
-        return None  # outside the package, or a wrapper the launch layer generates
-    return function_key(func)
-
-
 def launch_name(key: str, type_names: tuple[str, ...]) -> str:
     """The launch layer's name for one overload: "launch-" and a hash of the kernel
     function's key and its argument types as Numba names them ("array(float32, 2d, C)")."""
     text = key + "|" + ",".join(type_names)
     return "launch-" + hashlib.sha256(text.encode()).hexdigest()[:24]
-
-
-def signature_key(dispatcher, argtypes: tuple) -> str | None:
-    """The launch layer's name for one compiled overload of a `kernels` dispatcher
-    (Numba argument types), or None (see `dispatcher_key`)."""
-    key = dispatcher_key(dispatcher)
-    return None if key is None else launch_name(key, tuple(str(t) for t in argtypes))
 
 
 def module_of(dispatcher) -> str:

@@ -18,7 +18,6 @@ import struct
 
 import numpy as np
 
-from . import shipped
 from .arrays import (
     SPACE_BASE,
     address_space,
@@ -52,7 +51,7 @@ from .launch import (
     type_code,
     type_name,
 )
-from .refs import dispatcher_of
+from .refs import dispatcher_of, key_of, stable_text
 
 # Argument types passed to a var-shape launch per image through its table (the
 # others must be equal for every image that a launch merges).
@@ -241,17 +240,17 @@ _var_sources: dict = {}  # var-shape kernel -> (its kernel, kinds, generated sou
 def cubin_name(var_kernel, args: tuple) -> str | None:
     """A name for `var_kernel`'s overload for `args` (a var-shape kernel, its launch
     arguments) the same in every process: "var_shape-" and a hash of its kernel's
-    `shipped.function_key` and options, its kinds, its generated source and the
+    `refs.key_of` name and options, its kinds, its generated source and the
     argument types; None where there is none (a kernel without a stable key, a tuple
     argument). What the kernel's sources are is left to the store to check."""
     kernel, kinds, source = _var_sources[var_kernel]
-    key = shipped.function_key(kernel.py_func)
+    key = key_of(kernel)
     names = [type_name(a) for a in args]
     if key is None or None in names or any(type(a) is tuple for a in args):
         return None
     options = getattr(kernel, "targetoptions", {})
     chosen = repr([(k, repr(options[k])) for k in _TARGET_OPTIONS if k in options])
-    parts = [key, shipped.stable_text(kinds), source, ",".join(names), chosen]
+    parts = [key, stable_text(kinds), source, ",".join(names), chosen]
     if None in parts:
         return None
     return "var_shape-" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]

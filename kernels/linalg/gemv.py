@@ -178,12 +178,6 @@ _LOCK = threading.Lock()  # guards _PLANS, _TUNED and the autotune file
 _KERNELS = "kernels.linalg.gemv_kernels"
 
 
-def _kernels():
-    from . import gemv_kernels  # Numba: only where a kernel does not ship
-
-    return gemv_kernels
-
-
 gemv_naive = KernelRef(_KERNELS, "gemv_naive")
 gemv_splitk = KernelRef(_KERNELS, "gemv_splitk")
 
@@ -197,9 +191,7 @@ def packed_kernel(nbytes: int, itemsize: int, unroll: int, tree: bool) -> Kernel
     unroll, reduction. Launch-time: block (reduce_threads, block_n), grid
     cdiv(N, block_n).
     """
-    cells = {"NB": nbytes, "P": nbytes // itemsize, "TREE": tree, "U": unroll}
-    return KernelRef(_KERNELS, "_make_packed.<locals>.gemv_packed", cells,
-                     lambda: _kernels().packed_kernel(nbytes, itemsize, unroll, tree))  # fmt: skip
+    return KernelRef(_KERNELS, "packed_kernel", (nbytes, itemsize, unroll, tree))
 
 
 # ----------------------------------------------------------------------------- planning

@@ -6,12 +6,11 @@ Importing this module imports Numba: `kernels.linalg.gemv` names these kernels b
 
 from __future__ import annotations
 
-import threading
-
 from numba import cuda, float32, uint32
 
 from ..common.packs import load_pack1, load_pack2
 from ..common.reduce import WARP, group_mask, warp_allreduce_sum
+from ..common.refs import kernel_factory
 
 MAX_BLOCK_N = 64  # rows per block: the size of the atomic paths' shared slots
 
@@ -53,10 +52,7 @@ def gemv_splitk(A, x, y):
         y[uint32(r)] = slot[tn]
 
 
-_LOCK = threading.Lock()  # guards _PACKED
-_PACKED: dict[tuple, object] = {}
-
-
+@kernel_factory
 def packed_kernel(nbytes: int, itemsize: int, unroll: int, tree: bool):
     """The vectorized (tree=False: atomics) or tree kernel for packs of nbytes.
 
@@ -64,18 +60,6 @@ def packed_kernel(nbytes: int, itemsize: int, unroll: int, tree: bool):
     unroll, reduction. Launch-time: block (reduce_threads, block_n), grid
     cdiv(N, block_n).
     """
-    key = (nbytes, itemsize, unroll, tree)
-    kernel = _PACKED.get(key)
-    if kernel is not None:
-        return kernel
-    with _LOCK:
-        kernel = _PACKED.get(key)
-        if kernel is None:
-            kernel = _PACKED[key] = _make_packed(nbytes, itemsize, unroll, tree)
-    return kernel
-
-
-def _make_packed(nbytes: int, itemsize: int, unroll: int, tree: bool):
     NB = nbytes
     P = nbytes // itemsize  # elements per pack
     U = unroll

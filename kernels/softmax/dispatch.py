@@ -106,24 +106,11 @@ def _kernels():
 @functools.cache
 def warp_kernel(in_dtype, out_dtype, pack, cols_per_thread, width, rows_per_access, padding,
                 log) -> KernelRef:  # fmt: skip
-    """`kernels.softmax.kernels.warp_kernel` by name (its closure's values, as that
-    factory binds them): a classifier's softmax runs from its shipped cubin without
-    importing Numba."""
-    in_dtype, out_dtype = np.dtype(in_dtype), np.dtype(out_dtype)
-    cells = {
-        "NBI": pack * in_dtype.itemsize,
-        "NBO": pack * out_dtype.itemsize,
-        "cols_per_thread": cols_per_thread,
-        "log": log,
-        "num_packs": cols_per_thread // pack,
-        "pack": pack,
-        "padding": padding,
-        "rows_per_access": rows_per_access,
-        "width": width,
-    }
-    args = (in_dtype, out_dtype, pack, cols_per_thread, width, rows_per_access, padding, log)
-    return KernelRef(_KERNELS, "warp_kernel.<locals>.softmax_warp", cells,
-                     lambda: _kernels().warp_kernel(*args))  # fmt: skip
+    """`kernels.softmax.kernels.warp_kernel` by name: a classifier's softmax runs from
+    its shipped binary without importing Numba."""
+    args = (np.dtype(in_dtype), np.dtype(out_dtype), pack, cols_per_thread, width,
+            rows_per_access, padding, log)  # fmt: skip
+    return KernelRef(_KERNELS, "warp_kernel", args)
 
 
 # ----------------------------------------------------------------------------- planning

@@ -24,10 +24,11 @@ from ..common.reduce import (
     warp_allreduce_max,
     warp_allreduce_sum,
 )
+from ..common.refs import kernel_factory
 from .numerics import NEG_INF, exp32, exp_over, online_folder, pack_loader
 
 
-@functools.cache
+@kernel_factory
 def warp_kernel(in_dtype, out_dtype, pack, cols_per_thread, width, rows_per_access, padding, log):
     """The warp kernel specialised on its compile-time shape (OneFlow's template args).
 
