@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import struct
@@ -9,7 +10,7 @@ import threading
 
 import numpy as np
 
-from . import shipped
+from . import binaries, shipped
 from .arrays import (
     as_device_array,
     batched_view,
@@ -271,13 +272,76 @@ def type_code(a) -> str:
     return _SCALARS[t][1]
 
 
-def _compile(kernel, args) -> _Compiled:
-    """The overload `args` select, ready to launch: shipped with the package
-    (`kernels.common.shipped`; a KernelRef's without importing Numba), else compiled (or
-    loaded from Numba's cache) and loaded on the device; its parameters laid out.
-    Guarded: Numba's loading is not thread-safe."""
+class NotCompiled(LookupError):
+    """Raised by a launch inside `checking` where its kernel has no binary (shipped,
+    cached or loaded in this process) and would have to be compiled. `kernel`: the
+    kernel (a dispatcher or a KernelRef); `name`: its binary's name
+    (`shipped.launch_name`), None where it has none."""
+
+    def __init__(self, kernel, name: str | None) -> None:
+        super().__init__(f"{kernel!r} is not compiled")
+        self.kernel, self.name = kernel, name
+
+
+class _Checking(threading.local):
+    active = False
+
+
+_checking = _Checking()
+
+
+@contextlib.contextmanager
+def checking():
+    """While active in this thread, launches queue nothing: each finds its kernel's
+    binary (shipped, cached, or loaded in this process already), or raises
+    `NotCompiled` where the kernel would have to be compiled. Run a launch function
+    under it to learn whether it can run now without a compile."""
+    before, _checking.active = _checking.active, True
+    try:
+        yield
+    finally:
+        _checking.active = before
+
+
+def _check(kernel, args: tuple) -> None:
+    if SIMULATOR:
+        return
+    args = tuple([as_device_array(a) if _is_array(a) else a for a in args])
+    key = (kernel, tuple([_arg_key(a) for a in args]))
     with compile_lock:
-        found = _shipped(kernel, args)
+        if key in _compiled:
+            return
+        name = _name(kernel, args)
+        found = None if name is None else _binary(name, args)
+        if found is None:
+            raise NotCompiled(kernel, name)
+        _compiled[key] = found
+
+
+def _name(kernel, args: tuple) -> str | None:
+    """The binary's name of `kernel`'s overload for `args`, or None."""
+    key = kernel.function_key if type(kernel) is KernelRef else key_of(kernel)
+    names = tuple(type_name(a) for a in args)
+    return None if key is None or None in names else shipped.launch_name(key, names)
+
+
+def _module(kernel) -> str:
+    """The `kernels` module a kernel is defined in, as a dotted name inside the package."""
+    if type(kernel) is KernelRef:
+        return kernel.module[len("kernels.") :]
+    return kernel.py_func.__module__[len("kernels.") :]
+
+
+def _compile(kernel, args, name: str | None = None, modules: tuple | None = None) -> _Compiled:
+    """The overload `args` select, ready to launch: shipped with the package or cached
+    by an earlier compile (`kernels.common.binaries`; a KernelRef's without importing
+    Numba), else compiled by Numba (or loaded from its cache), loaded on the device and
+    exported to the kernel cache; its parameters laid out. name and modules: the
+    binary's name and the `kernels` modules it is compiled from, where they are not the
+    kernel's own (`_name`, `_module`). Guarded: Numba's loading is not thread-safe."""
+    with compile_lock:
+        name = name or _name(kernel, args)
+        found = None if name is None else _binary(name, args)
         if found is not None:
             return found
         dispatcher = dispatcher_of(kernel)
@@ -287,19 +351,30 @@ def _compile(kernel, args) -> _Compiled:
             raise TypeError("debug, cooperative or extended kernels are not launched here")
         handle = compiled._codelibrary.get_cufunc().handle
         handle = int(getattr(handle, "value", None) or int(handle))
+        if name is not None:
+            binaries.remember(name, driver().cc, lambda: cubin_of(compiled, driver().cc),
+                              modules or (_module(kernel),))  # fmt: skip
         fmt = "@" + "".join(_format(t) for t in compiled.argument_types)
         return _Compiled(handle, struct.Struct(fmt))
 
 
-def _shipped(kernel, args: tuple) -> _Compiled | None:
-    """The overload loaded from a cubin shipped with the package, or None (none ships
-    for it, for this GPU or these sources, or the driver refuses it)."""
-    key = kernel.function_key if type(kernel) is KernelRef else key_of(kernel)
-    names = tuple(type_name(a) for a in args)
-    if key is None or None in names:
-        return None
+def cubin_of(compiled, cc: tuple[int, int]) -> tuple[bytes, str]:
+    """(cubin image, entry point) of a compiled Numba kernel overload for compute
+    capability `cc`. Reads private Numba attributes: raises whatever they raise."""
+    library = compiled._codelibrary
+    image = library.get_cubin(cc=tuple(cc))
+    image = getattr(image, "code", image)  # numba-cuda >= 0.2x: a cuda.core ObjectCode
+    if isinstance(image, str):  # an ObjectCode may hold a file path instead
+        with open(image, "rb") as f:
+            image = f.read()
+    return bytes(image), library._entry_name
+
+
+def _binary(name: str, args: tuple) -> _Compiled | None:
+    """The overload loaded from a shipped or cached binary, or None (none exists for
+    it, for this GPU or these sources, or the driver refuses it)."""
     drv = driver()
-    found = shipped.load(shipped.launch_name(key, names), drv.cc)
+    found = binaries.load(name, drv.cc)
     if found is None:
         return None
     try:
@@ -333,6 +408,9 @@ def launch(kernel, grid, block, args: tuple, stream: int = 0, smem: int = 0) -> 
     runs through Numba (args are the simulator's arrays; streams are ignored; one
     launch at a time, as the simulator is not thread-safe).
     """
+    if _checking.active:
+        _check(kernel, args)
+        return
     batching = _batching.active
     if batching is not None:
         batching.launch(dispatcher_of(kernel), grid, block, args, stream, smem)

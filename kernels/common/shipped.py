@@ -43,6 +43,7 @@ HOST_MODULES = frozenset(
         "timing",
         "shipped",
         "refs",
+        "binaries",
     )
 )
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 import bisect
 import hashlib
 import itertools
-import struct
 
 import numpy as np
 
+from . import shipped
 from .arrays import (
     SPACE_BASE,
     address_space,
@@ -29,7 +29,7 @@ from .arrays import (
     start_address,
     to_device,
 )
-from .cudadrv import CudaError, address, driver
+from .cudadrv import address, driver
 from .devarray import POOL, DeviceArray, _recorder
 from .launch import (
     _TARGET_OPTIONS,
@@ -38,7 +38,6 @@ from .launch import (
     _batching,
     _body,
     _compile,
-    _Compiled,
     _compiled,
     _dims,
     _flatten,
@@ -48,10 +47,9 @@ from .launch import (
     _mergeable,
     compile_lock,
     prepare_steps,
-    type_code,
     type_name,
 )
-from .refs import dispatcher_of, key_of, stable_text
+from .refs import key_of, stable_text
 
 # Argument types passed to a var-shape launch per image through its table (the
 # others must be equal for every image that a launch merges).
@@ -242,7 +240,7 @@ def cubin_name(var_kernel, args: tuple) -> str | None:
     arguments) the same in every process: "var_shape-" and a hash of its kernel's
     `refs.key_of` name and options, its kinds, its generated source and the
     argument types; None where there is none (a kernel without a stable key, a tuple
-    argument). What the kernel's sources are is left to the store to check."""
+    argument). What the kernel's sources are is left to `kernels.common.binaries`."""
     kernel, kinds, source = _var_sources[var_kernel]
     key = key_of(kernel)
     names = [type_name(a) for a in args]
@@ -256,34 +254,20 @@ def cubin_name(var_kernel, args: tuple) -> str | None:
     return "var_shape-" + hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 
 
-def _loaded(kernel, kinds: tuple, args: tuple, store):
+def _loaded(kernel, kinds: tuple, args: tuple):
     """The var-shape form of `kernel` for `kinds` (`var_shape_kernel`), its overload
-    for `args` ready to launch: compiled, or, with a `store`, loaded from it (a cubin
-    an earlier process compiled, or one shipped) and else compiled and given to it.
-    store: load(name) -> (cubin image, entry point) or None; save(dispatcher, name,
-    array dtypes). Generated kernels have no source file, so Numba's own cache
-    cannot keep them: without a store each process compiles them anew."""
+    for `args` ready to launch: compiled, or loaded from the kernel binaries
+    (`kernels.common.binaries`: one an earlier process compiled, or one shipped), else
+    compiled and kept there. Generated kernels have no source file, so Numba's own
+    cache cannot keep them; their binaries are checked against every `kernels` module."""
     var_kernel = var_shape_kernel(kernel, kinds)
-    if store is None or SIMULATOR:
+    if SIMULATOR:
         return var_kernel
     key = (var_kernel, tuple([_arg_key(a) for a in args]))
     with compile_lock:
-        if key in _compiled:
-            return var_kernel
-        name = cubin_name(var_kernel, args)
-        found = None if name is None else store.load(name)
-        if found is not None:
-            try:
-                fmt = "@" + "".join(type_code(a) for a in args)
-                handle = driver().function(*found)
-                _compiled[key] = _Compiled(handle, struct.Struct(fmt), library_kernel=False)
-                return var_kernel
-            except CudaError:
-                pass
-        _compiled[key] = _compile(var_kernel, args)
-        if name is not None:
-            dtypes = tuple(a.dtype for a in args if type(a) is DeviceArray)
-            store.save(dispatcher_of(var_kernel), name, dtypes)
+        if key not in _compiled:
+            name = cubin_name(var_kernel, args)
+            _compiled[key] = _compile(var_kernel, args, name, shipped.all_modules())
     return var_kernel
 
 
@@ -309,11 +293,10 @@ def _fill_rows(rows: np.ndarray, steps: list, kinds: tuple, bases: list) -> None
             col += 1
 
 
-def run_var_shape(plan: list, stream: int, store=None) -> None:
+def run_var_shape(plan: list, stream: int) -> None:
     """Queue a `var_shape_plan` on `stream` with the arrays it was collected with:
     the merged launches' table uploaded once (one row block per merged launch), then
-    every launch in order; the var-shape kernels from `store` where it has them
-    (`_loaded`)."""
+    every launch in order; the var-shape kernels loaded or compiled (`_loaded`)."""
     merged = [item for item in plan if item[0] == "many"]
     widths = [_table_columns(item[3]) for item in merged]
     table = np.zeros((sum(len(item[1]) for item in merged), max(widths, default=2)), np.int64)
@@ -344,7 +327,7 @@ def run_var_shape(plan: list, stream: int, store=None) -> None:
             elif kind[0] == "array":
                 params.append(spaces[p])
         params = tuple(params)
-        _launch(_loaded(kernel, kinds, params, store), grid, block, params, stream, smem)
+        _launch(_loaded(kernel, kinds, params), grid, block, params, stream, smem)
 
 
 def _address_space(kinds: tuple, p: int, steps: list):
