@@ -1,4 +1,5 @@
-"""The register-blocked kernel's own pieces: float32 saturation, 64-bit offsets."""
+"""The register-blocked kernel's own pieces: float32 saturation, 64-bit offsets, the
+accumulating variant, its launch's checks and its low-rank passes (`kernels.conv.launch`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from numba import cuda
 from imgfilter.backends import opencv as ref
 from kernels.common.saturate import saturate_f32, saturate_int
 from kernels.conv import blocked as conv_blocked
+from kernels.conv import launch as conv_launch
 from kernels.conv import plan as conv_plan
 
 
@@ -50,7 +52,7 @@ def test_wide_offsets_variant_matches(dtype):
     d_out = cuda.device_array_like(d_img)
     flat = cuda.to_device(kernel.reshape(-1))
     args = conv_plan.scalar_args(img.dtype, (1, 2), 0, 0.0)
-    kernel_fn = conv_blocked.kernel_for(3, 5, wide=True)
+    kernel_fn = conv_launch.blocked_kernel(3, 5, wide=True).dispatcher
     kernel_fn[conv_plan.grid(img.shape, 3), (conv_plan.TX, conv_plan.TY, 1)](
         d_img, flat, *args, d_out
     )
@@ -73,7 +75,7 @@ def test_accumulate_variant_adds_the_sum_before_rounding(wide, dtype):
     acc = (rng.standard_normal(img.shape) * 40 + 60).astype(np.float32)
     want_f = ref.filter2d(img.astype(np.float32), kernel) + acc  # centred, reflect101
     flat = cuda.to_device(kernel.reshape(-1))
-    launch = conv_blocked.kernel_for(5, 3, wide=wide, accumulate=True)
+    launch = conv_launch.blocked_kernel(5, 3, wide=wide, accumulate=True).dispatcher
     grid, block = conv_plan.grid(img.shape, 5), (conv_plan.TX, conv_plan.TY, 1)
     d_img, d_acc = cuda.to_device(img), cuda.to_device(acc)
 
@@ -95,7 +97,7 @@ def test_accumulate_refuses_a_sum_of_another_shape_or_dtype():
     out = cuda.device_array((8, 10, 3), np.uint8)
     for acc in (cuda.device_array((8, 10, 1), np.float32), cuda.device_array((8, 10, 3))):
         with pytest.raises(ValueError, match="acc must be float32"):
-            conv_blocked.correlate_blocked(img, weights, (1, 1), 0, 0.0, out, acc)
+            conv_launch.correlate_blocked(img, weights, (1, 1), 0, 0.0, out, acc)
 
 
 def test_non_contiguous_arrays_are_refused():
@@ -103,4 +105,45 @@ def test_non_contiguous_arrays_are_refused():
     view = img[:, ::2]
     weights = cuda.to_device(np.ones((3, 3), np.float32))
     with pytest.raises(ValueError, match="C-contiguous"):
-        conv_blocked.correlate_blocked(view, weights, (1, 1), 0, 0.0, cuda.device_array((8, 5, 3)))
+        conv_launch.correlate_blocked(view, weights, (1, 1), 0, 0.0, cuda.device_array((8, 5, 3)))
+
+
+def test_one_kernel_per_shape_and_variant_however_named():
+    """A NumPy int, a default and a spelled-out False name one ref, whose dispatcher is
+    the factory's one kernel for those arguments; other variants are other kernels."""
+    ref = conv_launch.blocked_kernel(np.int64(3), 5)
+    assert ref is conv_launch.blocked_kernel(3, 5, False, False)
+    assert ref.args == (3, 5, False, False) and type(ref.args[0]) is int
+    assert ref.dispatcher is conv_blocked.kernel_for(3, 5, False, False)
+    others = {conv_launch.blocked_kernel(3, 5, True), conv_launch.blocked_kernel(3, 5, False, True)}
+    assert ref not in others and len(others) == 2
+    assert conv_launch.blocked_kernel(3, 5, True).dispatcher is not ref.dispatcher
+
+
+def _low_rank(img, kernel_terms, anchor, border, cval):
+    """correlate_low_rank of `img` with the sum of the outer products `kernel_terms`."""
+    terms = []
+    for col, row in kernel_terms:
+        d_row = cuda.to_device(np.float32(row).reshape(1, -1))
+        d_col = cuda.to_device(np.float32(col).reshape(-1, 1))
+        terms.append((d_row, d_col, float(np.float32(row).sum())))
+    d_out = cuda.device_array(img.shape, img.dtype)
+    conv_launch.correlate_low_rank(cuda.to_device(img), terms, anchor, border, cval, d_out)
+    return d_out.copy_to_host()
+
+
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_low_rank_passes_equal_the_whole_kernel(rank):
+    """Integer factors (exact in float32): rank 1 takes the two separable passes, more
+    a running float32 sum; either way every border gives the 2-D correlation's bits,
+    a constant border's value included (row passes see cval * sum of the row)."""
+    from imgfilter.border import BORDERS
+
+    rng = np.random.default_rng(20 + rank)
+    img = rng.integers(0, 256, (11, 37, 2)).astype(np.uint8)
+    pairs = [(rng.integers(-2, 3, 5), rng.integers(-2, 3, 4)) for _ in range(rank)]
+    whole = sum(np.outer(c, r) for c, r in pairs).astype(np.float32)
+    for border in ("reflect101", "constant", "wrap"):
+        got = _low_rank(img, pairs, (2, 1), BORDERS[border], 9)
+        want = ref.filter2d(img, whole, (1, 2), border, 9)
+        np.testing.assert_array_equal(got, want, border)

@@ -14,7 +14,7 @@ from numba import cuda
 from imgfilter.backends import opencv as ref
 from imgfilter.border import BORDERS
 from kernels.box import running as kbox
-from kernels.contour import kernel as kcontour
+from kernels.contour import launch as kcontour
 from kernels.conv import dispatch as kconv
 from kernels.conv import plan as kconv_plan
 

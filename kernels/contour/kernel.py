@@ -6,6 +6,10 @@ gy = bottom - top row sums of the 3x3 neighbourhood (the kernels [[-1,0,1]]*3 an
 [0, hi] and the four are OR-ed bitwise: exactly four cv2.filter2D calls followed by
 cv2.bitwise_or, computed by one kernel reading each neighbourhood once.
 Colour images are converted to gray (as cv2.cvtColor does) inside the same kernel.
+
+This module makes the kernel (`_make_contour_fused`, importing Numba); it is launched
+by `kernels.contour.launch.contour`, which names it by `kernels.common.refs.KernelRef`
+and imports this module only where the kernel does not ship.
 """
 
 from __future__ import annotations
@@ -13,10 +17,9 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, int32, uint64
 
-from ..common.arrays import empty
 from ..common.device import bgr_to_gray, border_index
-from ..common.launch import launch
-from .plan import RUN_Y, THREADS, grid, scalar_args
+from ..common.refs import kernel_factory
+from .plan import RUN_Y
 
 
 @cuda.jit(device=True)
@@ -40,9 +43,11 @@ def _pixel(img, yy, xx, cval):
     return _gray_at(img, yy, xx)
 
 
+@kernel_factory
 def _make_contour_fused(channels: int):
     """The kernel for images of `channels` channels (a compile-time constant, so the
-    interior walk has no per-pixel channel test)."""
+    interior walk has no per-pixel channel test); one per channel count, named by it
+    (`kernels.contour.launch.contour_kernel` is its `KernelRef`): a plain int."""
     C = channels
 
     @cuda.jit(cache=True)
@@ -154,26 +159,3 @@ def _walk_interior(src, x, y0, width, channels, hi, dst):
     dst[q + uint64(5) * w] = _edge_or(d5 + d6 + d7, s7 - s5, hi)
     dst[q + uint64(6) * w] = _edge_or(d6 + d7 + d8, s8 - s6, hi)
     dst[q + uint64(7) * w] = _edge_or(d7 + d8 + d9, s9 - s7, hi)
-
-
-_KERNELS: dict = {}
-
-
-def kernel_for(channels: int):
-    """The kernel for images of `channels` channels, made on first use."""
-    if channels not in _KERNELS:
-        _KERNELS[channels] = _make_contour_fused(channels)
-    return _KERNELS[channels]
-
-
-def contour(img, mode: int, cval: int, out=None, stream: int = 0):
-    """Contour map of a device image (H, W, C), C in {1, 3, 4}, uint8 or uint16,
-    queued on `stream`. Returns `out`, an (H, W) device array of the image's dtype
-    (allocated when None)."""
-    height, width, channels = img.shape
-    if out is None:
-        out = empty((height, width), img.dtype, stream)
-    mode, cval, hi = scalar_args(img.dtype, mode, cval)
-    args = (img, img.reshape(img.size), mode, cval, hi, out, out.reshape(out.size))
-    launch(kernel_for(channels), grid(height, width), THREADS, args, stream)
-    return out

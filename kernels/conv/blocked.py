@@ -7,6 +7,11 @@ accumulators: one shared-memory read feeds up to kh multiply-adds instead of one
 Registers must be scalars for that, and Numba has no unroll pragma, so the kernel
 for each (kh, kw, RY) is generated as Python source with the inner loops written out,
 compiled once per shape and kept. Same contract as `kernels.conv.dispatch.correlate`.
+
+This module makes the kernels (`kernel_for`, importing Numba); they are launched by
+`kernels.conv.launch` (`correlate_blocked`, `correlate_low_rank`,
+`correlate_separable`), which names them by `kernels.common.refs.KernelRef` and
+imports this module only where a kernel does not ship.
 """
 
 from __future__ import annotations
@@ -14,18 +19,15 @@ from __future__ import annotations
 import importlib.util
 import os
 
-import numpy as np
 from numba import config as _numba_config
 from numba import cuda
 
-from ..common.arrays import is_c_contiguous
 from ..common.cache import cache_dir
-from ..common.launch import cdiv, launch, scratch
-from .plan import TX, TY, grid, offsets_fit, rows_per_thread, scalar_args, tile_shape
+from ..common.launch import cdiv
+from ..common.refs import kernel_factory
+from .plan import TX, TY, rows_per_thread, tile_shape
 
 SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)
-
-_cache: dict[tuple[int, int, int, bool, bool], object] = {}
 
 
 # The image, the output and the running sum (accumulate) are addressed through flat
@@ -242,93 +244,28 @@ def _load_from_file(name: str, source: str):
         return None
 
 
-def kernel_for(kh: int, kw: int, wide: bool = False, accumulate: bool = False):
+@kernel_factory
+def kernel_for(kh: int, kw: int, wide: bool, accumulate: bool):
     """The blocked kernel for a kh x kw kernel: generated once, compiled on first launch.
     `wide`: the variant with 64-bit element offsets, for images of 2**32 elements or
-    more (`conv_plan.offsets_fit`); `accumulate`: the variant that adds a float32
-    array to the correlation before the store (see `_source`).
+    more (`kernels.conv.plan.offsets_fit`); `accumulate`: the variant that adds a
+    float32 array to the correlation before the store (see `_source`). All four
+    arguments are given, positionally, as plain ints and bools: a `kernel_factory`
+    makes one kernel per distinct arguments and names it by them
+    (`kernels.conv.launch.blocked_kernel` is its `KernelRef`).
 
     The compiled code is cached on disk (see `cache_dir`), so later processes skip
     the several seconds NVVM spends on the unrolled body.
     """
     ry = rows_per_thread(kh)
-    key = (kh, kw, ry, wide, accumulate)
-    if key not in _cache:
-        name = f"correlate_blocked_{kh}x{kw}_r{ry}" + ("_w64" if wide else "")
-        name += "_acc" if accumulate else ""
-        if SIMULATOR:  # its source differs (see _flat_views): keep both files apart
-            name += "_sim"
-        source = _HEADER + _source(kh, kw, ry, wide, accumulate)
-        pyfunc = _load_from_file(name, source)
-        if pyfunc is None:  # read-only home: compile from memory, no disk cache
-            namespace: dict = {}
-            exec(compile(source, f"<{name}>", "exec"), namespace)  # noqa: S102 - our source
-            pyfunc = namespace["correlate_blocked"]
-            _cache[key] = cuda.jit(pyfunc)
-        else:
-            _cache[key] = cuda.jit(pyfunc, cache=True)
-    return _cache[key]
-
-
-def correlate_blocked(img, weights, anchor, mode, cval, out, acc=None, stream: int = 0):
-    """Launch the blocked kernel on a device image (H, W, C); `out` is filled.
-
-    `out` may differ in dtype from `img` (a float32 intermediate, say): rounding and
-    saturation follow out's dtype. With `acc` (float32, out's shape; may be out
-    itself) out receives acc + the correlation, rounded once. All must be C-contiguous
-    (the kernel addresses them by flat element offsets). Queued on `stream`.
-    """
-    arrays = (img, out) if acc is None else (img, out, acc)
-    if not all(is_c_contiguous(a) for a in arrays):
-        raise ValueError("the blocked kernel needs C-contiguous image, output and sum arrays")
-    if acc is not None and (acc.shape != out.shape or acc.dtype != np.float32):
-        raise ValueError(
-            f"acc must be float32 of out's shape {out.shape}, not {acc.dtype} {acc.shape}"
-        )
-    kh, kw = weights.shape
-    flat = weights.reshape(kh * kw)
-    args = scalar_args(out.dtype, anchor, mode, cval)
-    kernel = kernel_for(kh, kw, wide=not offsets_fit(img.shape), accumulate=acc is not None)
-    launch(kernel, grid(img.shape, kh), (TX, TY, 1), (img, flat, *args, out, *arrays[2:]), stream)
-    return out
-
-
-def correlate_low_rank(img, terms, anchor, mode, cval, out, stream: int = 0):
-    """Correlate with sum_k outer(col_k, row_k), a kernel of rank len(terms).
-
-    terms: [(row (1, kw), col (kh, 1), row_sum)], float32 device arrays and the sum of
-    row. One term is `correlate_separable`. More: each term's row pass goes into a
-    float32 scratch image, and its column pass adds its result to a float32 running
-    sum (the first one starts it); the last column pass writes that sum plus its own
-    result to out, rounded and saturated (integer outputs) once, as a single 2-D pass
-    rounds its sum. No element-wise passes: per output element r float32 writes and
-    reads of the row passes' scratch and 2r - 2 of the running sum.
-    """
-    if len(terms) == 1:
-        row, col, row_sum = terms[0]
-        return correlate_separable(img, row, col, anchor, mode, cval, row_sum, out, stream)
-    ay, ax = anchor
-    tmp = scratch(img.shape, np.float32, stream)
-    acc = scratch(img.shape, np.float32, stream)
-    last = len(terms) - 1
-    for k, (row, col, row_sum) in enumerate(terms):
-        correlate_blocked(img, row, (0, ax), mode, float(cval), tmp, stream=stream)
-        target = out if k == last else acc
-        col_cval = float(cval) * row_sum
-        correlate_blocked(tmp, col, (ay, 0), mode, col_cval, target, acc if k else None, stream)
-    return out
-
-
-def correlate_separable(img, row, col, anchor, mode, cval, row_sum, out, stream: int = 0):
-    """Correlate with the rank-1 kernel outer(col, row): a row pass, then a column pass.
-
-    row (1, kw) and col (kh, 1) are float32 device arrays, row_sum the sum of row.
-    The row pass writes a float32 scratch image (no rounding in between); borders are
-    separable, except that a constant border seen by the column pass is a row of
-    cval, whose row-pass value is cval * row_sum.
-    """
-    ay, ax = anchor
-    tmp = scratch(img.shape, np.float32, stream)
-    correlate_blocked(img, row, (0, ax), mode, float(cval), tmp, stream=stream)
-    correlate_blocked(tmp, col, (ay, 0), mode, float(cval) * row_sum, out, stream=stream)
-    return out
+    name = f"correlate_blocked_{kh}x{kw}_r{ry}" + ("_w64" if wide else "")
+    name += "_acc" if accumulate else ""
+    if SIMULATOR:  # its source differs (see _flat_views): keep both files apart
+        name += "_sim"
+    source = _HEADER + _source(kh, kw, ry, wide, accumulate)
+    pyfunc = _load_from_file(name, source)
+    if pyfunc is None:  # read-only home: compile from memory, no disk cache
+        namespace: dict = {}
+        exec(compile(source, f"<{name}>", "exec"), namespace)  # noqa: S102 - our source
+        return cuda.jit(namespace["correlate_blocked"])
+    return cuda.jit(pyfunc, cache=True)

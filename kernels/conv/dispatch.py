@@ -9,8 +9,10 @@ even and saturated to [lo, hi] (`is_int`), as cv2.filter2D does.
 
 `correlate` runs one method, which the caller chose (`kernels.conv.plan.auto_method`
 for "auto"): the generic kernels of `kernels.conv.generic` ("naive", "padded",
-"tiled") or the register-blocked one of `kernels.conv.blocked` ("blocked"). Box
-filters live in `kernels.box`.
+"tiled"), the register-window one of `kernels.conv.window` ("window") or the
+register-blocked one of `kernels.conv.blocked` ("blocked"). They are named by the
+`kernels.common.refs.KernelRef`s of `kernels.conv.launch`: this module imports no
+Numba, and a kernel that ships runs without it. Box filters live in `kernels.box`.
 """
 
 from __future__ import annotations
@@ -18,17 +20,23 @@ from __future__ import annotations
 from ..common.arrays import empty
 from ..common.launch import SMEM_LIMIT, image_grid, launch, scratch
 from ..common.saturate import output_limits
-from .blocked import correlate_blocked
-from .generic import correlate_naive, correlate_tiled, correlate_valid, pad_image
+from .launch import (
+    correlate_blocked,
+    correlate_naive,
+    correlate_tiled,
+    correlate_valid,
+    correlate_window,
+    pad_image,
+)
 from .plan import WINDOW_TX, WINDOW_TY, tiled_smem_bytes, window_grid, window_smem_bytes
-from .window import correlate_window
 
 
 def correlate(img, weights, anchor, mode, cval, method, out=None, stream: int = 0):
     """Correlate a device image (H, W, C) with device weights (kh, kw); return `out`.
 
-    method: "naive", "padded", "tiled" or "blocked" (the caller resolves "auto").
-    Queued on `stream`.
+    method: "naive", "padded", "tiled", "window" or "blocked" (the caller resolves
+    "auto"); ValueError for another, or for "tiled" and "window" where the kernel's
+    tile does not fit shared memory. Queued on `stream`.
     """
     height, width, channels = img.shape
     kh, kw = weights.shape

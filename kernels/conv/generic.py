@@ -1,12 +1,14 @@
 """The generic 2-D correlation kernels: any kernel size, weights read at run time.
 
-Same contract as `kernels.conv.dispatch.correlate`, which launches them: (H, W, C)
-device images, (kh, kw) float32 weights (not flipped), borders by
-`kernels.common.border_index` code, float32 accumulation, integer outputs rounded
-half to even and saturated as cv2.filter2D does. Every variant sums the taps in one
-order, column by column (each column top to bottom), each tap a fused multiply-add:
-the order of the register-blocked kernel (`kernels.conv.blocked`), so that every
-method gives the same bits (method auto runs tiled while blocked compiles). Variants:
+Same contract as `kernels.conv.dispatch.correlate`, which launches them by their
+`kernels.common.refs.KernelRef`s in `kernels.conv.launch` (importing this module, and
+so Numba, only where a kernel does not ship): (H, W, C) device images, (kh, kw)
+float32 weights (not flipped), borders by `kernels.common.border_index` code, float32
+accumulation, integer outputs rounded half to even and saturated as cv2.filter2D does.
+Every variant sums the taps in one order, column by column (each column top to
+bottom), each tap a fused multiply-add: the order of the register-blocked kernel
+(`kernels.conv.blocked`), so that every method gives the same bits (method auto runs
+tiled while blocked compiles). Variants:
 - naive: one thread per output pixel, reads global memory, maps borders per tap.
 - padded: a pad kernel builds the bordered image first; the correlation then has
   no bounds logic in its inner loop.

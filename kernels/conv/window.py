@@ -1,6 +1,7 @@
 """The register-window correlation kernel: any kernel size, weights read at run time.
 
-Same contract as `kernels.conv.dispatch.correlate`, which launches it. A block of
+Same contract as `kernels.conv.dispatch.correlate`, which launches it by its
+`kernels.common.refs.KernelRef` in `kernels.conv.launch`. A block of
 TX x TY threads stages its input tile (with the kernel's halo) and the weights in
 dynamic shared memory, both column-major, then each thread computes RY outputs down
 one image column. For kernel column j it keeps a window of RY consecutive tile values
