@@ -641,10 +641,7 @@ def _in_bands(be, arr: np.ndarray, out: Any, shape: tuple, reach: tuple, code: i
     """`run(src, dst, stream)` (a call of backend `be`) over host `arr` in row bands
     into `out` (or a new array of `shape`): `imgfilter.streamed.filter_in_bands`. The
     bands of dst are (H, W, C) as the backend's filters take them, or (H, W) for
-    `gray` results (contour). A backend with `device_arrays()` (the quick start) is told
-    that device bands are coming."""
-    import contextlib
-
+    `gray` results (contour)."""
     from kernels.common.border_index import WRAP
 
     from .hostmem import host_empty
@@ -652,6 +649,5 @@ def _in_bands(be, arr: np.ndarray, out: Any, shape: tuple, reach: tuple, code: i
 
     result = host_empty(shape, arr.dtype) if out is None else out
     dst = result if gray else _as_3d(result)
-    with getattr(be, "device_arrays", contextlib.nullcontext)():
-        filter_in_bands(_as_3d(arr), dst, reach, code == WRAP, run, budget)
+    filter_in_bands(_as_3d(arr), dst, reach, code == WRAP, run, budget)
     return result

@@ -44,10 +44,12 @@ def _cuda_problem() -> str | None:
     problem = _driver_problem()
     if problem is not None:  # known without importing Numba's CUDA target (0.4 s)
         return problem
-    from numba import cuda
+    return None if _kernels_ship() else compiler_problem()
 
-    if not cuda.is_available():
-        return "no usable NVIDIA GPU was found"
+
+@functools.cache
+def compiler_problem() -> str | None:
+    """Why kernels cannot be compiled here (no CUDA compiler libraries), or None."""
     if nvvm_file() is not None:
         return None
     try:  # not where the wheels and toolkits put it: let Numba search (slower) and load it
@@ -62,12 +64,13 @@ def _cuda_problem() -> str | None:
     return None
 
 
-@functools.cache
-def _driver_library() -> bool:
-    """Whether an NVIDIA driver may be installed (a look, no CUDA call; once)."""
-    from kernels.common.cudadrv import driver_present
+def _kernels_ship() -> bool:
+    """Whether the package's shipped kernels run on this GPU (no compiler needed for
+    them)."""
+    from kernels.common import shipped
+    from kernels.common.cudadrv import driver
 
-    return driver_present()
+    return shipped.ships_for(driver().cc)
 
 
 def _driver_problem() -> str | None:
@@ -112,24 +115,17 @@ def nvvm_file() -> str | None:
     return None
 
 
-def get_backend(name: str = "auto", *, device_input: bool = False, quick: bool = True) -> Any:
+def get_backend(name: str = "auto", *, device_input: bool = False) -> Any:
     """Return the backend module for `name` in BACKENDS.
 
-    "auto" picks cuda when a usable GPU (with its compiler libraries) exists, else cpu,
-    saying so once on stderr. Under the CUDA simulator, "auto" picks cpu (the simulator
-    is for tests) unless the input is already a device array.
-    "cuda" without a usable GPU raises DeviceError. With `quick` (for the filters),
-    host images may run on the quick start (`cached`: kernels shipped with the package
-    or compiled by an earlier run, no Numba import); callers that need Numba's CUDA
-    target itself pass quick=False. Device arrays go to the quick start only inside its
-    `device_arrays()` (the classifier's features, the row bands of a host image).
+    "auto" picks cuda when a GPU answers and its kernels can run (they ship for it, or
+    the CUDA compiler libraries are installed), else cpu, saying so once on stderr.
+    Under the CUDA simulator, "auto" picks cpu (the simulator is for tests) unless the
+    input is already a device array. "cuda" without a usable GPU raises DeviceError.
+    The CUDA backend imports Numba only where a kernel must be compiled.
     """
-    if device_input and name in ("auto", "cuda"):
-        cached = sys.modules.get("imgfilter.backends.cached")
-        if cached is not None and cached.taking_device_arrays():
-            return cached.for_request(name, lambda: _numba_or_fallback(name, device_input))
-        if _device_backend:
-            return _device_backend[0]
+    if device_input and name in ("auto", "cuda") and _device_backend:
+        return _device_backend[0]
     name = str(name).lower()
     if name not in BACKENDS:
         raise UsageError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
@@ -144,13 +140,6 @@ def get_backend(name: str = "auto", *, device_input: bool = False, quick: bool =
         from . import cpu
 
         return cpu
-    # The quick start only where a driver library loads: without one, importing it
-    # (and the kernels' planners) costs 60-80 ms a command for nothing.
-    if quick and not simulator and not device_input and _driver_library():
-        from . import cached  # shipped or earlier-compiled kernels, without importing Numba
-
-        if cached.available():
-            return cached.for_request(name, lambda: _numba_or_fallback(name, device_input))
     return _numba_or_fallback(name, device_input)
 
 

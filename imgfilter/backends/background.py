@@ -3,12 +3,13 @@ that needs it runs a size-generic kernel (the same results) in the meantime.
 
 A detached process, not a thread: a Numba compile in a thread holds the GIL for
 seconds and slows the caller's every call. The process compiles the kernel by running
-it once through the Numba backend, which exports its cubin into the kernel cache
-(`imgfilter.backends.cubins`): the sign, for this and every later process, that the
-specialised kernel is ready. A marker file next to that cubin says a compile is under
-way, so concurrent commands start one compile, not one each; a marker older than
-STALE_S belongs to a compile that died. IMGFILTER_BACKGROUND_COMPILE=0 turns all this
-off: callers then compile at once. Nothing here imports Numba.
+it once with compiling allowed; the launch layer keeps its binary in the kernel cache
+(`kernels.common.binaries`): the sign, for this and every later process, that the
+specialised kernel is ready (`imgfilter.backends.cuda._compiling`). A marker file
+beside it says a compile is under way, so concurrent commands start one compile, not
+one each; a marker older than STALE_S belongs to a compile that died.
+IMGFILTER_BACKGROUND_COMPILE=0 turns all this off: callers then compile at once.
+Nothing here imports Numba.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import sys
 import time
 from collections.abc import Iterator
 
-from . import cubins
+from kernels.common import binaries
 
 ENABLED = os.environ.get("IMGFILTER_BACKGROUND_COMPILE") != "0"
 STALE_S = 300.0
@@ -32,7 +33,7 @@ def start(name: str, code: str) -> bool:
     there is no cache directory to write into (nothing a compile could leave)."""
     if not ENABLED:
         return False
-    marker = cubins.pending_marker(name)
+    marker = binaries.pending_marker(name)
     try:
         marker.parent.mkdir(parents=True, exist_ok=True)
         try:  # created atomically: of threads or processes asking at once, one starts it
@@ -55,16 +56,6 @@ def start(name: str, code: str) -> bool:
     return True
 
 
-def compile_box(name: str, shape: tuple, dtype: str, ksize: tuple) -> bool:
-    """Start compiling the box kernel that method auto picks for (shape, dtype, ksize),
-    cubin `name`, by blurring a zero image of that shape in a detached process."""
-    code = (
-        "import imgfilter.backends.cuda as c; "
-        f"c.compile_box({name!r}, {tuple(shape)!r}, {dtype!r}, {tuple(ksize)!r})"
-    )
-    return start(name, code)
-
-
 @contextlib.contextmanager
 def compiling(name: str) -> Iterator[None]:
     """The body of a background compile of kernel `name`: a failure is swallowed (the
@@ -77,13 +68,6 @@ def compiling(name: str) -> Iterator[None]:
             print(f"imgfilter: background compile of {name} failed: {exc!r}", file=sys.stderr)
     finally:
         try:
-            cubins.pending_marker(name).unlink()
+            binaries.pending_marker(name).unlink()
         except OSError:
             pass
-
-
-def compile_blocked(kh: int, kw: int, dtype: str) -> bool:
-    """Start compiling the register-blocked kernel for kh x kw kernels on `dtype` images
-    (`imgfilter.backends.cuda.compile_blocked`, which removes the marker)."""
-    code = f"import imgfilter.backends.cuda as c; c.compile_blocked({kh}, {kw}, {dtype!r})"
-    return start(cubins.blocked_name(kh, kw, dtype), code)

@@ -10,52 +10,47 @@ shared contract.
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import time
 
 import numpy as np
-from numba import config
 
 from kernels.box import dispatch as _box
-from kernels.box import fused as _box_fused
-from kernels.box import packed as _box_packed
-from kernels.box import tiled as _box_tiled
-from kernels.box import twopass as _box_twopass
+from kernels.box import plan as _box_plan
 from kernels.common.arrays import (
     copy_rows,
     empty,
     empty_like,
     resolve_stream,
+    start_address,
     to_device,
     to_host,
 )
 from kernels.common.border_index import WRAP
 from kernels.common.border_index import border_index as _border_index
-from kernels.common.cudadrv import CudaError, GpuOutOfMemory, NoMemoryForContext, driver
-from kernels.common.launch import SMEM_LIMIT, Batching, Recording, compile_lock
-from kernels.contour import kernel as _contour
-from kernels.conv import blocked as _blocked
+from kernels.common.cudadrv import CudaError, GpuOutOfMemory, NoMemoryForContext
+from kernels.common.launch import (
+    SMEM_LIMIT,
+    Batching,
+    NotCompiled,
+    Recording,
+    checking,
+    compile_lock,
+)
+from kernels.contour import launch as _contour
 from kernels.conv import dispatch as _conv
+from kernels.conv import launch as _conv_launch
 from kernels.conv import plan as _conv_plan
 from kernels.conv.plan import low_rank_factors
 
 from .. import replay
 from ..errors import DeviceError, GpuMemoryError, UsageError
-from . import background, cubins
+from . import background
 
 NAME = "cuda"
 PER_THREAD_STREAM = 2  # CU_STREAM_PER_THREAD: the calling thread's own default stream
-
-# Small images launch small grids; that is expected, not worth a warning to users.
-config.CUDA_LOW_OCCUPANCY_WARNINGS = False
-SIMULATOR = bool(config.ENABLE_CUDASIM)  # set before Numba is imported; read per call
-
-
-def _export(kernel, name: str, array_dtypes: tuple) -> None:
-    """Keep the compiled kernel's cubin on disk for the quick start (backends.cached)."""
-    if not config.ENABLE_CUDASIM:
-        with compile_lock:
-            cubins.remember(kernel, name, array_dtypes, driver().cc)
+SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"  # read once, as Numba does
 
 
 class _Call:
@@ -136,7 +131,7 @@ def _queue_batch(key: tuple, batch, out, stream: int, run):
             _queue(key, _Call(batch[i], stream, False, None, out[i]), out.shape[1:], run)
         return out
     batching = Batching(n, ((batch[0], step_in), (out[0], step_out)))
-    if config.ENABLE_CUDASIM:
+    if SIMULATOR:
         with compile_lock, batching:
             run(batch[0], out[0])
         return out
@@ -275,7 +270,7 @@ def _in_row_bands(key: tuple, img, out, handle: int, record, rows: tuple, border
     kept = empty((before, *out.shape[1:]), out.dtype, handle) if before else None
 
     def run(src, dst) -> None:
-        if config.ENABLE_CUDASIM:
+        if SIMULATOR:
             with compile_lock:
                 record(src, dst, handle)
         else:
@@ -424,47 +419,96 @@ def _correlate_launches(src, dst, handle: int, kernel, terms, anchor, border, va
             (_device_weights(row, handle), _device_weights(col, handle), row_sum)
             for row, col, row_sum in terms
         ]
-        _blocked.correlate_low_rank(src, dterms, anchor, border, cval, dst, handle)
+        _conv_launch.correlate_low_rank(src, dterms, anchor, border, cval, dst, handle)
     else:
         weights = _device_weights(kernel, handle)
         _conv.correlate(src, weights, anchor, border, cval, method, dst, handle)
 
 
-# ------------------------------------------------------- first use of a kernel size
+# ------------------------------------------------------- first use of a kernel
 #
-# Method auto's register-blocked kernel is generated and compiled for each kernel
-# size (NVVM: 3-10 s). Until that compile is on disk (its cubin, exported by the
-# compile), auto runs the register-window kernel, which takes any size as an
-# argument (compiled once per dtype; the same results), and a detached process
-# compiles the blocked kernel into the caches: not a thread, whose Numba compile would
-# hold the GIL and slow the caller's every call meanwhile. The calls after it load the
-# blocked kernel from the cache (`imgfilter.backends.background`, whose ENABLED is
-# False with IMGFILTER_BACKGROUND_COMPILE=0: then compile at once).
-_BLOCKED_READY: set = set()  # (kh, kw, dtype name) whose blocked kernel can run now
-_BLOCKED_PENDING: dict = {}  # (kh, kw, dtype name) -> when its cubin was last looked for
+# Some kernels are specialised for a size (the uint8 box kernels auto picks for a box
+# size, the register-blocked correlation for a kernel size) and do not ship; Numba
+# compiles them in 3-10 s. Until one is compiled, its call runs a size-generic kernel
+# that ships (the same results) and a detached process compiles it into the kernel
+# cache (`imgfilter.backends.background`: a process, not a thread, whose compile
+# would hold the GIL and slow the caller's every call meanwhile); later calls load it
+# from there. The op's planner names the stand-in; whether a compile is needed is
+# learned by running the launch function under `kernels.common.launch.checking`.
+# IMGFILTER_BACKGROUND_COMPILE=0: compile at once.
+_READY: set = set()  # calls whose launches need no compile
+_PENDING: dict = {}  # call -> when its kernels' binaries were last looked for
 _LOOK_EVERY_S = 0.5
 
 
-def _blocked_or_window(kh: int, kw: int, dtype) -> str:
-    """ "blocked" when its kernel for this size and dtype is compiled (its cubin on
-    disk), else "window", starting the blocked kernel's compile (once)."""
-    key = (kh, kw, _dtype_name(dtype))
-    if key in _BLOCKED_READY:
-        return "blocked"
+def _compiling(call: tuple, launches, compile_code) -> bool:
+    """Whether `launches()` (a launch function on the call's device image) needs a
+    kernel that a detached process is compiling now: started here on the first look
+    (`compile_code(name)`: the Python source that compiles kernel `name`). False where
+    nothing needs compiling, or where no background compile can start (the caller then
+    compiles at once). A call looks again at most every _LOOK_EVERY_S."""
+    if SIMULATOR or not background.ENABLED or call in _READY:
+        return False
     now = time.monotonic()
-    last = _BLOCKED_PENDING.get(key)
-    if last is None or now - last >= _LOOK_EVERY_S:
-        if cubins.load(cubins.blocked_name(kh, kw, dtype), driver().cc) is not None:
-            _BLOCKED_READY.add(key)
-            return "blocked"
-        if not _conv_plan.window_fits(kh, kw):
-            return "blocked"
-        with _lock:
-            start = key not in _BLOCKED_PENDING
-            _BLOCKED_PENDING[key] = now
-        if start and not background.compile_blocked(*key):
-            return "blocked"  # no cache to compile into: compile here, at once
-    return "window"
+    last = _PENDING.get(call)
+    if last is not None and now - last < _LOOK_EVERY_S:
+        return True
+    try:
+        with checking():
+            launches()
+    except NotCompiled as exc:
+        if last is None and (
+            exc.name is None or not background.start(exc.name, compile_code(exc.name))
+        ):
+            return False
+        _PENDING[call] = now
+        return True
+    _READY.add(call)
+    _PENDING.pop(call, None)
+    return False
+
+
+def _box_now(img, ksize: tuple, anchor, border: int, value) -> str:
+    """Method auto, or its stand-in (`kernels.box.plan.STAND_IN`) while the kernel auto
+    picks for this device image and box is compiled in the background."""
+    one = img if len(img.shape) == 3 else img[0]
+    method, _ = _box.box_choice(one, ksize)
+    stand_in = _box_plan.STAND_IN.get(method)
+    if stand_in is None or not _box_plan.stand_in_takes(
+        stand_in, one.shape, one.dtype, ksize, start_address(one)
+    ):
+        return "auto"
+    shape = tuple(one.shape)
+    call = ("box", method, shape, one.dtype.num, ksize)
+
+    def launches():
+        _box.box_auto(one, ksize, anchor, border, value, None, PER_THREAD_STREAM)
+
+    def code(name: str) -> str:
+        args = f"{name!r}, {shape!r}, {one.dtype.name!r}, {tuple(ksize)!r}"
+        return f"import imgfilter.backends.cuda as c; c.compile_box({args})"
+
+    return stand_in if _compiling(call, launches, code) else "auto"
+
+
+def _blocked_or_window(kh: int, kw: int, dtype) -> str:
+    """ "blocked" when its kernel for this size and dtype can run now, else "window"
+    (the same results, any size) while a detached process compiles it."""
+    if not _conv_plan.window_fits(kh, kw):
+        return "blocked"
+    name = _dtype_name(dtype)
+
+    def launches():
+        img = empty((8, 8, 1), np.dtype(dtype), PER_THREAD_STREAM)
+        weights = _device_weights(np.ones((kh, kw), np.float32), PER_THREAD_STREAM)
+        cval = np.dtype(dtype).type(0)
+        _conv.correlate(img, weights, (0, 0), 0, cval, "blocked", img, PER_THREAD_STREAM)
+
+    def code(binary: str) -> str:
+        return ("import imgfilter.backends.cuda as c; "
+                f"c.compile_blocked({binary!r}, {kh}, {kw}, {name!r})")  # fmt: skip
+
+    return "window" if _compiling(("blocked", kh, kw, name), launches, code) else "blocked"
 
 
 _DTYPE_NAMES: dict = {}
@@ -479,30 +523,23 @@ def _dtype_name(dtype) -> str:
 
 
 def compile_box(name: str, shape: tuple, dtype: str, ksize: tuple) -> None:
-    """In a detached process (`background.compile_box`): blur a zero image of this
-    shape, which compiles and exports box kernel `name`, then remove its marker.
-    Never raises."""
+    """In a detached process (`_box_now`): blur a zero image of this shape, which
+    compiles box kernel `name` (and the others auto runs) into the kernel cache, then
+    remove its marker. Never raises."""
+    background.ENABLED = False
     with background.compiling(name):
         kh, kw = ksize
         box(np.zeros(shape, dtype), ksize, (kh // 2, kw // 2), 0, 0.0, "auto")
 
 
-def compile_blocked(kh: int, kw: int, dtype: str) -> None:
-    """Compile (or load) the register-blocked kernel for a kh x kw kernel on `dtype`
-    images by running it once on a small image, and export its cubin (the sign for
-    method auto, in this and other processes, that it is ready). Never raises: a
-    failure leaves auto on the window kernel."""
-    name = cubins.blocked_name(kh, kw, dtype)
+def compile_blocked(name: str, kh: int, kw: int, dtype: str) -> None:
+    """In a detached process (`_blocked_or_window`): run the register-blocked kernel for
+    a kh x kw kernel on a small `dtype` image, which compiles it (binary `name`) into
+    the kernel cache, then remove its marker. Never raises."""
+    background.ENABLED = False
     with background.compiling(name):
-        stream = PER_THREAD_STREAM
-        img = to_device(np.ones((8, 8, 1), dtype), stream)
-        weights = _device_weights(np.ones((kh, kw), np.float32), stream)
-        out = empty(img.shape, img.dtype, stream)
-        cval = np.dtype(dtype).type(0)
-        _conv.correlate(img, weights, (0, 0), 0, cval, "blocked", out, stream)
-        driver().synchronize(stream)
-        _export(_blocked.kernel_for(kh, kw), name, (np.dtype(dtype), np.float32, np.dtype(dtype)))
-        _BLOCKED_READY.add((kh, kw, np.dtype(dtype).name))
+        img = np.ones((8, 8, 1), dtype)
+        correlate(img, np.ones((kh, kw), np.float32), (0, 0), 0, 0.0, "blocked")
 
 
 # A device call's (key, record, rows) for `_on_device`, by its options: made once
@@ -527,7 +564,7 @@ def _correlate_call(kernel: np.ndarray, data: bytes, anchor, border, value, meth
     method, terms = _prepared(kernel.shape, data, method)
     final = True
     if requested == "auto" and method == "blocked" and background.ENABLED:
-        if not config.ENABLE_CUDASIM:  # the simulator compiles nothing
+        if not SIMULATOR:  # the simulator compiles nothing
             method = _blocked_or_window(*kernel.shape, dtype)
             final = method == "blocked"
     key = ("correlate", method, kernel.shape, data, anchor, border, value)
@@ -554,7 +591,7 @@ def correlate(img, kernel, anchor, border, value, method, out=None, stream=None)
     requested = method
     method, terms = _prepared(kernel.shape, data, method)
     if requested == "auto" and method == "blocked" and background.ENABLED:
-        if not config.ENABLE_CUDASIM:  # the simulator compiles nothing
+        if not SIMULATOR:  # the simulator compiles nothing
             method = _blocked_or_window(*kernel.shape, img.dtype)
 
     def go():
@@ -567,10 +604,6 @@ def correlate(img, kernel, anchor, border, value, method, out=None, stream=None)
 
         rows = (anchor[0], kernel.shape[0] - 1 - anchor[0])
         dout = _queue(key, call, dimg.shape, run, rows, border)
-        if method == "blocked" and call.from_host:
-            kh, kw = kernel.shape
-            name = cubins.blocked_name(kh, kw, dimg.dtype)
-            _export(_blocked.kernel_for(kh, kw), name, (dimg.dtype, np.float32, dimg.dtype))
         return call.finish(dout)
 
     def again(band):
@@ -598,40 +631,31 @@ def box(img, ksize, anchor, border, value, method, out=None, stream=None):
 
 def _box_call(img, ksize, anchor, border, value, method, out=None, stream=None):
     kh, kw = ksize
-    run = _box.box_by_name(method)
     rows = (anchor[0], kh - 1 - anchor[0])
     if not isinstance(img, np.ndarray):
-        options = ("box", method, ksize, anchor, border, value)
+        options = ("box", method, ksize, anchor, border, value, img.shape[-3:], img.dtype.num)
         call = _CALLS.get(options)
         if call is None:
-
-            def record(src, dst, handle):
-                run(src, ksize, anchor, border, value, dst, handle)
-
-            call = _keep_call(options, (options, record, rows))
+            now = method
+            if method == "auto" and not SIMULATOR and background.ENABLED:
+                now = _box_now(img, ksize, anchor, border, value)
+            call = _box_record(now, ksize, anchor, border, value, rows)
+            if now == method:  # a stand-in is not kept: the next call looks again
+                _keep_call(options, call)
         key, record, rows = call
-        most = _box_band_rows(img.shape[-3:], img.dtype, ksize, rows) if method == "auto" else None
+        most = _box_band_rows(img.shape[-3:], img.dtype, ksize, rows) if key[1] == "auto" else None
         return _on_device(key, img, out, stream, img.shape, record, rows, border, most)
 
     def go():
         call = begin(img, out, stream)
-        key = ("box", method, ksize, anchor, border, value)
-        most = (
-            _box_band_rows(call.img.shape[-3:], call.img.dtype, ksize, rows)
-            if method == "auto"
-            else None
-        )
-        dout = _queue(
-            key,
-            call,
-            call.img.shape,
-            lambda src, dst: run(src, ksize, anchor, border, value, dst, call.stream),
-            rows,
-            border,
-            most,
-        )
-        if method == "auto" and call.from_host:
-            _export_box(call.img, ksize)
+        now = method
+        if method == "auto" and not SIMULATOR and background.ENABLED:
+            now = _box_now(call.img, ksize, anchor, border, value)
+        key, record, _ = _box_record(now, ksize, anchor, border, value, rows)
+        shape = call.img.shape[-3:]
+        most = _box_band_rows(shape, call.img.dtype, ksize, rows) if now == "auto" else None
+        run = lambda src, dst: record(src, dst, call.stream)  # noqa: E731
+        dout = _queue(key, call, call.img.shape, run, rows, border, most)
         return call.finish(dout)
 
     def again(band):
@@ -640,57 +664,33 @@ def _box_call(img, ksize, anchor, border, value, method, out=None, stream=None):
     return _run_or_bands(go, img, out, rows, border, value, again)
 
 
-def _export_box(dimg, ksize: tuple) -> None:
-    """Export the cubins of the box kernel box_auto just ran (both of box_twopass's
-    passes), unless it ran box_running."""
-    channels, dtype = dimg.shape[2], dimg.dtype
-    method, geo = _box.box_choice(dimg, ksize)
-    if method == "tiled":
-        kernel = _box_tiled.kernel_for(channels, ksize, geo)
-        name = cubins.tiled_name(geo, channels, ksize)
-        _export(kernel, name, (dtype, np.uint32, dtype, np.uint32))
-    elif method == "packed":
-        kernel = _box_packed.kernel_for(channels, geo["run"], geo["threads"], geo["even"])
-        _export(kernel, cubins.packed_name(geo, channels), (dtype, np.uint32, dtype, np.uint32))
-    elif method == "fused":
-        kernel = _box_fused.kernel_for(geo["sum_type"], channels, geo["magic_rounding"])
-        _export(kernel, cubins.box_name(geo, channels, dtype), (dtype, dtype))
-    elif method == "twopass":
-        rows, columns = cubins.twopass_names(channels, geo)
-        _export(
-            _box_twopass.row_kernel_for(channels, geo["run"]), rows, (dtype, np.uint32, np.uint32)
-        )
-        _export(_box_twopass.column_kernel_for(geo), columns, (np.uint32, dtype))
+def _box_record(method: str, ksize, anchor, border, value, rows: tuple) -> tuple:
+    """(key, record, rows) of a box call by `method` for `_on_device`."""
+    run = _box.box_by_name(method)
+
+    def record(src, dst, handle):
+        run(src, ksize, anchor, border, value, dst, handle)
+
+    return ("box", method, ksize, anchor, border, value), record, rows
 
 
 def contour(img, border, value, method, out=None, stream=None):
     """Fused four-direction contour map; method is ignored (one fused kernel)."""
+    options = ("contour", border, value)
+    record = _CALLS.get(options)
+    if record is None:
+
+        def record(src, dst, handle):
+            _contour.contour(src, border, int(value), dst, handle)
+
+        _keep_call(options, record)
     if not isinstance(img, np.ndarray):
-        options = ("contour", border, value)
-        record = _CALLS.get(options)
-        if record is None:
-
-            def record(src, dst, handle):
-                _contour.contour(src, border, int(value), dst, handle)
-
-            _keep_call(options, record)
         return _on_device(options, img, out, stream, img.shape[:-1], record, (1, 1), border)
 
     def go():
         call = begin(img, out, stream)
-        dimg = call.img
-        dout = _queue(
-            ("contour", border, value),
-            call,
-            dimg.shape[:-1],
-            lambda src, dst: _contour.contour(src, border, int(value), dst, call.stream),
-            (1, 1),
-            border,
-        )
-        if call.from_host:
-            name = cubins.contour_name(dimg.shape[2], dimg.dtype)
-            _export(_contour.kernel_for(dimg.shape[2]), name, (dimg.dtype,) * 4)
-        return call.finish(dout)
+        run = lambda src, dst: record(src, dst, call.stream)  # noqa: E731
+        return call.finish(_queue(options, call, call.img.shape[:-1], run, (1, 1), border))
 
     def again(band):
         return contour(band, border, value, method, None, stream)

@@ -4,8 +4,8 @@
 (`var_shape_plan`), so the launches do not grow with the number of images; later
 calls of the same shapes replay a `VarShapeRecipe`. Images taller than one grid go
 alone in row bands (`cuda._in_row_bands`). The var-shape kernels, generated source
-that Numba's cache cannot keep, go to the kernel cache (`cubins`) once compiled, so
-that a later process loads them instead of compiling them again (`_VarShapeCubins`).
+that Numba's cache cannot keep, go to the kernel cache (`kernels.common.binaries`) once
+compiled, so that a later process loads them instead of compiling them again.
 """
 
 from __future__ import annotations
@@ -14,17 +14,16 @@ import gc
 import threading
 
 import numpy as np
-from numba import config
 
 from kernels.box import dispatch as _box
 from kernels.common.arrays import empty_many, resolve_stream
-from kernels.common.cudadrv import CudaError, GpuOutOfMemory, driver
+from kernels.common.cudadrv import CudaError, GpuOutOfMemory
 from kernels.common.launch import compile_lock
 from kernels.common.var_shape import Collecting, VarShapeRecipe, run_var_shape, var_shape_plan
-from kernels.contour import kernel as _contour
+from kernels.contour import launch as _contour
 
 from ..errors import DeviceError, GpuMemoryError, UsageError
-from . import background, cubins
+from . import background
 from . import cuda as _cuda
 from .cuda import (
     _blocked_or_window,
@@ -65,7 +64,7 @@ def _on_device_list(imgs: list, values: list, outs, stream, out_shapes: list, pl
                 short.append((img, out, key, record))
         if not short:
             return outs
-        if config.ENABLE_CUDASIM:
+        if _cuda.SIMULATOR:
             with compile_lock:
                 _collect_and_run(short, handle)
             return outs
@@ -88,20 +87,6 @@ def _on_device_list(imgs: list, values: list, outs, stream, out_shapes: list, pl
         raise DeviceError(f"CUDA error: {exc}") from exc
 
 
-class _VarShapeCubins:
-    """`kernels.common.var_shape`'s store of compiled var-shape kernels: the kernel
-    cache (`cubins.load`: exported by an earlier process, or shipped; `cubins.remember`
-    exports one after its compile)."""
-
-    @staticmethod
-    def load(name: str):
-        return cubins.load(name, driver().cc)
-
-    @staticmethod
-    def save(dispatcher, name: str, array_dtypes: tuple) -> None:
-        cubins.remember(dispatcher, name, array_dtypes, driver().cc)
-
-
 def _collect_and_run(items: list, handle: int):
     """Run each (img, out, key, record)'s launch function under a `Collecting`, queue
     the merged plan on `handle`, and return its `VarShapeRecipe` (None on the
@@ -120,8 +105,8 @@ def _collect_and_run(items: list, handle: int):
             images.append((img, out, collecting.buffers))
             replayable = replayable and collecting.replayable
         plan = var_shape_plan(collected)
-        run_var_shape(plan, handle, _VarShapeCubins)
-        if config.ENABLE_CUDASIM or not replayable:
+        run_var_shape(plan, handle)
+        if _cuda.SIMULATOR or not replayable:
             return None
         with compile_lock:
             return VarShapeRecipe.build(plan, images)
@@ -158,7 +143,7 @@ def correlate_list(imgs: list, kernel, anchor, border, values: list, method, out
     def make(dtype, value):
         method = resolved
         if requested == "auto" and method == "blocked" and background.ENABLED:
-            if not config.ENABLE_CUDASIM:
+            if not _cuda.SIMULATOR:
                 method = _blocked_or_window(*kernel.shape, dtype)
 
         def record(src, dst, handle):

@@ -4,12 +4,10 @@ Creating the CUDA context takes a quarter of a second on an H100 machine, about 
 long as importing NumPy and Typer. The command line calls `start(argv)` first thing;
 for a command that will use the GPU, a background thread then loads the driver and
 retains the primary context (`kernels.common.cudadrv.driver`, which releases the GIL
-meanwhile) while the main thread imports. The filters (QUICK_COMMANDS) go through the
-quick start (`imgfilter.backends.cached`) where kernels are cached or shipped, and
-`cached` takes that driver instead of making its own; `classify` and `train`
-(CLASSIFIER_COMMANDS) use the GPU with or without cached kernels (from the shipped
-cubins through `cached` and the launch layer, else through Numba's CUDA target, which
-then finds the context open).
+meanwhile) while the main thread imports; the CUDA backend's first call finds it open.
+The filters (QUICK_COMMANDS) start it where kernels are shipped or cached (they run
+without importing Numba); `classify` and `train` (CLASSIFIER_COMMANDS) use the GPU with
+or without them.
 Commands that will not use it (help, the CPU backend, filters without cached
 kernels) start nothing, and neither do `blur` and `contour` with `--backend auto` of an
 image that may run on the CPU (`one_image_on_cpu`: its file and the pixels its header
@@ -103,14 +101,9 @@ def _cubins_cached() -> bool:
     """Whether kernels ship with the package or an earlier run cached some."""
     if os.environ.get("IMGFILTER_NO_PREBUILT") != "1" and PREBUILT_MANIFEST.exists():
         return True
-    # The folder `imgfilter.backends.cubins` keeps them in; that module imports NumPy.
-    from kernels.common.cache import cache_dir
+    from kernels.common import binaries  # standard library and the manifest reader only
 
-    folder = Path(cache_dir()) / "cubins"
-    try:
-        return any(name.endswith(".cubin") for name in os.listdir(folder))
-    except OSError:
-        return False
+    return binaries.any_cached()
 
 
 def wanted(argv: list[str]) -> bool:
@@ -138,8 +131,6 @@ def _wanted(command: str | None, backend: str) -> bool:
         return False
     if command in CLASSIFIER_COMMANDS:
         return True
-    if os.environ.get("IMGFILTER_NO_QUICK_START") == "1":
-        return False
     return _cubins_cached()
 
 

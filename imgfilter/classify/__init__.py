@@ -15,6 +15,7 @@ Engines: CUDA (GEMV + softmax kernels, `imgfilter.classify.cuda`) or CPU (NumPy,
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -83,13 +84,16 @@ def engine(backend: str = "auto", *, device_input: bool = False) -> ModuleType:
         UsageError: An unknown backend name, or a device image with backend "cpu".
         DeviceError: Backend "cuda" without a usable GPU.
     """
-    from ..backends import get_backend, nvvm_file
+    from ..backends import compiler_problem, get_backend
 
+    name = get_backend(backend, device_input=device_input).NAME
     # The CUDA engine runs shipped kernels without Numba and compiles the others, which
-    # needs the CUDA compiler (NVVM): "auto" without it found on disk asks Numba first,
-    # so a GPU without the compiler falls back to the CPU engine, saying so.
-    quick = str(backend).lower() != "auto" or nvvm_file() is not None
-    name = get_backend(backend, device_input=device_input, quick=quick).NAME
+    # needs the CUDA compiler (NVVM): "auto" without it falls back to the CPU engine.
+    if name == "cuda" and str(backend).lower() == "auto" and not device_input:
+        problem = compiler_problem()
+        if problem is not None:
+            print(f"imgfilter: {problem}; using the CPU engine", file=sys.stderr)
+            name = "cpu"
     if name == "cuda":
         from . import cuda
 

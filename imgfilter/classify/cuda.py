@@ -30,7 +30,6 @@ kernel, and C GEMVs of Z^T with the residual columns for the gradient.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from typing import Any
 
@@ -72,16 +71,6 @@ def _kernel(name: str) -> KernelRef:
     """Kernel `name` of `kernels.classify`, by name: launched from its shipped cubin
     without importing Numba where one ships (`kernels.common.refs`)."""
     return KernelRef("kernels.classify", name)
-
-
-def _shipped_filters():
-    """Where the quick start runs (`imgfilter.backends.cached`: its kernels ship for this
-    GPU), a context in which the filters take device arrays from it, without Numba."""
-    if SIMULATOR:
-        return contextlib.nullcontext()
-    from ..backends import cached
-
-    return cached.device_arrays() if cached.available() else contextlib.nullcontext()
 
 
 def _grid(n: int) -> int:
@@ -136,12 +125,10 @@ class FeatureEngine:
         # where `auto`'s register-blocked kernel is generated and compiled per size
         # (~8 s each, most of a first `train`), for no gain at these sizes.
         method = "tiled" if tiled_fits(*kernel.shape) else "auto"
-        with _shipped_filters():
-            return api.filter2d(a, kernel, backend="cuda", method=method, stream=self.stream)
+        return api.filter2d(a, kernel, backend="cuda", method=method, stream=self.stream)
 
     def blur(self, a, k: int):
-        with _shipped_filters():
-            return api.blur(a, k, backend="cuda", stream=self.stream)
+        return api.blur(a, k, backend="cuda", stream=self.stream)
 
     def contour_source(self, img):
         """(the integer image the contour feature is computed from, its scale): the
@@ -164,8 +151,7 @@ class FeatureEngine:
             dimg = u
         elif dimg is None or np.dtype(dimg.dtype) != u.dtype:
             dimg = to_device(np.ascontiguousarray(u), self.stream)
-        with _shipped_filters():
-            return api.contour(dimg, backend="cuda", stream=self.stream)
+        return api.contour(dimg, backend="cuda", stream=self.stream)
 
     def matrix(self, pixels: int, features: int):
         self.features = features

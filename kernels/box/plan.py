@@ -217,8 +217,6 @@ def choose(shape: tuple, dtype, ksize: tuple) -> tuple[str, dict | None]:
     57.5/60.1/64.7 us against box_fused's 94.3/110.9/135.4), box_fused uint16 images.
     box_fused comes before box_packed: on the H100 box_packed is slower (2167x2495x3,
     k=21: 80 us at best vs 69 us). Both measured by `benchmarks/sweep_uint8_box.py`.
-    The quick start (`imgfilter.backends.cached`) asks here too, so it looks for the
-    cubin of the kernel the Numba path ran and exported.
     """
     if max(ksize) <= TILED_MAX_BOX:
         tiled = tiled_plan(shape, dtype, ksize)
@@ -232,6 +230,19 @@ def choose(shape: tuple, dtype, ksize: tuple) -> tuple[str, dict | None]:
         return "fused", fused
     packed = packed_plan(shape, dtype, ksize)
     return ("packed", packed) if packed is not None else ("running", None)
+
+
+# The kernel that stands in, with the same results, for one of auto's kernels that is
+# specialised for its box size while that is compiled in the background: box_twopass,
+# which takes the box size as an argument and ships (`imgfilter.backends.cuda._box_now`).
+STAND_IN = {"tiled": "twopass", "packed": "twopass"}
+
+
+def stand_in_takes(method: str, shape: tuple, dtype, ksize: tuple, address: int) -> bool:
+    """Whether stand-in `method` takes this image (starting at device `address`)."""
+    if method == "twopass":
+        return address % 4 == 0 and twopass_plan(shape, dtype, ksize) is not None
+    return False
 
 
 # ------------------------------------------------------------------ kernels.box.tiled
