@@ -1,15 +1,12 @@
 """Build the kernels shipped in the package: kernels/prebuilt/ (`kernels.common.shipped`).
 
-Two users, no compile on a first use:
-- the quick start (`imgfilter.backends.cached`, without Numba): the size-generic
-  kernels that stand in for the size-specialised ones while those compile in the
-  background (box_twopass for uint8 boxes, conv's window kernel for filters), the
-  kernels that are generic already (box_fused, contour, conv's window for kernels
-  larger than 31x31) and conv's tiled kernel (method tiled);
-- the launch layer (`kernels.common.launch`; without Numba for the kernels it names by
-  `kernels.common.refs.KernelRef`): every kernel the workloads here compile: the ones
-  above, box_running, softmax on common widths, GEMV on common shapes, and the
-  classifier's training and prediction.
+No compile on a first use: the launch layer (`kernels.common.launch`, without Numba for
+the kernels named by `kernels.common.refs.KernelRef`) finds here every kernel the
+workloads below compile: the size-generic kernels that stand in for the
+size-specialised ones while those compile in the background (box_twopass for uint8
+boxes, conv's window kernel for filters), the kernels that are generic already
+(box_fused, box_running, contour, conv's window and tiled kernels), softmax on common
+widths, GEMV on common shapes, and the classifier's training and prediction.
 Each is compiled by Numba exactly as imgfilter compiles it (by running the workloads
 once) and then built for every GPU generation in ARCHS from the same NVVM IR, into one
 fatbin per kernel (`<name>.fatbin`, a cubin per generation, uncompressed so that any
@@ -77,30 +74,24 @@ def _tall_box(channels: int) -> tuple[int, int]:
     raise RuntimeError("no box makes box_twopass's column pass untiled")
 
 
-def _twopass(backend, rng):
-    """(name, dispatcher, array dtypes) of box_twopass's row and column passes."""
-    from imgfilter.backends import cubins
+def _twopass(backend, rng) -> None:
+    """box_twopass's row and column passes (the stand-in for auto's size-specialised
+    uint8 box kernels while they compile), tiled and untiled columns."""
     from kernels.box import plan as box_plan
-    from kernels.box import twopass as box_twopass
 
     for channels in CHANNELS:
         for ksize in ((33, 33), _tall_box(channels)):
             img = _random((64, 96, channels), np.uint8, rng)
-            method, geo = box_plan.choose(img.shape, img.dtype, ksize)
+            method, _ = box_plan.choose(img.shape, img.dtype, ksize)
             assert method == "twopass", method
             backend.box(img, ksize, (ksize[0] // 2, ksize[1] // 2), 0, 0.0, "auto")
-            rows, columns = cubins.twopass_names(channels, geo)
-            row_kernel = box_twopass.row_kernel_for(channels, geo["run"])
-            yield rows, row_kernel, (np.uint8, np.uint32, np.uint32)
-            yield columns, box_twopass.column_kernel_for(geo), (np.uint32, np.uint8)
 
 
-def _fused_boxes(dtype, channels: int) -> dict:
-    """{cubin name: a box the plan runs through it} for box_fused on `dtype` images: the
-    name varies with the column sums' type (the box's height) and the rounding (its area),
-    and no box wider than 995 columns fits box_fused's tile: boxes up to 399 x 1099 find
-    every name."""
-    from imgfilter.backends import cubins
+def _fused_boxes(dtype, channels: int) -> list:
+    """A box for each box_fused kernel the plan picks on `dtype` images: the kernel
+    varies with the column sums' type (the box's height) and the rounding (its area),
+    and no box wider than 995 columns fits box_fused's tile: boxes up to 399 x 1099
+    find every kernel."""
     from kernels.box import plan as box_plan
 
     boxes: dict = {}
@@ -108,53 +99,34 @@ def _fused_boxes(dtype, channels: int) -> dict:
         for kw in range(1, 1100):
             method, geo = box_plan.choose((64, 96, channels), dtype, (kh, kw))
             if method == "fused":
-                boxes.setdefault(cubins.box_name(geo, channels, dtype), (kh, kw))
-    return boxes
+                boxes.setdefault((np.dtype(geo["sum_type"]).name, geo["magic_rounding"]),
+                                 (kh, kw))  # fmt: skip
+    return list(boxes.values())
 
 
-def _fused(backend, rng):
+def _fused(backend, rng) -> None:
     """box_fused for uint8 and uint16 images: every (sum type, rounding) the plan picks."""
-    from kernels.box import fused as box_fused
-    from kernels.box import plan as box_plan
-
     for dtype in (np.uint8, np.uint16):
         for channels in CHANNELS:
-            for name, ksize in _fused_boxes(dtype, channels).items():
+            for ksize in _fused_boxes(dtype, channels):
                 img = _random((64, 96, channels), dtype, rng)
                 backend.box(img, ksize, (ksize[0] // 2, ksize[1] // 2), 0, 0.0, "auto")
-                _, geo = box_plan.choose(img.shape, dtype, ksize)
-                kernel = box_fused.kernel_for(geo["sum_type"], channels, geo["magic_rounding"])
-                yield name, kernel, (dtype, dtype)
 
 
-def _contour(backend, rng):
-    from imgfilter.backends import cubins
-    from kernels.contour import kernel as contour
-
+def _contour(backend, rng) -> None:
     for dtype in (np.uint8, np.uint16):  # contour takes integer images
         for channels in CHANNELS:
             backend.contour(_random((40, 56, channels), dtype, rng), 0, 0, "auto")
-            yield cubins.contour_name(channels, dtype), contour.kernel_for(channels), (dtype,) * 4
 
 
-def _conv_tiled(backend, rng):
-    from imgfilter.backends import cubins
-    from kernels.conv import generic as conv
-
+def _conv_generic(backend, rng) -> None:
+    """conv's tiled and window kernels (method tiled; window: the stand-in for the
+    register-blocked kernel while it compiles, and auto's for kernels it does not take)."""
     kernel = rng.standard_normal((5, 5)).astype(np.float32)
-    for dtype in (np.uint8, np.uint16, np.float32):
-        backend.correlate(_random((40, 56, 3), dtype, rng), kernel, (2, 2), 0, 0.0, "tiled")
-        yield cubins.conv_tiled_name(dtype), conv.correlate_tiled, (dtype, np.float32, dtype)
-
-
-def _conv_window(backend, rng):
-    from imgfilter.backends import cubins
-    from kernels.conv import window as conv
-
-    kernel = rng.standard_normal((5, 5)).astype(np.float32)
-    for dtype in (np.uint8, np.uint16, np.float32):
-        backend.correlate(_random((40, 56, 3), dtype, rng), kernel, (2, 2), 0, 0.0, "window")
-        yield cubins.conv_window_name(dtype), conv.correlate_window, (dtype, np.float32, dtype)
+    for method in ("tiled", "window"):
+        for dtype in (np.uint8, np.uint16, np.float32):
+            img = _random((40, 56, 3), dtype, rng)
+            backend.correlate(img, kernel, (2, 2), 0, 0.0, method)
 
 
 def _running(rng) -> None:
@@ -214,17 +186,18 @@ def _classify(rng) -> None:
 
 
 def _recording_compiles() -> list:
-    """Note every (dispatcher, argument types) the launch layer compiles from now on."""
+    """Note every (binary name, dispatcher, argument types) the launch layer compiles
+    from now on."""
     from kernels.common import launch
 
     noted: list = []
     compile_one = launch._compile
 
-    def compile_and_note(kernel, args):
-        compiled = compile_one(kernel, args)
+    def compile_and_note(kernel, args, name=None, modules=None):
+        compiled = compile_one(kernel, args, name, modules)
         dispatcher = launch.dispatcher_of(kernel)
         argtypes = tuple(launch._numba_type(dispatcher, a) for a in args)
-        noted.append((dispatcher, argtypes))
+        noted.append((name or launch._name(kernel, args), dispatcher, argtypes))
         return compiled
 
     launch._compile = compile_and_note
@@ -357,45 +330,29 @@ def _export(dispatcher, argtypes: tuple, name: str, out: Path) -> str:
 def build(out: Path) -> dict:
     """Compile every shipped kernel, write its fatbin (`_export`) and the manifest into
     `out` (a new folder); return the manifest. Kernels are stored under the launch
-    layer's names; the quick start's names point at those files."""
+    layer's names (`kernels.common.shipped.launch_name`)."""
     os.environ["IMGFILTER_CACHE_DIR"] = tempfile.mkdtemp(prefix="imgfilter-build-")
     os.environ["IMGFILTER_NO_PREBUILT"] = "1"
-    from imgfilter.backends import cubins
+    os.environ["IMGFILTER_BACKGROUND_COMPILE"] = "0"  # every kernel compiled here, at once
     from imgfilter.backends import cuda as backend
     from kernels.common import shipped
 
     rng = np.random.default_rng(0)
     out.mkdir(parents=True)
     noted = _recording_compiles()
-    named = [spec for specs in (_twopass, _fused, _contour, _conv_tiled, _conv_window)
-             for spec in specs(backend, rng)]  # fmt: skip
+    for filters in (_twopass, _fused, _contour, _conv_generic):
+        filters(backend, rng)
     for workload in (_running, _softmax, _gemv, _classify):
         workload(rng)
     kernels: dict[str, dict] = {}
-    keys: dict = {}  # (dispatcher, argtypes) -> launch name
-    for dispatcher, argtypes in noted:
-        key = shipped.signature_key(dispatcher, argtypes)
-        if key is None or key in kernels:
+    for name, dispatcher, argtypes in noted:
+        if name is None or name in kernels or name.startswith("var_shape-"):
             continue
-        entry = _export(dispatcher, argtypes, key, out)
+        entry = _export(dispatcher, argtypes, name, out)
         modules = [shipped.module_of(dispatcher)]
         listed = shipped.closure(tuple(modules))
         digest = shipped.files_digest(tuple(listed))
-        kernels[key] = {"entry": entry, "modules": modules, "closure": listed, "digest": digest}
-        keys[id(dispatcher), argtypes] = key
-    for name, dispatcher, dtypes in named:
-        wanted = [np.dtype(dt).name for dt in dtypes]
-        (key,) = {
-            k for (d, argtypes), k in keys.items()
-            if d == id(dispatcher)
-            and [str(t.dtype) for t in argtypes if hasattr(t, "dtype")] == wanted
-        }  # fmt: skip
-        modules = list(cubins.family_modules(name))
-        listed = shipped.closure(tuple(modules))
-        digest = shipped.files_digest(tuple(listed))
-        entry = kernels[key]["entry"]
-        kernels[name] = {"entry": entry, "modules": modules, "closure": listed, "digest": digest,
-                         "file": key}  # fmt: skip
+        kernels[name] = {"entry": entry, "modules": modules, "closure": listed, "digest": digest}
     manifest = {"archs": [f"sm{a}{b}" for a, b in ARCHS], "kernels": dict(sorted(kernels.items()))}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return manifest
