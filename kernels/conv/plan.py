@@ -57,7 +57,7 @@ def fits(kh: int, kw: int) -> bool:
 
 def offsets_fit(shape: tuple) -> bool:
     """Whether an (H, W, C) image's element offsets fit the kernel's uint32 offsets;
-    larger images need `conv_blocked.kernel_for(..., wide=True)`."""
+    larger images need the blocked kernel's wide variant (`launch.blocked_kernel`)."""
     height, width, channels = shape
     return height * width * channels < 2**32
 
