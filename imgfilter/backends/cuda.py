@@ -586,8 +586,11 @@ def correlate(img, kernel, anchor, border, value, method, out=None, stream=None)
             call = _correlate_call(kernel, data, anchor, border, value, method, img.dtype)
             if call[3]:
                 _keep_call(options, call)
-        key, record, rows, _ = call
-        return _on_device(key, img, out, stream, img.shape, record, rows, border)
+        key, record, rows, final = call
+        result = _on_device(key, img, out, stream, img.shape, record, rows, border)
+        if not final:
+            replay.forget()  # a stand-in: the next call looks for the compiled kernel again
+        return result
     requested = method
     method, terms = _prepared(kernel.shape, data, method)
     if requested == "auto" and method == "blocked" and background.ENABLED:
@@ -644,7 +647,10 @@ def _box_call(img, ksize, anchor, border, value, method, out=None, stream=None):
                 _keep_call(options, call)
         key, record, rows = call
         most = _box_band_rows(img.shape[-3:], img.dtype, ksize, rows) if key[1] == "auto" else None
-        return _on_device(key, img, out, stream, img.shape, record, rows, border, most)
+        result = _on_device(key, img, out, stream, img.shape, record, rows, border, most)
+        if key[1] != method:
+            replay.forget()  # a stand-in: the next call looks for the compiled kernel again
+        return result
 
     def go():
         call = begin(img, out, stream)
