@@ -4,8 +4,8 @@
 # then those also marked `gpu_alone` (they fill the GPU's memory) in one process.
 # Keep N small for tests/test_softmax.py: its full-shape tests each hold several GiB.
 # usage: bash tools/gpu_tests.sh N OUTDIR tests/test_a.py [tests/test_b.py ...]
-# Writes OUTDIR/summary.txt (every failure and each process's last line) and
-# OUTDIR/gpu-tests.tgz (each process's whole output).
+# Writes each process's whole output as OUTDIR/part_*.txt while it runs (a run cut short
+# keeps what it got) and OUTDIR/summary.txt (every failure and each process's last line).
 set -u
 n=$1
 out=$2
@@ -22,13 +22,13 @@ fi
 split -n "r/$n" "$ids" "$parts/part_"
 for f in "$parts"/part_*; do
   mapfile -t tests < "$f"  # one argument per test id (ids may hold spaces)
-  python3 -m pytest -q -m gpu -p no:cacheprovider "${tests[@]}" > "$f.txt" 2>&1 &
+  python3 -m pytest -q -m gpu -p no:cacheprovider "${tests[@]}" > "$out/$(basename "$f").txt" 2>&1 &
 done
 wait
 # Tests that fill the GPU's memory, alone: beside others they would starve them.
-python3 -m pytest -q -m "gpu and gpu_alone" -p no:cacheprovider "$@" > "$parts/part_zz_alone.txt" 2>&1
-for f in "$parts"/part_*.txt; do
+python3 -m pytest -q -m "gpu and gpu_alone" -p no:cacheprovider "$@" > "$out/part_zz_alone.txt" 2>&1
+for f in "$out"/part_*.txt; do
   grep -E "^(FAILED|ERROR)" "$f"
   tail -n 1 "$f"
 done | tee -a "$out/summary.txt"
-tar czf "$out/gpu-tests.tgz" -C "$parts" .
+rm -rf "$parts"
