@@ -350,9 +350,16 @@ SMALL = [(1, 1), (3, 50), (7, 5), (12, 63), (31, 2), (20, 33)]
 
 
 def _tiled_kernels(channels, ksize):
-    from kernels.box import tiled
+    """The box_tiled kernels named so far for this many channels and this box: the
+    `kernels.box.launch.tiled_kernel` refs alive (each kept by its cache), by their
+    arguments."""
+    import gc
 
-    return {key for key in tiled._KERNELS if key[:2] == (channels, ksize)}
+    from kernels.box import launch
+    from kernels.common.refs import KernelRef
+
+    return {ref.args for ref in gc.get_objects() if type(ref) is KernelRef
+            and ref.module == launch.TILED and ref.args[:2] == (channels, ksize)}  # fmt: skip
 
 
 def test_many_small_sizes_run_one_box_kernel_on_the_device(monkeypatch):

@@ -1,4 +1,5 @@
-"""The one-pass box kernel (`kernels.box.fused`) against an exact integral-image reference.
+"""The one-pass box kernel (`kernels.box.fused`, launched by `kernels.box.launch.box_fused`)
+against an exact integral-image reference.
 
 On the simulator the geometry is shrunk (few threads, short runs, strips and batches)
 so that small images still span several blocks across and down, with strips, batches
@@ -15,7 +16,7 @@ from numba import cuda
 from imgfilter.backends import opencv as ref
 from imgfilter.border import BORDERS, pad
 from kernels.box import dispatch as kbox
-from kernels.box import fused as kfused
+from kernels.box import launch as klaunch
 from kernels.box import plan as box_plan
 from kernels.common import border_index as bi
 
@@ -44,10 +45,10 @@ def _image(shape, dtype, seed):
 
 
 def _fused(img, ksize, anchor, border, cval, **geometry):
-    geo = kfused.plan(img.shape, img.dtype, ksize, **geometry)
+    geo = box_plan.plan(img.shape, img.dtype, ksize, **geometry)
     assert geo is not None
     d_img = cuda.to_device(img)
-    out = kfused.box_fused(d_img, ksize, anchor, BORDERS[border], cval, geometry=geo)
+    out = klaunch.box_fused(d_img, ksize, anchor, BORDERS[border], cval, geometry=geo)
     return out.copy_to_host(), geo
 
 
@@ -96,10 +97,10 @@ def test_off_centre_anchor_extreme_values_and_ties(magic_rounding):
     # makes exact halves, which must round to even.
     img = _image((12, 30, 3), np.uint8, seed=1)
     img[::2] = 255
-    geo = kfused.plan(img.shape, img.dtype, (4, 6), threads=16, run=4, strip=5, batch=2)
+    geo = box_plan.plan(img.shape, img.dtype, (4, 6), threads=16, run=4, strip=5, batch=2)
     geo["magic_rounding"] = magic_rounding
     for anchor in [(0, 0), (3, 5)]:
-        out = kfused.box_fused(cuda.to_device(img), (4, 6), anchor, bi.REFLECT, 0, None, geo)
+        out = klaunch.box_fused(cuda.to_device(img), (4, 6), anchor, bi.REFLECT, 0, None, geo)
         want = exact_box(img, (4, 6), anchor, "reflect", 0)
         np.testing.assert_array_equal(out.copy_to_host(), want)
         assert (box_sums(img, (4, 6), anchor, "reflect", 0) % 24 == 12).any()  # ties to round
@@ -114,14 +115,14 @@ def test_uint16_large_box_uses_int32_sums_and_exact_rounding():
 
 
 def test_plan_declines_what_it_cannot_do_exactly():
-    assert kfused.plan((10, 10, 3), np.float32, (3, 3)) is None
-    assert kfused.plan((10, 10, 1), np.uint16, (201, 201)) is None  # sums past int32
-    assert kfused.plan((10, 10, 4), np.uint8, (3, 301)) is None  # tile cannot hold the halo
-    geo = kfused.plan((2167, 2495, 3), np.uint8, (21, 21))
+    assert box_plan.plan((10, 10, 3), np.float32, (3, 3)) is None
+    assert box_plan.plan((10, 10, 1), np.uint16, (201, 201)) is None  # sums past int32
+    assert box_plan.plan((10, 10, 4), np.uint8, (3, 301)) is None  # tile cannot hold the halo
+    geo = box_plan.plan((2167, 2495, 3), np.uint8, (21, 21))
     assert geo["tile_w"] % geo["run"] == 0
     assert (geo["tile_w"] + 20) * 3 <= box_plan.LANES * geo["threads"]
     with pytest.raises(ValueError, match="box_fused handles"):
-        kfused.box_fused(cuda.to_device(np.ones((4, 4, 1), np.float32)), (3, 3), (1, 1), 0, 0)
+        klaunch.box_fused(cuda.to_device(np.ones((4, 4, 1), np.float32)), (3, 3), (1, 1), 0, 0)
 
 
 def test_box_auto_falls_back_for_float_images():

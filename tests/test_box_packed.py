@@ -17,7 +17,7 @@ from test_box_fused import box_sums, exact_box
 
 from imgfilter.border import BORDERS
 from kernels.box import dispatch as kbox
-from kernels.box import packed as kpacked
+from kernels.box import launch as klaunch
 from kernels.box import plan as box_plan
 
 
@@ -28,7 +28,7 @@ def _image(shape, seed):
 def _packed(img, ksize, anchor, border, cval, **geometry):
     geo = box_plan.packed_plan(img.shape, img.dtype, ksize, **geometry)
     assert geo is not None
-    out = kpacked.box_packed(cuda.to_device(img), ksize, anchor, BORDERS[border], cval, None, geo)
+    out = klaunch.box_packed(cuda.to_device(img), ksize, anchor, BORDERS[border], cval, None, geo)
     return out.copy_to_host(), geo
 
 
@@ -111,7 +111,7 @@ def test_plan_declines_what_it_cannot_do():
     assert geo["tile_w"] % geo["run"] == 0
     assert (geo["tile_w"] + 21) * 3 <= 8 * geo["threads"]  # halo plus one pixel of slack
     with pytest.raises(ValueError, match="box_packed handles"):
-        kpacked.box_packed(cuda.to_device(np.ones((4, 4, 1), np.uint16)), (3, 3), (1, 1), 0, 0)
+        klaunch.box_packed(cuda.to_device(np.ones((4, 4, 1), np.uint16)), (3, 3), (1, 1), 0, 0)
 
 
 def test_magic_division_is_exact_for_every_area_up_to_257_squared():

@@ -25,14 +25,14 @@ from test_box_packed import (
 
 from imgfilter.border import BORDERS
 from kernels.box import dispatch as kbox
+from kernels.box import launch as klaunch
 from kernels.box import plan as box_plan
-from kernels.box import tiled as ktiled
 
 
 def _tiled(img, ksize, anchor, border, cval, **geometry):
     geo = box_plan.tiled_plan(img.shape, img.dtype, ksize, **geometry)
     assert geo is not None
-    out = ktiled.box_tiled(cuda.to_device(img), ksize, anchor, BORDERS[border], cval, None, geo)
+    out = klaunch.box_tiled(cuda.to_device(img), ksize, anchor, BORDERS[border], cval, None, geo)
     return out.copy_to_host(), geo
 
 
@@ -98,8 +98,8 @@ def test_box_auto_sends_views_off_a_word_boundary_to_box_fused(monkeypatch):
     d_img = cuda.to_device(img)[1:]
     assert kbox.box_choice(d_img, (3, 3))[0] == "fused"
     assert kbox.box_choice(cuda.to_device(img), (3, 3))[0] == "tiled"
-    called, original = [], ktiled.box_tiled
-    monkeypatch.setattr(ktiled, "box_tiled", lambda *a, **k: called.append(a))
+    called, original = [], klaunch.box_tiled
+    monkeypatch.setitem(kbox._RUNNERS, "tiled", lambda *a, **k: called.append(a))
     got = kbox.box_auto(d_img, (3, 3), (1, 1), BORDERS["reflect101"], 0).copy_to_host()
     assert not called
     np.testing.assert_array_equal(got, exact_box(img[1:], (3, 3), (1, 1), "reflect101", 0))
@@ -115,7 +115,7 @@ def test_box_auto_writes_outputs_off_a_word_boundary_exactly():
     got = kbox.box_auto(d_img, (3, 3), (1, 1), BORDERS["reflect101"], 0, d_out).copy_to_host()
     np.testing.assert_array_equal(got, exact_box(img, (3, 3), (1, 1), "reflect101", 0))
     with pytest.raises(ValueError, match="out must start on a 4-byte boundary"):
-        ktiled.box_tiled(d_img, (3, 3), (1, 1), 0, 0, d_out)
+        klaunch.box_tiled(d_img, (3, 3), (1, 1), 0, 0, d_out)
 
 
 def test_widest_box_keeps_sixteen_bit_sums_exact():
@@ -140,7 +140,7 @@ def test_plan_declines_what_it_cannot_do():
     assert small["smem"] <= 48 * 1024 and small["tile_h"] < box_plan.TILED_WIDE_DEFAULTS["tile_h"]
     assert box_plan.tiled_plan((10, 4, 1), np.uint8, (258, 3)) is None  # 16-bit column sums
     with pytest.raises(ValueError, match="box_tiled handles"):
-        ktiled.box_tiled(cuda.to_device(np.ones((4, 4, 1), np.uint16)), (3, 3), (1, 1), 0, 0)
+        klaunch.box_tiled(cuda.to_device(np.ones((4, 4, 1), np.uint16)), (3, 3), (1, 1), 0, 0)
 
 
 def test_default_geometry_follows_the_box_height():
@@ -153,7 +153,7 @@ def test_default_geometry_follows_the_box_height():
 
 def test_box_auto_runs_box_tiled_for_small_uint8_boxes(monkeypatch):
     ran = []
-    real = ktiled.box_tiled
+    real = klaunch.box_tiled
     monkeypatch.setitem(kbox._RUNNERS, "tiled", lambda *a: ran.append(a[-2]) or real(*a))
     img = _image((70, 70, 3), seed=11)  # default geometry: 2 x 3 tiles
     for ksize, anchor, border in [((5, 5), (2, 2), "reflect101"), ((3, 7), (0, 6), "constant")]:
@@ -180,20 +180,20 @@ def test_other_sizes(shape):
 def test_repeat_calls_agree():
     img = _image((300, 301, 3), seed=9)
     d_img = cuda.to_device(img)
-    first = ktiled.box_tiled(d_img, (7, 7), (3, 3), 0, 0).copy_to_host()
+    first = klaunch.box_tiled(d_img, (7, 7), (3, 3), 0, 0).copy_to_host()
     np.testing.assert_array_equal(first, exact_box(img, (7, 7), (3, 3), "reflect101", 0))
     out = cuda.device_array_like(d_img)
-    again = ktiled.box_tiled(d_img, (7, 7), (3, 3), BORDERS["constant"], 9, out)
+    again = klaunch.box_tiled(d_img, (7, 7), (3, 3), BORDERS["constant"], 9, out)
     assert again is out
     np.testing.assert_array_equal(out.copy_to_host(), exact_box(img, (7, 7), (3, 3), "constant", 9))
     with pytest.raises(ValueError, match="4-byte boundary"):
         view = cuda.to_device(_image((301, 301, 3), seed=4))[1:]  # same shape, 903 bytes in
-        ktiled.box_tiled(view, (7, 7), (3, 3), 0, 0)
+        klaunch.box_tiled(view, (7, 7), (3, 3), 0, 0)
 
 
 def test_an_output_of_another_shape_is_refused():
     img = _image((9, 21, 3), seed=4)
     with pytest.raises(ValueError, match="out has shape"):
-        ktiled.box_tiled(
+        klaunch.box_tiled(
             cuda.to_device(img), (3, 3), (1, 1), 0, 0, cuda.device_array((9, 20, 3), np.uint8)
         )

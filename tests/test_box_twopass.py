@@ -16,8 +16,8 @@ from test_box_packed import _image
 
 from imgfilter.border import BORDERS
 from kernels.box import dispatch as kbox
+from kernels.box import launch as klaunch
 from kernels.box import plan as box_plan
-from kernels.box import twopass as k2
 from kernels.common import border_index as bi
 
 # box_column_tiles sums whole 32-bit words modulo 2**32 on purpose; NumPy's scalars in
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in scalar a
 def _twopass(img, ksize, anchor, border, cval, **geometry):
     geo = box_plan.twopass_plan(img.shape, img.dtype, ksize, **geometry)
     assert geo is not None
-    out = k2.box_twopass(cuda.to_device(img), ksize, anchor, BORDERS[border], cval, None, geo)
+    out = klaunch.box_twopass(cuda.to_device(img), ksize, anchor, BORDERS[border], cval, None, geo)
     return out.copy_to_host(), geo
 
 
@@ -158,7 +158,7 @@ def test_plan_declines_what_it_cannot_do_exactly():
     assert geo["row_grid"] == (2167, 1) and geo["seg_w"] >= 2495
     assert geo["seg_w"] == geo["row_threads"] // 3 * geo["run"] and geo["pitch16"] == 7488
     with pytest.raises(ValueError, match="box_twopass handles"):
-        k2.box_twopass(cuda.to_device(np.ones((4, 4, 1), np.uint16)), (3, 3), (1, 1), 0, 0)
+        klaunch.box_twopass(cuda.to_device(np.ones((4, 4, 1), np.uint16)), (3, 3), (1, 1), 0, 0)
 
 
 def test_box_auto_takes_it_for_large_uint8_boxes():
@@ -195,7 +195,7 @@ def test_later_calls_of_the_same_geometry_agree():
     for seed, border, cval in [(1, "reflect101", 0), (2, "constant", 9), (3, "wrap", 0)]:
         img = _image(shape, seed=seed)
         out = cuda.device_array(shape, np.uint8)
-        k2.box_twopass(cuda.to_device(img), ksize, anchor, BORDERS[border], cval, out)
+        klaunch.box_twopass(cuda.to_device(img), ksize, anchor, BORDERS[border], cval, out)
         np.testing.assert_array_equal(out.copy_to_host(),
                                       exact_box(img, ksize, anchor, border, cval))  # fmt: skip
 

@@ -76,6 +76,128 @@ def test_box_running_kernels(exact32):
         _same_key(ref)
 
 
+# The planned box kernels (`kernels.box.launch`): every channel count, both sum types
+# and roundings, the plans' default geometries and shrunk ones, both column passes.
+BOX_SHAPES = [(40, 70, 1), (40, 70, 3), (40, 70, 4)]
+
+
+@pytest.mark.parametrize("shape", BOX_SHAPES, ids=lambda s: f"c{s[2]}")
+@pytest.mark.parametrize("dtype, ksize", [(np.uint8, (5, 7)), (np.uint16, (3, 3)),
+                                          (np.uint16, (17, 31))])  # fmt: skip
+def test_box_fused_kernels(shape, dtype, ksize):
+    from kernels.box import fused, plan
+    from kernels.box import launch as klaunch
+
+    geo = plan.plan(shape, dtype, ksize, run=4)
+    ref = klaunch.fused_kernel(geo["sum_type"], shape[2], geo["magic_rounding"])
+    _same_key(ref)
+    spelt = (np.dtype(geo["sum_type"]).name, np.int64(shape[2]), int(geo["magic_rounding"]))
+    assert klaunch.fused_kernel(*spelt) is ref  # one ref however the arguments are spelt
+    assert ref.dispatcher is fused.fused_kernel(np.dtype(geo["sum_type"]), shape[2],
+                                                geo["magic_rounding"])  # fmt: skip
+    assert klaunch.kernel_refs("fused", shape[2], ksize, geo, dtype) == (ref,)
+
+
+def test_box_fused_sums_only_in_uint16_or_int32():
+    from kernels.box import fused
+
+    with pytest.raises(ValueError, match="uint16 or int32"):
+        fused.fused_kernel(np.dtype(np.float32), 3, True)
+
+
+@pytest.mark.parametrize("shape", BOX_SHAPES, ids=lambda s: f"c{s[2]}")
+@pytest.mark.parametrize("ksize, geometry", [((3, 3), {}), ((4, 6), dict(threads=8, run=3))])
+def test_box_packed_kernels(shape, ksize, geometry):
+    from kernels.box import launch as klaunch
+    from kernels.box import packed, plan
+
+    geo = plan.packed_plan(shape, np.uint8, ksize, **geometry)
+    ref = klaunch.packed_kernel(shape[2], geo["run"], geo["threads"], geo["even"])
+    _same_key(ref)
+    assert ref is klaunch.packed_kernel(np.int64(shape[2]), geo["run"], geo["threads"],
+                                        np.bool_(geo["even"]))  # fmt: skip
+    assert ref.dispatcher is packed.packed_kernel(shape[2], geo["run"], geo["threads"],
+                                                  geo["even"])  # fmt: skip
+    assert klaunch.kernel_refs("packed", shape[2], ksize, geo, np.uint8) == (ref,)
+
+
+@pytest.mark.parametrize("shape", BOX_SHAPES, ids=lambda s: f"c{s[2]}")
+@pytest.mark.parametrize("ksize, geometry", [((3, 3), {}), ((31, 31), {}),
+                                             ((5, 7), dict(threads=16, run=4, tile_w=9,
+                                                           tile_h=5, min_blocks=0))])  # fmt: skip
+def test_box_tiled_kernels(shape, ksize, geometry):
+    from kernels.box import launch as klaunch
+    from kernels.box import plan, tiled
+
+    geo = plan.tiled_plan(shape, np.uint8, ksize, **geometry)
+    (ref,) = klaunch.kernel_refs("tiled", shape[2], list(ksize), geo, np.uint8)
+    _same_key(ref)
+    sizes = [geo[k] for k in ("threads", "run", "tile_w", "tile_h", "groups", "min_blocks")]
+    assert ref is klaunch.tiled_kernel(shape[2], ksize, *sizes)
+    assert ref.args == (shape[2], ksize, *sizes)
+    assert ref.dispatcher is tiled.tiled_kernel(shape[2], ksize, *sizes)
+
+
+@pytest.mark.parametrize("shape", BOX_SHAPES, ids=lambda s: f"c{s[2]}")
+@pytest.mark.parametrize("ksize, geometry", [((41, 41), {}), ((700, 3), {}),
+                                             ((5, 7), dict(run=4, col_threads=8, col_groups=2,
+                                                           strip=4))])  # fmt: skip
+def test_box_twopass_kernels(shape, ksize, geometry):
+    from kernels.box import launch as klaunch
+    from kernels.box import plan, twopass
+
+    geo = plan.twopass_plan(shape, np.uint8, ksize, **geometry)
+    rows, columns = klaunch.kernel_refs("twopass", shape[2], ksize, geo, np.uint8)
+    assert rows is klaunch.twopass_row_kernel(shape[2], geo["run"])
+    assert columns is klaunch.twopass_column_kernel(dict(geo))
+    _same_key(rows)
+    _same_key(columns)
+    assert rows.dispatcher is twopass.row_kernel(shape[2], geo["run"])
+    if geo["col_groups"]:
+        assert columns.dispatcher is twopass.column_tiles_kernel(geo["col_threads"])
+    else:
+        assert columns is klaunch.box_column_means
+        assert columns.dispatcher is twopass.box_column_means
+
+
+# (method, image, box, plan): what each box launch function launches, against kernel_refs.
+LAUNCHED = [
+    ("tiled", (20, 30, 3), np.uint8, (5, 5), "tiled_plan"),
+    ("packed", (20, 30, 1), np.uint8, (3, 5), "packed_plan"),
+    ("fused", (20, 30, 4), np.uint16, (3, 3), "plan"),
+    ("twopass", (20, 30, 3), np.uint8, (41, 41), "twopass_plan"),
+    ("twopass", (20, 30, 3), np.uint8, (700, 3), "twopass_plan"),  # column means
+    ("running", (20, 30, 3), np.float32, (3, 3), None),
+    ("running", (20, 30, 1), np.uint8, (3, 3), None),  # float32 staging
+    ("running", (20, 30, 3), np.uint8, (3, 5000), None),  # row tile too wide: separable
+    ("separable", (20, 30, 3), np.uint8, (3, 3), None),
+]
+
+
+@pytest.mark.parametrize("method, shape, dtype, ksize, planner", LAUNCHED)
+def test_kernel_refs_names_what_each_method_launches(monkeypatch, method, shape, dtype, ksize,
+                                                     planner):  # fmt: skip
+    from numba import cuda
+
+    from kernels.box import dispatch, plan, running
+    from kernels.box import launch as klaunch
+
+    launched = []
+
+    def record(kernel, *args):
+        launched.append(kernel)
+
+    monkeypatch.setattr(klaunch, "launch", record)
+    monkeypatch.setattr(running, "launch", record)
+    geo = getattr(plan, planner)(shape, dtype, ksize) if planner else None
+    img = cuda.to_device(np.zeros(shape, dtype))
+    dispatch.box_by_name(method)(img, ksize, (ksize[0] // 2, ksize[1] // 2), 0, 0)
+    want = klaunch.kernel_refs(method, shape[2], ksize, geo, dtype)
+    assert tuple(launched) == want and all(type(k) is KernelRef for k in want)
+    with pytest.raises(ValueError, match="no box method"):
+        klaunch.kernel_refs("auto", shape[2], ksize, geo, dtype)
+
+
 def test_a_ref_imports_its_module_only_when_asked_and_keeps_its_dispatcher():
     ref = KernelRef("kernels.nowhere", "factory", (2, "a", np.dtype(np.float32), (1, True)))
     assert ref.function_key == "kernels.nowhere|factory|(2,'a',float32,(1,True))"
@@ -146,10 +268,11 @@ def test_unknown_argument_types_have_no_name():
     assert launch.type_name(2**63) is None and launch.type_name(2**63 - 1) == "int64"
 
 
-def test_the_host_modules_of_gemv_softmax_box_running_and_the_classifier_do_not_import_numba():
+def test_the_host_modules_of_gemv_softmax_the_box_filters_and_the_classifier_import_no_numba():
     code = (
         "import sys; import kernels.linalg.gemv, kernels.softmax, kernels.box.running, "
-        "imgfilter.classify.cuda, imgfilter.classify; print('numba' in sys.modules)"
+        "kernels.box.launch, kernels.box.dispatch, imgfilter.classify.cuda, "
+        "imgfilter.classify; print('numba' in sys.modules)"
     )
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -32,6 +32,11 @@ Six implementations, and `box_auto` choosing among them (`box_method`, which ask
 - `box_separable` and `box_running` (module `kernels.box.running`): a row pass and a
   column pass through a scratch image (cost per pixel grows with k), and running
   sums (a column pass, then a row pass; cost per pixel barely depends on k).
+
+The first four are launched from `kernels.box.launch`, the last two from
+`kernels.box.running`: both name their kernels by `kernels.common.refs.KernelRef`,
+so importing this module imports no Numba (a kernel's module, and Numba, are
+imported only where its binary neither ships nor is cached).
 """
 
 from __future__ import annotations
@@ -42,11 +47,8 @@ import numpy as np
 
 from ..common.arrays import start_address
 from . import plan
-from .fused import box_fused
-from .packed import box_packed
+from .launch import box_fused, box_packed, box_tiled, box_twopass
 from .running import box_running, box_separable
-from .tiled import box_tiled
-from .twopass import box_twopass
 
 
 @lru_cache(maxsize=64)

@@ -17,6 +17,10 @@ image, and the work per output barely depends on the box size.
 Blocks whose window lies inside the image read without border logic, four rows at a
 time for the first sums and two at a time while sliding, every load issued before
 its use. Geometry: `kernels.box.plan` (Numba-free, shared with the quick start).
+
+This module holds the kernel (`fused_kernel`, a `kernel_factory`) and imports Numba;
+`box_fused`, the launch, is in `kernels.box.launch`, which names the kernel by
+`kernels.common.refs.KernelRef` so that a shipped one runs without importing Numba.
 """
 
 from __future__ import annotations
@@ -24,11 +28,11 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32, int32, uint16, uint32, uint64
 
-from ..common.arrays import empty
 from ..common.device import border_index
-from ..common.launch import launch
+from ..common.refs import kernel_factory
 from .lanes import lane_column
-from .plan import plan, scalar_args
+
+_SUM_TYPES = {"uint16": uint16, "int32": int32}  # the shared-memory sums' Numba types
 
 
 @cuda.jit(device=True)
@@ -134,9 +138,15 @@ def _cdiv(a, b):
     return (a + b - 1) // b
 
 
-def _make_box_fused(sum_type, channels: int, magic_rounding: bool):
-    """The kernel for `channels` channels, shared-memory sums of `sum_type` (uint16 where
-    exact, else int32), rounding by multiply-high where the sums are small enough."""
+@kernel_factory
+def fused_kernel(sum_dtype, channels: int, magic_rounding: bool):
+    """The kernel for `channels` channels, shared-memory sums of `sum_dtype` (a NumPy
+    dtype, or its name: uint16 where exact, else int32; ValueError for any other),
+    rounding by multiply-high where the sums are small enough (`magic_rounding`).
+    One kernel per distinct arguments (`kernel_factory`)."""
+    sum_type = _SUM_TYPES.get(np.dtype(sum_dtype).name)
+    if sum_type is None:
+        raise ValueError(f"box_fused sums in uint16 or int32, not {np.dtype(sum_dtype).name}")
     C = channels  # a compile-time constant: divisions by it become multiplies
     mean = _mean_magic if magic_rounding else _mean_exact
 
@@ -282,34 +292,3 @@ def _make_box_fused(sum_type, channels: int, magic_rounding: bool):
             yb += rows
 
     return box_fused
-
-
-_KERNELS: dict = {}
-
-
-def kernel_for(sum_type, channels: int, magic_rounding: bool):
-    """The compiled-on-demand kernel for this specialisation (kept per process)."""
-    key = (np.dtype(sum_type), channels, magic_rounding)
-    if key not in _KERNELS:
-        numba_type = uint16 if key[0] == np.uint16 else int32
-        _KERNELS[key] = _make_box_fused(numba_type, channels, magic_rounding)
-    return _KERNELS[key]
-
-
-def box_fused(img, ksize, anchor, mode, cval, out=None, geometry: dict | None = None,
-              stream: int = 0):  # fmt: skip
-    """Box filter in one pass (see the module docstring); `geometry` from
-    `kernels.box.plan.plan`. Queued on `stream`. Raises ValueError when plan says the
-    case is not handled.
-    """
-    height, width, channels = img.shape
-    geo = geometry or plan(img.shape, img.dtype, ksize)
-    if geo is None:
-        raise ValueError("box_fused handles uint8/uint16 images with boxes that fit its tile")
-    if out is None:
-        out = empty(img.shape, img.dtype, stream)
-    kernel = kernel_for(geo["sum_type"], channels, geo["magic_rounding"])
-    n = height * width * channels
-    args = (img.reshape(n), *scalar_args(img.shape, ksize, anchor, mode, cval, geo), out.reshape(n))
-    launch(kernel, geo["grid"], geo["threads"], args, stream, geo["smem"])
-    return out

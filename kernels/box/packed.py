@@ -1,6 +1,6 @@
 """Box filter (cv2.blur semantics) for uint8 images, four bytes per load: `box_packed`.
 
-Same contract as `kernels.box.fused.box_fused` for uint8 (H, W, C) device images:
+Same contract as `kernels.box.launch.box_fused` for uint8 (H, W, C) device images:
 out[y, x, c] = round(box sum / area) half to even, borders by `kernels.common.border_index`
 code with `cval` for the constant border; exact. Boxes up to 257 rows (a column sum
 of 257 bytes fits 16 bits).
@@ -24,6 +24,9 @@ Geometry: `kernels.box.plan.packed_plan` (Numba-free).
 On the H100 it is exact but not faster than box_fused so far (2167x2495x3, k=21: 80
 us at best vs 69 us); BENCHMARKS.md has the profiles. `kernels.box.dispatch.box_auto` runs it
 only where box_fused's tile cannot hold the box.
+
+This module holds the kernel (`packed_kernel`, a `kernel_factory`) and imports Numba;
+`box_packed`, the launch, is in `kernels.box.launch` (Numba-free).
 """
 
 from __future__ import annotations
@@ -32,9 +35,8 @@ import numpy as np
 from numba import cuda, int32, uint8, uint16, uint32, uint64
 
 from ..common.device import border_index
-from ..common.launch import launch
-from .lanes import flat_images, lane_column, words
-from .plan import packed_args, packed_plan
+from ..common.refs import kernel_factory
+from .lanes import lane_column
 
 BYTES = np.uint32(0x00FF00FF)  # bytes 0 and 2 of a word, as two 16-bit lanes
 LOW16 = np.uint32(0x0000FFFF)
@@ -60,9 +62,11 @@ def _row_offset(p, height, pitch, mode, inside):
     return int32(yy * pitch)
 
 
-def _make_box_packed(channels: int, run: int, threads: int, even: bool):
+@kernel_factory
+def packed_kernel(channels: int, run: int, threads: int, even: bool):
     """The kernel for `channels` channels, `run` outputs per slide, `threads` per
-    block, and an even (ties possible) or odd box area."""
+    block, and an even (ties possible) or odd box area. One kernel per distinct
+    arguments (`kernel_factory`)."""
     C = channels
     RUN = run
     T = threads
@@ -334,31 +338,3 @@ def _make_box_packed(channels: int, run: int, threads: int, even: bool):
             yb = y
 
     return box_packed
-
-
-_KERNELS: dict = {}
-
-
-def kernel_for(channels: int, run: int, threads: int, even: bool):
-    """The compiled-on-demand kernel for this specialisation (kept per process)."""
-    key = (channels, run, threads, bool(even))
-    if key not in _KERNELS:
-        _KERNELS[key] = _make_box_packed(*key)
-    return _KERNELS[key]
-
-
-def box_packed(img, ksize, anchor, mode, cval, out=None, geometry: dict | None = None,
-               stream: int = 0):  # fmt: skip
-    """Box filter of a uint8 (H, W, C) device image, four bytes per load (see the
-    module docstring); `geometry` from `kernels.box.plan.packed_plan`. Queued on
-    `stream`. Raises ValueError when the plan says the case is not handled.
-    """
-    geo = geometry or packed_plan(img.shape, img.dtype, ksize)
-    if geo is None:
-        raise ValueError("box_packed handles uint8 images with boxes of at most 257 rows")
-    out, src, dst, n = flat_images(img, out, "box_packed", stream)
-    kernel = kernel_for(img.shape[2], geo["run"], geo["threads"], geo["even"])
-    args = packed_args(img.shape, ksize, anchor, mode, cval, geo)
-    args = (src, words(src), n // 4, *args, dst, words(dst))
-    launch(kernel, geo["grid"], geo["threads"], args, stream, geo["smem"])
-    return out

@@ -1,6 +1,6 @@
 """Box filter (cv2.blur semantics) for uint8 images, one tile at a time: `box_tiled`.
 
-Same contract as `kernels.box.fused.box_fused` for uint8 (H, W, C) device images:
+Same contract as `kernels.box.launch.box_fused` for uint8 (H, W, C) device images:
 out[y, x, c] = round(box sum / area) half to even, borders by `kernels.common.border_index`
 code with `cval` for the constant border; exact.
 
@@ -29,6 +29,9 @@ loads overlap another's arithmetic. The halo is re-read per tile (from L2), so t
 tile must be large next to the box: `kernels.box.plan.tiled_plan` declines boxes too
 big for its tiles. (A rows-first kernel once stood beside this one; with
 `kernels.box.plan.TILED_MAX_BOX` at 31 the planner never chose it, so it was deleted.)
+
+This module holds the kernel (`tiled_kernel`, a `kernel_factory`) and imports Numba;
+`box_tiled`, the launch, is in `kernels.box.launch` (Numba-free).
 """
 
 from __future__ import annotations
@@ -36,11 +39,9 @@ from __future__ import annotations
 import numpy as np
 from numba import config, cuda, uint8, uint16, uint32, uint64
 
-from ..common.arrays import start_address
 from ..common.int_ops import byte_perm, round_div
-from ..common.launch import launch
-from .lanes import flat_images, words
-from .plan import packed_magic, tiled_args, tiled_layout, tiled_plan
+from ..common.refs import kernel_factory
+from .plan import packed_magic, tiled_layout
 from .tile_load import div, make_loader, reciprocal
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
@@ -62,13 +63,14 @@ def _lanes23(w):
     return byte_perm(w, ZERO, LANES23)
 
 
-def _make_kernel(channels: int, ksize: tuple, threads: int, run: int, tile_w: int,
-                tile_h: int, groups: int, min_blocks: int):  # fmt: skip
-    """The kernel for one specialisation: `channels`, the box `ksize` = (kh, kw), and
-    the geometry of `kernels.box.plan.tiled_plan` (threads per block, outputs per
-    horizontal slide, tile_w x tile_h output pixels per tile, row groups of the
-    vertical phase, min_blocks > 0: CUDA launch bounds). Every size is a compile-time
-    constant."""
+@kernel_factory
+def tiled_kernel(channels: int, ksize: tuple, threads: int, run: int, tile_w: int,
+                 tile_h: int, groups: int, min_blocks: int):  # fmt: skip
+    """The kernel for one specialisation: `channels`, the box `ksize` = (kh, kw) (a
+    tuple of ints), and the geometry of `kernels.box.plan.tiled_plan` (threads per
+    block, outputs per horizontal slide, tile_w x tile_h output pixels per tile, row
+    groups of the vertical phase, min_blocks > 0: CUDA launch bounds). Every size is a
+    compile-time constant. One kernel per distinct arguments (`kernel_factory`)."""
     C = channels
     KH, KW = ksize
     T, RUN, TW, TH, G = threads, run, tile_w, tile_h, groups
@@ -248,40 +250,3 @@ def _make_kernel(channels: int, ksize: tuple, threads: int, run: int, tile_w: in
                             out8[at] = sh8[rr * OS_PITCH_U + U(at - uint32(w0 * 4))]
 
     return box_tiled
-
-
-_KERNELS: dict = {}
-
-
-def kernel_for(channels: int, ksize: tuple, geometry: dict):
-    """The compiled-on-demand kernel for this image's channels, box and
-    `kernels.box.plan.tiled_plan` geometry (kept per process)."""
-    g = geometry
-    key = (channels, tuple(ksize), g["threads"], g["run"], g["tile_w"], g["tile_h"], g["groups"],
-           g.get("min_blocks", 0))  # fmt: skip
-    if key not in _KERNELS:
-        _KERNELS[key] = _make_kernel(*key)
-    return _KERNELS[key]
-
-
-def box_tiled(img, ksize, anchor, mode, cval, out=None, geometry: dict | None = None,
-              stream: int = 0):  # fmt: skip
-    """Box filter of a uint8 (H, W, C) device image, one shared-memory tile per block
-    (see the module docstring); `geometry` from `kernels.box.plan.tiled_plan`. Queued
-    on `stream`. Raises ValueError when the plan says the case is not handled.
-    """
-    geo = geometry or tiled_plan(img.shape, img.dtype, ksize)
-    if geo is None:
-        raise ValueError("box_tiled handles uint8 images with boxes small next to its tiles")
-    if out is not None and tuple(out.shape) != tuple(img.shape):
-        raise ValueError(
-            f"box_tiled: out has shape {tuple(out.shape)}, the image {tuple(img.shape)}"
-        )
-    kernel = kernel_for(img.shape[2], ksize, geo)
-    scalars = tiled_args(img.shape, ksize, anchor, mode, cval, geo)
-    out, src, dst, n = flat_images(img, out, "box_tiled", stream)
-    if start_address(out) % 4:
-        raise ValueError("box_tiled writes 32-bit words: out must start on a 4-byte boundary")
-    args = (src, words(src), n // 4, *scalars, dst, words(dst))
-    launch(kernel, geo["grid"], geo["threads"], args, stream, geo["smem"])
-    return out

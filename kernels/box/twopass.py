@@ -25,6 +25,10 @@ Each pass touches a pixel a constant number of times whatever the box, so the co
 barely depends on k: the first window of a run or strip is the only part that grows
 with it, and runs and strips are long. The price is the scratch: 2 bytes a lane
 written and read once. Geometry: `kernels.box.plan.twopass_plan`.
+
+This module holds the kernels (`row_kernel` and `column_tiles_kernel`, each a
+`kernel_factory`, and `box_column_means`) and imports Numba; the launches
+(`box_twopass`, `row_pass`, `column_pass`) are in `kernels.box.launch` (Numba-free).
 """
 
 from __future__ import annotations
@@ -32,21 +36,20 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, uint8, uint16, uint32, uint64
 
-from ..common.arrays import empty, start_address
 from ..common.device import border_index
 from ..common.int_ops import round_div
-from ..common.launch import launch, scratch
-from .lanes import words
-from .plan import twopass_args, twopass_plan
+from ..common.refs import kernel_factory
 
 LOW16 = np.uint32(0xFFFF)
 SIXTEEN = np.uint32(16)
 THIRTY_TWO = np.uint64(32)
 
 
-def _make_row_sums(channels: int, run: int):
+@kernel_factory
+def row_kernel(channels: int, run: int):
     """The row pass for `channels` channels and runs of `run` outputs (compile-time
-    constants: / C is a multiply, a run's length is known)."""
+    constants: / C is a multiply, a run's length is known). One kernel per distinct
+    arguments (`kernel_factory`)."""
     C = channels
     C_U = np.uint32(C)
     RUN = run
@@ -377,9 +380,11 @@ def _store8(tile, p, step, w0, w1, w2, w3, w4, w5, w6, w7):
     tile[p + uint32(7) * step] = w7
 
 
-def _make_column_tiles(wx: int):
+@kernel_factory
+def column_tiles_kernel(wx: int):
     """`box_column_tiles` for blocks `wx` words wide (a compile-time constant, so that
-    the tile's row offsets fold into the shared-memory loads)."""
+    the tile's row offsets fold into the shared-memory loads). One kernel per distinct
+    arguments (`kernel_factory`)."""
     WX = np.uint32(wx)
     HX = np.uint32(wx // 2)  # pairs of words a tile row
 
@@ -515,75 +520,3 @@ def _make_column_tiles(wx: int):
             leave = uint32(leave + wx)
 
     return box_column_tiles
-
-
-_ROW_SUMS: dict = {}
-
-
-def row_kernel_for(channels: int, run: int):
-    """The compiled-on-demand row pass for this many channels and this run (kept per
-    process)."""
-    if (channels, run) not in _ROW_SUMS:
-        _ROW_SUMS[channels, run] = _make_row_sums(channels, run)
-    return _ROW_SUMS[channels, run]
-
-
-_COLUMN_TILES: dict = {}
-
-
-def column_kernel_for(geo: dict):
-    """The column pass the geometry names: `box_column_tiles` for its block width where
-    it has column groups (compiled on demand, kept per process), else
-    `box_column_means`."""
-    if not geo["col_groups"]:
-        return box_column_means
-    wx = geo["col_threads"]
-    if wx not in _COLUMN_TILES:
-        _COLUMN_TILES[wx] = _make_column_tiles(wx)
-    return _COLUMN_TILES[wx]
-
-
-def row_pass(img, ksize: tuple, anchor: tuple, mode: int, cval, geo: dict, stream: int = 0):
-    """Queue the row pass of `img` ((H, W, C) uint8 device array starting on a 4-byte
-    boundary) on `stream`; returns the scratch of row sums, (H * pitch16 // 2,) uint32
-    words (from the stream's pool: keep it until the column pass is queued)."""
-    n = img.size
-    src8 = img.reshape(n)
-    sums32 = scratch((img.shape[0] * geo["pitch16"] // 2,), np.uint32, stream)
-    row, _ = twopass_args(img.shape, ksize, anchor, mode, cval, geo)
-    args = (src8, words(src8), *row, sums32)
-    kernel = row_kernel_for(img.shape[2], geo["run"])
-    launch(kernel, geo["row_grid"], geo["row_threads"], args, stream, geo["row_smem"])
-    return sums32
-
-
-def column_pass(sums32, ksize: tuple, anchor: tuple, mode: int, cval, geo: dict, out,
-                stream: int = 0):  # fmt: skip
-    """Queue the column pass on `stream`: `out` ((H, W, C) uint8 device array) from
-    the row sums."""
-    _, args = twopass_args(out.shape, ksize, anchor, mode, cval, geo)
-    args = (sums32, *args, out.reshape(out.size))
-    launch(column_kernel_for(geo), geo["col_grid"], geo["col_block"], args, stream,
-           geo["col_smem"])  # fmt: skip
-    return out
-
-
-def box_twopass(img, ksize, anchor, mode, cval, out=None, geometry: dict | None = None,
-                stream: int = 0):  # fmt: skip
-    """Box filter in two passes (see the module docstring); `geometry` from
-    `kernels.box.plan.twopass_plan`. The image must start on a 4-byte boundary (the row
-    pass reads 32-bit words; `kernels.box.dispatch.box_choice` sends other views elsewhere).
-    Raises ValueError when the plan says the case is not handled or the image is not
-    aligned. Queued on `stream`; the row sums' scratch comes from its pool.
-    """
-    geo = geometry or twopass_plan(img.shape, img.dtype, ksize)
-    if geo is None:
-        raise ValueError("box_twopass handles uint8 images with boxes up to 257 columns")
-    if start_address(img) % 4:
-        raise ValueError(
-            "box_twopass reads 32-bit words: the image must start on a 4-byte boundary"
-        )
-    if out is None:
-        out = empty(img.shape, img.dtype, stream)
-    sums32 = row_pass(img, ksize, anchor, mode, cval, geo, stream)
-    return column_pass(sums32, ksize, anchor, mode, cval, geo, out, stream)
