@@ -31,7 +31,7 @@ def test_every_kernels_module_belongs_to_a_layer():
 
 def test_the_import_resolver_sees_relative_absolute_and_function_level_imports():
     imports = shipped._imports("box.dispatch")
-    assert {"box.plan", "box.fused", "box.running", "common.arrays"} <= imports
+    assert {"box.plan", "box.launch", "box.running", "common.arrays"} <= imports
     assert "conv.launch" in shipped._imports("conv.dispatch")
     assert "common.timing" in shipped._imports("linalg.gemv")  # imported inside autotune
     assert shipped._imports("softmax") == {"softmax.dispatch"}

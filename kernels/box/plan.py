@@ -1,9 +1,7 @@
-"""Launch geometry and arguments of `kernels.box.fused`, `kernels.box.packed` and
-`kernels.box.tiled`, and `choose` among them, free of Numba.
-
-Both the Numba launches (`kernels.box.fused.box_fused` and the others) and the
-cached-cubin path of the CLI (`imgfilter.backends.cached`, which must not import
-Numba) plan with these.
+"""Launch geometry and arguments of the box kernels (`kernels.box.fused`, `packed`,
+`tiled`, `twopass`, `running`), `choose` among them and the stand-in while one
+compiles: every choice of the box filter, free of Numba. The launches
+(`kernels.box.launch`) and the kernels' factories take their geometry from here.
 """
 
 from __future__ import annotations
@@ -303,7 +301,7 @@ def tiled_plan(shape: tuple, dtype, ksize: tuple, threads: int = 0, run: int = 0
     tile_h=0, a default tile too tall for that memory is halved while it is taller
     than TILED_MIN_H rows (below that the box rows re-read per tile cost more than the
     tile). Grids taller than CUDA's 65535 blocks are declined. Above 48 KiB of shared
-    memory `kernels.box.tiled` (and the quick start's launch) opts in to it (H100: up
+    memory its launch opts in to it (H100: up
     to 227 KiB per block). Defaults: TILED_DEFAULTS, or TILED_WIDE_DEFAULTS for boxes
     over TILED_SMALL_BOX rows. `min_blocks` > 0 caps the kernel's registers so that
     many blocks fit an SM (launch bounds; 0: the compiler's choice; -1: the default).
