@@ -389,7 +389,7 @@ def low_rank_launches(img: np.ndarray, k: int, rank: int) -> list[tuple[str, Cal
     from numba import cuda
 
     import imgfilter
-    from kernels.conv import blocked as kblocked
+    from kernels.conv import launch as kconv
     from kernels.conv.plan import low_rank_factors
 
     rng = np.random.default_rng(k * 100 + rank)
@@ -411,7 +411,7 @@ def low_rank_launches(img: np.ndarray, k: int, rank: int) -> list[tuple[str, Cal
         ("blocked", lambda: imgfilter.filter2d(d_img, kernel, method="blocked", out=d_out), k * k),
         (
             "separable",
-            lambda: kblocked.correlate_low_rank(d_img, terms, anchor, 0, 0, d_out),
+            lambda: kconv.correlate_low_rank(d_img, terms, anchor, 0, 0, d_out),
             2 * k * len(terms),
         ),
     ]
@@ -431,21 +431,43 @@ def _bench_low_rank(ctx: _Context, size: str, img: np.ndarray, k: int, rank: int
         ctx.add(row, nbytes, pixels, img.size * taps)
 
 
+def blocked_to_compile(k: int, dtype: str = "uint8") -> str | None:
+    """The binary name of the register-blocked kernel for k x k filters on `dtype` images
+    where it has no binary yet (none ships, none is cached or loaded: its first launch
+    would compile it), else None. Its launch on a small image is run under
+    `kernels.common.launch.checking`, which launches nothing."""
+    from imgfilter.backends import cuda as backend
+    from kernels.common.arrays import empty
+    from kernels.common.launch import NotCompiled, checking
+    from kernels.conv import dispatch
+
+    stream = backend.PER_THREAD_STREAM
+    img = empty((8, 8, 1), np.dtype(dtype), stream)
+    weights = backend._device_weights(np.ones((k, k), np.float32), stream)
+    cval = np.dtype(dtype).type(0)
+    try:
+        with checking():
+            dispatch.correlate(img, weights, (0, 0), 0, cval, "blocked", img, stream)
+    except NotCompiled as exc:
+        return exc.name
+    return None
+
+
 def compile_ahead(sizes: list[int], dtype: str = "uint8") -> dict:
     """Start compiling the register-blocked kernels for k x k filters, k in `sizes`, on
     `dtype` images, each in a detached process (`imgfilter.backends.background`), all
     at once: the NVVM compiles (seconds each) then share the CPU's cores and overlap
     the cases measured meanwhile, where the run would otherwise compile them one after
-    another as it reaches them. Returns {(k, k): kernel name} of the compiles started
-    (none where a cubin is already cached, or background compiles are off)."""
-    from imgfilter.backends import background, cubins
-    from imgfilter.backends.cuda import driver
+    another as it reaches them. Returns {(k, k): binary name} of the compiles started
+    (none where the kernel has a binary already, or background compiles are off)."""
+    from imgfilter.backends import background
 
-    cc = driver().cc
     started = {}
     for k in sizes:
-        name = cubins.blocked_name(k, k, dtype)
-        if cubins.load(name, cc) is None and background.compile_blocked(k, k, dtype):
+        name = blocked_to_compile(k, dtype)
+        code = ("import imgfilter.backends.cuda as c; "
+                f"c.compile_blocked({name!r}, {k}, {k}, {dtype!r})")  # fmt: skip
+        if name is not None and background.start(name, code):
             started[(k, k)] = name
     return started
 
@@ -453,9 +475,9 @@ def compile_ahead(sizes: list[int], dtype: str = "uint8") -> dict:
 def await_compile(name: str, timeout_s: float = 300.0) -> bool:
     """Wait until no process is compiling kernel `name` (its pending marker is gone)
     or `timeout_s` has passed; True if it finished in time."""
-    from imgfilter.backends import cubins
+    from kernels.common import binaries
 
-    marker = cubins.pending_marker(name)
+    marker = binaries.pending_marker(name)
     deadline = time.monotonic() + timeout_s
     while marker.exists():
         if time.monotonic() > deadline:

@@ -4,10 +4,9 @@ border mode, dtype and channel count), on host and device arrays."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
+from test_binaries import no_device_fixture  # noqa: F401 - the fixture no_device
 
 import imgfilter
 
@@ -381,19 +380,27 @@ def test_many_small_sizes_run_one_box_kernel_on_the_device(monkeypatch):
     assert len(_tiled_kernels(3, (5, 5))) == 1
 
 
-def test_the_quick_start_compiles_one_box_kernel_for_every_small_size(monkeypatch):
-    """Host images of many small sizes on a GPU without the box's cubin: the quick start
-    runs box_twopass and starts one background compile, not one per size."""
-    from imgfilter.backends import cached
+def test_small_sizes_start_one_background_compile_of_their_box_kernel(no_device, tmp_path,
+                                                                     monkeypatch):  # fmt: skip
+    """Host images of many small sizes on a GPU without the binary of the box_tiled
+    kernel auto picks for them: each runs box_twopass (the stand-in) meanwhile, and one
+    detached process compiles the one box_tiled kernel they share, not one per size."""
+    from imgfilter.backends import cuda as backend
 
-    asked, compiles = [], []
-    monkeypatch.setattr(cached, "_run", lambda name, *args, **kw: asked.append(name))
-    monkeypatch.setattr(cached.background, "compile_box",
-                        lambda name, *args: compiles.append(name) or True)  # fmt: skip
+    spawned = []
+    monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(backend, "SIMULATOR", False)
+    monkeypatch.setattr(backend.background, "ENABLED", True)
+    monkeypatch.setattr(backend, "_READY", set())
+    monkeypatch.setattr(backend, "_PENDING", {})
+    monkeypatch.setattr(backend.background.subprocess, "Popen",
+                        lambda argv, **kw: spawned.append(argv))  # fmt: skip
     for h, w in [(h, w) for h in (1, 2, 5, 16, 31, 32, 40) for w in (1, 3, 17, 63, 64, 100)]:
-        cached._box_quick(np.zeros((h, w, 3), np.uint8), (5, 5), (2, 2), 0, 0)
-    assert len(set(compiles)) == 1 and compiles[0].startswith("box_tiled-c3-k5x5")
-    assert {name for name in asked if name.startswith("box_tiled")} == set(compiles)
+        img = no_device.empty((h, w, 3), np.uint8)
+        assert backend._box_now(img, (5, 5), (2, 2), 0, 0) == "twopass", (h, w)
+    assert len(spawned) == 1 and "c.compile_box('launch-" in spawned[0][-1]
+    assert [p.suffix for p in (tmp_path / "cubins").iterdir()] == [".pending"]
+    assert no_device.driver.launched == []
 
 
 def _recording_ops(monkeypatch):
@@ -593,50 +600,63 @@ def test_var_shape_slots_place_an_image_given_twice():
     assert slots.placer(None)(b.ptr + 4) is None and slots.placer(1)(1 << 19) is None
 
 
-def test_var_shape_kernels_are_kept_in_the_store_once_compiled(monkeypatch):
-    """A var-shape kernel compiled once goes to the store under a name that is the same
-    in every process; a process that finds it there loads it instead of compiling."""
-    from kernels.box import plan, tiled
-    from kernels.common import var_shape
+def _var_shape_case(kinds: tuple):
+    """A module-level kernel (conv's pad_image), and arguments of its var-shape form for
+    `kinds`: the table, then an address space for each per-image array, the others as
+    they are."""
     from kernels.common.devarray import DeviceArray
+    from kernels.common.refs import KernelRef
 
-    geo = plan.tiled_plan((9, 9, 3), np.uint8, (5, 5))
-    kernel = tiled.kernel_for(3, (5, 5), geo)
-    kinds = (("array", 1), ("array", 1), ("int", int))
-    args = (DeviceArray(1 << 20, (2, 5), np.int64), DeviceArray(1 << 16, (99,), np.uint8),
-            DeviceArray(1 << 16, (99,), np.uint32), 7)  # fmt: skip
-    compiled, saved, loads = [], [], []
+    kernel = KernelRef("kernels.conv.generic", "pad_image").dispatcher
+    args = (DeviceArray(1 << 20, (2, 10), np.int64), DeviceArray(1 << 22, (999,), np.uint8),
+            1, 1, 4, np.uint8(0), DeviceArray(1 << 24, (999,), np.uint8))  # fmt: skip
+    return kernel, args
 
-    class Store:
-        kept: dict = {}
 
-        @classmethod
-        def load(cls, name):
-            loads.append(name)
-            return cls.kept.get(name)
+_PAD_KINDS = (("array", 3), ("shared",), ("shared",), ("shared",), ("shared",), ("array", 3))
 
-        @classmethod
-        def save(cls, dispatcher, name, dtypes):
-            saved.append(dtypes)
-            cls.kept[name] = (b"cubin", "entry")
 
+def test_var_shape_kernels_are_kept_in_the_kernel_cache_once_compiled(no_device, monkeypatch):
+    """A var-shape kernel is compiled once per process under a name that is the same in
+    every process, its binary checked against every `kernels` module (generated source
+    has no module of its own); a process that finds the binary loads it instead of
+    compiling."""
+    from kernels.common import launch, shipped, var_shape
+
+    kernel, args = _var_shape_case(_PAD_KINDS)
+    compiled = []
+    real_compile = var_shape._compile
     monkeypatch.setattr(var_shape, "SIMULATOR", False)
     monkeypatch.setattr(var_shape, "_compiled", {})
-    monkeypatch.setattr(var_shape, "_compile", lambda k, a: compiled.append(k) or "overload")
-    monkeypatch.setattr(var_shape, "driver", lambda: SimpleNamespace(function=lambda *a: 42))
-    found = var_shape._loaded(kernel, kinds, args, Store)
+    monkeypatch.setattr(var_shape, "_compile",
+                        lambda *call: compiled.append((call[0], *call[2:])) or 1)  # fmt: skip
+    found = var_shape._loaded(kernel, _PAD_KINDS, args)
     name = var_shape.cubin_name(found, args)
-    assert name.startswith("var_shape-") and loads == [name] and compiled == [found]
-    assert saved == [(np.dtype(np.int64), np.dtype(np.uint8), np.dtype(np.uint32))]
-    assert var_shape._loaded(kernel, kinds, args, Store) is found and len(loads) == 1
-    monkeypatch.setattr(var_shape, "_compiled", {})  # a later process
-    var_shape._loaded(kernel, kinds, args, Store)
-    assert len(compiled) == 1 and loads == [name, name]
-    (loaded,) = var_shape._compiled.values()
-    assert loaded.handle == 42 and not loaded.library_kernel
-    other = var_shape.var_shape_kernel(kernel, (("array", 1), ("array", 1), ("shared",)))
+    assert name.startswith("var_shape-")
+    assert compiled == [(found, name, shipped.all_modules())]
+    assert var_shape._loaded(kernel, _PAD_KINDS, args) is found and len(compiled) == 1
+    # A later process, the binary in the cache: loaded by that name, not compiled.
+    monkeypatch.setattr(var_shape, "_compiled", {})
+    monkeypatch.setattr(var_shape, "_compile", real_compile)
+    no_device.found[name] = (b"cubin", "_Zvar_shape")
+    assert var_shape._loaded(kernel, _PAD_KINDS, args) is found
+    assert no_device.driver.loaded == [(b"cubin", "_Zvar_shape")]
+    ((key, loaded),) = var_shape._compiled.items()
+    assert key[0] is found and not loaded.library_kernel and launch._compiled == {}
+    other = var_shape.var_shape_kernel(kernel, (*_PAD_KINDS[:-1], ("shared",)))
     assert var_shape.cubin_name(other, args) not in (None, name)
-    assert var_shape.cubin_name(found, (*args[:3], (1, 2))) is None  # a tuple argument
+    assert var_shape.cubin_name(found, (*args[:3], (1, 2), *args[4:])) is None  # a tuple argument
+
+
+def test_var_shape_kernels_with_per_image_ints_are_named():
+    """`var_shape._kinds` gives a per-image Python int the kind ("int", int): such a
+    kernel needs a name too, or it is compiled again in every process."""
+    from kernels.common import var_shape
+
+    kinds = (("array", 3), ("int", int), ("int", np.int32), ("shared",), ("shared",), ("array", 3))
+    kernel, args = _var_shape_case(kinds)
+    found = var_shape.var_shape_kernel(kernel, kinds)
+    assert var_shape.cubin_name(found, args).startswith("var_shape-")
 
 
 @pytest.mark.gpu
@@ -673,10 +693,14 @@ def test_gpu_later_process_loads_the_var_shape_kernel_from_the_cache(tmp_path):
     code = textwrap.dedent("""
         import numpy as np
         import imgfilter
-        from kernels.common import var_shape
+        from kernels.common import launch, var_shape
         from numba import cuda
-        compiled, real = [], var_shape._compile
-        var_shape._compile = lambda k, a: compiled.append(k) or real(k, a)
+        compiled, real = [], launch.dispatcher_of
+        def counting(kernel):  # asked for the dispatcher where no binary is found
+            if kernel in var_shape._var_sources:
+                compiled.append(kernel)
+            return real(kernel)
+        launch.dispatcher_of = counting
         rng = np.random.default_rng(1)
         images = [rng.integers(0, 256, (int(h), int(w), 3), dtype=np.uint8)
                   for h, w in rng.integers(1, 90, (30, 2))]
@@ -686,6 +710,7 @@ def test_gpu_later_process_loads_the_var_shape_kernel_from_the_cache(tmp_path):
         print(len(compiled))
         """)  # fmt: skip
     env = {**os.environ, "IMGFILTER_CACHE_DIR": str(tmp_path), "NUMBA_ENABLE_CUDASIM": "0",
+           "IMGFILTER_NO_PREBUILT": "1", "IMGFILTER_BACKGROUND_COMPILE": "0",
            "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}  # fmt: skip
     runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            env=env, cwd=root, timeout=600) for _ in range(2)]  # fmt: skip

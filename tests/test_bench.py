@@ -8,6 +8,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from test_binaries import no_device_fixture  # noqa: F401 - the fixture no_device
 
 from imgfilter.cli.bench import SIZES, harness_module
 from imgfilter.errors import UsageError
@@ -90,35 +91,39 @@ def test_bench_run_measures_every_case():
         assert (r["kernel_us"] or r["call_us"]) > 0, r
 
 
-def test_compile_ahead_starts_only_the_kernels_not_cached(monkeypatch):
-    from imgfilter.backends import background, cubins
+def test_compile_ahead_starts_only_the_kernels_without_a_binary(no_device, monkeypatch):
+    """One background compile per blocked kernel that has no binary (the name the
+    launch layer would look it up by); none for one that has, or with background
+    compiles off."""
+    from imgfilter.backends import background
     from imgfilter.backends import cuda as backend
 
-    class _Driver:
-        cc = (9, 0)
-
+    monkeypatch.setattr(backend, "_WEIGHTS", {})  # no made-up device weights kept
+    names = {k: bench.blocked_to_compile(k) for k in (3, 9, 21)}
+    assert all(name.startswith("launch-") for name in names.values())
+    assert len(set(names.values())) == 3  # a kernel of its own for each size
+    no_device.found[names[9]] = (b"cubin", "_Zblocked")  # cached: nothing to compile
+    assert bench.blocked_to_compile(9) is None
     started = []
-    cached = {cubins.blocked_name(9, 9, "uint8")}
-    monkeypatch.setattr(backend, "driver", lambda: _Driver())
-    monkeypatch.setattr(cubins, "load", lambda name, cc: b"cubin" if name in cached else None)
-    monkeypatch.setattr(
-        background, "compile_blocked", lambda kh, kw, dtype: started.append((kh, kw, dtype)) or True
-    )
+    monkeypatch.setattr(background, "start", lambda name, code: started.append(code) or True)
     ahead = bench.compile_ahead([3, 9, 21])
-    assert started == [(3, 3, "uint8"), (21, 21, "uint8")]
-    assert ahead == {(3, 3): cubins.blocked_name(3, 3, "uint8"),
-                     (21, 21): cubins.blocked_name(21, 21, "uint8")}  # fmt: skip
-    monkeypatch.setattr(background, "compile_blocked", lambda kh, kw, dtype: False)  # off
+    assert ahead == {(3, 3): names[3], (21, 21): names[21]}
+    assert started == [
+        f"import imgfilter.backends.cuda as c; c.compile_blocked({names[k]!r}, {k}, {k}, 'uint8')"
+        for k in (3, 21)
+    ]
+    assert no_device.driver.launched == []
+    monkeypatch.setattr(background, "start", lambda name, code: False)  # off
     assert bench.compile_ahead([3]) == {}
 
 
 def test_await_compile_waits_for_the_marker_and_gives_up_after_the_timeout(monkeypatch, tmp_path):
     import threading
 
-    from imgfilter.backends import cubins
+    from kernels.common import binaries
 
     marker = tmp_path / "k.pending"
-    monkeypatch.setattr(cubins, "pending_marker", lambda name: marker)
+    monkeypatch.setattr(binaries, "pending_marker", lambda name: marker)
     assert bench.await_compile("k", timeout_s=0.0)  # no marker: nothing to wait for
     marker.write_text("1")
     assert not bench.await_compile("k", timeout_s=0.2)

@@ -107,14 +107,7 @@ def test_cupys_cached_blocks_are_given_back_when_the_gpu_is_full():
 
 
 # ------------------------------------------------ host images in bands (any machine)
-# These exercise the Numba backend's retry in bands (`cuda._queue` failing); on a GPU
-# host images would otherwise run on the quick start (`backends.cached`), which never
-# calls it, so the quick start is off for them.
-
-
-@pytest.fixture
-def numba_path(monkeypatch):
-    monkeypatch.setenv("IMGFILTER_NO_QUICK_START", "1")
+# These exercise the CUDA backend's retry in bands (`cuda._queue` failing).
 
 
 def _ops(border):
@@ -133,8 +126,8 @@ def _ops(border):
     [("reflect101", np.uint8, 9), ("constant", np.uint8, 9), ("wrap", np.uint8, 9),
      ("reflect", np.uint16, 6)],
 )  # fmt: skip
-def test_a_host_image_the_gpu_cannot_hold_is_filtered_in_bands(monkeypatch, numba_path, border,
-                                                                dtype, gpu_rows):  # fmt: skip
+def test_a_host_image_the_gpu_cannot_hold_is_filtered_in_bands(monkeypatch, border, dtype,
+                                                                gpu_rows):  # fmt: skip
     """When the GPU cannot hold more than a few rows (`gpu_rows`), host images go
     through in bands with a halo of real rows: the same result as the whole image. Of
     15 rows, the first bands with their halo are 8 or 9 rows: 9 takes them, 6 has
@@ -163,7 +156,7 @@ def test_a_host_image_the_gpu_cannot_hold_is_filtered_in_bands(monkeypatch, numb
         np.testing.assert_array_equal(got, whole[name], err_msg=name)
 
 
-def test_bands_give_up_when_a_band_would_be_no_smaller(monkeypatch, numba_path):
+def test_bands_give_up_when_a_band_would_be_no_smaller(monkeypatch):
     from imgfilter.backends import cuda as backend
     from imgfilter.errors import GpuMemoryError
 
@@ -175,7 +168,7 @@ def test_bands_give_up_when_a_band_would_be_no_smaller(monkeypatch, numba_path):
         imgfilter.blur(np.ones((40, 8), np.uint8), 3, backend="cuda")
 
 
-def test_no_bands_without_the_memory_for_a_context(monkeypatch, numba_path):
+def test_no_bands_without_the_memory_for_a_context(monkeypatch):
     """A GPU too full to open a CUDA context: one GpuMemoryError that says so, no
     band attempts (each would fail the same way)."""
     from imgfilter.backends import cuda as backend

@@ -1,13 +1,15 @@
-"""The kernels shipped in the package (issue 24): the quick start's first use.
+"""The kernels shipped in the package (issue 24): a first use without compiling.
 
 Without a GPU: the shipped manifest is current (its digests are the sources'), holds
-every kernel the first-use paths ask for, each in a fatbin with a cubin for every GPU
-generation it lists, and the folder holds those files only (at most 200); the store
-prefers the user's cache and ignores stale or foreign shipped entries; a first
-use runs the generic kernel and starts one background compile of the specialised one,
-and goes to the Numba path when background compiles are off. On a GPU (`gpu`): a fresh
-process with an empty cache filters from the shipped kernels without importing Numba
-and gets exactly the Numba path's results.
+every kernel a first use launches (the size-generic kernels and the stand-ins for the
+size-specialised ones, by the launch layer's names), each in a fatbin with a cubin for
+every GPU generation it lists, and the folder holds those files only (at most 200);
+names last across processes; where kernels ship for the GPU, backend auto takes it
+without a CUDA compiler; background compiles start once per kernel. How the shipped
+set and the user's cache are looked up is tested in test_binaries, the stand-ins in
+test_first_use. On a GPU (`gpu`): a fresh process with an empty cache filters and
+classifies from the shipped kernels without importing Numba and gets exactly the
+results of a process that compiled every kernel.
 """
 
 from __future__ import annotations
@@ -20,13 +22,15 @@ import struct
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from test_binaries import no_device_fixture  # noqa: F401 - the fixture no_device
 
-from imgfilter.backends import background, cached, cubins
+from imgfilter.backends import background
 from kernels.box import plan as box_plan
-from kernels.common import shipped
+from kernels.common import binaries, launch, shipped
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MANIFEST = json.loads((shipped.DIRECTORY / "manifest.json").read_text())
@@ -123,82 +127,72 @@ def test_a_kernels_ir_is_made_canonical_whatever_the_process_compiled_before():
     assert tool._renamed(_symbol("k", 1), {1: 5}) == "_ZN7kernels1kB2v5B4cw51Ex"
 
 
-def test_the_first_use_kernels_ship():
-    names = set(MANIFEST["kernels"])
+def _first_uses(no_device) -> list:
+    """[(case, launch function)] of what a first use launches and must find shipped: the
+    stand-ins for the size-specialised kernels (box_twopass for uint8 boxes, conv's
+    window kernel for filters) and the size-generic kernels (box_fused, box_running,
+    contour, conv's tiled and window kernels, including those method auto picks for
+    kernels past the blocked kernel's 31x31), on images of every channel count."""
+    from imgfilter.backends import cuda as backend
+    from kernels.box.dispatch import box_by_name
+    from kernels.contour.launch import contour
+    from kernels.conv import dispatch as conv
+
+    def box(method, img, ksize):
+        return lambda: box_by_name(method)(img, ksize, (ksize[0] // 2, ksize[1] // 2), 4, 0)
+
+    cases = []
     for channels in (1, 3, 4):
+        img = no_device.empty((480, 640, channels), np.uint8)
         for ksize in ((3, 3), (21, 21), (31, 5), (1, 31)):
-            geo = box_plan.twopass_plan((480, 640, channels), np.uint8, ksize)
-            assert set(cubins.twopass_names(channels, geo)) <= names, (channels, ksize)
-        for dtype in (np.uint8, np.uint16):
-            assert cubins.contour_name(channels, dtype) in names
+            assert box_plan.twopass_plan(img.shape, img.dtype, ksize) is not None
+            cases.append((("twopass", channels, ksize), box("twopass", img, ksize)))
         boxes = {np.uint16: ((3, 3), (21, 21), (61, 61), (1, 600), (2, 300)),
                  np.uint8: ((3, 301), (1, 301), (300, 300), (140, 990), (300, 600))}  # fmt: skip
         for dtype, ksizes in boxes.items():
+            img = no_device.empty((480, 640, channels), dtype)
+            cases.append((("contour", channels, dtype), lambda img=img: contour(img, 4, 0)))
             for ksize in ksizes:
-                method, geo = box_plan.choose((480, 640, channels), dtype, ksize)
-                if method == "fused":  # else box_running, which always runs through Numba
-                    assert cubins.box_name(geo, channels, dtype) in names, (dtype, ksize)
-    for dtype in (np.uint8, np.uint16, np.float32):
-        assert cubins.conv_tiled_name(dtype) in names
-        assert cubins.conv_window_name(dtype) in names
+                method, _ = box_plan.choose(img.shape, img.dtype, ksize)
+                stand_in = box_plan.STAND_IN.get(method)
+                if stand_in is not None:  # specialised for the box: compiled (first
+                    # behind its stand-in where that takes the image, test_first_use)
+                    if not box_plan.stand_in_takes(stand_in, img.shape, img.dtype, ksize, 0):
+                        continue
+                    method = stand_in
+                cases.append(((method, channels, dtype, ksize), box(method, img, ksize)))
+        img = no_device.empty((480, 640, channels), np.float32)
+        cases += [(("running", channels, "float32", k), box("running", img, k))
+                  for k in ((3, 3), (257, 257))]  # fmt: skip
+    wanted = [((5, 5), "window", "window"), ((5, 5), "tiled", "tiled"),
+              ((41, 41), "auto", "window"), ((64, 64), "auto", "tiled")]  # fmt: skip
+    for ksize, asked, method in wanted:
+        kernel = np.ones(ksize, np.float32)
+        assert backend._prepared(ksize, kernel.tobytes(), asked)[0] == method, (ksize, asked)
+        weights = no_device.empty(ksize, np.float32)
+        for dtype in (np.uint8, np.uint16, np.float32):
+            img = no_device.empty((50, 60, 3), dtype)
+            cval = np.dtype(dtype).type(0)
+            args = (img, weights, (ksize[0] // 2, ksize[1] // 2), 4, cval, method, None, 0)
+            cases.append(((method, dtype, ksize), lambda args=args: conv.correlate(*args)))
+    return cases
 
 
-def _write_manifest(folder, digest: str, entry="_Zcontour") -> None:
-    manifest = {
-        "archs": ["sm90"],
-        "kernels": {
-            "contour-uint8-c1": {"entry": entry, "modules": ["contour.kernel"], "digest": digest}
-        },
-    }
-    (folder / "manifest.json").write_text(json.dumps(manifest))
-    shipped.manifest.cache_clear()
-
-
-@pytest.fixture
-def folder(tmp_path, monkeypatch):
-    """A shipped folder in tmp_path with one contour kernel for sm_90, and an empty cache."""
-    folder = tmp_path / "prebuilt"
-    folder.mkdir()
-    (folder / f"contour-uint8-c1{shipped.SUFFIX}").write_bytes(b"shipped")
-    monkeypatch.setattr(shipped, "DIRECTORY", folder)
-    monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("IMGFILTER_NO_PREBUILT", raising=False)
-    _write_manifest(folder, shipped.sources_digest(("contour.kernel",)))
-    yield folder
-    shipped.manifest.cache_clear()
-
-
-def test_store_finds_shipped_kernels_for_listed_generations_only(folder):
-    assert cubins.load("contour-uint8-c1", (9, 0)) == (b"shipped", "_Zcontour")
-    assert cubins.load("contour-uint8-c1", (8, 0)) is None
-    assert cubins.load("contour-uint8-c3", (9, 0)) is None
-    assert cubins.any_for((9, 0)) and not cubins.any_for((8, 0))
-
-
-def test_the_shipped_kernel_comes_first_and_the_cache_fills_in(folder):
-    """A kernel that ships (built from these sources) is loaded from the package even
-    where the user's cache holds one; the cache serves where none ships."""
-    path = cubins._path("contour-uint8-c1", (9, 0))
-    path.parent.mkdir(parents=True)
-    path.write_bytes(b"cached")
-    path.with_suffix(".json").write_text(json.dumps({"entry": "_Zcached"}))
-    assert cubins.load("contour-uint8-c1", (9, 0)) == (b"shipped", "_Zcontour")
-    _write_manifest(folder, "0" * 16)  # the shipped one is stale: the cache's serves
-    assert cubins.load("contour-uint8-c1", (9, 0)) == (b"cached", "_Zcached")
-
-
-def test_stale_broken_or_switched_off_shipped_kernels_are_ignored(folder, monkeypatch):
-    _write_manifest(folder, "0" * 16)  # built from other sources
-    assert cubins.load("contour-uint8-c1", (9, 0)) is None
-    _write_manifest(folder, shipped.sources_digest(("contour.kernel",)), entry=3)
-    assert cubins.load("contour-uint8-c1", (9, 0)) is None
-    (folder / "manifest.json").write_text("{broken")
-    shipped.manifest.cache_clear()
-    assert cubins.load("contour-uint8-c1", (9, 0)) is None and not cubins.any_for((9, 0))
-    _write_manifest(folder, shipped.sources_digest(("contour.kernel",)))
-    monkeypatch.setenv("IMGFILTER_NO_PREBUILT", "1")
-    shipped.manifest.cache_clear()
-    assert shipped.manifest() == {} and cubins.load("contour-uint8-c1", (9, 0)) is None
+def test_the_first_use_kernels_ship(no_device):
+    """Every kernel a first use launches is in the manifest under its launch name (that
+    it is built from these sources is test_shipped_kernels_are_built_from_these_sources's
+    to say)."""
+    no_device.found.update({name: (b"fatbin", entry["entry"])
+                            for name, entry in MANIFEST["kernels"].items()})  # fmt: skip
+    missing: dict = {}  # binary name -> (its kernel, the first case that lacks it)
+    for case, run in _first_uses(no_device):
+        try:
+            with launch.checking():
+                run()
+        except launch.NotCompiled as exc:
+            missing.setdefault(exc.name, (exc.kernel, case))
+    assert not missing, f"rebuild with `python tools/build_cubins.py` on a GPU machine: {missing}"
+    assert no_device.driver.launched == []
 
 
 def test_host_modules_do_not_change_a_kernels_digest(tmp_path, monkeypatch):
@@ -262,71 +256,6 @@ def test_a_recorded_closure_is_hashed_without_parsing(tmp_path, monkeypatch):
         _clear_digests()
 
 
-def _quick_runs(monkeypatch, missing: str):
-    """Record the cubins the quick start asks for; `missing` (a name prefix) has none."""
-    asked = []
-
-    def run(name, img, out_shape, *args, **kwargs):
-        asked.append(name)
-        return None if name.startswith(missing) else np.zeros(out_shape, img.dtype)
-
-    monkeypatch.setattr(cached, "_run", run)
-    return asked
-
-
-def test_first_box_of_a_size_runs_twopass_and_compiles_tiled_once(monkeypatch):
-    asked = _quick_runs(monkeypatch, "box_tiled")
-    started = []
-    monkeypatch.setattr(background, "start", lambda name, code: started.append(name) or True)
-    img = np.zeros((120, 160, 3), np.uint8)
-    assert cached._box_quick(img, (21, 21), (10, 10), 4, 0) is not None
-    method, geo = box_plan.choose(img.shape, img.dtype, (21, 21))
-    tiled = cubins.tiled_name(geo, 3, (21, 21))
-    twopass = box_plan.twopass_plan(img.shape, img.dtype, (21, 21))
-    assert asked == [tiled, cubins.twopass_names(3, twopass)[0]]
-    assert started == [tiled]
-
-
-def test_without_background_compiles_a_first_box_goes_to_numba(monkeypatch):
-    asked = _quick_runs(monkeypatch, "box_tiled")
-    monkeypatch.setattr(background, "ENABLED", False)
-    img = np.zeros((120, 160, 3), np.uint8)
-    assert cached._box_quick(img, (21, 21), (10, 10), 4, 0) is None
-    assert len(asked) == 1
-
-
-def test_first_filter_of_a_size_runs_window_and_compiles_blocked(monkeypatch):
-    asked = _quick_runs(monkeypatch, "blocked")
-    started = []
-    monkeypatch.setattr(background, "start", lambda name, code: started.append(code) or True)
-    kernel = np.random.default_rng(0).random((11, 13)).astype(np.float32)
-    img = np.zeros((50, 60, 1), np.uint16)
-    cached._driver.cache_clear()
-    monkeypatch.setattr(cached, "_driver", lambda: None)
-    out = cached.correlate(img, kernel, (5, 6), 4, 0.0, "auto")
-    assert out.shape == img.shape
-    assert asked == ["blocked-uint16-11x13", "conv_window-uint16"]
-    assert started == ["import imgfilter.backends.cuda as c; c.compile_blocked(11, 13, 'uint16')"]
-
-
-@pytest.mark.parametrize(
-    "ksize, method, want",
-    [((41, 41), "auto", "conv_window"), ((64, 64), "auto", "conv_tiled"),
-     ((5, 5), "window", "conv_window"), ((5, 5), "tiled", "conv_tiled")],
-)  # fmt: skip
-def test_generic_kernels_run_from_their_cubins(monkeypatch, ksize, method, want):
-    """Kernels past the blocked kernel's 31x31 (not of low rank) run the window kernel,
-    or tiled where window's tile does not fit, as do those methods asked for by name:
-    all from their cubins, with nothing to compile."""
-    asked = _quick_runs(monkeypatch, "none")
-    monkeypatch.setattr(background, "start", lambda name, code: pytest.fail("compiled"))
-    kernel = np.random.default_rng(1).random(ksize).astype(np.float32)
-    img = np.zeros((50, 60, 3), np.uint8)
-    out = cached.correlate(img, kernel, (ksize[0] // 2, ksize[1] // 2), 4, 0.0, method)
-    assert out.shape == img.shape
-    assert asked == [f"{want}-uint8"]
-
-
 def test_one_background_compile_per_kernel_until_its_marker_goes_stale(tmp_path, monkeypatch):
     spawned = []
     monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path))
@@ -335,7 +264,7 @@ def test_one_background_compile_per_kernel_until_its_marker_goes_stale(tmp_path,
     assert background.start("box_tiled-x", "pass")
     assert background.start("box_tiled-x", "pass")  # at it already
     assert len(spawned) == 1 and spawned[0][1:] == ["-c", "pass"]
-    marker = cubins.pending_marker("box_tiled-x")
+    marker = binaries.pending_marker("box_tiled-x")
     os.utime(marker, (0, 0))  # a compile that died long ago
     assert background.start("box_tiled-x", "pass") and len(spawned) == 2
     monkeypatch.setenv("IMGFILTER_CACHE_DIR", "/proc/imgfilter-no-such-cache")
@@ -344,12 +273,13 @@ def test_one_background_compile_per_kernel_until_its_marker_goes_stale(tmp_path,
 
 def _shipped_and_numba_runs(code: str, tmp_path) -> dict:
     """Run `code` (which saves its results to the .npz named by argv[1] and prints
-    whether Numba was imported) in two fresh processes on a GPU: with the shipped
-    kernels, and with every kernel compiled by Numba. {run: (its output, its .npz)}."""
+    whether Numba was imported) in two fresh processes on a GPU with empty kernel
+    caches: with the shipped kernels, and without them (every kernel compiled by
+    Numba, at once). {run: (its output, its .npz)}."""
     results = {}
     for run, extra in (
         ("shipped", {}),
-        ("numba", {"IMGFILTER_NO_PREBUILT": "1", "IMGFILTER_NO_QUICK_START": "1"}),
+        ("numba", {"IMGFILTER_NO_PREBUILT": "1", "IMGFILTER_BACKGROUND_COMPILE": "0"}),
     ):
         env = {**os.environ, "IMGFILTER_CACHE_DIR": str(tmp_path / run), **extra}
         env["PYTHONPATH"] = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
@@ -425,71 +355,83 @@ def test_fresh_process_classifies_from_shipped_kernels_without_numba(tmp_path):
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
-def test_signature_keys_tell_kernels_apart_and_last_across_processes():
-    from numba import types
+def test_launch_names_tell_overloads_apart_and_last_across_processes():
+    """A binary's name (`shipped.launch_name` of the kernel's ref key and its argument
+    types) differs between a factory's kernels and between argument types, and is the
+    same in another process."""
+    from kernels.contour.launch import contour_kernel
+    from kernels.conv.launch import blocked_kernel, correlate_tiled
 
-    from kernels.box import fused as box_fused
-    from kernels.conv import generic as conv
-
-    f32, u8 = (types.float32,), (types.uint8,)
-    keys = [
-        shipped.signature_key(box_fused.kernel_for(np.int32, 3, True), f32),
-        shipped.signature_key(box_fused.kernel_for(np.int32, 3, False), f32),
-        shipped.signature_key(box_fused.kernel_for(np.int32, 4, True), f32),
-        shipped.signature_key(conv.correlate_tiled, f32),
-        shipped.signature_key(conv.correlate_tiled, u8),
+    u8, f32 = ("array(uint8, 3d, C)",), ("array(float32, 3d, C)",)
+    names = [
+        shipped.launch_name(blocked_kernel(5, 5).function_key, f32),
+        shipped.launch_name(blocked_kernel(5, 7).function_key, f32),
+        shipped.launch_name(blocked_kernel(5, 5, wide=True).function_key, f32),
+        shipped.launch_name(contour_kernel(1).function_key, u8),
+        shipped.launch_name(contour_kernel(3).function_key, u8),
+        shipped.launch_name(correlate_tiled.function_key, f32),
+        shipped.launch_name(correlate_tiled.function_key, u8),
     ]
-    assert all(k and k.startswith("launch-") for k in keys) and len(set(keys)) == len(keys)
+    assert all(n.startswith("launch-") for n in names) and len(set(names)) == len(names)
+    assert blocked_kernel(np.int64(5), 5) is blocked_kernel(5, 5)  # one ref, one name
     code = (
-        "import numpy as np; from numba import types; from kernels.box import fused as box_fused; "
-        "from kernels.common import shipped; "
-        "print(shipped.signature_key(box_fused.kernel_for(np.int32, 3, True), (types.float32,)))"
+        "from kernels.common import shipped; from kernels.conv.launch import blocked_kernel; "
+        "print(shipped.launch_name(blocked_kernel(5, 5).function_key, "
+        "('array(float32, 3d, C)',)))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)  # fmt: skip
-    assert done.stdout.strip() == keys[0], done.stderr
+    assert done.stdout.strip() == names[0], done.stderr
 
 
-def test_kernels_outside_the_package_or_generated_have_no_key():
-    from numba import cuda, types
+def test_kernels_outside_the_package_or_generated_have_no_name():
+    from numba import cuda
+
+    from kernels.common.refs import key_of
 
     @cuda.jit
     def local(x):
         pass
 
-    assert shipped.signature_key(local, (types.float32,)) is None
+    assert key_of(local) is None
     generated = type("D", (), {"py_func": staticmethod(lambda: None)})()
-    generated.py_func.__module__ = "kernels.common.launch"
-    assert shipped.signature_key(generated, ()) is None
+    generated.py_func.__module__ = "kernels.common.launch"  # a wrapper the launch layer makes
+    assert key_of(generated) is None
 
 
-def test_what_the_quick_start_cannot_run_goes_to_the_requests_backend(monkeypatch):
-    """With shipped kernels a GPU without the CUDA compiler still gets the quick start;
-    anything else goes where the request would have gone without it: auto to the CPU
-    (noted once), cuda to a one-line DeviceError."""
+def test_kernels_that_ship_need_no_compiler_on_the_gpu(monkeypatch, capsys):
+    """Where kernels ship for the GPU, backend auto takes it without the CUDA compiler
+    (what needs one compiles at first use); without either, auto goes to the CPU
+    (noted once) and cuda is a one-line DeviceError."""
     from imgfilter import backends
     from imgfilter.backends import cpu
+    from kernels.common import cudadrv
 
-    monkeypatch.setattr(cached, "_box_quick", lambda *args: None)  # not shipped
-    monkeypatch.setattr(backends, "_cuda_problem", lambda: "no CUDA compiler")
-    monkeypatch.setattr(cached, "_QUICK", {})
-    img = _image_u8()
-    auto = cached.for_request("auto", lambda: backends._numba_or_fallback("auto", False))
-    got = auto.box(img, (3, 3), (1, 1), 4, 0.0, "auto")
-    np.testing.assert_array_equal(got, cpu.box(img, (3, 3), (1, 1), 4, 0.0, "auto"))
-    strict = cached.for_request("cuda", lambda: backends._numba_or_fallback("cuda", False))
-    with pytest.raises(backends.DeviceError, match="no CUDA compiler"):
-        strict.box(img, (3, 3), (1, 1), 4, 0.0, "auto")
-    assert strict.NAME == "cuda"
-
-
-def _image_u8():
-    return np.random.default_rng(4).integers(0, 256, (9, 11, 3), dtype=np.uint8)
+    cc = [(9, 0)]  # a generation kernels ship for
+    assert shipped.ships_for(cc[0])
+    monkeypatch.setattr(cudadrv, "driver", lambda: SimpleNamespace(cc=cc[0]))
+    monkeypatch.setattr(backends, "_driver_problem", lambda: None)
+    monkeypatch.setattr(backends, "compiler_problem", lambda: "no CUDA compiler")
+    monkeypatch.setattr(backends, "_warned_fallback", False)
+    monkeypatch.setattr(backends, "_device_backend", [])
+    monkeypatch.delenv("NUMBA_ENABLE_CUDASIM")  # as on a GPU machine (read per call)
+    backends._cuda_problem.cache_clear()
+    try:
+        assert backends.get_backend("auto").NAME == "cuda"
+        assert backends.get_backend("cuda").NAME == "cuda"
+        cc[0] = (6, 1)  # none ships for it
+        backends._cuda_problem.cache_clear()
+        assert backends.get_backend("auto") is cpu
+        assert "no CUDA compiler; using the CPU backend" in capsys.readouterr().err
+        with pytest.raises(backends.DeviceError, match="no CUDA compiler"):
+            backends.get_backend("cuda")
+    finally:
+        backends._cuda_problem.cache_clear()
 
 
 def test_a_failed_background_compile_is_swallowed_and_its_marker_removed(tmp_path, monkeypatch):
     monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path))
-    marker = cubins.pending_marker("box_tiled-z")
+    marker = binaries.pending_marker("box_tiled-z")
     marker.parent.mkdir(parents=True)
     marker.write_text("1")
     with background.compiling("box_tiled-z"):

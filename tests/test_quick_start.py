@@ -1,9 +1,12 @@
-"""The quick start: cubins exported by the CUDA backend, launched later without Numba.
+"""A later process: the kernels an earlier one compiled (kept in the kernel cache,
+`kernels.common.binaries`) or the shipped ones, launched without importing Numba.
 
-Without a GPU: the planning modules and the driver client import no Numba, the kernel
-parameters are laid out as Numba lays them out, and the cubin store round-trips and
-ignores what it cannot use. On a GPU (`gpu`): a second process filters from the
-cached cubins without importing Numba and gets exactly what the Numba path gave.
+Without a GPU: the CUDA backend and the launch layer import no Numba, the command line
+opens the GPU early where kernels ship or are cached (`backends.warmup`) and the
+backend then uses that context, and kernel parameters are laid out as Numba lays them
+out. The kernel cache itself is tested in test_binaries. On a GPU (`gpu`): a second
+process filters from the cached binaries without importing Numba and gets exactly what
+the first (which compiled them) gave.
 """
 
 from __future__ import annotations
@@ -14,16 +17,15 @@ import os
 import subprocess
 import sys
 import textwrap
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from imgfilter.backends import cubins
 from kernels.common.cudadrv import array_params, scalar_param
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHONPATH = os.environ.get("PYTHONPATH", "")
+CACHED = "launch-0123456789abcdef01234567"  # a binary's name in the kernel cache
 
 
 def _python(code: str, env: dict) -> subprocess.CompletedProcess:
@@ -40,11 +42,13 @@ def _python(code: str, env: dict) -> subprocess.CompletedProcess:
     )
 
 
-def test_quick_start_modules_import_no_numba():
+def test_the_cuda_backend_and_the_launch_layer_import_no_numba():
     done = _python(
         """
         import sys
-        import imgfilter.backends.cached, kernels.box.plan, kernels.contour.plan
+        import imgfilter.backends.cuda, imgfilter.backends.cuda_lists
+        import kernels.common.binaries, kernels.common.launch, kernels.common.var_shape
+        import kernels.box.dispatch, kernels.contour.launch, kernels.conv.dispatch
         print(sorted(m for m in sys.modules if m.split(".")[0] in ("numba", "llvmlite")))
         """,
         {},
@@ -61,11 +65,16 @@ def test_command_line_starts_before_numpy_and_only_for_gpu_commands(tmp_path, mo
     assert done.stdout.strip() == "False"  # the context can start before NumPy loads
     monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
-    monkeypatch.delenv("IMGFILTER_NO_QUICK_START", raising=False)
+    monkeypatch.delenv("IMGFILTER_NO_PREBUILT", raising=False)
+    shipping = warmup.PREBUILT_MANIFEST
+    assert shipping.exists()
     monkeypatch.setattr(warmup, "PREBUILT_MANIFEST", tmp_path / "none.json")
-    assert not warmup.wanted(["blur", "in.jpg", "--k", "21"])  # no cubins cached or shipped
+    assert not warmup.wanted(["blur", "in.jpg", "--k", "21"])  # no kernels cached or shipped
     (tmp_path / "cubins").mkdir()
-    (tmp_path / "cubins" / "box_packed-c3-r30-t64-e0-abc-sm90.cubin").write_bytes(b"x")
+    (tmp_path / "cubins" / f"{CACHED}.pending").write_bytes(b"")  # a compile, not a kernel
+    (tmp_path / "cubins" / f"{CACHED}-sm90.json").write_bytes(b"{}")
+    assert not warmup.wanted(["blur", "in.jpg", "--k", "21", "--backend", "cuda"])
+    (tmp_path / "cubins" / f"{CACHED}-sm90.cubin").write_bytes(b"x")
     assert warmup.wanted(["blur", "in.jpg", "--k", "21", "--backend", "cuda"])
     # auto may run one blur on the CPU: the CLI starts it once it knows (start_for)
     assert not warmup.wanted(["blur", "in.jpg", "--k", "21"])
@@ -77,8 +86,11 @@ def test_command_line_starts_before_numpy_and_only_for_gpu_commands(tmp_path, mo
     assert not warmup.wanted(["blur", "--help"])
     assert not warmup.wanted(["compare", "in.jpg", "--k", "3"])
     assert not warmup.wanted([])
-    monkeypatch.setenv("IMGFILTER_NO_QUICK_START", "1")
-    assert not warmup.wanted(["blur", "in.jpg"])
+    (tmp_path / "cubins" / f"{CACHED}-sm90.cubin").unlink()
+    monkeypatch.setattr(warmup, "PREBUILT_MANIFEST", shipping)  # kernels ship
+    assert warmup.wanted(["blur", "in.jpg", "--backend", "cuda"])
+    monkeypatch.setenv("IMGFILTER_NO_PREBUILT", "1")  # ... switched off
+    assert not warmup.wanted(["blur", "in.jpg", "--backend", "cuda"])
 
 
 def test_the_cpu_limit_of_a_blur_grows_with_the_cpus(tmp_path, monkeypatch):
@@ -112,9 +124,8 @@ def test_auto_blur_of_an_image_past_the_cpu_limit_opens_the_gpu_at_start(tmp_pat
 
     monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
-    monkeypatch.delenv("IMGFILTER_NO_QUICK_START", raising=False)
     (tmp_path / "cubins").mkdir()
-    (tmp_path / "cubins" / "box_packed-c3-r30-t64-e0-abc-sm90.cubin").write_bytes(b"x")
+    (tmp_path / "cubins" / f"{CACHED}-sm90.cubin").write_bytes(b"x")
     flat = tmp_path / "flat.png"  # 40x60x3 pixels in a file of a few hundred bytes
     cv2.imwrite(str(flat), np.full((40, 60, 3), 9, np.uint8))
     pixels = 40 * 60 * 3
@@ -153,7 +164,6 @@ def test_classify_and_train_open_the_gpu_early_whatever_is_cached(tmp_path, monk
 
     monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
-    monkeypatch.setenv("IMGFILTER_NO_QUICK_START", "1")
     monkeypatch.setattr(warmup, "PREBUILT_MANIFEST", tmp_path / "none.json")
     assert warmup.wanted(["classify", "in.jpg", "-m", "model.npz"])
     assert warmup.wanted(["train", "in.jpg", "labels.png", "--backend", "cuda"])
@@ -164,61 +174,14 @@ def test_classify_and_train_open_the_gpu_early_whatever_is_cached(tmp_path, monk
     assert not warmup.wanted(["classify", "in.jpg", "-m", "model.npz"])
 
 
-def test_quick_box_looks_for_the_cubin_of_the_kernel_box_auto_runs(monkeypatch):
-    from imgfilter.backends import cached
-    from kernels.box import plan as box_plan
-
-    names = {
-        "tiled": lambda geo, dtype, ksize: cubins.tiled_name(geo, 3, ksize),
-        "fused": lambda geo, dtype, ksize: cubins.box_name(geo, 3, dtype),
-        "packed": lambda geo, dtype, ksize: cubins.packed_name(geo, 3),
-        "twopass": lambda geo, dtype, ksize: cubins.twopass_names(3, geo)[0],
-    }
-    asked, methods = [], []
-    monkeypatch.setattr(cached, "_run", lambda name, *args, **kw: asked.append(name))
-    monkeypatch.setattr(cached.background, "compile_box", lambda *args: False)
-    cases = [(np.uint8, (21, 21)), (np.uint16, (5, 5)), (np.uint8, (200, 3)), (np.uint8, (3, 45))]
-    for dtype, ksize in cases:
-        img = np.zeros((40, 50, 3), dtype)
-        cached._box_quick(img, ksize, (ksize[0] // 2, ksize[1] // 2), 0, 0)
-        method, geo = box_plan.choose(img.shape, img.dtype, ksize)
-        assert asked[-1] == names[method](geo, dtype, ksize)
-        methods.append(method)
-    assert methods == ["tiled", "fused", "twopass", "twopass"]
-    assert asked[0].startswith("box_tiled-c3")  # box_tiled: uint8 boxes up to TILED_MAX_BOX
-
-
-def test_quick_results_go_straight_into_a_fitting_out(monkeypatch):
-    from imgfilter.backends import cached
-
-    targets = []
-
-    def quick(img, *args):
-        target = cached._caller_out(img.shape, img.dtype, np.ndarray)
-        targets.append(target)
-        result = np.empty_like(img) if target is None else target
-        result[...] = 7
-        return result
-
-    monkeypatch.setattr(cached, "_box_quick", quick)
-    img = np.ones((4, 5, 3), np.uint8)
-    out = np.zeros_like(img)
-    assert cached.box(img, (3, 3), (1, 1), 0, 0, "auto", out) is out
-    assert targets[-1] is out and (out == 7).all()
-    strided = np.zeros((4, 10, 3), np.uint8)[:, ::2]  # not contiguous: filled by a copy
-    assert cached.box(img, (3, 3), (1, 1), 0, 0, "auto", strided) is strided
-    assert targets[-1] is None and (strided == 7).all()
-    other = np.zeros((4, 5, 3), np.uint16)  # another dtype: not a target either
-    cached.box(img, (3, 3), (1, 1), 0, 0, "auto", other)
-    assert targets[-1] is None
-    assert cached._caller_out(img.shape, img.dtype, np.ndarray) is None  # cleared after each call
-
-
 @pytest.mark.parametrize("fails", [False, True])
-def test_background_context_is_what_the_quick_start_uses(tmp_path, monkeypatch, fails):
+def test_the_backend_launches_in_the_context_the_command_line_opened_early(monkeypatch, fails):
+    """`warmup.start` opens the driver on a background thread while the CLI imports;
+    the launch layer's `driver()` is then that one (opened once); where the driver
+    fails, the backend's first call asks again and fails as without the warmup."""
     import threading
 
-    from imgfilter.backends import cached, warmup
+    from imgfilter.backends import warmup
     from kernels.common import cudadrv
 
     opened = []
@@ -227,29 +190,29 @@ def test_background_context_is_what_the_quick_start_uses(tmp_path, monkeypatch, 
         cc = (9, 0)
 
         def __init__(self):
+            opened.append(threading.current_thread().name)
             if fails:
                 raise cudadrv.CudaError("cuInit failed: CUDA_ERROR_NO_DEVICE")
-            opened.append(threading.current_thread().name)
             self.current_on = []
 
         def current(self):
             self.current_on.append(threading.current_thread().name)
 
-    monkeypatch.setattr(cudadrv, "driver", FakeDriver)
+    monkeypatch.setattr(cudadrv, "Driver", FakeDriver)
+    monkeypatch.setattr(cudadrv, "_driver", None)
     monkeypatch.setattr(warmup, "_thread", None)
     monkeypatch.setattr(warmup, "_result", [])
     monkeypatch.setattr(warmup, "wanted", lambda argv: True)
-    cached._driver.cache_clear()
-    try:
-        assert warmup.start(["blur", "in.jpg"])
-        drv = cached._driver()
-        if fails:
-            assert drv is None and not cached.available()
-        else:  # opened on the background thread, then bound to this one
-            assert opened == ["imgfilter-cuda-init"]
-            assert drv.current_on == [threading.current_thread().name]
-    finally:
-        cached._driver.cache_clear()
+    assert warmup.start(["blur", "in.jpg"])
+    if fails:
+        assert warmup.driver() is None
+        with pytest.raises(cudadrv.CudaError):
+            cudadrv.driver()
+        assert opened == ["imgfilter-cuda-init", threading.current_thread().name]
+    else:
+        drv = warmup.driver()  # opened on the background thread, then bound to this one
+        assert cudadrv.driver() is drv and opened == ["imgfilter-cuda-init"]
+        assert drv.current_on == [threading.current_thread().name]
 
 
 def test_array_params_follow_numbas_layout():
@@ -308,128 +271,6 @@ def test_parameters_are_packed_at_their_c_offsets():
     assert int.from_bytes(packed[8 + 4 * 8 : 8 + 5 * 8], "little") == 0x2000  # data pointer
 
 
-class _ArrayType:
-    """Stands in for a Numba array type in a signature: only its dtype is read."""
-
-    def __init__(self, dtype: str):
-        self.dtype = dtype
-
-
-def _fake_dispatcher(dtype: str, image: bytes, entry: str):
-    """The attributes `cubins.remember` reads from a compiled Numba dispatcher."""
-    library = SimpleNamespace(get_cubin=lambda cc: image, _entry_name=entry)
-    signature = (_ArrayType(dtype), "int64")
-    return SimpleNamespace(overloads={signature: SimpleNamespace(_codelibrary=library)})
-
-
-def test_cubin_store_round_trip_and_refusals(tmp_path, monkeypatch):
-    monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(cubins, "_saved", set())
-    monkeypatch.setattr(cubins.shipped, "manifest", lambda: {})  # the user's cache alone
-    assert cubins.load("contour-uint8-c1", (9, 0)) is None
-    assert not cubins.any_for((9, 0))
-    fake = _fake_dispatcher("uint8", b"\x7fELF...", "_Z7contour")
-    cubins.remember(fake, "contour-uint8-c1", (np.uint8,), (9, 0))
-    assert cubins.load("contour-uint8-c1", (9, 0)) == (b"\x7fELF...", "_Z7contour")
-    assert cubins.any_for((9, 0)) and not cubins.any_for((8, 0))
-    assert cubins.load("contour-uint8-c1", (8, 0)) is None  # another GPU generation
-    # No specialisation for this dtype: nothing is written.
-    cubins.remember(_fake_dispatcher("uint16", b"x", "e"), "box-a", (np.uint8,), (9, 0))
-    assert cubins.load("box-a", (9, 0)) is None
-    # A corrupt sidecar makes the entry unusable rather than an error.
-    (meta,) = tmp_path.glob("cubins/contour-uint8-c1-*.json")
-    meta.write_text("{not json")
-    assert cubins.load("contour-uint8-c1", (9, 0)) is None
-    meta.write_text(json.dumps({"entry": 3}))
-    assert cubins.load("contour-uint8-c1", (9, 0)) is None
-
-
-def test_a_kernel_that_ships_is_not_cached_again(tmp_path, monkeypatch):
-    """The user's cache holds only what the shipped kernels lack: a shipped kernel is
-    loaded from the package and never written to the cache."""
-    monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(cubins, "_saved", set())
-    ships = {"contour-uint8-c1": (b"fatbin", "_Zshipped")}
-    monkeypatch.setattr(cubins.shipped, "find", lambda n, cc: ("path", "e") if n in ships else None)
-    monkeypatch.setattr(cubins.shipped, "load", lambda n, cc: ships.get(n))
-    cubins.remember(_fake_dispatcher("uint8", b"img", "_Zc"), "contour-uint8-c1", (np.uint8,),
-                    (9, 0))  # fmt: skip
-    assert not list(tmp_path.rglob("*.cubin"))
-    assert cubins.load("contour-uint8-c1", (9, 0)) == (b"fatbin", "_Zshipped")
-    cubins.remember(_fake_dispatcher("uint8", b"img", "_Zb"), "box-x", (np.uint8,), (9, 0))
-    assert len(list(tmp_path.rglob("*.cubin"))) == 1  # not shipped: cached
-    assert cubins.load("box-x", (9, 0)) == (b"img", "_Zb")
-
-
-def test_a_later_process_finds_an_exported_cubin_without_parsing_sources(tmp_path, monkeypatch):
-    """The exporting process records the family's closure; a later process (the cache
-    of digests cleared) computes the digest from that record, reading the sources but
-    parsing none, and finds the cubin."""
-    monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(cubins, "_saved", set())
-    monkeypatch.setattr(cubins.shipped, "manifest", lambda: {})
-    cubins._digest.cache_clear()
-    fake = _fake_dispatcher("uint8", b"\x7fELF...", "_Z7contour")
-    cubins.remember(fake, "contour-uint8-c1", (np.uint8,), (9, 0))
-    recorded = json.loads((tmp_path / "cubins" / "closures.json").read_text())
-    assert recorded["contour"] == list(cubins.shipped.closure(("contour.kernel",)))
-    cubins._digest.cache_clear()  # as in a new process
-
-    def no_parsing(*args):
-        raise AssertionError("sources parsed")
-
-    monkeypatch.setattr(cubins.shipped, "closure", no_parsing)
-    assert cubins.load("contour-uint8-c1", (9, 0)) == (b"\x7fELF...", "_Z7contour")
-    cubins._digest.cache_clear()
-
-
-def test_a_kernel_never_exported_is_looked_up_without_a_digest(tmp_path, monkeypatch):
-    monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(cubins.shipped, "load", lambda name, cc: (b"shipped", "_Z"))
-
-    def no_digest(*args):
-        raise AssertionError("digest computed")
-
-    monkeypatch.setattr(cubins, "_digest", no_digest)
-    assert cubins.load("contour-uint8-c1", (9, 0)) == (b"shipped", "_Z")
-
-
-def test_a_stale_closure_record_misses_or_falls_back_to_parsing(tmp_path, monkeypatch):
-    monkeypatch.setenv("IMGFILTER_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(cubins, "_saved", set())
-    monkeypatch.setattr(cubins.shipped, "manifest", lambda: {})
-    cubins._digest.cache_clear()
-    cubins.remember(_fake_dispatcher("uint8", b"img", "_Zc"), "contour-uint8-c1", (np.uint8,),
-                    (9, 0))  # fmt: skip
-    record = tmp_path / "cubins" / "closures.json"
-    # A module that no longer exists: parse instead, and find the cubin.
-    record.write_text(json.dumps({"contour": ["contour.kernel", "no_such_module"]}))
-    cubins._digest.cache_clear()
-    assert cubins.load("contour-uint8-c1", (9, 0)) == (b"img", "_Zc")
-    # A record that leaves out a module the kernel imports now: a different digest,
-    # so the cubin is not found (compiled again), never a stale one used.
-    record.write_text(json.dumps({"contour": ["contour.kernel"]}))
-    cubins._digest.cache_clear()
-    assert cubins.shipped.closure(("contour.kernel",)) != ["contour.kernel"]  # it imports others
-    assert cubins.load("contour-uint8-c1", (9, 0)) is None
-    # The next export records the closure again.
-    monkeypatch.setattr(cubins, "_saved", set())
-    cubins.remember(_fake_dispatcher("uint8", b"img", "_Zc"), "contour-uint8-c1", (np.uint8,),
-                    (9, 0))  # fmt: skip
-    assert json.loads(record.read_text())["contour"] == cubins.shipped.closure(("contour.kernel",))
-    assert cubins.load("contour-uint8-c1", (9, 0)) == (b"img", "_Zc")
-    cubins._digest.cache_clear()
-
-
-def test_store_name_carries_the_specialisation():
-    geo = {"sum_type": np.uint16, "magic_rounding": True}
-    assert cubins.box_name(geo, 3, np.uint8) == "box_fused-uint8-uint16-c3-m1"
-    tiled = {"threads": 256, "run": 16, "tile_w": 64, "tile_h": 32, "groups": 2}
-    assert cubins.tiled_name(tiled, 3, (21, 5)) == "box_tiled-c3-k21x5-t256-r16-w64-h32-g2-b0"
-    assert cubins.contour_name(4, np.uint16) == "contour-uint16-c4"
-    assert cubins.blocked_name(21, 5, np.float32) == "blocked-float32-21x5"
-
-
 @pytest.mark.gpu
 def test_second_process_filters_without_numba_and_matches(tmp_path):
     env = {"IMGFILTER_CACHE_DIR": str(tmp_path), "NUMBA_ENABLE_CUDASIM": "0"}
@@ -458,13 +299,15 @@ def test_second_process_filters_without_numba_and_matches(tmp_path):
         """
     first = _python(code.replace("{out}", str(tmp_path / "first.npz")), env)
     assert first.returncode == 0 and "failed" not in first.stderr, first.stderr
-    assert first.stdout.strip() == "True"  # compiled through Numba, cubins exported
-    for kind in ("box_tiled", "box_fused", "box_twopass-rows", "box_twopass-columns", "contour",
-                 "blocked"):  # fmt: skip
-        assert any((tmp_path / "cubins").glob(f"{kind}-*.cubin")), kind
+    assert first.stdout.strip() == "True"  # compiled through Numba, binaries exported
+    kept = sorted((tmp_path / "cubins").glob("launch-*.cubin"))
+    entries = " ".join(json.loads(path.with_suffix(".json").read_text())["entry"] for path in kept)
+    for module in ("box.tiled", "box.fused", "box.twopass", "contour.kernel", "conv.blocked"):
+        mangled = "".join(f"{len(part)}{part}" for part in ("kernels", *module.split(".")))
+        assert mangled in entries, module  # a kernel of that module was kept
     second = _python(code.replace("{out}", str(tmp_path / "second.npz")), env)
     assert second.returncode == 0, second.stderr
-    assert second.stdout.strip() == "False"  # every case ran from the cached cubins
+    assert second.stdout.strip() == "False"  # every case ran from the cached binaries
     a, b = np.load(tmp_path / "first.npz"), np.load(tmp_path / "second.npz")
     assert sorted(a.files) == sorted(b.files)
     for name in a.files:
@@ -472,7 +315,7 @@ def test_second_process_filters_without_numba_and_matches(tmp_path):
 
 
 @pytest.mark.gpu
-def test_large_host_images_go_in_bands_through_the_quick_start(tmp_path):
+def test_large_host_images_go_in_bands_from_the_shipped_kernels(tmp_path):
     """Host images of BANDS_MIN_BYTES or more go through the GPU in row bands by
     default; in a fresh process with only the shipped kernels, the bands run from
     them (kernels specialised for a size compile in the background meanwhile), without
@@ -502,11 +345,13 @@ def test_large_host_images_go_in_bands_through_the_quick_start(tmp_path):
         env,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "False"  # bands and whole images ran from the shipped cubins
+    assert done.stdout.strip() == "False"  # bands and whole images ran from the shipped kernels
 
 
 @pytest.mark.gpu
-def test_command_line_quick_start_gives_the_numba_result(tmp_path):
+def test_command_line_from_cached_kernels_gives_the_numba_result(tmp_path):
+    """A blur compiled by Numba in one command, and from the kernel cache in the next,
+    are the same image."""
     import cv2
 
     env = {"IMGFILTER_CACHE_DIR": str(tmp_path / "cache"), "NUMBA_ENABLE_CUDASIM": "0"}
@@ -514,7 +359,7 @@ def test_command_line_quick_start_gives_the_numba_result(tmp_path):
     img = np.random.default_rng(1).integers(0, 256, (401, 603, 3), dtype=np.uint8)
     cv2.imwrite(str(tmp_path / "in.png"), img)
     outs = []
-    for run in ("numba", "quick"):
+    for run in ("numba", "cached"):
         out = tmp_path / f"{run}.png"
         done = subprocess.run(
             [sys.executable, "-m", "imgfilter", "blur", str(tmp_path / "in.png"), "--k", "21",
@@ -524,119 +369,5 @@ def test_command_line_quick_start_gives_the_numba_result(tmp_path):
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         outs.append(cv2.imread(str(out), cv2.IMREAD_UNCHANGED))
-    assert any((tmp_path / "cache" / "cubins").glob("box_tiled-*.cubin"))  # k=21, uint8
+    assert any((tmp_path / "cache" / "cubins").glob("launch-*.cubin"))  # k=21, uint8: box_tiled
     np.testing.assert_array_equal(outs[0], outs[1])
-
-
-def test_device_bands_run_quick_only_inside_bands(monkeypatch):
-    """The row bands of a streamed host image (device arrays with their stream handle)
-    go through the quick start while `bands` is active, their results into the band's
-    device out on that stream; other device arrays, and host images given a stream, go
-    to the fallback (the Numba path)."""
-    from imgfilter.backends import cached
-    from kernels.common.devarray import DeviceArray
-
-    seen = []
-
-    def quick(img, *args):
-        seen.append(
-            (img, cached._caller_out(img.shape, img.dtype, DeviceArray), cached._CALLER.stream)
-        )
-        return seen[-1][1]
-
-    class Fallback:
-        calls = []
-
-        def box(self, img, *args):
-            self.calls.append(img)
-            return "fallback"
-
-    fallback = Fallback()
-    monkeypatch.setattr(cached, "_box_quick", quick)
-    band = DeviceArray(1 << 20, (4, 5, 3), np.uint8)
-    dst = DeviceArray(1 << 21, (4, 5, 3), np.uint8)
-    args = ((3, 3), (1, 1), 0, 0, "auto", dst)
-    assert cached.box(band, *args, 7, fallback=lambda: fallback) == "fallback"
-    with cached.device_arrays():
-        assert cached.box(band, *args, 7, fallback=lambda: fallback) is dst
-        assert seen[-1] == (band, dst, 7)
-        strided = DeviceArray(1 << 20, (4, 5, 3), np.uint8, strides=(30, 6, 1))
-        assert cached.box(strided, *args, 7, fallback=lambda: fallback) == "fallback"
-        host = np.ones((4, 5, 3), np.uint8)
-        assert cached.box(host, (3, 3), (1, 1), 0, 0, "auto", None, 7,
-                          fallback=lambda: fallback) == "fallback"  # fmt: skip
-    assert cached.box(band, *args, 7, fallback=lambda: fallback) == "fallback"  # bands ended
-    assert cached._CALLER.stream == cached._STREAM and cached._CALLER.out is None
-    assert len(seen) == 1 and len(fallback.calls) == 4
-
-
-@pytest.fixture
-def any_cubin_loads(monkeypatch):
-    """`imgfilter.backends.cached` with a stand-in driver on which every cubin loads (as
-    function handle 1): `_run` without a GPU."""
-    from imgfilter.backends import cached
-
-    class Driver:
-        cc = (9, 0)
-
-    monkeypatch.setattr(cached, "_driver", lambda: Driver())
-    monkeypatch.setattr(cached, "_function", lambda drv, name: 1)
-    return cached
-
-
-def test_a_device_array_without_out_gets_a_pool_array(monkeypatch, any_cubin_loads):
-    """`_run` on a device array writes into the caller's device out, or (none given)
-    into a new pool array of the result's shape allocated on the caller's stream."""
-    from kernels.common.devarray import DeviceArray
-
-    cached = any_cubin_loads
-    made = []
-
-    def empty(shape, dtype, stream):
-        made.append((shape, np.dtype(dtype), stream))
-        return DeviceArray(1 << 22, shape, dtype)
-
-    monkeypatch.setattr(cached.devarray, "empty", empty)
-    launched = []
-    band = DeviceArray(1 << 20, (4, 5, 3), np.uint8)
-    with cached.device_arrays(), cached._results_into(None, 9):
-        new = cached._run("k", band, (4, 5), lambda *a: launched.append(a))
-    assert made == [((4, 5), np.dtype(np.uint8), 9)]
-    assert new.ptr == 1 << 22 and new.shape == (4, 5)
-    dst = DeviceArray(1 << 21, (4, 5, 3), np.uint8)
-    with cached.device_arrays(), cached._results_into(dst, 9):
-        assert cached._run("k", band, band.shape, lambda *a: launched.append(a)) is dst
-    assert len(made) == 1
-    assert [a[1:] for a in launched] == [(1, 9, band.ptr, 1 << 22), (1, 9, band.ptr, dst.ptr)]
-
-
-def test_scratch_and_weights_live_until_their_launch_is_queued(monkeypatch, any_cubin_loads):
-    """A pool block dropped before its launch is queued could be handed to another
-    thread's allocation on the same stream first (both then use it): `_run` holds the
-    uploaded weights and the scratch until `launch` returns."""
-    import weakref
-
-    from kernels.common.devarray import DeviceArray
-
-    cached = any_cubin_loads
-    refs = []
-
-    def empty(shape, dtype, stream):
-        arr = DeviceArray(1 << (22 + len(refs)), shape, dtype)
-        refs.append(weakref.ref(arr))
-        return arr  # the caller holds the only reference
-
-    monkeypatch.setattr(cached.devarray, "empty", empty)
-    monkeypatch.setattr(cached.devarray, "to_device",
-                        lambda host, stream: empty(host.shape, host.dtype, stream))  # fmt: skip
-    alive = []
-
-    def launch(drv, fn, stream, *pointers):
-        alive.append([ref() is not None for ref in refs])
-
-    band = DeviceArray(1 << 20, (4, 5, 3), np.uint8)
-    for kwargs in ({"extra": np.ones(9, np.float32)}, {"scratch_bytes": 64}):
-        refs.clear()
-        with cached.device_arrays(), cached._results_into(None, 9):
-            cached._run("k", band, band.shape, launch, **kwargs)
-    assert alive == [[True, True], [True, True]]  # the new output and the extra block
