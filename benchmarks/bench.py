@@ -420,37 +420,11 @@ def low_rank_launches(img: np.ndarray, k: int, rank: int) -> list[tuple[str, Cal
 def _bench_low_rank(ctx: _Context, size: str, img: np.ndarray, k: int, rank: int) -> None:
     """A random k x k kernel of this rank through methods separable and blocked, kernel
     time only (`low_rank_launches`)."""
-    op, nbytes, pixels = (
-        f"filter2d {k}x{k} rank {rank}",
-        2 * img.nbytes,
-        img.shape[0] * img.shape[1],
-    )
+    op, nbytes, pixels = f"filter2d {k}x{k} rank {rank}", 2 * img.nbytes, img[..., 0].size
     ctx.blocked_ready(k, k)
     for method, fn, taps in low_rank_launches(img, k, rank):
         row = Row(op, size, f"imgfilter cuda {method}", ctx.timer.kernel_us(fn, 10))
         ctx.add(row, nbytes, pixels, img.size * taps)
-
-
-def blocked_to_compile(k: int, dtype: str = "uint8") -> str | None:
-    """The binary name of the register-blocked kernel for k x k filters on `dtype` images
-    where it has no binary yet (none ships, none is cached or loaded: its first launch
-    would compile it), else None. Its launch on a small image is run under
-    `kernels.common.launch.checking`, which launches nothing."""
-    from imgfilter.backends import cuda as backend
-    from kernels.common.arrays import empty
-    from kernels.common.launch import NotCompiled, checking
-    from kernels.conv import dispatch
-
-    stream = backend.PER_THREAD_STREAM
-    img = empty((8, 8, 1), np.dtype(dtype), stream)
-    weights = backend._device_weights(np.ones((k, k), np.float32), stream)
-    cval = np.dtype(dtype).type(0)
-    try:
-        with checking():
-            dispatch.correlate(img, weights, (0, 0), 0, cval, "blocked", img, stream)
-    except NotCompiled as exc:
-        return exc.name
-    return None
 
 
 def compile_ahead(sizes: list[int], dtype: str = "uint8") -> dict:
@@ -458,15 +432,25 @@ def compile_ahead(sizes: list[int], dtype: str = "uint8") -> dict:
     `dtype` images, each in a detached process (`imgfilter.backends.background`), all
     at once: the NVVM compiles (seconds each) then share the CPU's cores and overlap
     the cases measured meanwhile, where the run would otherwise compile them one after
-    another as it reaches them. Returns {(k, k): binary name} of the compiles started
-    (none where the kernel has a binary already, or background compiles are off)."""
+    another as it reaches them. A kernel's launch on a small image, run under
+    `kernels.common.launch.checking` (which launches nothing), names its binary where
+    it has none. Returns {(k, k): binary name} of the compiles started."""
     from imgfilter.backends import background
+    from imgfilter.backends import cuda as c
+    from kernels.common.launch import NotCompiled, checking
 
-    started = {}
+    started, s = {}, c.PER_THREAD_STREAM
+    img = c.empty((8, 8, 1), np.dtype(dtype), s)
     for k in sizes:
-        name = blocked_to_compile(k, dtype)
-        code = ("import imgfilter.backends.cuda as c; "
-                f"c.compile_blocked({name!r}, {k}, {k}, {dtype!r})")  # fmt: skip
+        weights = c._device_weights(np.ones((k, k), np.float32), s)
+        try:
+            with checking():
+                c._conv.correlate(img, weights, (0, 0), 0, img.dtype.type(0), "blocked", img, s)
+            continue  # it has a binary: nothing to compile
+        except NotCompiled as exc:
+            name = exc.name
+        args = f"{name!r}, {k}, {k}, {dtype!r}"
+        code = f"import imgfilter.backends.cuda as c; c.compile_blocked({args})"
         if name is not None and background.start(name, code):
             started[(k, k)] = name
     return started
@@ -486,13 +470,7 @@ def await_compile(name: str, timeout_s: float = 300.0) -> bool:
     return True
 
 
-def run(
-    sizes=("seed",),
-    box_ks=(3, 21, 101),
-    filter_ks=None,
-    quick=False,
-    low_rank=None,
-):
+def run(sizes=("seed",), box_ks=(3, 21, 101), filter_ks=None, quick=False, low_rank=None):
     """Measure every case; returns a dict ready for JSON (see `print_table`). filter_ks
     and low_rank default to QUICK_FILTER_KS / QUICK_LOW_RANK with `quick`, else to
     (3, 5, 9, 15, 21, 31) / LOW_RANK_CASES."""

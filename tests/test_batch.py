@@ -600,65 +600,6 @@ def test_var_shape_slots_place_an_image_given_twice():
     assert slots.placer(None)(b.ptr + 4) is None and slots.placer(1)(1 << 19) is None
 
 
-def _var_shape_case(kinds: tuple):
-    """A module-level kernel (conv's pad_image), and arguments of its var-shape form for
-    `kinds`: the table, then an address space for each per-image array, the others as
-    they are."""
-    from kernels.common.devarray import DeviceArray
-    from kernels.common.refs import KernelRef
-
-    kernel = KernelRef("kernels.conv.generic", "pad_image").dispatcher
-    args = (DeviceArray(1 << 20, (2, 10), np.int64), DeviceArray(1 << 22, (999,), np.uint8),
-            1, 1, 4, np.uint8(0), DeviceArray(1 << 24, (999,), np.uint8))  # fmt: skip
-    return kernel, args
-
-
-_PAD_KINDS = (("array", 3), ("shared",), ("shared",), ("shared",), ("shared",), ("array", 3))
-
-
-def test_var_shape_kernels_are_kept_in_the_kernel_cache_once_compiled(no_device, monkeypatch):
-    """A var-shape kernel is compiled once per process under a name that is the same in
-    every process, its binary checked against every `kernels` module (generated source
-    has no module of its own); a process that finds the binary loads it instead of
-    compiling."""
-    from kernels.common import launch, shipped, var_shape
-
-    kernel, args = _var_shape_case(_PAD_KINDS)
-    compiled = []
-    real_compile = var_shape._compile
-    monkeypatch.setattr(var_shape, "SIMULATOR", False)
-    monkeypatch.setattr(var_shape, "_compiled", {})
-    monkeypatch.setattr(var_shape, "_compile",
-                        lambda *call: compiled.append((call[0], *call[2:])) or 1)  # fmt: skip
-    found = var_shape._loaded(kernel, _PAD_KINDS, args)
-    name = var_shape.cubin_name(found, args)
-    assert name.startswith("var_shape-")
-    assert compiled == [(found, name, shipped.all_modules())]
-    assert var_shape._loaded(kernel, _PAD_KINDS, args) is found and len(compiled) == 1
-    # A later process, the binary in the cache: loaded by that name, not compiled.
-    monkeypatch.setattr(var_shape, "_compiled", {})
-    monkeypatch.setattr(var_shape, "_compile", real_compile)
-    no_device.found[name] = (b"cubin", "_Zvar_shape")
-    assert var_shape._loaded(kernel, _PAD_KINDS, args) is found
-    assert no_device.driver.loaded == [(b"cubin", "_Zvar_shape")]
-    ((key, loaded),) = var_shape._compiled.items()
-    assert key[0] is found and not loaded.library_kernel and launch._compiled == {}
-    other = var_shape.var_shape_kernel(kernel, (*_PAD_KINDS[:-1], ("shared",)))
-    assert var_shape.cubin_name(other, args) not in (None, name)
-    assert var_shape.cubin_name(found, (*args[:3], (1, 2), *args[4:])) is None  # a tuple argument
-
-
-def test_var_shape_kernels_with_per_image_ints_are_named():
-    """`var_shape._kinds` gives a per-image Python int the kind ("int", int): such a
-    kernel needs a name too, or it is compiled again in every process."""
-    from kernels.common import var_shape
-
-    kinds = (("array", 3), ("int", int), ("int", np.int32), ("shared",), ("shared",), ("array", 3))
-    kernel, args = _var_shape_case(kinds)
-    found = var_shape.var_shape_kernel(kernel, kinds)
-    assert var_shape.cubin_name(found, args).startswith("var_shape-")
-
-
 @pytest.mark.gpu
 def test_gpu_list_holding_an_image_twice_is_replayed(monkeypatch):
     from imgfilter.backends import cuda_lists

@@ -92,27 +92,24 @@ def test_bench_run_measures_every_case():
 
 
 def test_compile_ahead_starts_only_the_kernels_without_a_binary(no_device, monkeypatch):
-    """One background compile per blocked kernel that has no binary (the name the
-    launch layer would look it up by); none for one that has, or with background
-    compiles off."""
+    """One background compile per blocked kernel that has no binary, under the name the
+    launch layer looks it up by; none for one that has, or with background compiles
+    off; nothing launched."""
     from imgfilter.backends import background
     from imgfilter.backends import cuda as backend
 
     monkeypatch.setattr(backend, "_WEIGHTS", {})  # no made-up device weights kept
-    names = {k: bench.blocked_to_compile(k) for k in (3, 9, 21)}
-    assert all(name.startswith("launch-") for name in names.values())
-    assert len(set(names.values())) == 3  # a kernel of its own for each size
-    no_device.found[names[9]] = (b"cubin", "_Zblocked")  # cached: nothing to compile
-    assert bench.blocked_to_compile(9) is None
     started = []
     monkeypatch.setattr(background, "start", lambda name, code: started.append(code) or True)
-    ahead = bench.compile_ahead([3, 9, 21])
-    assert ahead == {(3, 3): names[3], (21, 21): names[21]}
-    assert started == [
-        f"import imgfilter.backends.cuda as c; c.compile_blocked({names[k]!r}, {k}, {k}, 'uint8')"
-        for k in (3, 21)
-    ]
-    assert no_device.driver.launched == []
+    names = bench.compile_ahead([3, 9, 21])
+    assert sorted(names) == [(3, 3), (9, 9), (21, 21)]
+    assert all(n.startswith("launch-") for n in names.values()) and len(set(names.values())) == 3
+    assert started == [f"import imgfilter.backends.cuda as c; c.compile_blocked({names[k, k]!r}, "
+                       f"{k}, {k}, 'uint8')" for k in (3, 9, 21)]  # fmt: skip
+    no_device.found[names[9, 9]] = (b"cubin", "_Zblocked")  # compiled: nothing to start
+    started.clear()
+    assert bench.compile_ahead([3, 9, 21]) == {(3, 3): names[3, 3], (21, 21): names[21, 21]}
+    assert len(started) == 2 and no_device.driver.launched == []
     monkeypatch.setattr(background, "start", lambda name, code: False)  # off
     assert bench.compile_ahead([3]) == {}
 
