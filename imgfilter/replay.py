@@ -86,12 +86,6 @@ def note(img: DeviceArray, out: DeviceArray, recipe) -> None:
     _last.seen = (img.ptr, out.ptr, recipe) if recipe is not None else None
 
 
-def forget() -> None:
-    """Called by the backend: this thread's last launches are not to be replayed (a
-    stand-in ran while the kernel the call wants compiles in the background)."""
-    _last.seen = None
-
-
 def remember(options: tuple, img: Any, stream: Any, result: Any) -> None:
     """File the recipe the backend noted for this call, when it made the whole call:
     the noted addresses are the call's image and its (pool-allocated) result."""

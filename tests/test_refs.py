@@ -204,6 +204,9 @@ def test_a_ref_imports_its_module_only_when_asked_and_keeps_its_dispatcher():
     with pytest.raises(ModuleNotFoundError):
         dispatcher_of(ref)  # imported only now
     assert dispatcher_of("plain") == "plain"
+    assert refs.stable_text((("int", int), ("array", 2), np.float32)) == (
+        "(('int',builtins.int),('array',2),float32)"
+    )  # a var-shape kernel's kinds (`var_shape.cubin_name`)
     unnamed = KernelRef("kernels.nowhere", "factory", (object(),))
     assert unnamed.function_key is None  # no stable name: never looked up among the shipped
 

@@ -111,12 +111,13 @@ _RECIPES_KEEP = 256
 
 
 def _queue(key: tuple, call: _Call, out_shape: tuple, run, rows: tuple = (0, 0), border: int = 0,
-           band_rows: int | None = None):  # fmt: skip
+           band_rows: int | None = None, keep: bool = True):  # fmt: skip
     """`_on_device` for a call's device image (a host image once uploaded, or one of
     a batch's): `run(img, out)` queued on the call's stream into the call's out, or a
     new array of `out_shape`, which is returned."""
     return _on_device(key, call.img, call.out, call.stream, out_shape,
-                      lambda src, dst, handle: run(src, dst), rows, border, band_rows)  # fmt: skip
+                      lambda src, dst, handle: run(src, dst), rows, border, band_rows,
+                      keep)  # fmt: skip
 
 
 def _queue_batch(key: tuple, batch, out, stream: int, run):
@@ -165,7 +166,7 @@ def _replay_or_record(key: tuple, img, out, stream: int, run, batching=None):
 
 
 def _on_device(key: tuple, img, out, stream, out_shape: tuple, record, rows: tuple,
-               border: int, band_rows: int | None = None):  # fmt: skip
+               border: int, band_rows: int | None = None, keep: bool = True):  # fmt: skip
     """A device image's call: queued on its stream (`kernels.common.arrays.resolve_stream`)
     into `out` (allocated there when None), which is returned at once. `record(src,
     dst, handle)` makes the launches: on a first call of its key, shapes, alignments
@@ -174,8 +175,9 @@ def _on_device(key: tuple, img, out, stream, out_shape: tuple, record, rows: tup
     besides the arrays (kernel size, anchor, border, value, method...). `rows` =
     (above, below): the rows of neighbours an output row reads, and `border` the
     vertical border rule, for images filtered in bands of at most `band_rows` rows
-    (`_in_row_bands`; default MAX_GRID_ROWS, the rows one grid covers). CUDA failures
-    as `_run` says."""
+    (`_in_row_bands`; default MAX_GRID_ROWS, the rows one grid covers). keep=False: a
+    stand-in while a kernel compiles, run as it is (neither recorded nor replayed, so
+    the next call looks for the compiled kernel again). CUDA failures as `_run` says."""
     handle = resolve_stream(stream, img)
     try:
         if out is None:
@@ -187,6 +189,11 @@ def _on_device(key: tuple, img, out, stream, out_shape: tuple, record, rows: tup
             images = [(img, out)] if ndim == 3 else [(img[i], out[i]) for i in range(len(img))]
             for one, dst in images:
                 _in_row_bands(key, one, dst, handle, record, rows, border, band_rows)
+            return out
+        if not keep:
+            images = [(img, out)] if ndim == 3 else [(img[i], out[i]) for i in range(len(img))]
+            for one, dst in images:
+                record(one, dst, handle)
             return out
         if ndim == 4:
             return _queue_batch(key, img, out, handle, lambda s, d: record(s, d, handle))
@@ -468,15 +475,20 @@ def _compiling(call: tuple, launches, compile_code) -> bool:
     return False
 
 
-def _box_now(img, ksize: tuple, anchor, border: int, value) -> str:
+def _box_now(img, ksize: tuple, anchor, border: int, value, out=None) -> str:
     """Method auto, or its stand-in (`kernels.box.plan.STAND_IN`) while the kernel auto
-    picks for this device image and box is compiled in the background."""
+    picks for this device image (a batch: its first) and box is compiled in the
+    background."""
     one = img if len(img.shape) == 3 else img[0]
     method, _ = _box.box_choice(one, ksize)
     stand_in = _box_plan.STAND_IN.get(method)
-    if stand_in is None or not _box_plan.stand_in_takes(
-        stand_in, one.shape, one.dtype, ksize, start_address(one)
-    ):
+    if stand_in is None:
+        return "auto"
+    # Every image of a batch, and the output, where the stand-in's plan asks the first's.
+    starts = [start_address(one)] + ([] if out is None else [start_address(out)])
+    steps = [a.strides[0] for a in (img, out) if a is not None and len(a.shape) == 4]
+    if not all(_box_plan.stand_in_takes(stand_in, one.shape, one.dtype, ksize, at)
+               for at in starts + steps):  # fmt: skip
         return "auto"
     shape = tuple(one.shape)
     call = ("box", method, shape, one.dtype.num, ksize)
@@ -587,15 +599,14 @@ def correlate(img, kernel, anchor, border, value, method, out=None, stream=None)
             if call[3]:
                 _keep_call(options, call)
         key, record, rows, final = call
-        result = _on_device(key, img, out, stream, img.shape, record, rows, border)
-        if not final:
-            replay.forget()  # a stand-in: the next call looks for the compiled kernel again
-        return result
+        return _on_device(key, img, out, stream, img.shape, record, rows, border, None, final)
     requested = method
     method, terms = _prepared(kernel.shape, data, method)
+    final = True
     if requested == "auto" and method == "blocked" and background.ENABLED:
         if not SIMULATOR:  # the simulator compiles nothing
             method = _blocked_or_window(*kernel.shape, img.dtype)
+            final = method == "blocked"
 
     def go():
         call = begin(img, out, stream)
@@ -606,7 +617,7 @@ def correlate(img, kernel, anchor, border, value, method, out=None, stream=None)
             _correlate_launches(src, dst, handle, kernel, terms, anchor, border, value, method)
 
         rows = (anchor[0], kernel.shape[0] - 1 - anchor[0])
-        dout = _queue(key, call, dimg.shape, run, rows, border)
+        dout = _queue(key, call, dimg.shape, run, rows, border, None, final)
         return call.finish(dout)
 
     def again(band):
@@ -641,27 +652,25 @@ def _box_call(img, ksize, anchor, border, value, method, out=None, stream=None):
         if call is None:
             now = method
             if method == "auto" and not SIMULATOR and background.ENABLED:
-                now = _box_now(img, ksize, anchor, border, value)
+                now = _box_now(img, ksize, anchor, border, value, out)
             call = _box_record(now, ksize, anchor, border, value, rows)
             if now == method:  # a stand-in is not kept: the next call looks again
                 _keep_call(options, call)
         key, record, rows = call
         most = _box_band_rows(img.shape[-3:], img.dtype, ksize, rows) if key[1] == "auto" else None
-        result = _on_device(key, img, out, stream, img.shape, record, rows, border, most)
-        if key[1] != method:
-            replay.forget()  # a stand-in: the next call looks for the compiled kernel again
-        return result
+        return _on_device(key, img, out, stream, img.shape, record, rows, border, most,
+                          key[1] == method)  # fmt: skip
 
     def go():
         call = begin(img, out, stream)
         now = method
         if method == "auto" and not SIMULATOR and background.ENABLED:
-            now = _box_now(call.img, ksize, anchor, border, value)
+            now = _box_now(call.img, ksize, anchor, border, value, call.out)
         key, record, _ = _box_record(now, ksize, anchor, border, value, rows)
         shape = call.img.shape[-3:]
         most = _box_band_rows(shape, call.img.dtype, ksize, rows) if now == "auto" else None
         run = lambda src, dst: record(src, dst, call.stream)  # noqa: E731
-        dout = _queue(key, call, call.img.shape, run, rows, border, most)
+        dout = _queue(key, call, call.img.shape, run, rows, border, most, now == method)
         return call.finish(dout)
 
     def again(band):

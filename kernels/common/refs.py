@@ -37,7 +37,9 @@ def stable_text(value) -> str | None:
     if isinstance(value, np.dtype):
         return value.name
     if isinstance(value, type) and issubclass(value, np.generic):
-        return np.dtype(value).name
+        return np.dtype(value).name  # np.float32 names what np.dtype("float32") does
+    if isinstance(value, type):
+        return f"{value.__module__}.{value.__qualname__}"  # a class, such as int
     return None
 
 
