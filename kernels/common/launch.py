@@ -326,10 +326,11 @@ def _name(kernel, args: tuple) -> str | None:
 
 
 def _module(kernel) -> str:
-    """The `kernels` module a kernel is defined in, as a dotted name inside the package."""
-    if type(kernel) is KernelRef:
-        return kernel.module[len("kernels.") :]
-    return kernel.py_func.__module__[len("kernels.") :]
+    """The `kernels` module that makes a kernel (a factory's, for a kernel it makes:
+    the generated source of a register-blocked kernel has no module of its own), as a
+    dotted name inside the package, from the kernel's name (`_name`)."""
+    key = kernel.function_key if type(kernel) is KernelRef else key_of(kernel)
+    return key.split("|", 1)[0][len("kernels.") :]
 
 
 def _compile(kernel, args, name: str | None = None, modules: tuple | None = None) -> _Compiled:
