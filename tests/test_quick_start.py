@@ -301,10 +301,11 @@ def test_second_process_filters_without_numba_and_matches(tmp_path):
     assert first.returncode == 0 and "failed" not in first.stderr, first.stderr
     assert first.stdout.strip() == "True"  # compiled through Numba, binaries exported
     kept = sorted((tmp_path / "cubins").glob("launch-*.cubin"))
-    entries = " ".join(json.loads(path.with_suffix(".json").read_text())["entry"] for path in kept)
+    closures = [json.loads(path.with_suffix(".json").read_text())["closure"] for path in kept]
     for module in ("box.tiled", "box.fused", "box.twopass", "contour.kernel", "conv.blocked"):
-        mangled = "".join(f"{len(part)}{part}" for part in ("kernels", *module.split(".")))
-        assert mangled in entries, module  # a kernel of that module was kept
+        # a kernel of that module was kept (a register-blocked kernel's code is generated
+        # source, so its entry names no kernels module: its sidecar's closure does)
+        assert any(module in closure for closure in closures), module
     second = _python(code.replace("{out}", str(tmp_path / "second.npz")), env)
     assert second.returncode == 0, second.stderr
     assert second.stdout.strip() == "False"  # every case ran from the cached binaries
