@@ -1,6 +1,6 @@
 """Choosing the CUDA backend without loading NVVM: `backends.nvvm_file` finds the
 library where NVIDIA's wheels and toolkits put it, and `_cuda_problem` loads NVVM
-only when it is found nowhere there."""
+only when it is found nowhere there and no kernels ship for the GPU."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ def _fake_numba_cuda(monkeypatch, loads: list):
     import numba
 
     monkeypatch.setattr(backends, "_driver_problem", lambda: None)  # a driver and a GPU
+    monkeypatch.setattr(backends, "_kernels_ship", lambda: False)  # a GPU none ship for
     monkeypatch.setattr(numba.cuda, "is_available", lambda: True)
     nvvm = types.ModuleType("numba.cuda.cudadrv.nvvm")
     nvvm.NVVM = lambda: loads.append("loaded")
@@ -28,8 +29,10 @@ def real_gpu_path(monkeypatch):
     """As on a GPU machine: no simulator, and no cached answer."""
     monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
     backends._cuda_problem.cache_clear()
+    backends.compiler_problem.cache_clear()
     yield
     backends._cuda_problem.cache_clear()
+    backends.compiler_problem.cache_clear()
 
 
 def _no_toolkits(monkeypatch):
@@ -71,6 +74,7 @@ def test_found_nowhere_nvvm_is_loaded_to_decide(tmp_path, monkeypatch, real_gpu_
     _fake_numba_cuda(monkeypatch, loads)
     assert backends._cuda_problem() is None and loads == ["loaded"]
     backends._cuda_problem.cache_clear()
+    backends.compiler_problem.cache_clear()
 
     def missing():
         raise OSError("libnvvm.so: cannot open shared object file")
@@ -100,3 +104,20 @@ def test_without_a_gpu_numba_s_cuda_target_is_not_asked(monkeypatch, real_gpu_pa
 
     monkeypatch.setattr(cudadrv, "driver", full)
     assert backends._cuda_problem() == "GPU 0 has no memory left for a CUDA context"
+
+
+def test_shipped_kernels_need_no_compiler(tmp_path, monkeypatch, real_gpu_path):
+    """A GPU the package ships kernels for takes the CUDA backend without NVVM: no
+    compiler is looked for (the kernels run from their binaries)."""
+    _no_toolkits(monkeypatch)
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])
+    loads: list = []
+    _fake_numba_cuda(monkeypatch, loads)
+    monkeypatch.setattr(backends, "_kernels_ship", lambda: True)
+    assert backends._cuda_problem() is None and loads == []
+
+    def missing():
+        raise OSError("libnvvm.so: cannot open shared object file")
+
+    sys.modules["numba.cuda.cudadrv.nvvm"].NVVM = missing
+    assert "NVVM" in backends.compiler_problem()  # what a compile would need (classify)

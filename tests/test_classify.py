@@ -689,26 +689,21 @@ def cuda_stream():
     return cuda.stream()
 
 
-def test_auto_engine_asks_numba_where_no_compiler_is_found(monkeypatch):
-    """The CUDA engine compiles what does not ship: with backend "auto" and no NVVM
-    found on disk, the engine is picked as before the quick start (Numba decides, and
-    a GPU without the compiler falls back to the CPU); "cuda" and a found NVVM take
-    the quick start."""
+def test_auto_engine_needs_a_compiler(monkeypatch, capsys):
+    """The CUDA engine compiles what does not ship: backend "auto" on a GPU without the
+    CUDA compiler falls back to the CPU engine, saying why; "cuda" and a GPU with the
+    compiler take the CUDA engine."""
     from imgfilter import backends
+    from imgfilter.classify import cuda as cuda_engine
 
-    asked = []
-
-    def get_backend(name, *, device_input=False, quick=True):
-        asked.append((name, quick))
-        return type("B", (), {"NAME": "cpu"})
-
-    monkeypatch.setattr(backends, "get_backend", get_backend)
-    monkeypatch.setattr(backends, "nvvm_file", lambda: None)
-    classify.engine("auto")
-    classify.engine("cuda")
-    monkeypatch.setattr(backends, "nvvm_file", lambda: "/x/libnvvm.so")
-    classify.engine("auto")
-    assert asked == [("auto", False), ("cuda", True), ("auto", True)]
+    monkeypatch.setattr(backends, "get_backend", lambda name, *, device_input=False:
+                        type("B", (), {"NAME": "cuda"}))  # fmt: skip
+    monkeypatch.setattr(backends, "compiler_problem", lambda: "no NVVM here")
+    assert classify.engine("auto") is not cuda_engine
+    assert "no NVVM here; using the CPU engine" in capsys.readouterr().err
+    assert classify.engine("cuda") is cuda_engine
+    monkeypatch.setattr(backends, "compiler_problem", lambda: None)
+    assert classify.engine("auto") is cuda_engine
 
 
 @pytest.mark.parametrize("channels, k", [(3, 15), (1, 4), (3, 1), (1, 41)])

@@ -7,14 +7,13 @@ manifest lists; the driver's module loader picks the GPU's own) and a manifest.j
 kernel's symbol, "modules": the `kernels` modules its code comes from, by dotted name
 inside the package (e.g. "box.fused"), "closure": those and every `kernels` module
 they import, "digest": the digest of the closure's sources when it was built, and
-"file": the file its fatbin is stored under when that is another name's (the same
-kernel under two names)}; every file in the folder is manifest.json or a `file`.
-A shipped kernel is used only while that digest still matches the sources
-(`sources_digest`), so an edited kernel is compiled again instead of running stale
-code. Two kinds of names: the quick start's (`imgfilter.backends.cubins`, e.g.
-"contour-uint8-c1") and the launch layer's ("launch-" + `signature_key`,
-`kernels.common.launch`). IMGFILTER_NO_PREBUILT=1 ignores them all. Nothing here
-imports Numba.
+optionally "file": the file its fatbin is stored under when that is another name's};
+every file in the folder is manifest.json or a kernel's. A shipped kernel is used only
+while that digest still matches the sources (`sources_digest`), so an edited kernel is
+compiled again instead of running stale code. Names are the launch layer's ("launch-"
+and a hash of the kernel's name and argument types, `launch_name`);
+`kernels.common.binaries` looks here first. IMGFILTER_NO_PREBUILT=1 ignores them all.
+Nothing here imports Numba.
 """
 
 from __future__ import annotations
