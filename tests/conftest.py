@@ -50,7 +50,8 @@ def pytest_addoption(parser):
         default=1,
         metavar="N",
         help="run every N-th parameter set of each parametrized test, at least one each "
-        "(a fixed choice per test; CI's lowest-versions stage runs --sample 6)",
+        "(a fixed choice per test), and leave out the tests marked covered_elsewhere "
+        "(CI's lowest-versions stage runs --sample 6)",
     )
 
 
@@ -68,9 +69,13 @@ def pytest_collection_modifyitems(config, items):
 
 def _sample(config, items, every: int) -> None:
     """Keep every `every`-th parameter set of each test function, starting at an offset
-    fixed by the function's id (the same in every xdist worker), and at least one."""
+    fixed by the function's id (the same in every xdist worker), and at least one; but
+    none of a test marked `covered_elsewhere` (it re-checks, through another entry point
+    or on more cases, kernel paths that tests kept here check)."""
     groups: dict[str, list] = {}
     for item in items:
+        if "covered_elsewhere" in item.keywords:
+            continue
         groups.setdefault(item.nodeid.split("[", 1)[0], []).append(item)
     kept = set()
     for name, group in groups.items():
