@@ -243,10 +243,10 @@ def _rank_kernel(k: int, rank: int, seed: int = 0) -> np.ndarray:
 
 def test_auto_takes_separable_passes_where_measured_cheaper():
     """conv_plan.separable_pays: rank 1 above 250 taps, rank 2 above 680, never rank 3."""
-    from imgfilter.backends.cuda import _resolve_correlation_method
+    from kernels.conv.dispatch import resolve
 
     def auto(kernel):
-        return _resolve_correlation_method("auto", kernel)
+        return resolve("auto", kernel)
 
     gauss = np.outer(np.hanning(19)[1:-1], np.hanning(19)[1:-1])  # 17x17, 289 taps
     assert auto(gauss) == "separable"

@@ -9,7 +9,6 @@ shared contract.
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 import time
@@ -17,13 +16,11 @@ import time
 import numpy as np
 
 from kernels.box import dispatch as _box
-from kernels.box import plan as _box_plan
 from kernels.common.arrays import (
     copy_rows,
     empty,
     empty_like,
     resolve_stream,
-    start_address,
     to_device,
     to_host,
 )
@@ -31,7 +28,6 @@ from kernels.common.border_index import WRAP
 from kernels.common.border_index import border_index as _border_index
 from kernels.common.cudadrv import CudaError, GpuOutOfMemory, NoMemoryForContext
 from kernels.common.launch import (
-    SMEM_LIMIT,
     Batching,
     NotCompiled,
     Recording,
@@ -42,7 +38,6 @@ from kernels.contour import launch as _contour
 from kernels.conv import dispatch as _conv
 from kernels.conv import launch as _conv_launch
 from kernels.conv import plan as _conv_plan
-from kernels.conv.plan import low_rank_factors
 
 from .. import replay
 from ..errors import DeviceError, GpuMemoryError, UsageError
@@ -217,29 +212,11 @@ def _on_device(key: tuple, img, out, stream, out_shape: tuple, record, rows: tup
 # Rows of an image that one launch covers: every kernel's grid then stays within
 # CUDA's 65535 blocks along y (the kernels give each block at least one row).
 MAX_GRID_ROWS = 32768
-# The fast uint8 box kernels (box_tiled, box_twopass, box_packed) address images of
-# fewer than FAST_BOX_BYTES bytes; box_auto gives larger ones to box_fused, which ran
-# about half as fast on an H200 (benchmarks/tall_device.py). Such images are boxed in
-# bands of rows of at most BOX_BAND_BYTES instead: box_twopass's 16-bit scratch is
-# twice a band.
-FAST_BOX_BYTES = 2**31
-BOX_BAND_BYTES = 2**29
 
 
 def _box_band_rows(shape: tuple, dtype, ksize: tuple, rows: tuple) -> int:
-    """Rows per band for box_auto on an (H, W, C) image, rows = (above, below) its box's
-    reach: MAX_GRID_ROWS, or fewer where the image is too large for the fast uint8
-    kernels: bands of at most BOX_BAND_BYTES with their reach, at least 8 times the
-    reach (so that the rows filtered twice stay few), where the fast kernels take them."""
-    h, w, c = shape
-    if dtype != np.uint8 or h * w * c < FAST_BOX_BYTES:
-        return MAX_GRID_ROWS
-    reach = rows[0] + rows[1]
-    most = min(MAX_GRID_ROWS, BOX_BAND_BYTES // (w * c) - reach)
-    if most < 8 * max(reach, 1):
-        return MAX_GRID_ROWS
-    band = _box.box_method((most + reach, w, c), dtype, ksize)
-    return most if band != _box.box_method(shape, dtype, ksize) else MAX_GRID_ROWS
+    """Rows per band for box auto (`kernels.box.dispatch.band_rows`), else MAX_GRID_ROWS."""
+    return _box.band_rows(shape, dtype, ksize, rows, MAX_GRID_ROWS) or MAX_GRID_ROWS
 
 
 def _row_bands(height: int, rows: tuple, wrap: bool, most: int) -> list[tuple[int, int]]:
@@ -316,56 +293,12 @@ def _gathered_rows(img, lo: int, hi: int, handle: int):
     return src
 
 
-@functools.lru_cache(maxsize=64)
 def _prepared(shape: tuple, data: bytes, method: str) -> tuple[str, tuple]:
-    """(resolved method, low-rank factors as ((row, col, row_sum), ...) for
-    "separable") for a kernel given by its shape and bytes: the SVD runs once."""
-    kernel = np.frombuffer(data, dtype=np.float32).reshape(shape)
-    method = _resolve_correlation_method(method, kernel)
-    if method != "separable":
-        return method, ()
-    kh, kw = shape
-    terms = tuple(
-        (
-            row[None, :].astype(np.float32),
-            col[:, None].astype(np.float32),
-            float(np.sum(row, dtype=np.float64)),
-        )  # fmt: skip
-        for col, row in low_rank_factors(kernel, _conv_plan.max_separable_rank(kh, kw))
-    )
-    return method, terms
-
-
-def _resolve_correlation_method(method: str, kernel: np.ndarray) -> str:
-    kh, kw = kernel.shape
-    if method == "separable":
-        most, rank = _conv_plan.max_separable_rank(kh, kw), _conv_plan.kernel_rank(kernel)
-        if rank > most:
-            raise UsageError(
-                f"method 'separable' needs a rank-1 kernel (an outer product) or, for a "
-                f"{kh}x{kw} kernel, a sum of at most {most} of them; this one has rank {rank}"
-            )
-        if max(kh, kw) > _conv_plan.MAX_SIDE:
-            raise UsageError(f"method 'separable' handles kernels up to {_conv_plan.MAX_SIDE} wide")
-        return method
-    if method == "auto":
-        return _conv_plan.auto_method(kernel) or _conv_plan.generic_method(kh, kw)
-    if method == "blocked" and not _conv_plan.fits(kh, kw):
-        raise UsageError(
-            f"method 'blocked' handles kernels up to {_conv_plan.MAX_SIDE}x{_conv_plan.MAX_SIDE}; "
-            "use tiled, padded or naive"
-        )
-    if method == "window" and not _conv_plan.window_fits(kh, kw):
-        raise UsageError(
-            f"method 'window' needs {_conv_plan.window_smem_bytes(kh, kw)} bytes of shared memory "
-            f"for a {kh}x{kw} kernel (limit {SMEM_LIMIT}); use tiled, padded or naive"
-        )
-    if method == "tiled" and not _conv_plan.tiled_fits(kh, kw):
-        raise UsageError(
-            f"method 'tiled' needs {_conv_plan.tiled_smem_bytes(kh, kw)} bytes of shared memory "
-            f"for a {kh}x{kw} kernel (limit {SMEM_LIMIT}); use naive or padded"
-        )
-    return method
+    """`kernels.conv.dispatch.prepared`, a refused method as a UsageError."""
+    try:
+        return _conv.prepared(shape, data, method)
+    except _conv.MethodRefused as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _run(fn):
@@ -476,20 +409,13 @@ def _compiling(call: tuple, launches, compile_code) -> bool:
 
 
 def _box_now(img, ksize: tuple, anchor, border: int, value, out=None) -> str:
-    """Method auto, or its stand-in (`kernels.box.plan.STAND_IN`) while the kernel auto
-    picks for this device image (a batch: its first) and box is compiled in the
-    background."""
+    """Method auto, or its stand-in (`kernels.box.dispatch.stand_in`) while the kernel
+    auto picks for this device image and box is compiled in the background."""
+    chosen = _box.stand_in(img, ksize, out)
+    if chosen is None:
+        return "auto"
+    method, stand_in = chosen
     one = img if len(img.shape) == 3 else img[0]
-    method, _ = _box.box_choice(one, ksize)
-    stand_in = _box_plan.STAND_IN.get(method)
-    if stand_in is None:
-        return "auto"
-    # Every image of a batch, and the output, where the stand-in's plan asks the first's.
-    starts = [start_address(one)] + ([] if out is None else [start_address(out)])
-    steps = [a.strides[0] for a in (img, out) if a is not None and len(a.shape) == 4]
-    if not all(_box_plan.stand_in_takes(stand_in, one.shape, one.dtype, ksize, at)
-               for at in starts + steps):  # fmt: skip
-        return "auto"
     shape = tuple(one.shape)
     call = ("box", method, shape, one.dtype.num, ksize)
 

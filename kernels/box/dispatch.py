@@ -144,3 +144,50 @@ def box_by_name(method: str):
         return kernel(img, ksize, anchor, mode, cval, out, geometry, stream)
 
     return run
+
+
+# ------------------------------------------------------------- bands and stand-ins
+
+# The fast uint8 box kernels (box_tiled, box_twopass, box_packed) address images of
+# fewer than FAST_BOX_BYTES bytes; box_auto gives larger ones to box_fused, which ran
+# about half as fast on an H200 (benchmarks/tall_device.py). Such images are boxed in
+# bands of rows of at most BOX_BAND_BYTES instead: box_twopass's 16-bit scratch is
+# twice a band.
+FAST_BOX_BYTES = 2**31
+BOX_BAND_BYTES = 2**29
+
+
+def band_rows(shape: tuple, dtype, ksize: tuple, rows: tuple, most: int) -> int | None:
+    """Rows per band for box_auto on an (H, W, C) image of at least FAST_BOX_BYTES,
+    rows = (above, below) its box's reach, bands of at most `most` rows: bands of at
+    most BOX_BAND_BYTES with their reach, at least 8 times the reach (so that the rows
+    filtered twice stay few), where the fast kernels take them; None where the image
+    needs no bands of its own."""
+    h, w, c = shape
+    if np.dtype(dtype) != np.uint8 or h * w * c < FAST_BOX_BYTES:
+        return None
+    reach = rows[0] + rows[1]
+    band = min(most, BOX_BAND_BYTES // (w * c) - reach)
+    if band < 8 * max(reach, 1):
+        return None
+    faster = box_method((band + reach, w, c), dtype, ksize) != box_method(shape, dtype, ksize)
+    return band if faster else None
+
+
+def stand_in(img, ksize: tuple, out=None) -> tuple[str, str] | None:
+    """(the kernel box_auto picks, its stand-in) for a device image (a batch: its first
+    image decides) and optional output, where auto's kernel is specialised for its box
+    size (compiled per size: `kernels.box.plan.STAND_IN`) and the stand-in takes every
+    image and the output; None elsewhere."""
+    one = img if len(img.shape) == 3 else img[0]
+    method, _ = box_choice(one, ksize, out)
+    standing = plan.STAND_IN.get(method)
+    if standing is None:
+        return None
+    starts = [start_address(one)] + ([] if out is None else [start_address(out)])
+    steps = [a.strides[0] for a in (img, out) if a is not None and len(a.shape) == 4]
+    shape, dtype = tuple(one.shape), np.dtype(one.dtype)
+    for at in starts + steps:
+        if not plan.stand_in_takes(standing, shape, dtype, tuple(ksize), at):
+            return None
+    return method, standing

@@ -17,6 +17,10 @@ Numba, and a kernel that ships runs without it. Box filters live in `kernels.box
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
+
 from ..common.arrays import empty
 from ..common.launch import SMEM_LIMIT, image_grid, launch, scratch
 from ..common.saturate import output_limits
@@ -28,7 +32,22 @@ from .launch import (
     correlate_window,
     pad_image,
 )
-from .plan import WINDOW_TX, WINDOW_TY, tiled_smem_bytes, window_grid, window_smem_bytes
+from .plan import (
+    MAX_SIDE,
+    WINDOW_TX,
+    WINDOW_TY,
+    auto_method,
+    fits,
+    generic_method,
+    kernel_rank,
+    low_rank_factors,
+    max_separable_rank,
+    tiled_fits,
+    tiled_smem_bytes,
+    window_fits,
+    window_grid,
+    window_smem_bytes,
+)
 
 
 def correlate(img, weights, anchor, mode, cval, method, out=None, stream: int = 0):
@@ -72,3 +91,65 @@ def correlate(img, weights, anchor, mode, cval, method, out=None, stream: int = 
     else:
         raise ValueError(f"unknown correlation method {method!r}")
     return out
+
+
+# ------------------------------------------------------------------- the method
+
+
+class MethodRefused(ValueError):
+    """A filter method asked for by name does not take the kernel."""
+
+
+@functools.lru_cache(maxsize=64)
+def prepared(shape: tuple, data: bytes, method: str) -> tuple[str, tuple]:
+    """(resolved method (`resolve`), low-rank factors as ((row, col, row_sum), ...) for
+    "separable") for a kernel given by its shape and bytes: the SVD runs once."""
+    kernel = np.frombuffer(data, dtype=np.float32).reshape(shape)
+    method = resolve(method, kernel)
+    if method != "separable":
+        return method, ()
+    kh, kw = shape
+    terms = tuple(
+        (
+            row[None, :].astype(np.float32),
+            col[:, None].astype(np.float32),
+            float(np.sum(row, dtype=np.float64)),
+        )  # fmt: skip
+        for col, row in low_rank_factors(kernel, max_separable_rank(kh, kw))
+    )
+    return method, terms
+
+
+def resolve(method: str, kernel: np.ndarray) -> str:
+    """The method that runs for `method` ("auto": `plan.auto_method`, else
+    `plan.generic_method`) and this kernel; MethodRefused, naming what does take it,
+    where a named method does not."""
+    kh, kw = kernel.shape
+    if method == "separable":
+        most, rank = max_separable_rank(kh, kw), kernel_rank(kernel)
+        if rank > most:
+            raise MethodRefused(
+                f"method 'separable' needs a rank-1 kernel (an outer product) or, for a "
+                f"{kh}x{kw} kernel, a sum of at most {most} of them; this one has rank {rank}"
+            )
+        if max(kh, kw) > MAX_SIDE:
+            raise MethodRefused(f"method 'separable' handles kernels up to {MAX_SIDE} wide")
+        return method
+    if method == "auto":
+        return auto_method(kernel) or generic_method(kh, kw)
+    if method == "blocked" and not fits(kh, kw):
+        raise MethodRefused(
+            f"method 'blocked' handles kernels up to {MAX_SIDE}x{MAX_SIDE}; "
+            "use tiled, padded or naive"
+        )
+    if method == "window" and not window_fits(kh, kw):
+        raise MethodRefused(
+            f"method 'window' needs {window_smem_bytes(kh, kw)} bytes of shared memory "
+            f"for a {kh}x{kw} kernel (limit {SMEM_LIMIT}); use tiled, padded or naive"
+        )
+    if method == "tiled" and not tiled_fits(kh, kw):
+        raise MethodRefused(
+            f"method 'tiled' needs {tiled_smem_bytes(kh, kw)} bytes of shared memory "
+            f"for a {kh}x{kw} kernel (limit {SMEM_LIMIT}); use naive or padded"
+        )
+    return method
