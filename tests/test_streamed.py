@@ -130,9 +130,9 @@ def test_one_row_and_one_column_images():
 @pytest.mark.covered_elsewhere
 @pytest.mark.parametrize("border", ["reflect", "wrap"])
 def test_api_max_gpu_bytes_streams_with_the_same_result(monkeypatch, border):
-    """max_gpu_bytes below a call's need (12 rows: 1,320 bytes for contour, 1,584 for
-    the others) sends it in bands: 3 to 6 of them here."""
-    img = _image((12, 11, 3), np.uint8, seed=7)
+    """max_gpu_bytes below a call's need (12 gray rows: 528 bytes each call) sends it
+    in bands: 3 to 6 of them here."""
+    img = _image((12, 11), np.uint8, seed=7)
     kernel = np.random.default_rng(2).standard_normal((5, 3)).astype(np.float32)
     calls = [
         lambda **kw: imgfilter.blur(img, (3, 7), border=border, border_value=5, **kw),
@@ -143,9 +143,9 @@ def test_api_max_gpu_bytes_streams_with_the_same_result(monkeypatch, border):
     monkeypatch.setattr(streamed, "band_plan", lambda *a: plans.append(real_plan(*a)) or plans[-1])
     for call in calls:
         want = call(backend="cuda")
-        got = call(backend="cuda", max_gpu_bytes=1200)
+        got = call(backend="cuda", max_gpu_bytes=400)
         np.testing.assert_array_equal(got, want)
-        for budget in (1200, None):  # in bands, and whole
+        for budget in (400, None):  # in bands, and whole
             out = np.zeros_like(want)
             assert call(backend="cuda", max_gpu_bytes=budget, out=out) is out
             np.testing.assert_array_equal(out, want)
