@@ -115,16 +115,13 @@ def test_a_device_batch_is_one_launch_per_kernel(monkeypatch, index, name):
     channels, border = (1, 3, 4)[index % 3], BORDERS[index % len(BORDERS)]
     counted = _count_launches(monkeypatch)
     launches = []
-    for n in (2, 3):
-        batch = _images(n, (8, 16, channels), dtype, seed=n + channels)
+    images = _images(3, (8, 16, channels), dtype, seed=3 + channels)
+    alone = [one(_device(img), border=border, border_value=7).copy_to_host() for img in images]
+    for n in (2, 3):  # the first two images, then all three: each image alone once
         counted.clear()
-        got = many(_device(batch), border=border, border_value=7).copy_to_host()
+        got = many(_device(images[:n]), border=border, border_value=7).copy_to_host()
         launches.append(len(counted))
-        expected = np.stack([
-            one(_device(batch[i]), border=border, border_value=7).copy_to_host()
-            for i in range(n)
-        ])  # fmt: skip
-        np.testing.assert_array_equal(got, expected, err_msg=f"{name}, {border}, n={n}")
+        np.testing.assert_array_equal(got, np.stack(alone[:n]), err_msg=f"{name}, {border}, n={n}")
     assert launches[0] == launches[1], f"{name}: launches for 2 and 3 images: {launches}"
 
 
