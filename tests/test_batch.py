@@ -235,10 +235,8 @@ def test_device_list_out_is_filled_and_returned():
     outs = [_device(np.zeros_like(i)) for i in images]
     got = imgfilter.blur_batch([_device(i) for i in images], 3, out=outs)
     assert got == outs
-    for img, res in zip(images, outs, strict=True):
-        np.testing.assert_array_equal(
-            res.copy_to_host(), _alone_on_device(imgfilter.blur, img, k=3)
-        )
+    for img, res in zip(images, outs, strict=True):  # the CPU backend's, as the device's
+        np.testing.assert_array_equal(res.copy_to_host(), imgfilter.blur(img, 3))
     with pytest.raises(imgfilter.UsageError, match="out must be uint8 of shape"):
         imgfilter.blur_batch([_device(images[0])], 3, out=[_device(images[1])])
     with pytest.raises(imgfilter.UsageError, match="contour needs an integer image"):
