@@ -493,24 +493,18 @@ def _keep_call(options: tuple, call: tuple) -> tuple:
     return call
 
 
-def _correlate_call(kernel: np.ndarray, data: bytes, anchor, border, value, method, dtype):
-    """(key, record, rows, final) of a device correlation: `final` False while method
-    auto runs the window kernel until the blocked one is compiled (not to be kept).
-    The closure keeps the kernel as read-only bytes: a caller's array may change."""
+def _correlate_call(kernel: np.ndarray, data: bytes, anchor, border, value, method):
+    """(key, record, rows) of a device correlation, which compiles what it needs at
+    once (see `_box_call`). The closure keeps the kernel as read-only bytes: a caller's
+    array may change."""
     kernel = np.frombuffer(data, dtype=np.float32).reshape(kernel.shape)
-    requested = method
     method, terms = _prepared(kernel.shape, data, method)
-    final = True
-    if requested == "auto" and method == "blocked" and background.ENABLED:
-        if not SIMULATOR:  # the simulator compiles nothing
-            method = _blocked_or_window(*kernel.shape, dtype)
-            final = method == "blocked"
     key = ("correlate", method, kernel.shape, data, anchor, border, value)
 
     def record(src, dst, handle):
         _correlate_launches(src, dst, handle, kernel, terms, anchor, border, value, method)
 
-    return key, record, (anchor[0], kernel.shape[0] - 1 - anchor[0]), final
+    return key, record, (anchor[0], kernel.shape[0] - 1 - anchor[0])
 
 
 def correlate(img, kernel, anchor, border, value, method, out=None, stream=None):
@@ -518,14 +512,12 @@ def correlate(img, kernel, anchor, border, value, method, out=None, stream=None)
     kernel = np.ascontiguousarray(kernel, dtype=np.float32)
     data = kernel.tobytes()
     if not isinstance(img, np.ndarray):
-        options = ("correlate", data, kernel.shape, anchor, border, value, method, img.dtype)
+        options = ("correlate", data, kernel.shape, anchor, border, value, method)
         call = _CALLS.get(options)
         if call is None:
-            call = _correlate_call(kernel, data, anchor, border, value, method, img.dtype)
-            if call[3]:
-                _keep_call(options, call)
-        key, record, rows, final = call
-        return _on_device(key, img, out, stream, img.shape, record, rows, border, None, final)
+            call = _keep_call(options, _correlate_call(kernel, data, anchor, border, value, method))
+        key, record, rows = call
+        return _on_device(key, img, out, stream, img.shape, record, rows, border)
     requested = method
     method, terms = _prepared(kernel.shape, data, method)
     final = True
@@ -573,19 +565,15 @@ def _box_call(img, ksize, anchor, border, value, method, out=None, stream=None):
     kh, kw = ksize
     rows = (anchor[0], kh - 1 - anchor[0])
     if not isinstance(img, np.ndarray):
-        options = ("box", method, ksize, anchor, border, value, img.shape[-3:], img.dtype.num)
+        # Device images compile what they need at once: a stand-in would have the call
+        # that finds the compiled kernel load its module, which waits for the device.
+        options = ("box", method, ksize, anchor, border, value)
         call = _CALLS.get(options)
         if call is None:
-            now = method
-            if method == "auto" and not SIMULATOR and background.ENABLED:
-                now = _box_now(img, ksize, anchor, border, value, out)
-            call = _box_record(now, ksize, anchor, border, value, rows)
-            if now == method:  # a stand-in is not kept: the next call looks again
-                _keep_call(options, call)
+            call = _keep_call(options, _box_record(method, ksize, anchor, border, value, rows))
         key, record, rows = call
-        most = _box_band_rows(img.shape[-3:], img.dtype, ksize, rows) if key[1] == "auto" else None
-        return _on_device(key, img, out, stream, img.shape, record, rows, border, most,
-                          key[1] == method)  # fmt: skip
+        most = _box_band_rows(img.shape[-3:], img.dtype, ksize, rows) if method == "auto" else None
+        return _on_device(key, img, out, stream, img.shape, record, rows, border, most)
 
     def go():
         call = begin(img, out, stream)
