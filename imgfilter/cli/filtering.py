@@ -1,4 +1,5 @@
-"""The filtering commands' work, `blur`, `filter` and `contour`, without Typer.
+"""The filtering commands' work, `blur`, `filter`, `contour` and the named filters
+(`gaussian`, `edges`, `sharpen`: `NAMED`), without Typer.
 
 `run(op, options)` is each command's body, given the options as Typer parsed them (the
 commands declared in `filters`). One input is read, filtered and written here
@@ -43,28 +44,76 @@ OPS: dict[str, tuple[str, Callable[[dict[str, Any]], tuple]]] = {
 }
 
 
+def _gaussian_args(o: dict[str, Any]) -> tuple:
+    """gaussian's (ksize, sigma_x, sigma_y), checked before any input is read."""
+    k, sigma, sigma_y = o["k"], o["sigma"], o["sigma_y"]
+    if k % 2 == 0 and k != 0:
+        raise UsageError(f"--k must be odd (or 0: from --sigma), got {k}")
+    if k == 0 and sigma <= 0:
+        raise UsageError("give --k K (odd), --sigma S (> 0), or both")
+    _named_kernel(k, sigma, sigma_y)
+    return k, sigma, sigma_y
+
+
+def _sharpen_args(o: dict[str, Any]) -> tuple:
+    """sharpen's (sigma, amount, threshold), checked before any input is read."""
+    if o["sigma"] <= 0:
+        raise UsageError(f"--sigma must be > 0, got {o['sigma']:g}")
+    _named_kernel(0, o["sigma"], 0.0)
+    return o["sigma"], o["amount"], o["threshold"]
+
+
+def _edges_args(o: dict[str, Any]) -> tuple:
+    """edges' (ksize, result dtype): the Sobel side, checked, and uint8."""
+    if o["k"] % 2 == 0:
+        raise UsageError(f"--k must be odd (1, 3, 5, ... 31), got {o['k']}")
+    return o["k"], "uint8"
+
+
+def _named_kernel(k: int, sigma: float, sigma_y: float) -> Any:
+    """The kernel of the Gaussian these options make for an 8-bit image (the smallest
+    from a sigma: 3 sigma each side): UsageError for options no image could take."""
+    from .. import named
+
+    return named.gaussian_kernel(k, sigma, sigma_y, "uint8")
+
+
+# The named filters (imgfilter.named): each is filter2d with a kernel, so --method takes
+# filter2d's. Each: the function, its arguments after the image from the options, and
+# (of those arguments) the kernel taps that `imgfilter.placement` places an image by.
+NAMED: dict[str, tuple[str, Callable[[dict[str, Any]], tuple], Callable[[tuple], int]]] = {
+    "gaussian": ("gaussian", _gaussian_args, lambda a: _named_kernel(*a).size),
+    "edges": ("gradient_magnitude", _edges_args, lambda a: 2 * max(3, a[0]) * a[0]),
+    "sharpen": ("sharpen", _sharpen_args, lambda a: _named_kernel(0, a[0], 0.0).size),
+}
+# Operations whose result is not of the input's dtype.
+RESULT_DTYPES = {"edges": "uint8"}
+
+
 def run(op: str, options: dict[str, Any]) -> None:
     """The body of the filtering command `op` (a key of OPS), given its parsed options
     by name (as the Typer command declares them, `filters`): the filter from the
     options, then `filter_files`."""
-    api_name, args_of = OPS[op]
+    named = op in NAMED
+    api_name, args_of = NAMED[op][:2] if named else OPS[op]
     border, method = options["border"], options["method"]
-    check_method(api_name, method)
+    check_method("filter2d" if named else api_name, method)
     value = border_value(border, options["border_value"])
     max_gpu_bytes = gpu_bytes(options["max_gpu_memory"])
     args = args_of(options)
 
     def apply(img: Any, backend_name: str, out: Any = None) -> Any:
         from .. import api
+        from .. import named as named_filters
 
-        return getattr(api, api_name)(
+        return getattr(named_filters if named else api, api_name)(
             img, *args, border=border.value, border_value=value, backend=backend_name,
             method=method.value, max_gpu_bytes=max_gpu_bytes, out=out,
         )  # fmt: skip
 
     outs = many.Outputs(**{f.name: options[f.name] for f in fields(many.Outputs)})
     cluster = (options["gpus"], options["scheduler"])
-    taps = int(args[0].size) if op == "filter" else 0
+    taps = int(args[0].size) if op == "filter" else NAMED[op][2](args) if named else 0
     filter_files(op, outs, backend=options["backend"], method=method, apply=apply,
                  cluster=cluster, taps=taps)  # fmt: skip
 
@@ -122,6 +171,13 @@ def _default_output(image: Path, op: str) -> Path:
     return io.default_output(image, op)
 
 
+def _result_dtype(op: str, img: Any) -> Any:
+    """The dtype of `op`'s result on `img`: the image's, but for RESULT_DTYPES."""
+    import numpy as np
+
+    return np.dtype(RESULT_DTYPES.get(op, img.dtype))
+
+
 def _result_channels(op: str, img: Any, source: Path, error: type[Exception]) -> int:
     """Channels of `op`'s result on `img`; `error` for contour on a float image."""
     if op != "contour":
@@ -167,8 +223,8 @@ def filter_file(
     target = output if output is not None else io.default_output(image, op)
     _check_extension(target)
     target = io.check_output(
-        target, input_path=image, overwrite=force, dtype=img.dtype, channels=channels,
-        quality=quality,
+        target, input_path=image, overwrite=force, dtype=_result_dtype(op, img),
+        channels=channels, quality=quality,
     )  # fmt: skip
     metadata = _metadata(image, target) if keep_metadata else None
     # Resolved only now, so that the "using the CPU backend" note of --backend auto
@@ -224,7 +280,7 @@ def _one_image_on_cpu(op: str, image: Path, backend: Backend, method: Method) ->
 def _result_bytes(op: str, img: Any) -> int:
     """Bytes of `op`'s result on `img` (contour: one channel)."""
     channels = 1 if op == "contour" or img.ndim == 2 else img.shape[2]
-    return img.shape[0] * img.shape[1] * channels * img.dtype.itemsize
+    return img.shape[0] * img.shape[1] * channels * _result_dtype(op, img).itemsize
 
 
 def available_memory() -> int:
@@ -264,7 +320,7 @@ def _filter_into_npy(
         done["out"] = array
         stage(f"writing {shown(target)}")
 
-    written = io.write_npy_from(target, shape, img.dtype, fill, overwrite=force)
+    written = io.write_npy_from(target, shape, _result_dtype(op, img), fill, overwrite=force)
     return written, done["out"], done["ms"]
 
 
@@ -345,7 +401,8 @@ def _run_files(op: str, outs: many.Outputs, template: str, *, backend: Backend, 
         many.refuse_existing(job.targets, force=outs.force, skip_existing=outs.skip_existing)
         img = io.read_image(job.source)
         channels = _result_channels(op, img, job.source, InputError)
-        io.check_format(job.target, dtype=img.dtype, channels=channels, quality=outs.quality)
+        io.check_format(job.target, dtype=_result_dtype(op, img), channels=channels,
+                        quality=outs.quality)  # fmt: skip
         return img, _many_metadata(job, noted) if outs.keep_metadata else None
 
     def here(job: files.Job, loaded: Any) -> bool:

@@ -1,4 +1,5 @@
-"""The filtering commands, `blur`, `filter` and `contour`, declared for Typer from one table.
+"""The filtering commands, `blur`, `filter`, `contour` and the named filters (`gaussian`,
+`edges`, `sharpen`), declared for Typer from one table.
 
 Each takes INPUT... and the same output, border, backend and many-files options
 (`_COMMON`); a `Filter` adds its own options. What a command does with them is
@@ -13,12 +14,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from .options import (
+    AmountOpt,
+    ApertureOpt,
     BackendOpt,
     BorderOpt,
     BorderValueOpt,
     BoxSideOpt,
     DebugOpt,
     ForceOpt,
+    GaussianSideOpt,
     GpusOpt,
     InPaths,
     JobsOpt,
@@ -34,7 +38,11 @@ from .options import (
     QuietOpt,
     RecursiveOpt,
     SchedulerOpt,
+    SharpenSigmaOpt,
+    SigmaOpt,
+    SigmaYOpt,
     SkipExistingOpt,
+    ThresholdOpt,
 )
 from .typer_app import app_command, command
 from .values import Backend, Border, Method
@@ -100,6 +108,56 @@ FILTERS = (
           imgfilter contour photo.jpg   (writes photo.contour.jpg)
 
           imgfilter contour 'scans/*.png' --out-dir edges -j 4
+        """,
+    ),
+    Filter(
+        "gaussian",
+        (("k", GaussianSideOpt, 0), ("sigma", SigmaOpt, 0.0), ("sigma_y", SigmaYOpt, 0.0)),
+        """Gaussian blur: cv2.GaussianBlur(img, (K, K), S, sigmaY=SY).
+
+        Give --k, --sigma or both; the missing one comes from the other as in OpenCV.
+        8- and 16-bit results equal OpenCV's within 1 LSB (exact halves round to even).
+
+        Examples:
+
+          imgfilter gaussian photo.jpg --k 21 --sigma 3.5   (writes photo.gaussian.jpg)
+
+          imgfilter gaussian photos/ -r --sigma 2 --out-dir soft
+        """,
+    ),
+    Filter(
+        "edges",
+        (("k", ApertureOpt, 3),),
+        """Edge strength: the Sobel gradient magnitude, as 8 bits.
+
+        cv2.magnitude of cv2.Sobel x and y (float32), then cv2.convertScaleAbs with
+        alpha 1 for 8-bit images, 255/65535 for 16-bit, 255 for float (0 to 1): uint8
+        out, each channel alone; strong edges saturate at 255.
+
+        Examples:
+
+          imgfilter edges photo.jpg   (writes photo.edges.jpg)
+
+          imgfilter edges scans/ --k 5 --out-dir edges --name '{stem}.png'
+        """,
+    ),
+    Filter(
+        "sharpen",
+        (
+            ("sigma", SharpenSigmaOpt, _REQUIRED),
+            ("amount", AmountOpt, 1.0),
+            ("threshold", ThresholdOpt, 0.0),
+        ),
+        """Unsharp mask: img + A * (img - Gaussian blur of sigma S), saturated.
+
+        The blur is gaussian's with --k 0 (its size from S); with --threshold T,
+        values within T of the blur are left as they are.
+
+        Examples:
+
+          imgfilter sharpen photo.jpg --sigma 2 --amount 1.5   (writes photo.sharpen.jpg)
+
+          imgfilter sharpen scans/ --sigma 1 --threshold 4 --out-dir sharp
         """,
     ),
 )

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..names import BLUR_METHODS, FILTER_METHODS, MAX_BOX_SIDE
+from ..names import BLUR_METHODS, FILTER_METHODS, MAX_BOX_SIDE, MAX_KERNEL_SIDE
 from .values import Backend, Border, Method
 
 InPath = Annotated[
@@ -209,5 +209,61 @@ NormalizeOpt = Annotated[
     bool,
     typer.Option(
         "--normalize", metavar="", help="Divide the kernel by its sum (which must not be 0)."
+    ),
+]
+
+# The named filters' own options (gaussian, edges, sharpen).
+GaussianSideOpt = Annotated[
+    int,
+    typer.Option(
+        "--k",
+        "-k",
+        min=0,
+        max=MAX_KERNEL_SIDE,
+        metavar="K",
+        help="Kernel side in pixels, odd (1 to 255); 0: from --sigma, as "
+        "OpenCV makes it (3 sigma each side for 8-bit images, 4 otherwise).",
+    ),
+]
+SigmaOpt = Annotated[
+    float,
+    typer.Option(
+        "--sigma",
+        metavar="S",
+        help="Standard deviation in pixels (across, and down unless --sigma-y); 0: "
+        "from --k, as OpenCV makes it.",
+    ),
+]
+SigmaYOpt = Annotated[
+    float,
+    typer.Option("--sigma-y", metavar="S", help="Standard deviation down; 0: --sigma."),
+]
+SharpenSigmaOpt = Annotated[
+    float,
+    typer.Option("--sigma", metavar="S", help="The blur's standard deviation in pixels (> 0)."),
+]
+AmountOpt = Annotated[
+    float,
+    typer.Option("--amount", metavar="A", help="How much of the image minus its blur is added."),
+]
+ThresholdOpt = Annotated[
+    float,
+    typer.Option(
+        "--threshold",
+        min=0,
+        metavar="T",
+        help="Leave values whose difference from the blur is below T (in the image's "
+        "values, 0 to 255 for 8-bit) as they are; 0: sharpen everywhere.",
+    ),
+]
+ApertureOpt = Annotated[
+    int,
+    typer.Option(
+        "--k",
+        "-k",
+        min=1,
+        max=31,
+        metavar="K",
+        help="Sobel kernel side: 1, 3, 5, ... 31.",
     ),
 ]

@@ -37,6 +37,9 @@ COMMANDS = {
     "blur": "filters",
     "filter": "filters",
     "contour": "filters",
+    "gaussian": "filters",
+    "edges": "filters",
+    "sharpen": "filters",
     "compare": "compare",
     "bench": "bench",
     "train": "classify",
@@ -227,7 +230,7 @@ def _main(
         ),
     ] = False,
 ) -> None:
-    """GPU image filtering that matches OpenCV: box blur, filter2D, contour.
+    """GPU image filters that match OpenCV: box blur, filter2D, contour, Gaussian, edges, sharpen.
 
     Each command reads an image (PNG, JPEG, TIFF, ...), filters it on the GPU
     (CUDA) or the CPU, and writes INPUT_STEM.OP.EXT beside the input unless -o says
