@@ -3,6 +3,7 @@
     imgfilter blur INPUT... --k K [-o OUT | --out-dir DIR --name TEMPLATE]
     imgfilter filter INPUT... --kernel SPEC [--normalize] [-o OUT | --out-dir DIR ...]
     imgfilter contour INPUT... [-o OUT | --out-dir DIR ...]
+    imgfilter gaussian|edges|sharpen INPUT... [--k K] [--sigma S] [-o OUT | --out-dir DIR ...]
     imgfilter compare INPUT (--k K | --kernel SPEC [--normalize] | --contour) [--json]
     imgfilter bench [--sizes LIST] [--pipeline] [--json FILE]
     imgfilter train INPUT LABELS [-o MODEL.npz];  imgfilter classify INPUT... -m MODEL.npz
@@ -23,10 +24,10 @@ alone.
 Modules: `typer_app` (the Typer app `app`, its one-line Click errors, the `command`
 decorator), `worker` (worker thread, spinner, one-line errors and exit codes),
 `output` (stderr lines, Ctrl-C), `options` (the shared Typer options), `values` (what
-option values are and resolve to), `many` (several inputs), `filtering` (what blur,
-filter and contour do), and the commands' Typer declarations: `filters` (blur,
-filter, contour), `compare`, `bench`, `classify` (train, classify). Only `typer_app`,
-`options` and the declarations import Typer.
+option values are and resolve to), `many` (several inputs), `filtering` (what the
+filtering commands do), and the commands' Typer declarations: `filters` (blur,
+filter, contour, gaussian, edges, sharpen), `compare`, `bench`, `classify` (train,
+classify). Only `typer_app`, `options` and the declarations import Typer.
 """
 
 from __future__ import annotations
