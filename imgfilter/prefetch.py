@@ -26,7 +26,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-COMMANDS = ("blur", "filter", "contour")
+COMMANDS = ("blur", "filter", "contour", "gaussian", "edges", "sharpen")
 # Python's GIL switch interval while the read runs. The reader gives up the GIL at every
 # system call and decoder; with the default 5 ms it then waits up to that long each time
 # for the importing main thread to hand it back, which doubled a photo's read.

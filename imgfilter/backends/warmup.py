@@ -23,7 +23,7 @@ import stat
 import threading
 from pathlib import Path
 
-QUICK_COMMANDS = ("blur", "filter", "contour")
+QUICK_COMMANDS = ("blur", "filter", "contour", "gaussian", "edges", "sharpen")
 CLASSIFIER_COMMANDS = ("classify", "train")
 # With --backend auto, a blur or a contour of one image of at most this many bytes (its
 # file and its pixels) runs on the CPU (`imgfilter.placement`, the rule for any image
