@@ -35,12 +35,27 @@ if os.environ.get("IMGFILTER_TEST_SIMULATOR") == "1" or not real_gpu_present():
 
 ON_GPU = os.environ.get("NUMBA_ENABLE_CUDASIM") != "1"
 
+
+def simulator_cpu() -> int | None:
+    """The CPU that this process's simulated CUDA threads run on: xdist worker gwN
+    takes the N-th CPU it may use (modulo their count), a process outside xdist one
+    by its pid; None where only one CPU is usable. Only those threads are pinned (the
+    tests' own threads, and the CPU backend's thread counts, see every CPU)."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cpus) < 2:
+        return None
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    index = int(worker[2:]) if worker[:2] == "gw" and worker[2:].isdigit() else os.getpid()
+    return cpus[index % len(cpus)]
+
+
 if not ON_GPU:
     # The simulator lacks warp shuffles, votes and some device attributes; the shim
-    # adds them so kernels that use them run unchanged (see tests/cuda_sim_shim.py).
+    # adds them so kernels that use them run unchanged, and runs a block's threads on
+    # one CPU (see tests/cuda_sim_shim.py).
     from cuda_sim_shim import install as _install_sim_shim
 
-    _install_sim_shim()
+    _install_sim_shim(pin_cpu=simulator_cpu())
 
 
 def pytest_addoption(parser):
