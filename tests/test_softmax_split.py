@@ -258,9 +258,10 @@ def test_default_chunks():
 SPLIT_CASES = [  # (rows, cols, dtype, log, chunks, resident)
     (1, 70, np.float32, False, 4, 4),  # 35 packs of 2: chunks of 9, 9, 9, 8
     (2, 70, np.float16, True, 3, 3),  # exactly a row's blocks held at once
-    (3, 37, np.float32, True, 3, 64),  # packs of 1; every block at once
+    (2, 37, np.float32, True, 3, 64),  # packs of 1; every block at once
     (3, 40, np.float16, False, 2, 2),
-    (5, 20, np.float32, False, 4, 6),  # 5 packs of 4: chunks of 2, 2, 1 and 0 packs
+    (2, 20, np.float32, False, 4, 6),  # 5 packs of 4: chunks of 2, 2, 1 and 0 packs;
+    # 8 items for 6 blocks: two blocks take row 1's last chunks after row 0's
     (2, 33, np.float16, False, 1, 1),  # one chunk: no waiting
 ]
 
@@ -291,11 +292,13 @@ def test_split_stages_are_one_or_two():
 @sim_only
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
 def test_split_huge_and_infinite_values(dtype):
-    # -inf entries, all -inf but one, 1e30 / 6e4. (A row of only -inf gives NaN on a
-    # GPU; the simulator's math.log(0) raises, as on the other paths.)
+    # -inf entries, all -inf but one, 1e30 / 6e4, in two chunks: huge maxima in both
+    # (row 0), one chunk's values far below the other's (row 1), a chunk all -inf
+    # (row 3). (A row of only -inf gives NaN on a GPU; the simulator's math.log(0)
+    # raises, as on the other paths.)
     x = special_rows(40, dtype)
     for log in (False, True):
-        y, _, _ = run_split(x, log, chunks=3)
+        y, _, _ = run_split(x, log, chunks=2)
         check(y, x, log)
 
 
@@ -331,24 +334,26 @@ def _split_layout(x, packed: bool, chunks: int, block: int, pack: int):
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
 def test_split_both_piece_layouts(dtype, packed):
     # auto caches 2-byte inputs as raw packs, 4-byte ones element by element; both
-    # layouts are exact for both (35 packs of 2 in 3 chunks: 12, 12, 11).
-    x = random_rows(3, 70, dtype)
+    # layouts are exact for both (35 packs of 2 in 3 chunks: 12, 12, 11; one row: a
+    # block's layout is the same whatever the rows).
+    x = random_rows(1, 70, dtype)
     check(_split_layout(x, packed, chunks=3, block=32, pack=2), x, False)
 
 
 @sim_only
 def test_split_counters_rearm_for_the_next_launch():
-    x = random_rows(3, 48, np.float32)
-    z = random_rows(3, 48, np.float32, seed=5)
+    # 2 rows of 3 chunks for 5 blocks: a block takes a second item.
+    x = random_rows(2, 48, np.float32)
+    z = random_rows(2, 48, np.float32, seed=5)
     y, how, launcher = run_split(x, chunks=3, resident=5)
     check(y, x, False)
     counters, partials = launcher.scratch()
     assert not counters.copy_to_host().any() and not partials.copy_to_host().any()
     dz, dy = cuda.to_device(z), cuda.device_array(z.shape, z.dtype)
     with concurrent_blocks(resident=5):
-        launcher[how.grid, how.block, 0, how.smem](dz, dy, 3, 48)
-        with pytest.raises(ValueError, match="3 rows"):
-            launcher[how.grid, how.block, 0, how.smem](dz[:2], dy[:2], 2, 48)
+        launcher[how.grid, how.block, 0, how.smem](dz, dy, 2, 48)
+        with pytest.raises(ValueError, match="2 rows"):
+            launcher[how.grid, how.block, 0, how.smem](dz[:1], dy[:1], 1, 48)
     check(dy.copy_to_host(), z, False)
     assert not counters.copy_to_host().any() and not partials.copy_to_host().any()
 
