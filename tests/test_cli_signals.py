@@ -163,9 +163,9 @@ def test_sigint_at_any_moment_is_one_line_and_130(tmp_path):
     `wrote` line, if it came) and the output complete; or, sent too late, the
     command's own success."""
     src = REPO / "samples" / "astronaut.jpg"
-    outcomes = []
-    for i in range(16):
-        out = tmp_path / f"out{i}.png"
+
+    def start(out: Path) -> subprocess.Popen:
+        """The command, once it has imported the package (CHILD's byte read)."""
         ready_r, ready_w = os.pipe()
         proc = subprocess.Popen(
             [sys.executable, "-c", CHILD, str(ready_w), "blur", str(src), "--k", "21",
@@ -178,7 +178,21 @@ def test_sigint_at_any_moment_is_one_line_and_130(tmp_path):
             assert os.read(ready_r, 1) == b".", proc.communicate()
         finally:
             os.close(ready_r)
-        time.sleep(0.003 + 0.016 * i)  # 3-243 ms: the command takes 0.25 s or more
+        return proc
+
+    # The schedule spans the command's time after CHILD's byte (at most 0.5 s: its
+    # start), measured on a run left alone, so the last signals may come as it ends: a
+    # fixed 3-243 ms schedule met too few interrupted commands where it took under 0.25 s.
+    alone = start(tmp_path / "alone.png")
+    began = time.monotonic()
+    assert alone.wait(timeout=60) == 0, alone.communicate()
+    alone.communicate()
+    spread = min(time.monotonic() - began, 0.5)
+    outcomes = []
+    for i in range(16):
+        out = tmp_path / f"out{i}.png"
+        proc = start(out)
+        time.sleep(0.003 + spread * i / 15)
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=60)
         if proc.returncode == 0:  # the command had ended: its own output, complete
