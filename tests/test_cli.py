@@ -1106,9 +1106,11 @@ def test_spinner_on_a_terminal_only_for_long_work_and_not_with_quiet(tmp_path):
     import pty
     import select
 
-    # ~2 s on one core (the CPU backend's FFT tiles: ~0.5 s for 2000 x 2000)
+    # Past the spinner's 1 s in the filter: the CPU backend's FFT tiles of a 101x101
+    # kernel took 1.5 s on an idle 2-core machine (a 51x51 kernel's 0.9 s: no spinner
+    # while filtering there).
     src = imwrite(tmp_path / "in.bmp", random_image((4000, 4000, 3)))
-    kern = np.random.default_rng(0).random((51, 51)).astype(np.float32)
+    kern = np.random.default_rng(0).random((101, 101)).astype(np.float32)
     np.save(tmp_path / "k.npy", kern / kern.sum())
 
     def run_on_pty(*extra: str) -> tuple[int, str]:
