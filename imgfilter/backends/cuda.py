@@ -603,6 +603,27 @@ def _box_record(method: str, ksize, anchor, border, value, rows: tuple) -> tuple
     return ("box", method, ksize, anchor, border, value), record, rows
 
 
+def filter_op(options: tuple, record, img, out, stream, rows: tuple, border: int, value,
+              again, out_shape=None):  # fmt: skip
+    """One call of a neighbourhood operation on the GPU, for an operation's backend code:
+    a device image queued on its stream (`_on_device`), a host image uploaded, filtered
+    and downloaded (in bands of rows when the GPU lacks the memory). `options`: hashable,
+    every option that shapes the launches; `record(src, dst, handle)` queues them on
+    device arrays; `rows` = (above, below) rows an output row reads and `border` the
+    vertical border rule (and `value` its constant); `again(band)` filters one host
+    band the same way; `out_shape(shape)` the result's shape (default: the image's)."""
+    shape_of = out_shape or (lambda shape: shape)
+    if not isinstance(img, np.ndarray):
+        return _on_device(options, img, out, stream, shape_of(img.shape), record, rows, border)
+
+    def go():
+        call = begin(img, out, stream)
+        run = lambda src, dst: record(src, dst, call.stream)  # noqa: E731
+        return call.finish(_queue(options, call, shape_of(call.img.shape), run, rows, border))
+
+    return _run_or_bands(go, img, out, rows, border, value, again)
+
+
 def contour(img, border, value, method, out=None, stream=None):
     """Fused four-direction contour map; method is ignored (one fused kernel)."""
     options = ("contour", border, value)
@@ -613,15 +634,9 @@ def contour(img, border, value, method, out=None, stream=None):
             _contour.contour(src, border, int(value), dst, handle)
 
         _keep_call(options, record)
-    if not isinstance(img, np.ndarray):
-        return _on_device(options, img, out, stream, img.shape[:-1], record, (1, 1), border)
-
-    def go():
-        call = begin(img, out, stream)
-        run = lambda src, dst: record(src, dst, call.stream)  # noqa: E731
-        return call.finish(_queue(options, call, call.img.shape[:-1], run, (1, 1), border))
 
     def again(band):
         return contour(band, border, value, method, None, stream)
 
-    return _run_or_bands(go, img, out, (1, 1), border, value, again)
+    return filter_op(options, record, img, out, stream, (1, 1), border, value, again,
+                     lambda shape: shape[:-1])  # fmt: skip
