@@ -197,7 +197,7 @@ def install(pin_cpu: int | None = None) -> None:
         if not hasattr(simulator_cuda, fn.__name__):
             setattr(simulator_cuda, fn.__name__, functools.partial(fn, None))
     # Old simulators: a kernel's body compiled as a device function (a batch in one
-    # launch, kernels.common.launch.batched_kernel) sees the simulator's `cuda`, which lacks
+    # launch, kernels.common.batching.batched_kernel) sees the simulator's `cuda`, which lacks
     # the fake module's fma.
     if not hasattr(simulator_cuda, "fma"):
         simulator_cuda.fma = functools.partial(fake.fma, None)

@@ -65,7 +65,7 @@ def test_array_batch_equals_each_image_alone(dtype, channels, border, where):
 
 
 # (8, 16) images: every image's plane a multiple of 16 bytes, so a device batch
-# runs each kernel once for all its images (kernels.common.launch.Batching).
+# runs each kernel once for all its images (kernels.common.batching.Batching).
 ONE_LAUNCH_OPS = {
     "box (uint8: tiled)": (np.uint8, lambda b, **o: imgfilter.blur_batch(b, 3, **o),
                            lambda i, **o: imgfilter.blur(i, 3, **o)),
@@ -95,7 +95,7 @@ OUTER = np.outer([1, 2, 1], [0.25, 1, 2, -1]).astype(np.float32)
 def _count_launches(monkeypatch):
     """The kernels launched from now on (the launch layer's, and the var-shape
     launches of lists, which `kernels.common.var_shape` makes itself)."""
-    from kernels.common import launch, var_shape
+    from kernels.common import batching, launch, var_shape
 
     counted = []
     real = launch._launch
@@ -106,6 +106,7 @@ def _count_launches(monkeypatch):
 
     monkeypatch.setattr(launch, "_launch", counting)
     monkeypatch.setattr(var_shape, "_launch", counting)
+    monkeypatch.setattr(batching, "_launch", counting)
     return counted
 
 
@@ -631,7 +632,7 @@ def test_gpu_later_process_loads_the_var_shape_kernel_from_the_cache(tmp_path):
     code = textwrap.dedent("""
         import numpy as np
         import imgfilter
-        from kernels.common import launch, var_shape
+        from kernels.common import batching, launch, var_shape
         from numba import cuda
         compiled, real = [], launch.dispatcher_of
         def counting(kernel):  # asked for the dispatcher where no binary is found

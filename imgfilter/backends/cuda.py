@@ -24,11 +24,11 @@ from kernels.common.arrays import (
     to_device,
     to_host,
 )
+from kernels.common.batching import Batching
 from kernels.common.border_index import WRAP
 from kernels.common.border_index import border_index as _border_index
 from kernels.common.cudadrv import CudaError, GpuOutOfMemory, NoMemoryForContext
 from kernels.common.launch import (
-    Batching,
     NotCompiled,
     Recording,
     checking,
@@ -117,7 +117,7 @@ def _queue(key: tuple, call: _Call, out_shape: tuple, run, rows: tuple = (0, 0),
 
 def _queue_batch(key: tuple, batch, out, stream: int, run):
     """`_queue` for a batch: the launches of its first image made for every image
-    (`kernels.common.launch.Batching`: one launch per kernel where it can), recorded and
+    (`kernels.common.batching.Batching`: one launch per kernel where it can), recorded and
     replayed as one recipe; each image on its own where the images do not keep the
     first one's 16-byte alignment."""
     n = batch.shape[0]

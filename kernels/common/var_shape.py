@@ -3,7 +3,7 @@
 `Collecting` notes the launches that each image's launch function makes;
 `var_shape_plan` groups images whose launches match and makes each step one launch of
 the kernel's var-shape form (`var_shape_kernel`: blockIdx.z picks the image, a table
-gives each image's grid, arrays and integers), where `kernels.common.launch._mergeable`
+gives each image's grid, arrays and integers), where `kernels.common.launch.mergeable`
 allows; `run_var_shape` queues the plan and `VarShapeRecipe` replays it on other images
 of the same shapes. Same results as each image alone: the body is the kernel's own
 source.
@@ -29,22 +29,19 @@ from .arrays import (
     start_address,
     to_device,
 )
+from .batching import TARGET_OPTIONS, device_body, jit_like, mergeable
 from .cudadrv import address, driver
 from .devarray import POOL, DeviceArray, _recorder
 from .launch import (
-    _TARGET_OPTIONS,
     SIMULATOR,
     _arg_key,
-    _batching,
-    _body,
     _compile,
     _compiled,
     _dims,
     _flatten,
     _is_array,
-    _jit_like,
     _launch,
-    _mergeable,
+    batch_state,
     compile_lock,
     prepare_steps,
     type_name,
@@ -70,14 +67,14 @@ class Collecting:
         self.replayable = True
 
     def __enter__(self) -> Collecting:
-        if _batching.active is not None or _recorder.active:
+        if batch_state.active is not None or _recorder.active:
             raise RuntimeError("launch collections do not nest")
-        _batching.active = self
+        batch_state.active = self
         _recorder.active = self
         return self
 
     def __exit__(self, *exc) -> None:
-        _batching.active = None
+        batch_state.active = None
         _recorder.active = None
 
     def allocated(self, block) -> None:
@@ -132,7 +129,7 @@ def _kinds(steps: list) -> tuple | None:
     image, a grid using z, a kernel without Python source or reading its grid size,
     per-image arrays inside tuples or not C-contiguous)."""
     kernel, grid, _, args, _ = steps[0]
-    if not 1 < len(steps) <= 65535 or not _mergeable(kernel):
+    if not 1 < len(steps) <= 65535 or not mergeable(kernel):
         return None
     if any(s[1][2] != 1 for s in steps):
         return None
@@ -198,7 +195,7 @@ def var_shape_kernel(kernel, kinds: tuple):
             return found
         from numba import cuda
 
-        namespace = {"cuda": cuda, "body": _body(kernel)}
+        namespace = {"cuda": cuda, "body": device_body(kernel)}
         params, lines, call, col = ["t"], [], [], 2
         for p, kind in enumerate(kinds):
             if kind[0] == "shared":
@@ -227,7 +224,7 @@ def var_shape_kernel(kernel, kinds: tuple):
             f"body({', '.join(call)})",
         ]) + "\n"  # fmt: skip
         exec(compile(source, f"<var-shape {kernel.py_func.__name__}>", "exec"), namespace)
-        found = _var_kernels[key] = _jit_like(kernel, namespace["var_shape"])
+        found = _var_kernels[key] = jit_like(kernel, namespace["var_shape"])
         _var_sources[found] = (kernel, kinds, source)
         return found
 
@@ -247,7 +244,7 @@ def cubin_name(var_kernel, args: tuple) -> str | None:
     if key is None or None in names or any(type(a) is tuple for a in args):
         return None
     options = getattr(kernel, "targetoptions", {})
-    chosen = repr([(k, repr(options[k])) for k in _TARGET_OPTIONS if k in options])
+    chosen = repr([(k, repr(options[k])) for k in TARGET_OPTIONS if k in options])
     parts = [key, stable_text(kinds), source, ",".join(names), chosen]
     if None in parts:
         return None
