@@ -22,13 +22,14 @@ from typing import Any
 
 import numpy as np
 
+from kernels.common import replay
 from kernels.common.arrays import as_device_array, is_c_contiguous, is_device_array, overlaps
+from kernels.common.cudadrv import CudaError, GpuOutOfMemory
 from kernels.common.devarray import DeviceArray, native_empty, stream_handle
 
-from . import replay
 from .backends import get_backend
 from .border import border_code
-from .errors import UsageError
+from .errors import DeviceError, GpuMemoryError, UsageError
 from .names import BLUR_METHODS, CONTOUR_METHODS, FILTER_METHODS, MAX_BOX_SIDE, MAX_KERNEL_SIDE
 
 DTYPES = (np.uint8, np.uint16, np.float32)
@@ -220,6 +221,16 @@ def _finish(result: Any, out: Any, shape: tuple, call: tuple | None) -> Any:
     return result
 
 
+def _replayed(options: tuple, img: Any, stream: Any) -> Any:
+    """`kernels.common.replay.lookup`, its CUDA failures worded as the backend's."""
+    try:
+        return replay.lookup(options, img, stream)
+    except GpuOutOfMemory as exc:
+        raise GpuMemoryError(f"{exc}; try --backend cpu") from exc
+    except CudaError as exc:
+        raise DeviceError(f"CUDA error: {exc}") from exc
+
+
 def _out_3d(out: Any) -> Any:
     return None if out is None else _as_3d(out)
 
@@ -391,7 +402,7 @@ def filter2d(
             else kernel
         )
         options = ("filter2d", kkey, anchor, border, border_value, backend, method, max_gpu_bytes)
-        if (replayed := replay.lookup(options, img, stream)) is not None:
+        if (replayed := _replayed(options, img, stream)) is not None:
             return replayed
     arr, device = _as_image(img)
     k = _kernel_memo(kernel)
@@ -469,7 +480,7 @@ def blur(
     """
     if out is None:
         options = ("blur", k, anchor, border, border_value, backend, method, max_gpu_bytes)
-        if (replayed := replay.lookup(options, img, stream)) is not None:
+        if (replayed := _replayed(options, img, stream)) is not None:
             return replayed
     arr, device = _as_image(img)
     ksize, anchor_yx, code, method, value = _box_options(k, anchor, border, border_value,
@@ -552,7 +563,7 @@ def contour(
     """
     if out is None:
         options = ("contour", border, border_value, backend, method, max_gpu_bytes)
-        if (replayed := replay.lookup(options, img, stream)) is not None:
+        if (replayed := _replayed(options, img, stream)) is not None:
             return replayed
     arr, device = _as_image(img)
     if np.dtype(arr.dtype) == np.float32:

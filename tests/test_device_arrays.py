@@ -273,32 +273,37 @@ def test_explicit_stream_argument_wins_over_the_arrays():
     del token
 
 
+def _recipes() -> int:
+    """How many image operations' recordings `kernels.common.replay` holds."""
+    from kernels.common import replay
+
+    return sum(key[0] == "recipe" for key in replay.TABLE)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(OPS))
 def test_replayed_calls_agree_with_the_first(name):
     """The first call of a plan records its launches, later ones replay them: other
     images (and outputs) of the same shape must come out right, borders included."""
     cp = pytest.importorskip("cupy")
-    from imgfilter.backends import cuda as backend
-
     for shape in [(301, 517, 3), (64, 64, 1), (7, 1001, 4)]:
-        before = len(backend._RECIPES)
+        before = _recipes()
         for seed in range(3):
             host = _image(shape, seed=seed)
             got = OPS[name](cp.asarray(host)).get()
             np.testing.assert_array_equal(got.reshape(REFS[name](host).shape), REFS[name](host))
-        assert len(backend._RECIPES) == before + 1, "one recording, then replays"
+        assert _recipes() == before + 1, "one recording, then replays"
 
 
 @pytest.mark.gpu
 def test_api_replays_keep_calls_with_other_options_apart(monkeypatch):
-    """Repeated device calls are replayed from `imgfilter.replay`: alternating kernel
+    """Repeated device calls are replayed (`kernels.common.replay`): alternating kernel
     sizes, borders, kernels, streams and images must each get their own result. (The
     kernels are compiled at once: a stand-in running while one compiles in the
     background is not filed for replay.)"""
     cp = pytest.importorskip("cupy")
-    from imgfilter import replay
     from imgfilter.backends import background
+    from kernels.common import replay
 
     monkeypatch.setattr(background, "ENABLED", False)
 
@@ -318,13 +323,14 @@ def test_api_replays_keep_calls_with_other_options_apart(monkeypatch):
                 np.testing.assert_array_equal(got.get(), ref.filter2d(host, weights))
             gray = imgfilter.contour(cp.asarray(host[:, :, 0].copy())).get()
             np.testing.assert_array_equal(gray, ref.contour(host[:, :, 0]))
-    names = [key[0][0] for key in replay._REPLAYS if key[1][0][:2] == (123, 457)]
+    calls = [key for key in replay.TABLE if key[0] == "call"]
+    names = [key[1][0] for key in calls if key[2][0][:2] == (123, 457)]
     assert names.count("blur") >= 4 and names.count("filter2d") >= 2 and "contour" in names
 
 
 @pytest.mark.gpu
 def test_api_replays_of_torch_tensors_follow_torch_streams():
-    """Repeated calls on torch CUDA tensors take the replay path (`imgfilter.replay`),
+    """Repeated calls on torch CUDA tensors take the replay path (`kernels.common.replay`),
     each on torch's current stream: a side stream's work is ordered before the result
     is read on that stream, with no synchronisation by the caller."""
     torch = pytest.importorskip("torch")
@@ -342,9 +348,10 @@ def test_api_replays_of_torch_tensors_follow_torch_streams():
     side.synchronize()
     for host, total in zip(hosts, sums, strict=True):
         assert int(total) == int(ref.blur(host, 5).astype(np.int64).sum())
-    from imgfilter import replay
+    from kernels.common import replay
 
-    assert any(key[1][0] == (211, 307, 3) for key in replay._REPLAYS)  # filed for torch
+    calls = [key for key in replay.TABLE if key[0] == "call"]
+    assert any(key[2][0] == (211, 307, 3) for key in calls)  # filed for torch
 
 
 def test_results_are_made_by_the_inputs_library(monkeypatch):

@@ -1,4 +1,4 @@
-"""Repeated device calls replayed by the API (`imgfilter.replay`) and by the kernel
+"""Repeated device calls replayed by the API (`kernels.common.replay`) and by the kernel
 entry points (softmax, gemv): the key separates what must differ, a replay patches
 the new addresses, stale or partial records are never filed. A fake driver stands in
 for CUDA (tests/test_pool.py), so these run on CI as on a GPU machine."""
@@ -12,8 +12,8 @@ import pytest
 from test_pool import fake  # noqa: F401 - the fixture
 
 import imgfilter
-from imgfilter import api, replay
-from kernels.common import launch
+from imgfilter import api
+from kernels.common import launch, replay
 from kernels.common.cudadrv import CudaError
 from kernels.common.devarray import DeviceArray, peek
 from kernels.linalg import gemv
@@ -31,7 +31,7 @@ def _recipe():
 
 @pytest.fixture
 def clean(monkeypatch):
-    monkeypatch.setattr(replay, "_REPLAYS", {})
+    monkeypatch.setattr(replay, "TABLE", {})
 
 
 def _filed(drv, options, img, result, stream=None):
@@ -106,10 +106,10 @@ def test_stale_notes_and_other_results_are_not_filed(fake, clean):  # noqa: F811
     replay.note(img, pool_array((3, 4), 7), _recipe())  # an earlier call's note
     replay.lookup(options, img, None)  # this call's miss clears it
     replay.remember(options, img, None, pool_array((3, 4), 7))
-    assert replay._REPLAYS == {}
+    assert replay.TABLE == {}
     replay.note(DeviceArray(9 << 30, (3, 4), np.uint8), pool_array((3, 4), 7), _recipe())
     replay.remember(options, img, None, pool_array((3, 4), 7))  # noted on another image
-    assert replay._REPLAYS == {}
+    assert replay.TABLE == {}
 
 
 def test_unhashable_options_and_host_images_go_the_general_way(fake, clean):  # noqa: F811
@@ -117,7 +117,7 @@ def test_unhashable_options_and_host_images_go_the_general_way(fake, clean):  # 
     assert replay.lookup(("filter2d", [[1, 2]]), img, None) is None
     replay.note(img, pool_array((3, 4), 7), _recipe())
     replay.remember(("filter2d", [[1, 2]]), img, None, pool_array((3, 4), 7))
-    assert replay._REPLAYS == {}
+    assert replay.TABLE == {}
     assert replay.lookup(("blur",), np.zeros((3, 4), np.uint8), None) is None
     assert replay.lookup(("blur",), img, "fast") is None  # the general path says why
 
@@ -131,8 +131,10 @@ def test_a_driver_failure_while_replaying_is_a_device_error(fake, clean, monkeyp
         raise CudaError("cuLaunchKernelEx failed: CUDA_ERROR_LAUNCH_FAILED", 719)
 
     monkeypatch.setattr(launch.Recipe, "replay", fail)
-    with pytest.raises(imgfilter.DeviceError, match="LAUNCH_FAILED"):
+    with pytest.raises(CudaError, match="LAUNCH_FAILED"):
         replay.lookup(options, img, None)
+    with pytest.raises(imgfilter.DeviceError, match="LAUNCH_FAILED"):
+        api._replayed(options, img, None)  # as the API words it
 
 
 class _RecordingBackend:
@@ -165,11 +167,12 @@ def test_blur_replays_a_device_call_it_has_seen(fake, clean, monkeypatch):  # no
 @pytest.mark.parametrize("module", [softmax, gemv])
 def test_kernel_entry_points_replay_recorded_calls(fake, module, monkeypatch):  # noqa: F811
     drv, _ = fake
-    monkeypatch.setattr(module, "_REPLAYS", {})
+    monkeypatch.setattr(replay, "TABLE", {})
     if module is softmax:
         x = DeviceArray(1 << 30, (2, 6), np.float32, stream=3)
         dy = pool_array((2, 24), 3).view(np.float32).reshape(2, 6)
-        softmax._keep_replay((peek(x)[0], x.ptr & 15, False, "auto", None), dy, _recipe())
+        replay.keep_call(("softmax call", peek(x)[0], x.ptr & 15, False, "auto", None), dy,
+                         _recipe())  # fmt: skip
         got = softmax.softmax(DeviceArray(6 << 30, (2, 6), np.float32, stream=3))
         assert got.shape == (2, 6) and got.dtype == np.float32
         assert drv.launches[-1][5][4] == 6 << 30 and drv.launches[-1][5][15] == got.ptr
@@ -179,7 +182,8 @@ def test_kernel_entry_points_replay_recorded_calls(fake, module, monkeypatch):  
         dy = pool_array((8,), 3).view(np.float16)
         three = launch.Recipe(((55, (1, 1, 1), (32, 1, 1), 0, PACKER, [0] * 22,
                                 ((4, 0, 0), (15, 2, 0))),), (), ())  # fmt: skip
-        gemv._keep_replay((peek(A)[0], peek(x)[0], A.ptr & 15, x.ptr & 15, "auto"), dy, three)
+        key = ("gemv call", peek(A)[0], peek(x)[0], A.ptr & 15, x.ptr & 15, "auto")
+        replay.keep_call(key, dy, three)
         got = gemv.gemv(DeviceArray(7 << 30, (4, 8), np.float16, stream=3), x)
         assert got.shape == (4,) and drv.launches[-1][5][4] == 7 << 30
         assert drv.launches[-1][5][15] == got.ptr
@@ -203,7 +207,8 @@ def test_softmax_and_gemv_replays_are_right_on_a_gpu():
         got = cp.asnumpy(cp.asarray(gemv.gemv(cp.asarray(A), cp.asarray(v))))
         want = A.astype(np.float64) @ v.astype(np.float64)
         np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-2, atol=2e-2)
-    assert softmax._REPLAYS and gemv._REPLAYS
+    kinds = {key[0] for key in replay.TABLE}
+    assert {"softmax call", "gemv call"} <= kinds
 
 
 @pytest.mark.gpu

@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 from kernels.box import dispatch as _box
+from kernels.common import replay
 from kernels.common.arrays import (
     copy_rows,
     empty,
@@ -39,7 +40,6 @@ from kernels.conv import dispatch as _conv
 from kernels.conv import launch as _conv_launch
 from kernels.conv import plan as _conv_plan
 
-from .. import replay
 from ..errors import DeviceError, GpuMemoryError, UsageError
 from . import background
 
@@ -101,10 +101,6 @@ def _device_weights(kernel: np.ndarray, stream: int):
     return weights
 
 
-_RECIPES: dict = {}
-_RECIPES_KEEP = 256
-
-
 def _queue(key: tuple, call: _Call, out_shape: tuple, run, rows: tuple = (0, 0), border: int = 0,
            band_rows: int | None = None, keep: bool = True):  # fmt: skip
     """`_on_device` for a call's device image (a host image once uploaded, or one of
@@ -140,8 +136,8 @@ def _replay_or_record(key: tuple, img, out, stream: int, run, batching=None):
     or run and record it; returns the recipe (None if the launches cannot be
     replayed). With `batching`, img and out are batches and run gets their first
     images under it."""
-    key = (key, img.shape, img.dtype.num, img.ptr & 15, out.ptr & 15, stream)
-    recipe = _RECIPES.get(key)
+    key = ("recipe", key, img.shape, img.dtype.num, img.ptr & 15, out.ptr & 15, stream)
+    recipe = replay.TABLE.get(key)
     if recipe is not None:
         recipe.replay([img.ptr, out.ptr], stream)
         return recipe
@@ -153,10 +149,7 @@ def _replay_or_record(key: tuple, img, out, stream: int, run, batching=None):
                 run(img[0], out[0])
     recipe = recording.recipe()
     if recipe is not None:
-        with _lock:
-            _RECIPES[key] = recipe
-            while len(_RECIPES) > _RECIPES_KEEP:
-                _RECIPES.pop(next(iter(_RECIPES)))
+        replay.keep(key, recipe)
     return recipe
 
 
@@ -196,7 +189,9 @@ def _on_device(key: tuple, img, out, stream, out_shape: tuple, record, rows: tup
             with compile_lock:  # the simulator swaps the kernel modules' globals meanwhile
                 record(img, out, handle)
             return out
-        recipe = _RECIPES.get((key, img.shape, img.dtype.num, img.ptr & 15, out.ptr & 15, handle))
+        recipe = replay.TABLE.get(
+            ("recipe", key, img.shape, img.dtype.num, img.ptr & 15, out.ptr & 15, handle)
+        )
         if recipe is not None:
             recipe.replay([img.ptr, out.ptr], handle)
         else:

@@ -11,11 +11,11 @@ compiled, so that a later process loads them instead of compiling them again.
 from __future__ import annotations
 
 import gc
-import threading
 
 import numpy as np
 
 from kernels.box import dispatch as _box
+from kernels.common import replay
 from kernels.common.arrays import empty_many, resolve_stream
 from kernels.common.cudadrv import CudaError, GpuOutOfMemory
 from kernels.common.launch import compile_lock
@@ -30,11 +30,6 @@ from .cuda import (
     _correlate_launches,
     _prepared,
 )
-
-_lock = threading.Lock()
-
-_VAR_RECIPES: dict = {}
-_VAR_RECIPES_KEEP = 64
 
 
 def _on_device_list(imgs: list, values: list, outs, stream, out_shapes: list, plan_for,
@@ -68,16 +63,13 @@ def _on_device_list(imgs: list, values: list, outs, stream, out_shapes: list, pl
             with compile_lock:
                 _collect_and_run(short, handle)
             return outs
-        key = (tuple([(img.shape, img.dtype.num, img.ptr & 15, out.ptr & 15, k)
-                      for img, out, k, _ in short]), handle)  # fmt: skip
-        recipe = _VAR_RECIPES.get(key)
+        key = ("lists", tuple([(img.shape, img.dtype.num, img.ptr & 15, out.ptr & 15, k)
+                               for img, out, k, _ in short]), handle)  # fmt: skip
+        recipe = replay.TABLE.get(key)
         if recipe is None:
             recipe = _collect_and_run(short, handle)
             if recipe is not None:
-                with _lock:
-                    _VAR_RECIPES[key] = recipe
-                    while len(_VAR_RECIPES) > _VAR_RECIPES_KEEP:
-                        _VAR_RECIPES.pop(next(iter(_VAR_RECIPES)))
+                replay.keep(key, recipe)
         else:
             recipe.replay([p for img, out, _, _ in short for p in (img.ptr, out.ptr)], handle)
         return outs

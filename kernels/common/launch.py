@@ -10,7 +10,7 @@ import threading
 
 import numpy as np
 
-from . import binaries, shipped
+from . import binaries, replay, shipped
 from .arrays import (
     as_device_array,
     empty,
@@ -550,14 +550,14 @@ def prepare_steps(steps: tuple) -> tuple:
     return tuple(drv.prepare(*step) for step in steps)
 
 
-def launch_or_replay(recipes: dict, key, slots: tuple, kernel, grid, block, args: tuple,
-                     stream: int, smem: int = 0, keep: int = 256) -> None:  # fmt: skip
-    """`launch`, recorded on a first call under `key` in `recipes` (`Recording` of the
-    arrays `slots`), replayed on later calls with the same key on the slots' new
-    pointers (a template copy and a driver call). `key` must hold everything but
-    the slots' data pointers that shapes the launch's parameters (shapes, strides,
-    dtypes, scalars). At most `keep` recipes are kept."""
-    recipe = recipes.get(key)
+def launch_or_replay(key: tuple, slots: tuple, kernel, grid, block, args: tuple, stream: int,
+                     smem: int = 0) -> None:  # fmt: skip
+    """`launch`, recorded on a first call under `key` in `kernels.common.replay.TABLE`
+    (`Recording` of the arrays `slots`), replayed on later calls with the same key on
+    the slots' new pointers (a template copy and a driver call). `key` (its first item
+    the operation's name) must hold everything but the slots' data pointers that
+    shapes the launch's parameters (shapes, strides, dtypes, scalars)."""
+    recipe = replay.TABLE.get(key)
     if recipe is not None:
         recipe.replay([a.ptr for a in slots], stream)
         return
@@ -568,7 +568,4 @@ def launch_or_replay(recipes: dict, key, slots: tuple, kernel, grid, block, args
         launch(kernel, grid, block, args, stream, smem)
     recipe = recording.recipe()
     if recipe is not None:
-        with compile_lock:
-            while len(recipes) >= keep:
-                recipes.pop(next(iter(recipes)))
-            recipes[key] = recipe
+        replay.keep(key, recipe)

@@ -53,6 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..common import replay
 from ..common.arrays import (
     SIMULATOR,
     as_device_array,
@@ -65,7 +66,7 @@ from ..common.arrays import (
 )
 from ..common.cache import cache_dir
 from ..common.cudadrv import driver
-from ..common.devarray import DeviceArray, c_array, cheap_view, empty_like, peek, stream_handle
+from ..common.devarray import DeviceArray, cheap_view, empty_like, peek, stream_handle
 from ..common.launch import cdiv, launch, launch_or_replay
 from ..common.refs import KernelRef
 
@@ -290,7 +291,6 @@ def _check(arr, name: str, ndim: int, what: str) -> None:
 # written under it.
 _PLANS: dict[tuple, tuple] = {}
 _PLANS_KEEP = 256
-_RECIPES: dict = {}  # the plan key, x's and y's strides, y's dtype -> recorded launch
 
 
 def _plan_for(key: tuple, n: int, k: int, dtype, method: str, config, addresses: tuple,
@@ -331,8 +331,9 @@ def gemv(A, x, *, method: str = "auto", config=None, out=None, stream=None):
     if out is None and config is None:
         seen_A, seen_x = peek(A), peek(x)
         if seen_A is not None and seen_x is not None:
-            replay_key = (seen_A[0], seen_x[0], seen_A[1] & 15, seen_x[1] & 15, method)
-            fast = _REPLAYS.get(replay_key)
+            replay_key = ("gemv call", seen_A[0], seen_x[0], seen_A[1] & 15, seen_x[1] & 15,
+                          method)  # fmt: skip
+            fast = replay.TABLE.get(replay_key)
             if fast is not None:
                 recipe, template = fast
                 handle = seen_A[2] if stream is None else stream_handle(stream)
@@ -341,14 +342,6 @@ def gemv(A, x, *, method: str = "auto", config=None, out=None, stream=None):
                 return dy
             A, x = cheap_view(A), cheap_view(x)
     return _gemv(A, x, method, config, out, stream, replay_key)
-
-
-# (A's and x's layouts and addresses mod 16 as `kernels.common.devarray.peek` reads them,
-# method) -> (recipe, a template of the output): calls on device arrays with no `out`
-# or `config` whose launch is recorded, replayed without planning or checking again
-# (the key holds everything the checks looked at). Pool outputs are 512-byte aligned,
-# as recorded.
-_REPLAYS: dict[tuple, tuple] = {}
 
 
 def _gemv(A, x, method: str, config, out, stream, replay_key):
@@ -415,12 +408,11 @@ def _gemv(A, x, method: str, config, out, stream, replay_key):
     else:
         dy = empty((n,), dtype if out is None else out.dtype, s)
     if n:
-        recipe_key = (key, sA[1], sx[0], dy.strides[0], dy.dtype.char)
-        launch_or_replay(_RECIPES, recipe_key, (dA, dx, dy), hit[1], hit[2], hit[3],
-                         (dA, dx, dy), s)  # fmt: skip
-        recipe = _RECIPES.get(recipe_key)
+        recipe_key = ("gemv", key, sA[1], sx[0], dy.strides[0], dy.dtype.char)
+        launch_or_replay(recipe_key, (dA, dx, dy), hit[1], hit[2], hit[3], (dA, dx, dy), s)
+        recipe = replay.TABLE.get(recipe_key)
         if recipe is not None and replay_key is not None and not dy.ptr & 511:
-            _keep_replay(replay_key, dy, recipe)
+            replay.keep_call(replay_key, dy, recipe)
     if out is None:
         return dy if on_device else to_host(dy, s)
     if dout is None:
@@ -429,13 +421,6 @@ def _gemv(A, x, method: str, config, out, stream, replay_key):
 
 
 # ----------------------------------------------------------------------------- autotune
-
-
-def _keep_replay(replay_key: tuple, dy, recipe) -> None:
-    """Remember a recorded call's recipe for `gemv`'s replay path."""
-    if len(_REPLAYS) >= _PLANS_KEEP:
-        _REPLAYS.pop(next(iter(_REPLAYS)), None)
-    _REPLAYS[replay_key] = (recipe, c_array(0, dy.shape, dy.dtype, 0, None))
 
 
 def cache_path() -> Path:

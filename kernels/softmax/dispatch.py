@@ -39,10 +39,10 @@ Calls (`softmax`): every launch goes through kernels.common.launch.launch on the
 stream (`stream=`, else the input's `__cuda_array_interface__` stream, else the legacy
 default stream); device inputs never wait for the device (outputs come from the
 stream-ordered pool of kernels.common.devarray). The plan of a call shape is computed once
-and kept (`_PLANS`), its launch recorded on a GPU (`_RECIPES`), and a repeated call on
-a device array without `out` is replayed from `_REPLAYS` without checking again: a
-dict lookup, the output's allocation and the launch. What the softmax and split
-kernels share (exponentials, pack loader, online normaliser) is in
+and kept (`_PLANS`), its launch recorded on a GPU, and a repeated call on a device
+array without `out` is replayed without checking again (both in
+`kernels.common.replay.TABLE`): a dict lookup, the output's allocation and the launch.
+What the softmax and split kernels share (exponentials, pack loader, online normaliser) is in
 `kernels.softmax.numerics`, a call's `Plan` in `kernels.softmax.plan`. This module
 imports no Numba: the warp kernel is named by `kernels.common.refs.KernelRef` (its
 shipped cubins run without Numba), the block and split kernels are imported when a
@@ -56,6 +56,7 @@ import os
 
 import numpy as np
 
+from ..common import replay
 from ..common.arrays import (
     as_device_array,
     empty,
@@ -66,7 +67,7 @@ from ..common.arrays import (
     to_device,
     to_host,
 )
-from ..common.devarray import DeviceArray, c_array, cheap_view, empty_like, peek, stream_handle
+from ..common.devarray import DeviceArray, cheap_view, empty_like, peek, stream_handle
 from ..common.launch import (
     SMEM_LIMIT,
     active_blocks_per_sm,
@@ -349,13 +350,12 @@ def _device_view(obj, name: str):
 
 
 # Call shape -> (kernel, grid, block, smem, split launcher or None): the plan as
-# launch() takes it; _RECIPES keeps, under the same key, its launch once recorded on a
-# GPU (kernels.common.launch.launch_or_replay: parameters packed once, the pointers patched
+# launch() takes it; kernels.common.replay keeps, under ("softmax", key), its launch once
+# recorded on a GPU (launch_or_replay: parameters packed once, the pointers patched
 # per call). Read without the lock (one dict lookup); filled and trimmed under
 # kernels.common.launch's compile lock, which plan() holds (Numba compiles there).
 _PLANS: dict[tuple, tuple] = {}
 _PLANS_KEEP = 256
-_RECIPES: dict = {}  # the same key -> the recorded launch (kernels.common.launch.launch_or_replay)
 
 
 def _entry(key: tuple, rows: int, cols: int, dx, dy, log: bool, method: str, block_size):
@@ -436,8 +436,8 @@ def softmax(
         seen = peek(x, stream is None)
         if seen is not None:
             layout, ptr, own_stream = seen
-            replay_key = (layout, ptr & 15, log, method, block_size)
-            fast = _REPLAYS.get(replay_key)
+            replay_key = ("softmax call", layout, ptr & 15, log, method, block_size)
+            fast = replay.TABLE.get(replay_key)
             if fast is not None:
                 recipe, template = fast
                 handle = own_stream if stream is None else stream_handle(stream)
@@ -446,21 +446,6 @@ def softmax(
                 return dy
             x = cheap_view(x)
     return _softmax(x, log, method, out, block_size, stream, replay_key)
-
-
-# (x's layout and address mod 16 as `kernels.common.devarray.peek` reads them, log, method,
-# block_size) -> (recipe, a template of the output): calls on a device x with no `out`
-# whose launch is recorded, replayed without planning or checking again (the key
-# holds everything the checks looked at). Pool outputs are 512-byte aligned, as when
-# recorded.
-_REPLAYS: dict[tuple, tuple] = {}
-
-
-def _keep_replay(replay_key: tuple, dy, recipe) -> None:
-    """Remember a recorded call's recipe for `softmax`'s replay path."""
-    if len(_REPLAYS) >= _PLANS_KEEP:
-        _REPLAYS.pop(next(iter(_REPLAYS)), None)
-    _REPLAYS[replay_key] = (recipe, c_array(0, dy.shape, dy.dtype, 0, None))
 
 
 def _softmax(x, log, method: str, out, block_size, stream, replay_key):
@@ -552,11 +537,12 @@ def _softmax(x, log, method: str, out, block_size, stream, replay_key):
             counters, partials = split.scratch(handle)
             kernel = split.kernel
             slots, args = (dx, dy, counters, partials), (dx, dy, rows, cols, counters, partials)
-        launch_or_replay(_RECIPES, key, slots, kernel, grid, block, args, handle, smem, _PLANS_KEEP)
+        recipe_key = ("softmax", key)
+        launch_or_replay(recipe_key, slots, kernel, grid, block, args, handle, smem)
         if replay_key is not None and split is None and py & 511 == 0:
-            recipe = _RECIPES.get(key)
+            recipe = replay.TABLE.get(recipe_key)
             if recipe is not None:
-                _keep_replay(replay_key, dy, recipe)
+                replay.keep_call(replay_key, dy, recipe)
 
     if out is None:
         return dy if host_x is None else to_host(dy, handle)
